@@ -1,0 +1,65 @@
+// Tensor shapes: a small value type with the helpers layers need.
+//
+//   Shape s{64, 1, 28, 28};
+//   s.num_elements();   // 50176
+//   s.ToString();       // "[64, 1, 28, 28]"
+#ifndef PSTRAIN_COMMON_SHAPE_H_
+#define PSTRAIN_COMMON_SHAPE_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace pstrain {
+
+// Dimensions outermost first (NCHW for images). A value type; thread-compatible.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) : dims_(dims) {}
+  explicit Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+
+  int rank() const { return static_cast<int>(dims_.size()); }
+  int64_t dim(int i) const { return dims_[i]; }
+  int64_t operator[](int i) const { return dims_[i]; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+
+  // Product of all dimensions; 1 for a scalar (rank 0).
+  int64_t num_elements() const {
+    int64_t n = 1;
+    for (int64_t d : dims_) n *= d;
+    return n;
+  }
+  // Product of all dimensions but the first (features per sample).
+  int64_t per_sample() const {
+    int64_t n = 1;
+    for (size_t i = 1; i < dims_.size(); ++i) n *= dims_[i];
+    return n;
+  }
+  // The same shape with dimension 0 replaced (e.g. a new batch size).
+  Shape WithBatch(int64_t n) const {
+    Shape s = *this;
+    if (!s.dims_.empty()) s.dims_[0] = n;
+    return s;
+  }
+
+  std::string ToString() const {
+    std::string out = "[";
+    for (size_t i = 0; i < dims_.size(); ++i) {
+      if (i) out += ", ";
+      out += std::to_string(dims_[i]);
+    }
+    return out + "]";
+  }
+
+  friend bool operator==(const Shape& a, const Shape& b) { return a.dims_ == b.dims_; }
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  std::vector<int64_t> dims_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_SHAPE_H_

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pstrain builds and runs with. Idempotent: does
+# nothing when everything is already there. CUDA, cuDNN and cuBLAS come from
+# the machine's toolkit at /usr/local/cuda, not from here.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  libdnnl-dev libopenblas-dev
+  libjpeg62-turbo-dev libpng-dev zlib1g-dev
+  dataset-fashion-mnist
+)
+if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
+  PACKAGES+=(python3-torch)  # the reference in bench/
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

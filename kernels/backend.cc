@@ -1,0 +1,72 @@
+#include "kernels/backend.h"
+
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+#if defined(PSTRAIN_WITH_CUDA)
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace pstrain {
+
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
+  DeviceSpec spec;
+  if (text == "auto" || text.empty()) return spec;
+  spec.automatic = false;
+  if (text == "cpu") {
+    spec.type = DeviceType::kCpu;
+    return spec;
+  }
+  if (text == "cuda" || text == "gpu") {
+    spec.type = DeviceType::kCuda;
+    return spec;
+  }
+  if (text.substr(0, 5) == "cuda:") {
+    int ordinal = 0;
+    if (!absl::SimpleAtoi(text.substr(5), &ordinal) || ordinal < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad device '", text, "': expected auto, cpu, cuda or cuda:N"));
+    }
+    spec.type = DeviceType::kCuda;
+    spec.ordinal = ordinal;
+    return spec;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad device '", text, "': expected auto, cpu, cuda or cuda:N"));
+}
+
+#if !defined(PSTRAIN_WITH_CUDA)
+int CudaDeviceCount() { return 0; }
+#endif
+
+bool CudaAvailable() { return CudaDeviceCount() > 0; }
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec) {
+  DeviceSpec resolved = spec;
+  if (spec.automatic) {
+    resolved.type = CudaAvailable() ? DeviceType::kCuda : DeviceType::kCpu;
+    resolved.ordinal = 0;
+  }
+  if (resolved.type == DeviceType::kCpu) return CreateCpuBackend();
+#if defined(PSTRAIN_WITH_CUDA)
+  int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "device cuda requested but no CUDA device is visible (no GPU or no driver); use --device cpu");
+  }
+  if (resolved.ordinal >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("device cuda:", resolved.ordinal,
+                                                      " requested but only ", count,
+                                                      " CUDA device(s) are visible"));
+  }
+  return CreateCudaBackend(resolved.ordinal);
+#else
+  return absl::FailedPreconditionError(
+      "device cuda requested but this build has no CUDA backend (PSTRAIN_WITH_CUDA=OFF)");
+#endif
+}
+
+}  // namespace pstrain

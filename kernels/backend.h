@@ -1,0 +1,365 @@
+// Backend: the only seam that knows the device.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+//                            CreateBackend(*ParseDeviceSpec("auto")));
+//   PSTRAIN_ASSIGN_OR_RETURN(Tensor x, backend->AllocateTensor(Shape{64, 784}));
+//   PSTRAIN_RETURN_IF_ERROR(backend->CopyHostToDevice(x.data(), host, x.bytes()));
+//   PSTRAIN_RETURN_IF_ERROR(backend->Gemm(false, true, 64, 10, 784, 1.f, x.data(),
+//                                         w.data(), 0.f, y.data()));
+//   PSTRAIN_RETURN_IF_ERROR(backend->Synchronize());
+//
+// Adding a backend: implement every pure virtual below in kernels/<dev>/,
+// add a case to CreateBackend() in backend.cc, and add the device to the
+// parity tests in tests/kernels/, which run every op against the CPU backend.
+//
+// Conventions for every op:
+//  * Pointers are device pointers obtained from this backend (AllocateTensor,
+//    Allocate) and hold fp32 unless stated otherwise; layouts are row-major,
+//    images NCHW, convolution weights [K, C, R, S], dense weights [out, in].
+//  * Ops are enqueued in order on the backend's stream and may return before
+//    the device has finished (the CUDA backend does; the CPU backend runs them
+//    synchronously). Host code that reads device memory calls CopyDeviceToHost
+//    and then Synchronize(), or waits on an Event.
+//  * Outputs are overwritten, never accumulated, unless the op says otherwise.
+//  * Errors (bad arguments, CUDA/cuDNN/cuBLAS failures, allocation failure)
+//    come back as a Status naming the op; no op aborts the process.
+//
+// Threads: a Backend and the plans it creates are used from one thread at a
+// time (the trainer's thread). Event::Wait may be called from any thread.
+#ifndef PSTRAIN_KERNELS_BACKEND_H_
+#define PSTRAIN_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/shape.h"
+
+namespace pstrain {
+
+enum class DeviceType { kCpu, kCuda };
+
+// What `--device` asked for: "auto", "cpu", "cuda" or "cuda:N".
+struct DeviceSpec {
+  bool automatic = true;  // "auto": CUDA device 0 when present, else CPU.
+  DeviceType type = DeviceType::kCpu;
+  int ordinal = 0;  // CUDA device index.
+};
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text);
+
+class Backend;
+
+// Owning handle to device memory allocated by a Backend. Move-only. The
+// backend must outlive every buffer it allocated.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, void* ptr, size_t bytes)
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      backend_ = std::exchange(other.backend_, nullptr);
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  inline void Reset();
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host memory the backend can copy from asynchronously (page-locked with
+// cudaHostAlloc on CUDA; 64-byte aligned ordinary memory on the CPU).
+// Move-only; the backend must outlive it.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(Backend* backend, void* ptr, size_t bytes)
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  ~PinnedBuffer() { Reset(); }
+  PinnedBuffer(PinnedBuffer&& other) noexcept { *this = std::move(other); }
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      backend_ = std::exchange(other.backend_, nullptr);
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  inline void Reset();
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A dense fp32 tensor in device memory. Move-only.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Shape shape, DeviceBuffer buffer) : shape_(std::move(shape)), buffer_(std::move(buffer)) {}
+
+  const Shape& shape() const { return shape_; }
+  int64_t num_elements() const { return shape_.num_elements(); }
+  size_t bytes() const { return static_cast<size_t>(num_elements()) * sizeof(float); }
+  float* data() { return static_cast<float*>(buffer_.data()); }
+  const float* data() const { return static_cast<const float*>(buffer_.data()); }
+  bool empty() const { return buffer_.data() == nullptr; }
+
+ private:
+  Shape shape_;
+  DeviceBuffer buffer_;
+};
+
+// A point in the backend's stream. Wait() blocks the calling host thread until
+// every op enqueued before the event was recorded has finished.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Plans: per-shape state (cuDNN descriptors and algorithms, oneDNN primitives,
+// workspaces). Create once per input shape and reuse every step.
+// ---------------------------------------------------------------------------
+
+struct Conv2dConfig {
+  int n = 0, c = 0, h = 0, w = 0;  // Input NCHW.
+  int filters = 0;                 // K.
+  int kernel_h = 0, kernel_w = 0;  // R, S.
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int out_h() const { return (h + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int out_w() const { return (w + 2 * pad_w - kernel_w) / stride_w + 1; }
+};
+
+class Conv2dPlan {
+ public:
+  virtual ~Conv2dPlan() = default;
+  // y[n,k,p,q] = sum_{c,r,s} w[k,c,r,s] * x[n,c,p*sh-ph+r,q*sw-pw+s] + bias[k].
+  // `bias` may be nullptr (no bias).
+  virtual absl::Status Forward(const float* x, const float* w, const float* bias, float* y) = 0;
+  // dx = gradient of the loss w.r.t. x, given dy and w.
+  virtual absl::Status BackwardData(const float* dy, const float* w, float* dx) = 0;
+  // dw, and dbias unless nullptr, given x and dy.
+  virtual absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) = 0;
+};
+
+enum class PoolMode {
+  kMax,
+  kAverage,  // Padding is excluded from the divisor.
+};
+
+struct Pool2dConfig {
+  PoolMode mode = PoolMode::kMax;
+  int n = 0, c = 0, h = 0, w = 0;  // Input NCHW.
+  int window = 2, stride = 2, pad = 0;
+  int out_h() const { return (h + 2 * pad - window) / stride + 1; }
+  int out_w() const { return (w + 2 * pad - window) / stride + 1; }
+};
+
+class Pool2dPlan {
+ public:
+  virtual ~Pool2dPlan() = default;
+  // `training` lets the plan keep what Backward needs (e.g. argmax indices).
+  virtual absl::Status Forward(const float* x, float* y, bool training) = 0;
+  // Uses x and y of the most recent Forward(training=true) on this plan.
+  virtual absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) = 0;
+};
+
+struct BatchNormConfig {
+  int n = 0, c = 0, spatial = 1;  // Input [N, C, spatial...] (spatial = H*W, or 1).
+  float epsilon = 1e-5f;
+  float momentum = 0.1f;  // running = (1-momentum)*running + momentum*batch.
+};
+
+class BatchNormPlan {
+ public:
+  virtual ~BatchNormPlan() = default;
+  // Normalises with batch statistics, updates running_mean/running_var (the
+  // unbiased variance, as PyTorch and cuDNN do) in place, and saves the batch
+  // mean and 1/sqrt(var+eps) for Backward.
+  virtual absl::Status ForwardTraining(const float* x, const float* gamma, const float* beta,
+                                       float* y, float* running_mean, float* running_var,
+                                       float* save_mean, float* save_inv_std) = 0;
+  virtual absl::Status ForwardInference(const float* x, const float* gamma, const float* beta,
+                                        const float* running_mean, const float* running_var,
+                                        float* y) = 0;
+  virtual absl::Status Backward(const float* x, const float* dy, const float* gamma,
+                                const float* save_mean, const float* save_inv_std, float* dx,
+                                float* dgamma, float* dbeta) = 0;
+};
+
+enum class Activation { kRelu, kLeakyRelu, kTanh, kSigmoid };
+
+// Optimizer hyper-parameters for one update call (the learning rate already
+// comes from the schedule).
+struct SgdHyper {
+  float learning_rate = 0.01f;
+  float momentum = 0.f;       // 0: plain SGD, velocity unused (may be nullptr).
+  bool nesterov = false;
+  float weight_decay = 0.f;   // L2: g += weight_decay * p.
+};
+struct AdamHyper {
+  float learning_rate = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
+  float weight_decay = 0.f;
+  bool decoupled_weight_decay = false;  // AdamW: p -= lr * wd * p.
+  int64_t step = 1;                     // 1-based step, for bias correction.
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceType type() const = 0;
+  // Human-readable, e.g. "cpu (oneDNN 2.6.3, 2 threads)" or "cuda:0 (NVIDIA H100)".
+  virtual std::string Describe() const = 0;
+  // "cpu" or "cuda:N", as reported in job results.
+  virtual std::string DeviceName() const = 0;
+
+  // --- Memory ------------------------------------------------------------
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  absl::StatusOr<Tensor> AllocateTensor(const Shape& shape);
+  virtual absl::StatusOr<PinnedBuffer> AllocatePinned(size_t bytes) = 0;
+  // Called by DeviceBuffer / PinnedBuffer; not for direct use.
+  virtual void Free(void* ptr) = 0;
+  virtual void FreePinned(void* ptr) = 0;
+
+  // Copies are ordered with ops on the stream. A host source must stay valid
+  // (and unmodified) until the next Synchronize() or a later event's Wait().
+  virtual absl::Status CopyHostToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyDeviceToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Blocks until every enqueued op has finished; reports asynchronous errors.
+  virtual absl::Status Synchronize() = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> RecordEvent() = 0;
+
+  // --- Dense linear algebra ------------------------------------------------
+  // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, all row-major and
+  // tightly packed (A is [m,k], or [k,m] when trans_a; B is [k,n], or [n,k]
+  // when trans_b).
+  virtual absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, const float* b, float beta,
+                            float* c) = 0;
+  // y[o, ch, i] += bias[ch] for y viewed as [outer, channels, inner].
+  virtual absl::Status AddBias(float* y, const float* bias, int64_t outer, int64_t channels,
+                               int64_t inner) = 0;
+  // dbias[ch] = sum over outer and inner of dy[o, ch, i].
+  virtual absl::Status BiasGrad(const float* dy, float* dbias, int64_t outer, int64_t channels,
+                                int64_t inner) = 0;
+
+  // --- Plans -----------------------------------------------------------------
+  virtual absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateConv2d(const Conv2dConfig& config) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) = 0;
+  virtual absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(
+      const BatchNormConfig& config) = 0;
+
+  // --- Element-wise ----------------------------------------------------------
+  // `alpha` is the negative slope for kLeakyRelu and ignored otherwise.
+  virtual absl::Status ActivationForward(Activation kind, float alpha, const float* x, float* y,
+                                         int64_t count) = 0;
+  // dx from dy; x is the forward input and y the forward output (each kind
+  // uses whichever it needs; both are always passed).
+  virtual absl::Status ActivationBackward(Activation kind, float alpha, const float* x,
+                                          const float* y, const float* dy, float* dx,
+                                          int64_t count) = 0;
+  // Inverted dropout. mask[i] = keep ? 1/(1-rate) : 0 with keep decided by
+  // DropoutKeep(seed, i, rate) from kernels/rng.h (identical on every
+  // backend); y = x * mask.
+  virtual absl::Status DropoutForward(const float* x, float* y, float* mask, int64_t count,
+                                      float rate, uint64_t seed) = 0;
+  // y = a * b element-wise (dropout backward: dx = dy * mask).
+  virtual absl::Status Multiply(const float* a, const float* b, float* y, int64_t count) = 0;
+  // y = a + b.
+  virtual absl::Status Add(const float* a, const float* b, float* y, int64_t count) = 0;
+  // y += alpha * x.
+  virtual absl::Status Axpy(float alpha, const float* x, float* y, int64_t count) = 0;
+  // x *= alpha.
+  virtual absl::Status Scale(float alpha, float* x, int64_t count) = 0;
+  virtual absl::Status Fill(float* x, float value, int64_t count) = 0;
+
+  // --- Loss ----------------------------------------------------------------
+  // Softmax cross-entropy of logits [n, classes] against int32 labels (device
+  // memory, each in [0, classes); an out-of-range label is an error).
+  // *loss (a device scalar) = mean over the batch; dlogits (unless nullptr) =
+  // (softmax - onehot) / n; probs (unless nullptr) = softmax.
+  virtual absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64_t n,
+                                           int64_t classes, float* loss, float* dlogits,
+                                           float* probs) = 0;
+
+  // --- Optimizer updates (shared with the parameter server) ----------------
+  // PyTorch's formulation: g = grad + wd*p; v = mu*v + g;
+  // p -= lr * (nesterov ? g + mu*v : v). With momentum 0: p -= lr * g.
+  virtual absl::Status SgdUpdate(float* param, const float* grad, float* velocity, int64_t count,
+                                 const SgdHyper& hyper) = 0;
+  // Adam / AdamW with bias correction at hyper.step.
+  virtual absl::Status AdamUpdate(float* param, const float* grad, float* m, float* v,
+                                  int64_t count, const AdamHyper& hyper) = 0;
+};
+
+inline void DeviceBuffer::Reset() {
+  if (ptr_ != nullptr && backend_ != nullptr) backend_->Free(ptr_);
+  backend_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+inline void PinnedBuffer::Reset() {
+  if (ptr_ != nullptr && backend_ != nullptr) backend_->FreePinned(ptr_);
+  backend_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+inline absl::StatusOr<Tensor> Backend::AllocateTensor(const Shape& shape) {
+  for (int64_t d : shape.dims()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError("AllocateTensor: negative dimension in " + shape.ToString());
+    }
+  }
+  size_t bytes = static_cast<size_t>(shape.num_elements()) * sizeof(float);
+  absl::StatusOr<DeviceBuffer> buffer = Allocate(bytes == 0 ? sizeof(float) : bytes);
+  if (!buffer.ok()) return buffer.status();
+  return Tensor(shape, *std::move(buffer));
+}
+
+// The CPU backend; never fails to construct.
+std::unique_ptr<Backend> CreateCpuBackend();
+
+// True when this build has the CUDA backend and a CUDA device is visible.
+bool CudaAvailable();
+int CudaDeviceCount();
+
+// Resolves "auto" (CUDA device 0 when CudaAvailable(), else CPU) and creates
+// the backend. Asking for cuda without a usable device is FAILED_PRECONDITION.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_KERNELS_BACKEND_H_
