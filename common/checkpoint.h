@@ -1,0 +1,77 @@
+// Checkpoint files: atomic, checksummed storage of a v1::Checkpoint.
+//
+//   v1::Checkpoint ckpt;
+//   *ckpt.mutable_job() = job;
+//   *ckpt.add_parameters() = MakeTensorProto("fc1/weight", {10, 784}, host_w);
+//   ckpt.set_step(step);
+//   PSTRAIN_RETURN_IF_ERROR(WriteCheckpointFile("/var/lib/pstrain/job-7.ckpt", ckpt));
+//   ...
+//   PSTRAIN_ASSIGN_OR_RETURN(v1::Checkpoint loaded,
+//                            ReadCheckpointFile("/var/lib/pstrain/job-7.ckpt"));
+//   PSTRAIN_ASSIGN_OR_RETURN(std::vector<float> w,
+//                            TensorProtoToFloats(loaded.parameters(0)));
+//
+// On disk a checkpoint is a v1::CheckpointFile envelope (format_version 1, the
+// serialised Checkpoint, and the zlib CRC-32 of those bytes). A write goes to a
+// temporary file beside the target, is fsync'ed, renamed over the target and
+// the directory is fsync'ed, so a reader sees either the old checkpoint or the
+// new one, never a mix, even across a crash.
+//
+// Threads: every function here is thread-safe. Concurrent writers of the same
+// path each use their own temporary file; the last rename wins.
+#ifndef PSTRAIN_COMMON_CHECKPOINT_H_
+#define PSTRAIN_COMMON_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pstrain/v1/checkpoint.pb.h"
+#include "pstrain/v1/tensor.pb.h"
+
+namespace pstrain {
+
+// The only envelope version this build writes and reads.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+// Atomically replaces `path` with `ckpt`. The data goes to
+// "<path>.tmp.<pid>.<n>" first (n distinguishes writers within one process);
+// on any failure that file is removed and an existing checkpoint at `path` is
+// left untouched. Every tensor must pass ValidateTensorProto and tensor names
+// must be unique, and the checkpoint must not be entirely empty
+// (INVALID_ARGUMENT otherwise, nothing written). I/O failures
+// come back as INTERNAL (or PERMISSION_DENIED / NOT_FOUND for those errnos)
+// with the path and the system error in the message.
+absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& ckpt);
+
+// Reads and verifies a checkpoint written by WriteCheckpointFile.
+// Errors: NOT_FOUND (no such file), DATA_LOSS (unparsable envelope or payload,
+// missing payload, "checksum mismatch: file is corrupt", a tensor whose byte count does not
+// match its shape and dtype, negative dimensions, duplicate tensor names),
+// FAILED_PRECONDITION (a format_version this build does not read). Files up
+// to 2 GiB - 1 are supported.
+absl::StatusOr<v1::Checkpoint> ReadCheckpointFile(const std::string& path);
+
+// A DTYPE_F32 tensor holding `product(shape)` floats read from `data`
+// (little-endian bytes; `data` may be null only when the product is 0).
+v1::TensorProto MakeTensorProto(const std::string& name, const std::vector<int64_t>& shape,
+                                const float* data);
+
+// Width in bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED or an
+// unknown value.
+int DTypeWidth(v1::DType dtype);
+
+// Checks that `t` has a known dtype, no negative dimension, an element count
+// that does not overflow, and exactly product(shape) * width bytes of data.
+// INVALID_ARGUMENT naming the tensor otherwise.
+absl::Status ValidateTensorProto(const v1::TensorProto& t);
+
+// The elements of a valid DTYPE_F32 tensor. Other dtypes are UNIMPLEMENTED
+// for now; an invalid tensor is INVALID_ARGUMENT.
+absl::StatusOr<std::vector<float>> TensorProtoToFloats(const v1::TensorProto& t);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_CHECKPOINT_H_
