@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -82,7 +83,9 @@ class Optimizer {
   Backend* const backend_;
   const LearningRateSchedule schedule_;
 
-  std::vector<Slot> slots_;
+  // One entry per registered parameter. Heap-allocated so that the Tensor
+  // pointers handed out by StateTensors() survive later AddParameter() calls.
+  std::vector<std::unique_ptr<Slot>> slots_;
 };
 
 }  // namespace pstrain
