@@ -1,0 +1,90 @@
+// Static analysis of a ModelSpec: validation, shape inference, parameter list
+// and a Keras-style summary. Used by the worker to build the model, by the CLI
+// (`pstrain summary`) and, later, by the coordinator to reject bad jobs at
+// submit time. Knows nothing about devices.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
+//   std::cout << FormatModelSummary(graph);
+//   for (const ParamInfo& p : graph.params) ...;   // "conv1/weight" [32, 1, 5, 5]
+#ifndef PSTRAIN_COMMON_MODEL_GRAPH_H_
+#define PSTRAIN_COMMON_MODEL_GRAPH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/shape.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain {
+
+enum class LayerType {
+  kConv2d,
+  kMaxPool,
+  kAvgPool,
+  kDense,
+  kRelu,
+  kLeakyRelu,
+  kTanh,
+  kSigmoid,
+  kDropout,
+  kBatchNorm,
+  kFlatten,
+  kAdd,
+  kSoftmaxCrossEntropy,
+};
+
+// "conv2d", "max_pool", ... as spelled in job files.
+const char* LayerTypeName(LayerType type);
+
+enum class ParamRole { kWeight, kBias, kGamma, kBeta, kRunningMean, kRunningVar };
+
+struct ParamInfo {
+  std::string name;  // "<layer>/<role>", e.g. "conv1/weight".
+  Shape shape;
+  ParamRole role = ParamRole::kWeight;
+  bool trainable = true;  // Running statistics are not trained (no gradient).
+  int layer = 0;          // Index into ModelGraph::layers.
+  // Fan-in and fan-out used by Glorot initialisation (weights only).
+  int64_t fan_in = 0, fan_out = 0;
+};
+
+// One analysed layer. Shapes exclude the batch dimension.
+struct LayerInfo {
+  std::string name;
+  LayerType type = LayerType::kRelu;
+  v1::LayerSpec spec;
+  std::vector<int> inputs;  // Producer layer indices; -1 is the model input.
+  std::vector<Shape> input_shapes;
+  Shape output_shape;         // [] (scalar) for the loss.
+  std::vector<int> params;    // Indices into ModelGraph::params.
+  int64_t param_count = 0;    // Elements over all params of this layer.
+  std::vector<int> consumers; // Layers that read this layer's output.
+};
+
+struct ModelGraph {
+  std::string name;
+  Shape input_shape;  // Per sample, e.g. [1, 28, 28].
+  int num_classes = 0;
+  uint64_t init_seed = 0;  // ModelSpec::init_seed.
+  std::vector<LayerInfo> layers;  // Topological order (as in the spec).
+  std::vector<ParamInfo> params;  // In layer order.
+  int64_t trainable_params = 0;
+  int64_t non_trainable_params = 0;
+  int loss_layer = -1;    // Index of the softmax_cross_entropy layer (last).
+  int logits_layer = -1;  // Its input: the [num_classes] logits.
+};
+
+// Validates `spec` and infers every shape. Errors are INVALID_ARGUMENT and
+// name the layer, e.g. "layer 'add1' (add): input 'conv3' has shape
+// [64, 8, 8] but input 'pool1' has shape [32, 8, 8]".
+absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec);
+
+// Keras-style table: layer (type), output shape, parameter count, inputs,
+// then the totals.
+std::string FormatModelSummary(const ModelGraph& graph);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_MODEL_GRAPH_H_

@@ -1,0 +1,44 @@
+#include "client/summary.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(SummaryTest, JobFileGivesKerasStyleTable) {
+  auto table = SummarizeJobFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_THAT(*table, HasSubstr("conv2 (conv2d)"));
+  EXPECT_THAT(*table, HasSubstr("(None, 64, 14, 14)"));
+  EXPECT_THAT(*table, HasSubstr("3212288"));
+  EXPECT_THAT(*table, HasSubstr("Total params: 3274634"));
+}
+
+TEST(SummaryTest, BareModelFileWorksToo) {
+  auto table =
+      SummarizeJobFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/resnet-small.json");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_THAT(*table, HasSubstr("block2_add (add)"));
+}
+
+TEST(SummaryTest, InvalidModelNamesFileAndLayer) {
+  std::string path = ::testing::TempDir() + "/bad_model.json";
+  std::ofstream(path) << R"({"model": {"input_shape": [1, 8, 8], "num_classes": 10, "layers": [
+      {"name": "f", "flatten": {}}, {"name": "fc", "dense": {"units": 7}},
+      {"name": "loss", "softmax_cross_entropy": {}}]}})";
+  auto table = SummarizeJobFile(path);
+  ASSERT_FALSE(table.ok());
+  EXPECT_THAT(std::string(table.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(table.status().message()), HasSubstr("layer 'loss'"));
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace pstrain

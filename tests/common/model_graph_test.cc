@@ -1,0 +1,129 @@
+#include "common/model_graph.h"
+
+#include <string>
+
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ModelSpec Parse(const std::string& json) {
+  v1::ModelSpec spec;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return spec;
+}
+
+std::string Error(const std::string& json) {
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(Parse(json));
+  EXPECT_FALSE(graph.ok());
+  EXPECT_EQ(graph.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(graph.status().message());
+}
+
+TEST(ModelGraphTest, FmnistCnnShapesAndParameterCounts) {
+  auto model = LoadModelSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/fmnist-cnn.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto graph = BuildModelGraph(*model);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(graph->layers[0].output_shape, (Shape{32, 28, 28}));
+  EXPECT_EQ(graph->layers[2].output_shape, (Shape{32, 14, 14}));
+  EXPECT_EQ(graph->layers[5].output_shape, (Shape{64, 7, 7}));
+  EXPECT_EQ(graph->layers[6].output_shape, (Shape{3136}));
+  // 832 + 51264 + 3212288 + 10250, as Keras reports for this model.
+  EXPECT_EQ(graph->trainable_params, 3274634);
+  EXPECT_EQ(graph->non_trainable_params, 0);
+  EXPECT_EQ(graph->params[0].name, "conv1/weight");
+  EXPECT_EQ(graph->params[0].shape, (Shape{32, 1, 5, 5}));
+  EXPECT_EQ(graph->loss_layer, 11);
+  EXPECT_EQ(graph->logits_layer, 10);
+}
+
+TEST(ModelGraphTest, ResnetSmallIsAValidResidualGraph) {
+  for (const char* name : {"resnet-small.json", "resnet-small-64.json"}) {
+    auto model = LoadModelSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/" + name);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto graph = BuildModelGraph(*model);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    int adds = 0;
+    for (const auto& layer : graph->layers) adds += layer.type == LayerType::kAdd;
+    EXPECT_GE(adds, 3) << name;
+    EXPECT_GT(graph->non_trainable_params, 0);  // Batch-norm running statistics.
+  }
+}
+
+TEST(ModelGraphTest, SummaryListsEveryLayerAndTotal) {
+  auto graph = BuildModelGraph(Parse(R"({"name":"m","input_shape":[4],"num_classes":3,"layers":[
+      {"name":"fc","dense":{"units":3}},{"name":"loss","softmax_cross_entropy":{}}]})"));
+  ASSERT_TRUE(graph.ok());
+  std::string table = FormatModelSummary(*graph);
+  EXPECT_THAT(table, HasSubstr("fc (dense)"));
+  EXPECT_THAT(table, HasSubstr("(None, 3)"));
+  EXPECT_THAT(table, HasSubstr("Total params: 15"));
+}
+
+TEST(ModelGraphTest, AddShapeMismatchNamesLayerAndBothShapes) {
+  std::string e = Error(R"({"input_shape":[3,8,8],"num_classes":2,"layers":[
+      {"name":"a","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
+      {"name":"b","conv2d":{"filters":8,"kernel_size":3,"padding":1},"inputs":["input"]},
+      {"name":"sum","add":{},"inputs":["a","b"]},
+      {"name":"f","flatten":{}},{"name":"fc","dense":{"units":2}},
+      {"name":"loss","softmax_cross_entropy":{}}]})");
+  EXPECT_THAT(e, HasSubstr("layer 'sum' (add)"));
+  EXPECT_THAT(e, HasSubstr("[8, 8, 8]"));
+  EXPECT_THAT(e, HasSubstr("[4, 8, 8]"));
+}
+
+TEST(ModelGraphTest, LogitsMustMatchNumClasses) {
+  std::string e = Error(R"({"input_shape":[4],"num_classes":10,"layers":[
+      {"name":"fc","dense":{"units":20}},{"name":"loss","softmax_cross_entropy":{}}]})");
+  EXPECT_THAT(e, HasSubstr("layer 'loss' (softmax_cross_entropy)"));
+  EXPECT_THAT(e, HasSubstr("[20]"));
+  EXPECT_THAT(e, HasSubstr("num_classes is 10"));
+}
+
+TEST(ModelGraphTest, RejectsInvalidSpecsWithMessages) {
+  struct Case {
+    const char* json;
+    const char* message;
+  } cases[] = {
+      {R"({"input_shape":[1,4,4],"num_classes":2,"layers":[{"name":"c","conv2d":{"filters":2,"kernel_size":7}},{"name":"f","flatten":{}},{"name":"d","dense":{"units":2}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'c' (conv2d): kernel 7x7 with padding 0 does not fit input [1, 4, 4]"},
+      {R"({"input_shape":[1,4,4],"num_classes":2,"layers":[{"name":"c","conv2d":{"filters":0,"kernel_size":3}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "filters must be > 0"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"d","dense":{"units":2}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "duplicate layer name 'd'"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2},"inputs":["nope"]},{"name":"l","softmax_cross_entropy":{}}]})",
+       "input 'nope' is not an earlier layer"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}}]})",
+       "the last layer must be softmax_cross_entropy"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"x","relu":{}},{"name":"l","softmax_cross_entropy":{},"inputs":["d"]}]})",
+       "layer 'x' (relu): its output is never used"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"p","dropout":{"rate":1.5}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'p' (dropout): rate must be in [0, 1)"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"p","max_pool":{"pool_size":2}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'p' (max_pool): needs a [C, H, W] input"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"a","add":{}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'a' (add): needs at least two inputs"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"bad name","dense":{"units":2}},{"name":"l","softmax_cross_entropy":{}}]})",
+       "invalid name 'bad name'"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d"},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'd': no layer type set"},
+      {R"({"input_shape":[0,4,4],"num_classes":2,"layers":[{"name":"l","softmax_cross_entropy":{}}]})",
+       "input_shape entries must be > 0"},
+      {R"({"input_shape":[4],"num_classes":1,"layers":[{"name":"l","softmax_cross_entropy":{}}]})",
+       "num_classes must be >= 2"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[]})", "model has no layers"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(Error(c.json), HasSubstr(c.message)) << c.json;
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
