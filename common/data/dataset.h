@@ -1,0 +1,118 @@
+// In-memory image datasets, per-epoch sample order (shuffle + shard), and
+// batch assembly with normalisation and augmentation.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+//   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess pre,
+//                            data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
+//   std::vector<int64_t> order = data::EpochOrder(splits.train.size(), job.seed(), epoch,
+//                                                 rank, world_size, /*shuffle=*/true);
+//   data::AssembleBatch(splits.train, absl::MakeConstSpan(order).subspan(0, 64), pre,
+//                       /*augment=*/true, batch_seed, images, labels);
+//
+// Everything here is deterministic: the same inputs give the same bytes on
+// every machine, so that workers agree on shards and runs are reproducible.
+#ifndef PSTRAIN_COMMON_DATA_DATASET_H_
+#define PSTRAIN_COMMON_DATA_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain::data {
+
+// A decoded image dataset held in memory. A value type; thread-compatible
+// (concurrent readers are fine once it is built).
+struct ImageDataset {
+  int channels = 0, height = 0, width = 0, num_classes = 0;
+  // size() * channels * height * width bytes; each sample is CHW.
+  std::vector<uint8_t> pixels;
+  // One label per sample, each in [0, num_classes).
+  std::vector<int32_t> labels;
+
+  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t sample_elements() const {
+    return static_cast<int64_t>(channels) * height * width;
+  }
+  // The CHW pixels of sample i; i must be in [0, size()).
+  const uint8_t* image(int64_t i) const { return pixels.data() + i * sample_elements(); }
+
+  // OK when the fields agree with each other: positive dimensions, pixel
+  // count matching the label count, every label in [0, num_classes).
+  // `what` names the dataset in the error (e.g. a file or "train split").
+  absl::Status Validate(const std::string& what) const;
+  // Keeps only the first `limit` samples (no-op when limit <= 0 or >= size()).
+  void Truncate(int64_t limit);
+};
+
+struct DatasetSplits {
+  ImageDataset train;
+  ImageDataset test;
+};
+
+// Loads the train and test splits described by `spec`, dispatching on
+// spec.format(); applies train_limit / test_limit; checks that both splits
+// have the same image shape, gives both the same num_classes (the larger of
+// the two), and that every label is below it. Errors name the file, and the
+// byte offset for corrupt or truncated data.
+absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec);
+
+// The sample order of one epoch for one worker. When `shuffle`, a
+// Fisher-Yates permutation of [0, n) driven by SplitMix64 seeded from
+// (seed, epoch); otherwise the identity. The permutation is then cut into
+// `world_size` contiguous shards whose sizes differ by at most one (the first
+// n % world_size shards get one extra sample) and shard `rank` is returned.
+// Shards of one (seed, epoch) are disjoint and cover [0, n). The result is the
+// same on every machine and standard library. Returns an empty vector when
+// n <= 0, world_size <= 0 or rank is outside [0, world_size).
+std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int epoch, int rank, int world_size,
+                                bool shuffle);
+
+// Number of samples EpochOrder returns for `rank` (without building it).
+int64_t ShardSize(int64_t n, int rank, int world_size);
+
+// How pixels become model inputs. A value type.
+struct Preprocess {
+  // Per-channel normalisation after scaling to [0, 1]: x = (x - mean[c]) / std[c].
+  // One value applies to every channel; empty means mean 0 / std 1.
+  std::vector<float> mean, std;
+  // Augmentation (only applied when AssembleBatch is asked to augment).
+  bool random_flip = false;  // Horizontal flip with probability 0.5.
+  int crop_padding = 0;      // Random crop of the original size after zero padding.
+
+  // Reads mean/std/augmentation from `spec` and validates them for images of
+  // `channels` channels: mean and std each have 0, 1 or `channels` values,
+  // every std is finite and > 0, every mean finite, 0 <= crop_padding <= 1024.
+  static absl::StatusOr<Preprocess> FromSpec(const pstrain::v1::DatasetSpec& spec, int channels);
+  // The checks FromSpec makes, for a Preprocess built by hand.
+  absl::Status Validate(int channels) const;
+};
+
+// Writes idx.size() samples of `ds` as float NCHW into `images_out`
+// (idx.size() * ds.sample_elements() floats) and their labels into
+// `labels_out` (idx.size() values). Each pixel becomes p / 255, then
+// (x - mean[c]) / std[c].
+//
+// When `augment`, sample j of the batch (its position in idx) is first
+// cropped (if pre.crop_padding > 0: the image is padded with zero pixels, i.e.
+// black before normalisation, by crop_padding on every side and an H x W
+// window is taken at a random offset) and then flipped horizontally (if
+// pre.random_flip, with probability 0.5). The random draws depend only on
+// (aug_seed, j), so a batch is reproducible.
+//
+// Preconditions (programmer errors, not checked per call): every index is in
+// [0, ds.size()), `pre.Validate(ds.channels)` is OK, and the outputs are
+// large enough. Thread-safe for distinct outputs.
+void AssembleBatch(const ImageDataset& ds, absl::Span<const int64_t> idx, const Preprocess& pre,
+                   bool augment, uint64_t aug_seed, float* images_out, int32_t* labels_out);
+
+// SplitMix64 finaliser of (seed, index); the one PRNG used by this module.
+uint64_t MixSeed(uint64_t seed, uint64_t index);
+
+}  // namespace pstrain::data
+
+#endif  // PSTRAIN_COMMON_DATA_DATASET_H_
