@@ -1,0 +1,45 @@
+// The CPU Backend: oneDNN for convolution, pooling and GEMM, OpenMP loops for
+// everything element-wise. Ops run synchronously on the calling thread (and
+// the OpenMP team it forks), so Synchronize() and events are trivially done.
+//
+//   std::unique_ptr<Backend> cpu = CreateCpuBackend();          // defaults
+//   CpuBackendOptions options;
+//   options.num_threads = 1;                                    // leave a core free
+//   std::unique_ptr<Backend> lean = CreateCpuBackend(options);
+//   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Conv2dPlan> conv, cpu->CreateConv2d(config));
+//
+// Threads: like every Backend, one thread at a time uses a backend and its
+// plans. Every op asks OpenMP for the backend's team size (and sets it with
+// omp_set_num_threads() on the calling thread before oneDNN calls, which read
+// it), so backends with different sizes can be used one after the other.
+#ifndef PSTRAIN_KERNELS_CPU_CPU_BACKEND_H_
+#define PSTRAIN_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "kernels/backend.h"
+
+namespace pstrain {
+
+// Memory layout the convolution primitives run in. The plan API always takes
+// plain NCHW activations and [K, C, R, S] weights; a blocked layout adds a
+// reorder in and out of the plan but lets oneDNN use its direct kernels.
+enum class CpuConvLayout {
+  kAuto,     // Per primitive, whichever measured faster on this machine (see .cc).
+  kPlain,    // nchw / oihw throughout (im2col + GEMM inside oneDNN).
+  kBlocked,  // oneDNN's preferred blocked layouts (format_tag any) + reorders.
+};
+
+struct CpuBackendOptions {
+  // OpenMP threads for every op; 0: omp_get_max_threads() as it was when the
+  // first CPU backend was created (the cores, or OMP_NUM_THREADS).
+  int num_threads = 0;
+  CpuConvLayout conv_layout = CpuConvLayout::kAuto;
+};
+
+// Never fails: CreateCpuBackend() in backend.h is this with default options.
+std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_KERNELS_CPU_CPU_BACKEND_H_

@@ -1,0 +1,863 @@
+// Every op of the CPU backend against a naive reference loop written here
+// (double precision where it matters), on both convolution layouts.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/rng.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> RandomVector(size_t count, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> out(count);
+  for (float& v : out) v = dist(gen);
+  return out;
+}
+
+// |actual - expected| <= rtol * max(|expected|, scale) element-wise, where
+// scale is the largest |expected| (so sums that cancel to ~0 are judged
+// against the magnitude of the whole output).
+void ExpectAllClose(const std::vector<float>& actual, const std::vector<double>& expected,
+                    double rtol = 1e-4, const char* what = "") {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  double scale = 1e-6;
+  for (double e : expected) scale = std::max(scale, std::abs(e));
+  int reported = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double tol = rtol * std::max(std::abs(expected[i]), scale * 1e-1) + 1e-7;
+    if (!(std::abs(actual[i] - expected[i]) <= tol)) {
+      ADD_FAILURE() << what << " element " << i << ": got " << actual[i] << ", expected "
+                    << expected[i];
+      if (++reported > 5) return;
+    }
+  }
+}
+
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override { backend_ = CreateCpuBackend(); }
+
+  Tensor Upload(const std::vector<float>& host) {
+    absl::StatusOr<Tensor> t = backend_->AllocateTensor(Shape{static_cast<int64_t>(host.size())});
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(backend_->CopyHostToDevice(t->data(), host.data(), host.size() * 4).ok());
+    return *std::move(t);
+  }
+  Tensor Zeros(size_t count) { return Upload(std::vector<float>(count, 0.f)); }
+  std::vector<float> Download(const Tensor& t) {
+    std::vector<float> host(t.num_elements());
+    EXPECT_TRUE(backend_->CopyDeviceToHost(host.data(), t.data(), t.bytes()).ok());
+    EXPECT_TRUE(backend_->Synchronize().ok());
+    return host;
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+// --- Memory and device info ----------------------------------------------------
+
+TEST_F(CpuBackendTest, DescribesItself) {
+  EXPECT_EQ(backend_->type(), DeviceType::kCpu);
+  EXPECT_EQ(backend_->DeviceName(), "cpu");
+  EXPECT_THAT(backend_->Describe(), HasSubstr("cpu (oneDNN 2."));
+  EXPECT_THAT(backend_->Describe(), HasSubstr("thread"));
+}
+
+TEST_F(CpuBackendTest, DescribeReportsRequestedThreads) {
+  CpuBackendOptions options;
+  options.num_threads = 1;
+  std::unique_ptr<Backend> one = CreateCpuBackend(options);
+  EXPECT_THAT(one->Describe(), HasSubstr(", 1 thread)"));
+  options.num_threads = 3;
+  EXPECT_THAT(CreateCpuBackend(options)->Describe(), HasSubstr(", 3 threads)"));
+}
+
+TEST_F(CpuBackendTest, AllocatesAlignedMemoryAndCopies) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4}, size_t{100}, size_t{1} << 20}) {
+    absl::StatusOr<DeviceBuffer> buffer = backend_->Allocate(bytes);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    EXPECT_NE(buffer->data(), nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer->data()) % 64, 0u);
+    EXPECT_EQ(buffer->bytes(), bytes);
+  }
+  absl::StatusOr<PinnedBuffer> pinned = backend_->AllocatePinned(4000);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned->data()) % 64, 0u);
+
+  std::vector<float> host = RandomVector(1000, 1);
+  std::memcpy(pinned->data(), host.data(), 4000);
+  Tensor a = Zeros(1000), b = Zeros(1000);
+  ASSERT_TRUE(backend_->CopyHostToDevice(a.data(), pinned->data(), 4000).ok());
+  ASSERT_TRUE(backend_->CopyDeviceToDevice(b.data(), a.data(), 4000).ok());
+  std::vector<float> back(1000);
+  ASSERT_TRUE(backend_->CopyDeviceToHost(back.data(), b.data(), 4000).ok());
+  ASSERT_TRUE(backend_->Synchronize().ok());
+  EXPECT_EQ(back, host);
+
+  absl::StatusOr<std::unique_ptr<Event>> event = backend_->RecordEvent();
+  ASSERT_TRUE(event.ok());
+  EXPECT_TRUE((*event)->Wait().ok());
+  EXPECT_EQ(backend_->CopyHostToDevice(nullptr, host.data(), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// --- GEMM ------------------------------------------------------------------------
+
+struct GemmCase {
+  bool trans_a, trans_b;
+};
+
+class GemmTest : public CpuBackendTest, public ::testing::WithParamInterface<GemmCase> {};
+
+TEST_P(GemmTest, MatchesNaiveProduct) {
+  const GemmCase p = GetParam();
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7}, {64, 1024, 300},
+                         {33, 17, 129}}) {
+    std::vector<float> a = RandomVector(m * k, 2), b = RandomVector(k * n, 3),
+                       c0 = RandomVector(m * n, 4);
+    const float alpha = 0.75f, beta = -0.5f;
+    std::vector<double> expected(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          const double av = p.trans_a ? a[l * m + i] : a[i * k + l];
+          const double bv = p.trans_b ? b[j * k + l] : b[l * n + j];
+          sum += av * bv;
+        }
+        expected[i * n + j] = alpha * sum + beta * c0[i * n + j];
+      }
+    }
+    Tensor ta = Upload(a), tb = Upload(b), tc = Upload(c0);
+    ASSERT_TRUE(backend_->Gemm(p.trans_a, p.trans_b, m, n, k, alpha, ta.data(), tb.data(), beta,
+                               tc.data())
+                    .ok());
+    ExpectAllClose(Download(tc), expected, 1e-4, "gemm");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
+                         ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
+                                           GemmCase{true, false}, GemmCase{true, true}));
+
+TEST_F(CpuBackendTest, GemmWithZeroBetaIgnoresGarbageInC) {
+  std::vector<float> a = RandomVector(4 * 6, 5), b = RandomVector(6 * 3, 6);
+  Tensor ta = Upload(a), tb = Upload(b);
+  Tensor tc = Upload(std::vector<float>(12, std::numeric_limits<float>::quiet_NaN()));
+  ASSERT_TRUE(backend_->Gemm(false, false, 4, 3, 6, 1.f, ta.data(), tb.data(), 0.f, tc.data()).ok());
+  for (float v : Download(tc)) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST_F(CpuBackendTest, GemmRejectsBadArguments) {
+  Tensor t = Zeros(16);
+  absl::Status s = backend_->Gemm(false, false, 0, 2, 2, 1.f, t.data(), t.data(), 0.f, t.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("Gemm"));
+  s = backend_->Gemm(false, false, 2, 2, 2, 1.f, nullptr, t.data(), 0.f, t.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- Bias ------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, AddBiasAndBiasGradMatchLoops) {
+  for (auto [outer, channels, inner] :
+       {std::tuple<int64_t, int64_t, int64_t>{2, 3, 5}, {64, 1024, 1}, {64, 32, 784}, {3, 7, 1}}) {
+    std::vector<float> y = RandomVector(outer * channels * inner, 7);
+    std::vector<float> bias = RandomVector(channels, 8);
+    std::vector<double> expected(y.size());
+    std::vector<double> expected_grad(channels, 0.0);
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t i = 0; i < inner; ++i) {
+          const int64_t idx = (o * channels + c) * inner + i;
+          expected[idx] = double{y[idx]} + bias[c];
+          expected_grad[c] += y[idx];
+        }
+      }
+    }
+    Tensor ty = Upload(y), tb = Upload(bias), tg = Zeros(channels);
+    ASSERT_TRUE(backend_->BiasGrad(ty.data(), tg.data(), outer, channels, inner).ok());
+    ExpectAllClose(Download(tg), expected_grad, 1e-4, "bias grad");
+    ASSERT_TRUE(backend_->AddBias(ty.data(), tb.data(), outer, channels, inner).ok());
+    ExpectAllClose(Download(ty), expected, 1e-5, "add bias");
+  }
+  Tensor t = Zeros(4);
+  EXPECT_EQ(backend_->AddBias(t.data(), t.data(), 1, 0, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backend_->BiasGrad(nullptr, t.data(), 1, 1, 1).message(), HasSubstr("BiasGrad"));
+}
+
+// --- Convolution -------------------------------------------------------------------
+
+std::vector<double> ConvForwardRef(const Conv2dConfig& c, const std::vector<float>& x,
+                                   const std::vector<float>& w, const std::vector<float>* bias) {
+  const int p_out = c.out_h(), q_out = c.out_w();
+  std::vector<double> y(static_cast<size_t>(c.n) * c.filters * p_out * q_out);
+  for (int n = 0; n < c.n; ++n)
+    for (int k = 0; k < c.filters; ++k)
+      for (int p = 0; p < p_out; ++p)
+        for (int q = 0; q < q_out; ++q) {
+          double sum = bias ? (*bias)[k] : 0.0;
+          for (int ch = 0; ch < c.c; ++ch)
+            for (int r = 0; r < c.kernel_h; ++r)
+              for (int s = 0; s < c.kernel_w; ++s) {
+                const int hi = p * c.stride_h - c.pad_h + r, wi = q * c.stride_w - c.pad_w + s;
+                if (hi < 0 || hi >= c.h || wi < 0 || wi >= c.w) continue;
+                sum += double{w[((k * c.c + ch) * c.kernel_h + r) * c.kernel_w + s]} *
+                       x[((n * c.c + ch) * c.h + hi) * c.w + wi];
+              }
+          y[((n * c.filters + k) * p_out + p) * q_out + q] = sum;
+        }
+  return y;
+}
+
+// dx and dw (and dbias) by scattering dy through the same index map.
+void ConvBackwardRef(const Conv2dConfig& c, const std::vector<float>& x,
+                     const std::vector<float>& w, const std::vector<float>& dy,
+                     std::vector<double>* dx, std::vector<double>* dw, std::vector<double>* db) {
+  const int p_out = c.out_h(), q_out = c.out_w();
+  dx->assign(x.size(), 0.0);
+  dw->assign(w.size(), 0.0);
+  db->assign(c.filters, 0.0);
+  for (int n = 0; n < c.n; ++n)
+    for (int k = 0; k < c.filters; ++k)
+      for (int p = 0; p < p_out; ++p)
+        for (int q = 0; q < q_out; ++q) {
+          const double g = dy[((n * c.filters + k) * p_out + p) * q_out + q];
+          (*db)[k] += g;
+          for (int ch = 0; ch < c.c; ++ch)
+            for (int r = 0; r < c.kernel_h; ++r)
+              for (int s = 0; s < c.kernel_w; ++s) {
+                const int hi = p * c.stride_h - c.pad_h + r, wi = q * c.stride_w - c.pad_w + s;
+                if (hi < 0 || hi >= c.h || wi < 0 || wi >= c.w) continue;
+                const size_t xi = ((n * c.c + ch) * c.h + hi) * c.w + wi;
+                const size_t wi_idx = ((k * c.c + ch) * c.kernel_h + r) * c.kernel_w + s;
+                (*dx)[xi] += g * w[wi_idx];
+                (*dw)[wi_idx] += g * x[xi];
+              }
+        }
+}
+
+struct ConvCase {
+  Conv2dConfig config;
+  CpuConvLayout layout;
+};
+
+Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int r, int s, int sh, int sw, int ph,
+                      int pw) {
+  Conv2dConfig config;
+  config.n = n;
+  config.c = c;
+  config.h = h;
+  config.w = w;
+  config.filters = k;
+  config.kernel_h = r;
+  config.kernel_w = s;
+  config.stride_h = sh;
+  config.stride_w = sw;
+  config.pad_h = ph;
+  config.pad_w = pw;
+  return config;
+}
+
+class ConvTest : public CpuBackendTest, public ::testing::WithParamInterface<ConvCase> {};
+
+TEST_P(ConvTest, ForwardAndBothBackwardPassesMatchNaiveLoops) {
+  const Conv2dConfig c = GetParam().config;
+  CpuConvLayout layout = GetParam().layout;
+  CpuBackendOptions options;
+  options.conv_layout = layout;
+  backend_ = CreateCpuBackend(options);
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend_->CreateConv2d(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+
+  const size_t x_count = static_cast<size_t>(c.n) * c.c * c.h * c.w;
+  const size_t w_count = static_cast<size_t>(c.filters) * c.c * c.kernel_h * c.kernel_w;
+  const size_t y_count = static_cast<size_t>(c.n) * c.filters * c.out_h() * c.out_w();
+  std::vector<float> x = RandomVector(x_count, 10), w = RandomVector(w_count, 11),
+                     bias = RandomVector(c.filters, 12), dy = RandomVector(y_count, 13);
+  Tensor tx = Upload(x), tw = Upload(w), tb = Upload(bias), ty = Zeros(y_count),
+         tdy = Upload(dy), tdx = Zeros(x_count), tdw = Zeros(w_count), tdb = Zeros(c.filters);
+
+  ASSERT_TRUE((*plan)->Forward(tx.data(), tw.data(), tb.data(), ty.data()).ok());
+  ExpectAllClose(Download(ty), ConvForwardRef(c, x, w, &bias), 1e-4, "forward with bias");
+  ASSERT_TRUE((*plan)->Forward(tx.data(), tw.data(), nullptr, ty.data()).ok());
+  ExpectAllClose(Download(ty), ConvForwardRef(c, x, w, nullptr), 1e-4, "forward without bias");
+
+  std::vector<double> dx, dw, db;
+  ConvBackwardRef(c, x, w, dy, &dx, &dw, &db);
+  ASSERT_TRUE((*plan)->BackwardData(tdy.data(), tw.data(), tdx.data()).ok());
+  ExpectAllClose(Download(tdx), dx, 1e-4, "backward data");
+  ASSERT_TRUE((*plan)->BackwardFilter(tx.data(), tdy.data(), tdw.data(), tdb.data()).ok());
+  ExpectAllClose(Download(tdw), dw, 1e-4, "backward filter");
+  ExpectAllClose(Download(tdb), db, 1e-4, "backward bias");
+  // Without dbias the weights gradient is the same.
+  Tensor tdw2 = Zeros(w_count);
+  ASSERT_TRUE((*plan)->BackwardFilter(tx.data(), tdy.data(), tdw2.data(), nullptr).ok());
+  ExpectAllClose(Download(tdw2), dw, 1e-4, "backward filter without bias");
+}
+
+std::vector<ConvCase> ConvCases() {
+  std::vector<ConvCase> cases;
+  for (CpuConvLayout layout : {CpuConvLayout::kPlain, CpuConvLayout::kBlocked, CpuConvLayout::kAuto}) {
+    cases.push_back({MakeConv(2, 3, 7, 9, 4, 3, 5, 1, 2, 1, 2), layout});    // non-square
+    cases.push_back({MakeConv(2, 1, 28, 28, 8, 5, 5, 1, 1, 2, 2), layout});  // fmnist conv1
+    cases.push_back({MakeConv(3, 4, 8, 8, 5, 3, 3, 2, 2, 1, 1), layout});    // stride 2
+    cases.push_back({MakeConv(2, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2), layout});
+    cases.push_back({MakeConv(1, 2, 5, 6, 3, 2, 4, 3, 2, 0, 1), layout});    // odd strides
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(ShapesAndLayouts, ConvTest, ::testing::ValuesIn(ConvCases()));
+
+TEST_F(CpuBackendTest, Conv2dRejectsBadConfigsAndPointers) {
+  Conv2dConfig bad = MakeConv(1, 1, 4, 4, 2, 3, 3, 1, 1, 0, 0);
+  bad.stride_h = 0;
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend_->CreateConv2d(bad);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("Conv2d"));
+  EXPECT_FALSE(backend_->CreateConv2d(MakeConv(1, 1, 2, 2, 2, 5, 5, 1, 1, 0, 0)).ok());
+  EXPECT_FALSE(backend_->CreateConv2d(MakeConv(0, 1, 4, 4, 2, 3, 3, 1, 1, 0, 0)).ok());
+
+  plan = backend_->CreateConv2d(MakeConv(1, 1, 4, 4, 2, 3, 3, 1, 1, 0, 0));
+  ASSERT_TRUE(plan.ok());
+  Tensor t = Zeros(64);
+  EXPECT_EQ((*plan)->Forward(nullptr, t.data(), nullptr, t.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*plan)->BackwardData(t.data(), nullptr, t.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*plan)->BackwardFilter(t.data(), t.data(), nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, ConvPlanOutlivesItsBackend) {
+  Conv2dConfig c = MakeConv(1, 2, 5, 5, 3, 3, 3, 1, 1, 1, 1);
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend_->CreateConv2d(c);
+  ASSERT_TRUE(plan.ok());
+  std::vector<float> x = RandomVector(50, 20), w = RandomVector(54, 21);
+  std::vector<float> y(75);
+  backend_.reset();
+  ASSERT_TRUE((*plan)->Forward(x.data(), w.data(), nullptr, y.data()).ok());
+  ExpectAllClose(y, ConvForwardRef(c, x, w, nullptr), 1e-4, "forward after backend reset");
+}
+
+// --- Pooling -------------------------------------------------------------------------
+
+struct PoolRef {
+  std::vector<double> y;
+  std::vector<double> dx;
+};
+
+PoolRef PoolReference(const Pool2dConfig& c, const std::vector<float>& x,
+                      const std::vector<float>& dy) {
+  const int ph = c.out_h(), pw = c.out_w();
+  PoolRef ref;
+  ref.y.assign(static_cast<size_t>(c.n) * c.c * ph * pw, 0.0);
+  ref.dx.assign(x.size(), 0.0);
+  for (int nc = 0; nc < c.n * c.c; ++nc)
+    for (int p = 0; p < ph; ++p)
+      for (int q = 0; q < pw; ++q) {
+        const int h0 = p * c.stride - c.pad, w0 = q * c.stride - c.pad;
+        const int h1 = std::min(h0 + c.window, c.h), w1 = std::min(w0 + c.window, c.w);
+        const int hs = std::max(h0, 0), ws = std::max(w0, 0);
+        const size_t out = (static_cast<size_t>(nc) * ph + p) * pw + q;
+        if (c.mode == PoolMode::kMax) {
+          size_t best = 0;
+          double best_v = -std::numeric_limits<double>::infinity();
+          for (int h = hs; h < h1; ++h)
+            for (int w = ws; w < w1; ++w) {
+              const size_t i = (static_cast<size_t>(nc) * c.h + h) * c.w + w;
+              if (x[i] > best_v) {
+                best_v = x[i];
+                best = i;
+              }
+            }
+          ref.y[out] = best_v;
+          ref.dx[best] += dy[out];
+        } else {
+          const int count = (h1 - hs) * (w1 - ws);
+          double sum = 0;
+          for (int h = hs; h < h1; ++h)
+            for (int w = ws; w < w1; ++w) sum += x[(static_cast<size_t>(nc) * c.h + h) * c.w + w];
+          ref.y[out] = sum / count;
+          for (int h = hs; h < h1; ++h)
+            for (int w = ws; w < w1; ++w)
+              ref.dx[(static_cast<size_t>(nc) * c.h + h) * c.w + w] += dy[out] / count;
+        }
+      }
+  return ref;
+}
+
+class PoolTest : public CpuBackendTest, public ::testing::WithParamInterface<Pool2dConfig> {};
+
+TEST_P(PoolTest, ForwardAndBackwardMatchNaiveLoops) {
+  const Pool2dConfig c = GetParam();
+  absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan = backend_->CreatePool2d(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const size_t x_count = static_cast<size_t>(c.n) * c.c * c.h * c.w;
+  const size_t y_count = static_cast<size_t>(c.n) * c.c * c.out_h() * c.out_w();
+  std::vector<float> x = RandomVector(x_count, 30), dy = RandomVector(y_count, 31);
+  PoolRef ref = PoolReference(c, x, dy);
+  Tensor tx = Upload(x), ty = Zeros(y_count), tdy = Upload(dy), tdx = Upload(RandomVector(x_count, 32));
+
+  ASSERT_TRUE((*plan)->Forward(tx.data(), ty.data(), /*training=*/false).ok());
+  ExpectAllClose(Download(ty), ref.y, 1e-5, "inference forward");
+  ASSERT_TRUE((*plan)->Forward(tx.data(), ty.data(), /*training=*/true).ok());
+  ExpectAllClose(Download(ty), ref.y, 1e-5, "training forward");
+  ASSERT_TRUE((*plan)->Backward(tx.data(), ty.data(), tdy.data(), tdx.data()).ok());
+  ExpectAllClose(Download(tdx), ref.dx, 1e-5, "backward");
+}
+
+Pool2dConfig MakePool(PoolMode mode, int n, int c, int h, int w, int window, int stride, int pad) {
+  Pool2dConfig config;
+  config.mode = mode;
+  config.n = n;
+  config.c = c;
+  config.h = h;
+  config.w = w;
+  config.window = window;
+  config.stride = stride;
+  config.pad = pad;
+  return config;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MaxAndAverage, PoolTest,
+    ::testing::Values(MakePool(PoolMode::kMax, 4, 32, 28, 28, 2, 2, 0),
+                      MakePool(PoolMode::kMax, 2, 3, 7, 9, 3, 2, 1),
+                      MakePool(PoolMode::kMax, 1, 2, 5, 5, 3, 1, 1),
+                      MakePool(PoolMode::kAverage, 2, 3, 8, 8, 2, 2, 0),
+                      MakePool(PoolMode::kAverage, 2, 3, 7, 9, 3, 2, 1),
+                      MakePool(PoolMode::kAverage, 1, 4, 6, 6, 3, 3, 1)));
+
+TEST_F(CpuBackendTest, MaxPoolBackwardNeedsATrainingForward) {
+  absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan =
+      backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 2, 0));
+  ASSERT_TRUE(plan.ok());
+  Tensor x = Zeros(16), y = Zeros(4);
+  ASSERT_TRUE((*plan)->Forward(x.data(), y.data(), /*training=*/false).ok());
+  EXPECT_EQ((*plan)->Backward(x.data(), y.data(), y.data(), x.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 0, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 2, 2)).status().message(),
+              HasSubstr("Pool2d"));
+}
+
+// --- Batch norm -----------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, BatchNormMatchesDoublePrecisionReference) {
+  BatchNormConfig config;
+  config.n = 8;
+  config.c = 5;
+  config.spatial = 49;
+  config.epsilon = 1e-5f;
+  config.momentum = 0.1f;
+  const int64_t count = config.n * config.c * config.spatial, m = config.n * config.spatial;
+  std::vector<float> x = RandomVector(count, 40, -2.f, 3.f), dy = RandomVector(count, 41);
+  std::vector<float> gamma = RandomVector(config.c, 42, 0.5f, 1.5f),
+                     beta = RandomVector(config.c, 43);
+  std::vector<float> rmean = RandomVector(config.c, 44), rvar = RandomVector(config.c, 45, 0.5f, 2.f);
+
+  std::vector<double> mean(config.c, 0), var(config.c, 0), y(count), dx(count);
+  std::vector<double> dgamma(config.c, 0), dbeta(config.c, 0), new_rmean(config.c),
+      new_rvar(config.c), inv_std(config.c), y_inf(count);
+  auto at = [&](int64_t i, int64_t c, int64_t s) { return (i * config.c + c) * config.spatial + s; };
+  for (int64_t c = 0; c < config.c; ++c) {
+    for (int64_t i = 0; i < config.n; ++i)
+      for (int64_t s = 0; s < config.spatial; ++s) mean[c] += x[at(i, c, s)];
+    mean[c] /= m;
+    for (int64_t i = 0; i < config.n; ++i)
+      for (int64_t s = 0; s < config.spatial; ++s) var[c] += std::pow(x[at(i, c, s)] - mean[c], 2);
+    var[c] /= m;
+    inv_std[c] = 1.0 / std::sqrt(var[c] + config.epsilon);
+    new_rmean[c] = 0.9 * rmean[c] + 0.1 * mean[c];
+    new_rvar[c] = 0.9 * rvar[c] + 0.1 * var[c] * m / (m - 1);
+    for (int64_t i = 0; i < config.n; ++i)
+      for (int64_t s = 0; s < config.spatial; ++s) {
+        const double xhat = (x[at(i, c, s)] - mean[c]) * inv_std[c];
+        y[at(i, c, s)] = gamma[c] * xhat + beta[c];
+        dbeta[c] += dy[at(i, c, s)];
+        dgamma[c] += dy[at(i, c, s)] * xhat;
+      }
+    for (int64_t i = 0; i < config.n; ++i)
+      for (int64_t s = 0; s < config.spatial; ++s) {
+        const double xhat = (x[at(i, c, s)] - mean[c]) * inv_std[c];
+        dx[at(i, c, s)] = gamma[c] * inv_std[c] / m *
+                          (m * dy[at(i, c, s)] - dbeta[c] - xhat * dgamma[c]);
+        y_inf[at(i, c, s)] = gamma[c] * (x[at(i, c, s)] - new_rmean[c]) /
+                                 std::sqrt(new_rvar[c] + config.epsilon) +
+                             beta[c];
+      }
+  }
+
+  absl::StatusOr<std::unique_ptr<BatchNormPlan>> plan = backend_->CreateBatchNorm(config);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Tensor tx = Upload(x), tdy = Upload(dy), tg = Upload(gamma), tb = Upload(beta),
+         trm = Upload(rmean), trv = Upload(rvar), ty = Zeros(count), tsm = Zeros(config.c),
+         tsi = Zeros(config.c), tdx = Zeros(count), tdg = Zeros(config.c), tdb = Zeros(config.c);
+  ASSERT_TRUE((*plan)
+                  ->ForwardTraining(tx.data(), tg.data(), tb.data(), ty.data(), trm.data(),
+                                    trv.data(), tsm.data(), tsi.data())
+                  .ok());
+  ExpectAllClose(Download(ty), y, 1e-4, "bn y");
+  ExpectAllClose(Download(trm), new_rmean, 1e-5, "running mean");
+  ExpectAllClose(Download(trv), new_rvar, 1e-5, "running var (unbiased)");
+  ExpectAllClose(Download(tsm), mean, 1e-5, "save mean");
+  ExpectAllClose(Download(tsi), inv_std, 1e-5, "save inv std");
+
+  ASSERT_TRUE((*plan)
+                  ->Backward(tx.data(), tdy.data(), tg.data(), tsm.data(), tsi.data(), tdx.data(),
+                             tdg.data(), tdb.data())
+                  .ok());
+  ExpectAllClose(Download(tdx), dx, 1e-4, "bn dx");
+  ExpectAllClose(Download(tdg), dgamma, 1e-4, "bn dgamma");
+  ExpectAllClose(Download(tdb), dbeta, 1e-4, "bn dbeta");
+
+  ASSERT_TRUE((*plan)
+                  ->ForwardInference(tx.data(), tg.data(), tb.data(), trm.data(), trv.data(),
+                                     ty.data())
+                  .ok());
+  ExpectAllClose(Download(ty), y_inf, 1e-4, "bn inference");
+
+  EXPECT_EQ((*plan)->Backward(nullptr, tdy.data(), tg.data(), tsm.data(), tsi.data(), tdx.data(),
+                              tdg.data(), tdb.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  BatchNormConfig bad = config;
+  bad.c = 0;
+  EXPECT_THAT(backend_->CreateBatchNorm(bad).status().message(), HasSubstr("BatchNorm"));
+}
+
+// --- Activations ------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, ActivationsMatchFormulas) {
+  for (int64_t count : {int64_t{37}, int64_t{100000}}) {
+    std::vector<float> x = RandomVector(count, 50, -4.f, 4.f), dy = RandomVector(count, 51);
+    Tensor tx = Upload(x), tdy = Upload(dy), ty = Zeros(count), tdx = Zeros(count);
+    const float alpha = 0.1f;
+    for (Activation kind :
+         {Activation::kRelu, Activation::kLeakyRelu, Activation::kTanh, Activation::kSigmoid}) {
+      std::vector<double> y(count), dx(count);
+      for (int64_t i = 0; i < count; ++i) {
+        const double v = x[i];
+        switch (kind) {
+          case Activation::kRelu:
+            y[i] = v > 0 ? v : 0;
+            dx[i] = v > 0 ? dy[i] : 0;
+            break;
+          case Activation::kLeakyRelu:
+            y[i] = v > 0 ? v : alpha * v;
+            dx[i] = v > 0 ? dy[i] : double{alpha} * dy[i];
+            break;
+          case Activation::kTanh:
+            y[i] = std::tanh(v);
+            dx[i] = dy[i] * (1 - y[i] * y[i]);
+            break;
+          case Activation::kSigmoid:
+            y[i] = 1 / (1 + std::exp(-v));
+            dx[i] = dy[i] * y[i] * (1 - y[i]);
+            break;
+        }
+      }
+      ASSERT_TRUE(backend_->ActivationForward(kind, alpha, tx.data(), ty.data(), count).ok());
+      ExpectAllClose(Download(ty), y, 1e-5, "activation forward");
+      ASSERT_TRUE(backend_
+                      ->ActivationBackward(kind, alpha, tx.data(), ty.data(), tdy.data(),
+                                           tdx.data(), count)
+                      .ok());
+      ExpectAllClose(Download(tdx), dx, 1e-4, "activation backward");
+    }
+  }
+  Tensor t = Zeros(4);
+  EXPECT_EQ(backend_->ActivationForward(Activation::kRelu, 0, t.data(), t.data(), 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backend_
+                  ->ActivationBackward(Activation::kRelu, 0, t.data(), nullptr, t.data(), t.data(),
+                                       4)
+                  .message(),
+              HasSubstr("ActivationBackward"));
+}
+
+// --- Dropout ----------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, DropoutMaskFollowsRngAndStatistics) {
+  const int64_t count = 200000;
+  const float rate = 0.3f;
+  std::vector<float> x = RandomVector(count, 60);
+  Tensor tx = Upload(x), ty = Zeros(count), tmask = Zeros(count), tmask2 = Zeros(count),
+         ty2 = Zeros(count);
+  ASSERT_TRUE(backend_->DropoutForward(tx.data(), ty.data(), tmask.data(), count, rate, 1234).ok());
+  std::vector<float> y = Download(ty), mask = Download(tmask);
+  int64_t kept = 0;
+  const float scale = 1.f / (1.f - rate);
+  for (int64_t i = 0; i < count; ++i) {
+    const bool keep = DropoutKeep(1234, i, rate);
+    ASSERT_EQ(mask[i], keep ? scale : 0.f) << i;
+    ASSERT_EQ(y[i], x[i] * mask[i]) << i;
+    kept += keep;
+  }
+  // Binomial(200000, 0.7): sd ~ 205; allow 5 sd.
+  EXPECT_NEAR(static_cast<double>(kept), 0.7 * count, 1025);
+
+  // Same seed: same mask; another seed: a different one.
+  ASSERT_TRUE(backend_->DropoutForward(tx.data(), ty2.data(), tmask2.data(), count, rate, 1234).ok());
+  EXPECT_EQ(Download(tmask2), mask);
+  ASSERT_TRUE(backend_->DropoutForward(tx.data(), ty2.data(), tmask2.data(), count, rate, 99).ok());
+  std::vector<float> other = Download(tmask2);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < count; ++i) differ += other[i] != mask[i];
+  EXPECT_GT(differ, count / 5);
+
+  // Rate 0 keeps everything at scale 1; rate 1 and negative rates are errors.
+  ASSERT_TRUE(backend_->DropoutForward(tx.data(), ty2.data(), tmask2.data(), count, 0.f, 7).ok());
+  for (float v : Download(tmask2)) ASSERT_EQ(v, 1.f);
+  EXPECT_EQ(backend_->DropoutForward(tx.data(), ty2.data(), tmask2.data(), count, 1.f, 7).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->DropoutForward(tx.data(), ty2.data(), tmask2.data(), count, -0.1f, 7).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// --- Other element-wise ops ---------------------------------------------------------------
+
+TEST_F(CpuBackendTest, ElementwiseOpsMatchLoops) {
+  for (int64_t count : {int64_t{5}, int64_t{70000}}) {
+    std::vector<float> a = RandomVector(count, 70), b = RandomVector(count, 71);
+    Tensor ta = Upload(a), tb = Upload(b), ty = Zeros(count);
+    std::vector<double> expected(count);
+
+    ASSERT_TRUE(backend_->Multiply(ta.data(), tb.data(), ty.data(), count).ok());
+    for (int64_t i = 0; i < count; ++i) expected[i] = double{a[i]} * b[i];
+    ExpectAllClose(Download(ty), expected, 1e-6, "multiply");
+
+    ASSERT_TRUE(backend_->Add(ta.data(), tb.data(), ty.data(), count).ok());
+    for (int64_t i = 0; i < count; ++i) expected[i] = double{a[i]} + b[i];
+    ExpectAllClose(Download(ty), expected, 1e-6, "add");
+
+    ASSERT_TRUE(backend_->Axpy(-2.5f, ta.data(), tb.data(), count).ok());
+    for (int64_t i = 0; i < count; ++i) expected[i] = double{b[i]} - 2.5 * a[i];
+    ExpectAllClose(Download(tb), expected, 1e-6, "axpy");
+
+    ASSERT_TRUE(backend_->Scale(0.5f, ta.data(), count).ok());
+    for (int64_t i = 0; i < count; ++i) expected[i] = 0.5 * a[i];
+    ExpectAllClose(Download(ta), expected, 1e-6, "scale");
+
+    ASSERT_TRUE(backend_->Fill(ty.data(), 3.25f, count).ok());
+    for (float v : Download(ty)) ASSERT_EQ(v, 3.25f);
+  }
+  Tensor t = Zeros(4);
+  EXPECT_THAT(backend_->Multiply(t.data(), nullptr, t.data(), 4).message(), HasSubstr("Multiply"));
+  EXPECT_EQ(backend_->Add(t.data(), t.data(), t.data(), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Axpy(1.f, nullptr, t.data(), 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Scale(1.f, t.data(), 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Fill(nullptr, 1.f, 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- Loss ----------------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyMatchesReference) {
+  for (auto [n, classes] : {std::pair<int64_t, int64_t>{5, 3}, {64, 10}, {512, 100}}) {
+    std::vector<float> logits = RandomVector(n * classes, 80, -6.f, 6.f);
+    std::vector<int32_t> labels(n);
+    for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7 + 3) % classes);
+    std::vector<double> probs(n * classes), dlogits(n * classes);
+    double loss = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double max = -1e30, sum = 0;
+      for (int64_t j = 0; j < classes; ++j) max = std::max(max, double{logits[i * classes + j]});
+      for (int64_t j = 0; j < classes; ++j) sum += std::exp(logits[i * classes + j] - max);
+      for (int64_t j = 0; j < classes; ++j) {
+        probs[i * classes + j] = std::exp(logits[i * classes + j] - max) / sum;
+        dlogits[i * classes + j] = (probs[i * classes + j] - (j == labels[i])) / n;
+      }
+      loss -= std::log(probs[i * classes + labels[i]]);
+    }
+    loss /= n;
+
+    absl::StatusOr<DeviceBuffer> tlabels = backend_->Allocate(n * sizeof(int32_t));
+    ASSERT_TRUE(tlabels.ok());
+    ASSERT_TRUE(backend_->CopyHostToDevice(tlabels->data(), labels.data(), n * 4).ok());
+    Tensor tl = Upload(logits), tloss = Zeros(1), tdl = Zeros(n * classes),
+           tp = Zeros(n * classes);
+    auto* label_ptr = static_cast<const int32_t*>(tlabels->data());
+    ASSERT_TRUE(backend_
+                    ->SoftmaxCrossEntropy(tl.data(), label_ptr, n, classes, tloss.data(),
+                                          tdl.data(), tp.data())
+                    .ok());
+    ExpectAllClose(Download(tloss), {loss}, 1e-5, "loss");
+    ExpectAllClose(Download(tdl), dlogits, 1e-4, "dlogits");
+    ExpectAllClose(Download(tp), probs, 1e-4, "probs");
+    // Loss only.
+    Tensor tloss2 = Zeros(1);
+    ASSERT_TRUE(backend_
+                    ->SoftmaxCrossEntropy(tl.data(), label_ptr, n, classes, tloss2.data(), nullptr,
+                                          nullptr)
+                    .ok());
+    ExpectAllClose(Download(tloss2), {loss}, 1e-5, "loss only");
+  }
+}
+
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyRejectsOutOfRangeLabels) {
+  Tensor logits = Zeros(6), loss = Zeros(1), dl = Zeros(6);
+  for (int32_t bad : {3, -1}) {
+    std::vector<int32_t> labels = {0, bad};
+    absl::Status s = backend_->SoftmaxCrossEntropy(logits.data(), labels.data(), 2, 3, loss.data(),
+                                                   dl.data(), nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("SoftmaxCrossEntropy"));
+  }
+  std::vector<int32_t> labels = {0, 1};
+  EXPECT_EQ(backend_->SoftmaxCrossEntropy(logits.data(), labels.data(), 0, 3, loss.data(), nullptr,
+                                          nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// --- Optimizers --------------------------------------------------------------------------------
+
+struct SgdCase {
+  float momentum;
+  bool nesterov;
+  float weight_decay;
+};
+
+class SgdTest : public CpuBackendTest, public ::testing::WithParamInterface<SgdCase> {};
+
+TEST_P(SgdTest, ThreeStepsMatchPytorchFormulation) {
+  const SgdCase p = GetParam();
+  for (int64_t count : {int64_t{9}, int64_t{50000}}) {
+    std::vector<float> param = RandomVector(count, 90);
+    std::vector<double> ref_p(param.begin(), param.end()), ref_v(count, 0.0);
+    Tensor tp = Upload(param), tv = Zeros(count);
+    SgdHyper hyper;
+    hyper.learning_rate = 0.05f;
+    hyper.momentum = p.momentum;
+    hyper.nesterov = p.nesterov;
+    hyper.weight_decay = p.weight_decay;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> grad = RandomVector(count, 91 + step);
+      for (int64_t i = 0; i < count; ++i) {
+        double g = grad[i] + double{p.weight_decay} * ref_p[i];
+        if (p.momentum == 0.f) {
+          ref_p[i] -= 0.05 * g;
+          continue;
+        }
+        ref_v[i] = p.momentum * ref_v[i] + g;
+        ref_p[i] -= 0.05 * (p.nesterov ? g + p.momentum * ref_v[i] : ref_v[i]);
+      }
+      Tensor tg = Upload(grad);
+      ASSERT_TRUE(backend_
+                      ->SgdUpdate(tp.data(), tg.data(), p.momentum == 0.f ? nullptr : tv.data(),
+                                  count, hyper)
+                      .ok());
+    }
+    ExpectAllClose(Download(tp), ref_p, 1e-5, "sgd param");
+    if (p.momentum != 0.f) ExpectAllClose(Download(tv), ref_v, 1e-5, "sgd velocity");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, SgdTest,
+                         ::testing::Values(SgdCase{0.f, false, 0.f}, SgdCase{0.f, false, 0.01f},
+                                           SgdCase{0.9f, false, 0.f},
+                                           SgdCase{0.9f, false, 5e-4f},
+                                           SgdCase{0.9f, true, 0.f}, SgdCase{0.8f, true, 1e-3f}));
+
+TEST_F(CpuBackendTest, SgdMomentumWithoutVelocityIsAnError) {
+  Tensor p = Zeros(4), g = Zeros(4);
+  SgdHyper hyper;
+  hyper.momentum = 0.9f;
+  absl::Status s = backend_->SgdUpdate(p.data(), g.data(), nullptr, 4, hyper);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("SgdUpdate"));
+}
+
+// Step 1 from zero moments is lr * sign(g) (bias correction makes m_hat = g,
+// v_hat = g^2), computed by hand below.
+TEST_F(CpuBackendTest, AdamFirstStepMatchesHandComputation) {
+  AdamHyper hyper;
+  hyper.learning_rate = 0.1f;
+  hyper.step = 1;
+  Tensor p = Upload({1.f, 2.f}), g = Upload({0.5f, -0.25f}), m = Zeros(2), v = Zeros(2);
+  ASSERT_TRUE(backend_->AdamUpdate(p.data(), g.data(), m.data(), v.data(), 2, hyper).ok());
+  ExpectAllClose(Download(p), {0.9, 2.1}, 1e-6, "adam p");
+  ExpectAllClose(Download(m), {0.05, -0.025}, 1e-6, "adam m");
+  ExpectAllClose(Download(v), {0.00025, 0.0000625}, 1e-5, "adam v");
+
+  // L2: g = 0.5 + 0.1 * 1 = 0.6, still a step of lr in sign(g).
+  hyper.weight_decay = 0.1f;
+  p = Upload({1.f}), g = Upload({0.5f}), m = Zeros(1), v = Zeros(1);
+  ASSERT_TRUE(backend_->AdamUpdate(p.data(), g.data(), m.data(), v.data(), 1, hyper).ok());
+  ExpectAllClose(Download(p), {0.9}, 1e-6, "adam l2 p");
+  ExpectAllClose(Download(m), {0.06}, 1e-6, "adam l2 m");
+
+  // AdamW: p = 1 * (1 - 0.1 * 0.1) - 0.1 = 0.89; moments see the raw g.
+  hyper.decoupled_weight_decay = true;
+  p = Upload({1.f}), g = Upload({0.5f}), m = Zeros(1), v = Zeros(1);
+  ASSERT_TRUE(backend_->AdamUpdate(p.data(), g.data(), m.data(), v.data(), 1, hyper).ok());
+  ExpectAllClose(Download(p), {0.89}, 1e-6, "adamw p");
+  ExpectAllClose(Download(m), {0.05}, 1e-6, "adamw m");
+
+  hyper.step = 0;
+  EXPECT_EQ(backend_->AdamUpdate(p.data(), g.data(), m.data(), v.data(), 1, hyper).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, AdamAndAdamWTrackReferenceOverSteps) {
+  const int64_t count = 40000;
+  for (bool decoupled : {false, true}) {
+    AdamHyper hyper;
+    hyper.learning_rate = 0.01f;
+    hyper.beta1 = 0.8f;
+    hyper.beta2 = 0.95f;
+    hyper.epsilon = 1e-6f;
+    hyper.weight_decay = 0.05f;
+    hyper.decoupled_weight_decay = decoupled;
+    std::vector<float> param = RandomVector(count, 100);
+    std::vector<double> rp(param.begin(), param.end()), rm(count, 0), rv(count, 0);
+    Tensor tp = Upload(param), tm = Zeros(count), tv = Zeros(count);
+    for (int step = 1; step <= 4; ++step) {
+      std::vector<float> grad = RandomVector(count, 100 + step);
+      for (int64_t i = 0; i < count; ++i) {
+        double g = grad[i];
+        if (decoupled) {
+          rp[i] *= 1 - 0.01 * 0.05;
+        } else {
+          g += 0.05 * rp[i];
+        }
+        rm[i] = 0.8 * rm[i] + 0.2 * g;
+        rv[i] = 0.95 * rv[i] + 0.05 * g * g;
+        const double mhat = rm[i] / (1 - std::pow(0.8, step));
+        const double vhat = rv[i] / (1 - std::pow(0.95, step));
+        rp[i] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-6);
+      }
+      hyper.step = step;
+      Tensor tg = Upload(grad);
+      ASSERT_TRUE(backend_->AdamUpdate(tp.data(), tg.data(), tm.data(), tv.data(), count, hyper).ok());
+    }
+    ExpectAllClose(Download(tp), rp, 1e-5, decoupled ? "adamw param" : "adam param");
+    ExpectAllClose(Download(tm), rm, 1e-4, "adam m");
+    ExpectAllClose(Download(tv), rv, 1e-4, "adam v");
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
