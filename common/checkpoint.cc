@@ -134,9 +134,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   if (info.st_size > INT_MAX) {
     std::fclose(file);
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, " is ", info.st_size,
-                                                      " bytes; at most ", INT_MAX,
-                                                      " are supported"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", path, " is ", info.st_size, " bytes; at most ", INT_MAX, " are supported"));
   }
   std::string bytes(static_cast<size_t>(info.st_size), '\0');
   size_t read = std::fread(bytes.data(), 1, bytes.size(), file);
@@ -274,8 +273,8 @@ int DTypeWidth(v1::DType dtype) {
 absl::Status ValidateTensorProto(const v1::TensorProto& t) {
   const int width = DTypeWidth(t.dtype());
   if (width == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': unknown dtype ",
-                                                   static_cast<int>(t.dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name(), "': unknown dtype ", static_cast<int>(t.dtype())));
   }
   uint64_t count = 1;
   for (int i = 0; i < t.shape_size(); ++i) {

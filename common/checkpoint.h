@@ -41,9 +41,10 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 // on any failure that file is removed and an existing checkpoint at `path` is
 // left untouched. Every tensor must pass ValidateTensorProto and tensor names
 // must be unique, and the checkpoint must not be entirely empty
-// (INVALID_ARGUMENT otherwise, nothing written). I/O failures
-// come back as INTERNAL (or PERMISSION_DENIED / NOT_FOUND for those errnos)
-// with the path and the system error in the message.
+// (INVALID_ARGUMENT otherwise, nothing written). I/O failures come back with
+// the path and the system error in the message: NOT_FOUND (missing
+// directory), PERMISSION_DENIED, RESOURCE_EXHAUSTED (disk full, quota), else
+// INTERNAL.
 absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& ckpt);
 
 // Reads and verifies a checkpoint written by WriteCheckpointFile.

@@ -15,8 +15,7 @@ ConfusionMatrix::ConfusionMatrix(int num_classes)
       counts_(static_cast<size_t>(num_classes_) * num_classes_, 0) {}
 
 void ConfusionMatrix::Add(int true_label, int predicted) {
-  if (true_label < 0 || true_label >= num_classes_ || predicted < 0 ||
-      predicted >= num_classes_) {
+  if (true_label < 0 || true_label >= num_classes_ || predicted < 0 || predicted >= num_classes_) {
     ++rejected_;
     return;
   }
@@ -29,7 +28,8 @@ void ConfusionMatrix::Merge(const ConfusionMatrix& other) {
     std::vector<int64_t> counts(static_cast<size_t>(grown) * grown, 0);
     for (int t = 0; t < num_classes_; ++t) {
       for (int p = 0; p < num_classes_; ++p) {
-        counts[static_cast<size_t>(t) * grown + p] = counts_[static_cast<size_t>(t) * num_classes_ + p];
+        counts[static_cast<size_t>(t) * grown + p] =
+            counts_[static_cast<size_t>(t) * num_classes_ + p];
       }
     }
     counts_ = std::move(counts);
@@ -117,8 +117,8 @@ std::string FormatConfusionMatrix(const ClassificationMetrics& m) {
     absl::StrAppendFormat(&out, "%*s  %9s  %9s  %9s\n", first, "class", "precision", "recall",
                           "f1");
     for (int c = 0; c < k; ++c) {
-      absl::StrAppendFormat(&out, "%*d  %9.4f  %9.4f  %9.4f\n", first, c,
-                            m.per_class_precision[c], m.per_class_recall[c], m.per_class_f1[c]);
+      absl::StrAppendFormat(&out, "%*d  %9.4f  %9.4f  %9.4f\n", first, c, m.per_class_precision[c],
+                            m.per_class_recall[c], m.per_class_f1[c]);
     }
   }
   return out;

@@ -76,11 +76,10 @@ absl::Status ValidateSchedule(const v1::OptimizerSpec& spec) {
 
 absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& spec) {
   if (spec.type() != v1::OPTIMIZER_SGD && !IsAdamFamily(spec.type())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.type must be OPTIMIZER_SGD, OPTIMIZER_ADAM or OPTIMIZER_ADAMW, got ",
-                     v1::OptimizerType_IsValid(spec.type())
-                         ? v1::OptimizerType_Name(spec.type())
-                         : absl::StrCat(static_cast<int>(spec.type()))));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.type must be OPTIMIZER_SGD, OPTIMIZER_ADAM or OPTIMIZER_ADAMW, got ",
+        v1::OptimizerType_IsValid(spec.type()) ? v1::OptimizerType_Name(spec.type())
+                                               : absl::StrCat(static_cast<int>(spec.type()))));
   }
   if (!(std::isfinite(spec.learning_rate()) && spec.learning_rate() > 0.f)) {
     return FieldError("learning_rate", "finite and > 0", spec.learning_rate());
@@ -88,12 +87,13 @@ absl::Status ValidateOptimizerSpec(const v1::OptimizerSpec& spec) {
   PSTRAIN_RETURN_IF_ERROR(CheckUnitInterval("momentum", spec.momentum()));
   if (spec.nesterov()) {
     if (spec.type() != v1::OPTIMIZER_SGD) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer.nesterov requires type OPTIMIZER_SGD, got ", v1::OptimizerType_Name(spec.type())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer.nesterov requires type OPTIMIZER_SGD, got ",
+                       v1::OptimizerType_Name(spec.type())));
     }
     if (spec.momentum() <= 0.f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer.nesterov requires optimizer.momentum > 0, got ", spec.momentum()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer.nesterov requires optimizer.momentum > 0, got ", spec.momentum()));
     }
   }
   PSTRAIN_RETURN_IF_ERROR(CheckUnitInterval("beta1", spec.beta1()));

@@ -77,10 +77,18 @@ float FromBits(uint32_t bits) { return std::bit_cast<float>(bits); }
 // Floats that a careless round trip would change: NaNs with payloads (quiet
 // and signalling, both signs), -0.0, denormals, infinities, extremes.
 std::vector<float> TrickyFloats(size_t random_count, uint32_t seed) {
-  std::vector<float> values = {
-      FromBits(0x7fc12345u), FromBits(0xffc00001u), FromBits(0x7f800001u),  // NaN payloads.
-      FromBits(0xff812345u), -0.0f, 0.0f, FromBits(0x00000001u),            // Denormals...
-      FromBits(0x807fffffu), INFINITY, -INFINITY, 3.4028235e38f, -1.1754944e-38f};
+  std::vector<float> values = {FromBits(0x7fc12345u),
+                               FromBits(0xffc00001u),
+                               FromBits(0x7f800001u),  // NaN payloads.
+                               FromBits(0xff812345u),
+                               -0.0f,
+                               0.0f,
+                               FromBits(0x00000001u),  // Denormals...
+                               FromBits(0x807fffffu),
+                               INFINITY,
+                               -INFINITY,
+                               3.4028235e38f,
+                               -1.1754944e-38f};
   std::mt19937 rng(seed);
   for (size_t i = 0; i < random_count; ++i) values.push_back(FromBits(rng()));  // Any pattern.
   return values;
@@ -257,8 +265,8 @@ void WriteEnvelope(const std::string& path, const v1::Checkpoint& ckpt, uint32_t
   v1::CheckpointFile envelope;
   envelope.set_format_version(version);
   std::string payload = ckpt.SerializeAsString();
-  envelope.set_crc32(static_cast<uint32_t>(crc32(
-      0L, reinterpret_cast<const Bytef*>(payload.data()), static_cast<uInt>(payload.size()))));
+  envelope.set_crc32(static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(payload.data()),
+                                                 static_cast<uInt>(payload.size()))));
   envelope.set_checkpoint(payload);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << envelope.SerializeAsString();
