@@ -12,7 +12,8 @@
 
 namespace pstrain {
 
-absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text_view) {
+  const std::string text(text_view);
   DeviceSpec spec;
   if (text == "auto" || text.empty()) return spec;
   spec.automatic = false;
@@ -24,7 +25,7 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text) {
     spec.type = DeviceType::kCuda;
     return spec;
   }
-  if (text.substr(0, 5) == "cuda:") {
+  if (text.rfind("cuda:", 0) == 0) {
     int ordinal = 0;
     if (!absl::SimpleAtoi(text.substr(5), &ordinal) || ordinal < 0) {
       return absl::InvalidArgumentError(

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""CPU training throughput: pstrain vs PyTorch on fmnist-cnn, same run.
+
+Both sides train the TensorFlow layers-tutorial CNN (bench/jobs/fmnist-cnn-bench.json)
+on the real Fashion-MNIST training images, pixels scaled to [0, 1], SGD lr 0.01
+momentum 0.9, batch 64, dropout 0.4 on both. PyTorch (Debian's python3-torch) runs
+with every thread pool set to the core count. Rounds alternate between the two
+so that machine noise hits both; the medians and their ratio are printed.
+
+Usage: /usr/bin/python3 bench/train_cpu_vs_pytorch.py [--samples 12800] [--rounds 3]
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def load_fmnist(limit):
+    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    x = torch.from_numpy(images[:limit].astype(np.float32) / 255.0)
+    y = torch.from_numpy(labels[:limit].astype(np.int64))
+    return x, y
+
+
+def torch_model():
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(3136, 1024), nn.ReLU(), nn.Dropout(0.4),
+        nn.Linear(1024, 10))
+
+
+def torch_samples_per_sec(x, y, batch):
+    model = torch_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    steps = len(x) // batch
+    warmup = 5
+    start = None
+    for s in range(steps):
+        if s == warmup:
+            start = time.perf_counter()
+        idx = perm[s * batch:(s + 1) * batch]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+    return (steps - warmup) * batch / (time.perf_counter() - start)
+
+
+def pstrain_samples_per_sec(binary, samples, batch):
+    cmd = [binary, "--standalone", os.path.join(ROOT, "bench/jobs/fmnist-cnn-bench.json"),
+           "--device", "cpu", "--limit", str(samples), "--batch", str(batch), "--checkpoint", "none"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["train_samples_per_sec"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=12800)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build/bin/pstrain-worker"))
+    args = ap.parse_args()
+
+    cores = os.cpu_count()
+    torch.set_num_threads(cores)
+    torch.set_num_interop_threads(cores)
+    x, y = load_fmnist(args.samples)
+    ours, theirs = [], []
+    for r in range(args.rounds):
+        ours.append(pstrain_samples_per_sec(args.binary, args.samples, args.batch))
+        theirs.append(torch_samples_per_sec(x, y, args.batch))
+        print(f"round {r + 1}: pstrain {ours[-1]:.1f} samples/s, PyTorch {theirs[-1]:.1f} samples/s",
+              flush=True)
+    o, t = statistics.median(ours), statistics.median(theirs)
+    print(f"fmnist-cnn CPU training, batch {args.batch}, {cores} cores, {args.samples} samples/round, "
+          f"{args.rounds} rounds")
+    print(f"  pstrain  median {o:8.1f} samples/s")
+    print(f"  PyTorch {torch.__version__} median {t:8.1f} samples/s (threads={torch.get_num_threads()})")
+    print(f"  ratio pstrain/PyTorch = {o / t:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+#include "worker/layers.h"
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pstrain {
+namespace {
+
+// Keeps one plan per batch size (training batches plus the last, smaller,
+// evaluation batch), so nothing is re-planned in the steady state.
+template <typename Plan>
+class PlanCache {
+ public:
+  using Factory = std::function<absl::StatusOr<std::unique_ptr<Plan>>(int batch)>;
+  absl::StatusOr<Plan*> Get(int batch, const Factory& make) {
+    auto it = plans_.find(batch);
+    if (it != plans_.end()) return it->second.get();
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, make(batch));
+    Plan* raw = plan.get();
+    plans_[batch] = std::move(plan);
+    return raw;
+  }
+
+ private:
+  std::map<int, std::unique_ptr<Plan>> plans_;
+};
+
+class Conv2dLayer final : public Layer {
+ public:
+  explicit Conv2dLayer(const LayerInfo& info) : Layer(info) {
+    const v1::Conv2dLayer& c = info.spec.conv2d();
+    const Shape& in = info.input_shapes[0];
+    config_.c = static_cast<int>(in[0]);
+    config_.h = static_cast<int>(in[1]);
+    config_.w = static_cast<int>(in[2]);
+    config_.filters = c.filters();
+    config_.kernel_h = c.kernel_h() > 0 ? c.kernel_h() : c.kernel_size();
+    config_.kernel_w = c.kernel_w() > 0 ? c.kernel_w() : c.kernel_size();
+    config_.stride_h = config_.stride_w = c.stride() == 0 ? 1 : c.stride();
+    config_.pad_h = config_.pad_w = c.padding();
+    has_bias_ = !c.no_bias();
+  }
+
+  absl::Status Prepare(Backend* backend, int batch) override {
+    PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
+      Conv2dConfig config = config_;
+      config.n = n;
+      return backend->CreateConv2d(config);
+    }));
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(Backend*, const ForwardArgs& a) override {
+    return plan_->Forward(a.inputs[0], a.params[0], has_bias_ ? a.params[1] : nullptr, a.output);
+  }
+
+  absl::Status Backward(Backend*, const BackwardArgs& a) override {
+    PSTRAIN_RETURN_IF_ERROR(plan_->BackwardFilter(a.inputs[0], a.d_output, a.d_params[0],
+                                                  has_bias_ ? a.d_params[1] : nullptr));
+    if (a.d_inputs[0] != nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(plan_->BackwardData(a.d_output, a.params[0], a.d_inputs[0]));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Conv2dConfig config_;
+  bool has_bias_ = true;
+  PlanCache<Conv2dPlan> plans_;
+  Conv2dPlan* plan_ = nullptr;
+};
+
+class Pool2dLayer final : public Layer {
+ public:
+  Pool2dLayer(const LayerInfo& info, PoolMode mode) : Layer(info) {
+    const v1::Pool2dLayer& p =
+        mode == PoolMode::kMax ? info.spec.max_pool() : info.spec.avg_pool();
+    const Shape& in = info.input_shapes[0];
+    config_.mode = mode;
+    config_.c = static_cast<int>(in[0]);
+    config_.h = static_cast<int>(in[1]);
+    config_.w = static_cast<int>(in[2]);
+    config_.window = p.pool_size();
+    config_.stride = p.stride() == 0 ? p.pool_size() : p.stride();
+    config_.pad = p.padding();
+  }
+
+  absl::Status Prepare(Backend* backend, int batch) override {
+    PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
+      Pool2dConfig config = config_;
+      config.n = n;
+      return backend->CreatePool2d(config);
+    }));
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(Backend*, const ForwardArgs& a) override {
+    return plan_->Forward(a.inputs[0], a.output, a.training);
+  }
+
+  absl::Status Backward(Backend*, const BackwardArgs& a) override {
+    if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    return plan_->Backward(a.inputs[0], a.output, a.d_output, a.d_inputs[0]);
+  }
+
+ private:
+  Pool2dConfig config_;
+  PlanCache<Pool2dPlan> plans_;
+  Pool2dPlan* plan_ = nullptr;
+};
+
+// y[N, units] = x[N, in] * W^T + b, W stored [units, in].
+class DenseLayer final : public Layer {
+ public:
+  explicit DenseLayer(const LayerInfo& info)
+      : Layer(info), units_(info.spec.dense().units()), has_bias_(!info.spec.dense().no_bias()) {}
+
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    const int64_t in = in_per_sample();
+    PSTRAIN_RETURN_IF_ERROR(
+        backend->Gemm(false, true, a.batch, units_, in, 1.f, a.inputs[0], a.params[0], 0.f, a.output));
+    if (has_bias_) PSTRAIN_RETURN_IF_ERROR(backend->AddBias(a.output, a.params[1], a.batch, units_, 1));
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    const int64_t in = in_per_sample();
+    // dW[units, in] = dY^T[units, N] * X[N, in].
+    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(true, false, units_, in, a.batch, 1.f, a.d_output,
+                                          a.inputs[0], 0.f, a.d_params[0]));
+    if (has_bias_) {
+      PSTRAIN_RETURN_IF_ERROR(backend->BiasGrad(a.d_output, a.d_params[1], a.batch, units_, 1));
+    }
+    if (a.d_inputs[0] != nullptr) {
+      // dX[N, in] = dY[N, units] * W[units, in].
+      PSTRAIN_RETURN_IF_ERROR(backend->Gemm(false, false, a.batch, in, units_, 1.f, a.d_output,
+                                            a.params[0], 0.f, a.d_inputs[0]));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t units_;
+  const bool has_bias_;
+};
+
+class ActivationLayer final : public Layer {
+ public:
+  ActivationLayer(const LayerInfo& info, Activation kind, float alpha)
+      : Layer(info), kind_(kind), alpha_(alpha) {}
+
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    return backend->ActivationForward(kind_, alpha_, a.inputs[0], a.output,
+                                      a.batch * out_per_sample());
+  }
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    return backend->ActivationBackward(kind_, alpha_, a.inputs[0], a.output, a.d_output,
+                                       a.d_inputs[0], a.batch * out_per_sample());
+  }
+
+ private:
+  const Activation kind_;
+  const float alpha_;
+};
+
+class DropoutLayer final : public Layer {
+ public:
+  explicit DropoutLayer(const LayerInfo& info) : Layer(info), rate_(info.spec.dropout().rate()) {}
+
+  absl::Status Prepare(Backend* backend, int batch) override {
+    if (mask_.num_elements() != batch * out_per_sample()) {
+      PSTRAIN_ASSIGN_OR_RETURN(mask_, backend->AllocateTensor(Shape{batch, out_per_sample()}));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    const int64_t count = a.batch * out_per_sample();
+    last_training_ = a.training && rate_ > 0.f;
+    if (!last_training_) {
+      return backend->CopyDeviceToDevice(a.output, a.inputs[0], count * sizeof(float));
+    }
+    return backend->DropoutForward(a.inputs[0], a.output, mask_.data(), count, rate_, a.seed);
+  }
+
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    const int64_t count = a.batch * out_per_sample();
+    if (!last_training_) {
+      return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output, count * sizeof(float));
+    }
+    return backend->Multiply(a.d_output, mask_.data(), a.d_inputs[0], count);
+  }
+
+ private:
+  const float rate_;
+  Tensor mask_;
+  bool last_training_ = false;
+};
+
+class BatchNormLayer final : public Layer {
+ public:
+  explicit BatchNormLayer(const LayerInfo& info) : Layer(info) {
+    const Shape& in = info.input_shapes[0];
+    config_.c = static_cast<int>(in[0]);
+    config_.spatial = in.rank() == 3 ? static_cast<int>(in[1] * in[2]) : 1;
+    const v1::BatchNormLayer& b = info.spec.batch_norm();
+    config_.epsilon = b.epsilon() > 0 ? b.epsilon() : 1e-5f;
+    config_.momentum = b.momentum() > 0 ? b.momentum() : 0.1f;
+  }
+
+  absl::Status Prepare(Backend* backend, int batch) override {
+    if (save_mean_.empty()) {
+      PSTRAIN_ASSIGN_OR_RETURN(save_mean_, backend->AllocateTensor(Shape{config_.c}));
+      PSTRAIN_ASSIGN_OR_RETURN(save_inv_std_, backend->AllocateTensor(Shape{config_.c}));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
+      BatchNormConfig config = config_;
+      config.n = n;
+      return backend->CreateBatchNorm(config);
+    }));
+    return absl::OkStatus();
+  }
+
+  // params: gamma, beta, running_mean, running_var.
+  absl::Status Forward(Backend*, const ForwardArgs& a) override {
+    if (a.training) {
+      return plan_->ForwardTraining(a.inputs[0], a.params[0], a.params[1], a.output, a.params[2],
+                                    a.params[3], save_mean_.data(), save_inv_std_.data());
+    }
+    return plan_->ForwardInference(a.inputs[0], a.params[0], a.params[1], a.params[2],
+                                   a.params[3], a.output);
+  }
+
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    // Parameter gradients are needed even when the input needs none.
+    float* dx = a.d_inputs[0];
+    if (dx == nullptr) {
+      if (scratch_.num_elements() != a.batch * out_per_sample()) {
+        PSTRAIN_ASSIGN_OR_RETURN(scratch_, backend->AllocateTensor(Shape{a.batch, out_per_sample()}));
+      }
+      dx = scratch_.data();
+    }
+    return plan_->Backward(a.inputs[0], a.d_output, a.params[0], save_mean_.data(),
+                           save_inv_std_.data(), dx, a.d_params[0], a.d_params[1]);
+  }
+
+ private:
+  BatchNormConfig config_;
+  PlanCache<BatchNormPlan> plans_;
+  BatchNormPlan* plan_ = nullptr;
+  Tensor save_mean_, save_inv_std_, scratch_;
+};
+
+// Flatten is a reshape: the bytes are already in the right order.
+class FlattenLayer final : public Layer {
+ public:
+  explicit FlattenLayer(const LayerInfo& info) : Layer(info) {}
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    return backend->CopyDeviceToDevice(a.output, a.inputs[0],
+                                       a.batch * out_per_sample() * sizeof(float));
+  }
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output,
+                                       a.batch * out_per_sample() * sizeof(float));
+  }
+};
+
+class AddLayer final : public Layer {
+ public:
+  explicit AddLayer(const LayerInfo& info) : Layer(info) {}
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    const int64_t count = a.batch * out_per_sample();
+    PSTRAIN_RETURN_IF_ERROR(backend->Add(a.inputs[0], a.inputs[1], a.output, count));
+    for (size_t i = 2; i < a.inputs.size(); ++i) {
+      PSTRAIN_RETURN_IF_ERROR(backend->Axpy(1.f, a.inputs[i], a.output, count));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    const size_t bytes = a.batch * out_per_sample() * sizeof(float);
+    for (float* dx : a.d_inputs) {
+      if (dx != nullptr) PSTRAIN_RETURN_IF_ERROR(backend->CopyDeviceToDevice(dx, a.d_output, bytes));
+    }
+    return absl::OkStatus();
+  }
+};
+
+// The output is the mean loss (a device scalar); the gradient w.r.t. the
+// logits is computed in the same pass and handed out by Backward.
+class SoftmaxCrossEntropyLayer final : public Layer {
+ public:
+  explicit SoftmaxCrossEntropyLayer(const LayerInfo& info)
+      : Layer(info), classes_(info.input_shapes[0][0]) {}
+
+  absl::Status Prepare(Backend* backend, int batch) override {
+    if (dlogits_.num_elements() != batch * classes_) {
+      PSTRAIN_ASSIGN_OR_RETURN(dlogits_, backend->AllocateTensor(Shape{batch, classes_}));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    if (a.labels == nullptr) return absl::InvalidArgumentError("softmax_cross_entropy: no labels");
+    return backend->SoftmaxCrossEntropy(a.inputs[0], a.labels, a.batch, classes_, a.output,
+                                        a.training ? dlogits_.data() : nullptr, nullptr);
+  }
+
+  absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    return backend->CopyDeviceToDevice(a.d_inputs[0], dlogits_.data(),
+                                       a.batch * classes_ * sizeof(float));
+  }
+
+ private:
+  const int64_t classes_;
+  Tensor dlogits_;
+};
+
+using LayerFactory = std::function<std::unique_ptr<Layer>(const LayerInfo&)>;
+
+const std::map<LayerType, LayerFactory>& LayerFactories() {
+  static const auto* factories = new std::map<LayerType, LayerFactory>{
+      {LayerType::kConv2d, [](const LayerInfo& i) { return std::make_unique<Conv2dLayer>(i); }},
+      {LayerType::kMaxPool,
+       [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i, PoolMode::kMax); }},
+      {LayerType::kAvgPool,
+       [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i, PoolMode::kAverage); }},
+      {LayerType::kDense, [](const LayerInfo& i) { return std::make_unique<DenseLayer>(i); }},
+      {LayerType::kRelu,
+       [](const LayerInfo& i) { return std::make_unique<ActivationLayer>(i, Activation::kRelu, 0.f); }},
+      {LayerType::kLeakyRelu,
+       [](const LayerInfo& i) {
+         float alpha = i.spec.leaky_relu().alpha() > 0 ? i.spec.leaky_relu().alpha() : 0.01f;
+         return std::make_unique<ActivationLayer>(i, Activation::kLeakyRelu, alpha);
+       }},
+      {LayerType::kTanh,
+       [](const LayerInfo& i) { return std::make_unique<ActivationLayer>(i, Activation::kTanh, 0.f); }},
+      {LayerType::kSigmoid,
+       [](const LayerInfo& i) {
+         return std::make_unique<ActivationLayer>(i, Activation::kSigmoid, 0.f);
+       }},
+      {LayerType::kDropout, [](const LayerInfo& i) { return std::make_unique<DropoutLayer>(i); }},
+      {LayerType::kBatchNorm, [](const LayerInfo& i) { return std::make_unique<BatchNormLayer>(i); }},
+      {LayerType::kFlatten, [](const LayerInfo& i) { return std::make_unique<FlattenLayer>(i); }},
+      {LayerType::kAdd, [](const LayerInfo& i) { return std::make_unique<AddLayer>(i); }},
+      {LayerType::kSoftmaxCrossEntropy,
+       [](const LayerInfo& i) { return std::make_unique<SoftmaxCrossEntropyLayer>(i); }},
+  };
+  return *factories;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info) {
+  auto it = LayerFactories().find(info.type);
+  if (it == LayerFactories().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer '", info.name, "': no runtime for type ", LayerTypeName(info.type)));
+  }
+  return it->second(info);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,75 @@
+// Layers: the runtime twin of each LayerType, running on a Backend.
+//
+// Adding a layer type:
+//  1. add it to the LayerSpec oneof in proto/pstrain/v1/job.proto and to
+//     LayerType + AnalyseLayer() in common/model_graph.cc (shapes, params);
+//  2. write a Layer subclass in worker/layers.cc and register it in
+//     LayerFactories() at the bottom of that file;
+//  3. add it to the gradient checks in tests/worker/layers_test.cc.
+//
+// A Layer holds no parameters: the Model owns every tensor (activations,
+// gradients, parameters) and passes device pointers in. A Layer may own
+// per-batch-size state (plans, saved statistics, masks).
+//
+// Threads: used from the trainer's thread only, like the Backend.
+#ifndef PSTRAIN_WORKER_LAYERS_H_
+#define PSTRAIN_WORKER_LAYERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_graph.h"
+#include "kernels/backend.h"
+
+namespace pstrain {
+
+struct ForwardArgs {
+  int batch = 0;
+  std::vector<const float*> inputs;  // One per LayerInfo::inputs, [batch, input_shape].
+  float* output = nullptr;           // [batch, output_shape]; the loss: a device scalar.
+  std::vector<float*> params;        // One per LayerInfo::params.
+  bool training = false;
+  uint64_t seed = 0;                 // Per step and layer (dropout).
+  const int32_t* labels = nullptr;   // Loss layer only: [batch] device labels.
+};
+
+struct BackwardArgs {
+  int batch = 0;
+  std::vector<const float*> inputs;
+  const float* output = nullptr;
+  const float* d_output = nullptr;  // Gradient w.r.t. the output; unused by the loss.
+  std::vector<float*> d_inputs;     // Overwritten; nullptr where not needed (model input).
+  std::vector<float*> params;
+  std::vector<float*> d_params;     // Overwritten; nullptr for non-trainable params.
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // Creates the layer for `info`; fails for unknown types.
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LayerInfo& info);
+
+  // (Re)creates per-batch-size state. Called before the first Forward at a
+  // given batch size.
+  virtual absl::Status Prepare(Backend* backend, int batch) { return absl::OkStatus(); }
+  virtual absl::Status Forward(Backend* backend, const ForwardArgs& args) = 0;
+  // Requires a preceding Forward(training = true) at the same batch size.
+  virtual absl::Status Backward(Backend* backend, const BackwardArgs& args) = 0;
+
+ protected:
+  explicit Layer(const LayerInfo& info) : info_(info) {}
+  const LayerInfo& info() const { return info_; }
+  int64_t in_per_sample(int i = 0) const { return info_.input_shapes[i].num_elements(); }
+  int64_t out_per_sample() const { return info_.output_shape.num_elements(); }
+
+ private:
+  const LayerInfo info_;  // Constant after construction.
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_LAYERS_H_

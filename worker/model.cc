@@ -1,0 +1,262 @@
+#include "worker/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"
+#include "common/status_macros.h"
+#include "kernels/rng.h"
+
+namespace pstrain {
+namespace {
+
+uint64_t HashName(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a.
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: null backend");
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec));
+  std::unique_ptr<Model> model(new Model(std::move(graph), backend));
+  const ModelGraph& g = model->graph_;
+  for (const LayerInfo& info : g.layers) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info));
+    model->layers_.push_back(std::move(layer));
+  }
+  for (const ParamInfo& p : g.params) {
+    PSTRAIN_ASSIGN_OR_RETURN(Tensor value, backend->AllocateTensor(p.shape));
+    model->params_.push_back(std::move(value));
+    if (p.trainable) {
+      PSTRAIN_ASSIGN_OR_RETURN(Tensor grad, backend->AllocateTensor(p.shape));
+      PSTRAIN_RETURN_IF_ERROR(backend->Fill(grad.data(), 0.f, grad.num_elements()));
+      model->grads_.push_back(std::move(grad));
+    } else {
+      model->grads_.emplace_back();
+    }
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(model->loss_, backend->AllocateTensor(Shape{1}));
+  return model;
+}
+
+absl::Status Model::InitializeParameters() {
+  for (int i = 0; i < num_params(); ++i) {
+    const ParamInfo& p = graph_.params[i];
+    std::vector<float> host(p.shape.num_elements());
+    switch (p.role) {
+      case ParamRole::kWeight: {
+        const double limit = std::sqrt(6.0 / static_cast<double>(p.fan_in + p.fan_out));
+        // The model's init_seed picks the stream; the name makes every tensor
+        // independent of the others and of its position in the spec.
+        const uint64_t tensor_seed = MixBits(graph_.init_seed, HashName(p.name));
+        for (size_t k = 0; k < host.size(); ++k) {
+          host[k] = static_cast<float>((2.0 * UniformFloat(tensor_seed, k) - 1.0) * limit);
+        }
+        break;
+      }
+      case ParamRole::kGamma:
+      case ParamRole::kRunningVar:
+        std::fill(host.begin(), host.end(), 1.f);
+        break;
+      case ParamRole::kBias:
+      case ParamRole::kBeta:
+      case ParamRole::kRunningMean:
+        std::fill(host.begin(), host.end(), 0.f);
+        break;
+    }
+    PSTRAIN_RETURN_IF_ERROR(
+        backend_->CopyHostToDevice(params_[i].data(), host.data(), host.size() * sizeof(float)));
+    // `host` dies at the end of this iteration: make the copy complete.
+    PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::PrepareBatch(int batch) {
+  if (batch <= 0) return absl::InvalidArgumentError(absl::StrCat("batch must be > 0, got ", batch));
+  if (batch > batch_) {
+    outputs_.clear();
+    d_outputs_.clear();
+    scratch_.clear();
+    for (const LayerInfo& info : graph_.layers) {
+      std::vector<int64_t> dims{batch};
+      for (int64_t d : info.output_shape.dims()) dims.push_back(d);
+      Shape shape = info.output_shape.rank() == 0 ? Shape{1} : Shape(std::move(dims));
+      PSTRAIN_ASSIGN_OR_RETURN(Tensor out, backend_->AllocateTensor(shape));
+      PSTRAIN_ASSIGN_OR_RETURN(Tensor dout, backend_->AllocateTensor(shape));
+      outputs_.push_back(std::move(out));
+      d_outputs_.push_back(std::move(dout));
+      // Producers read by more than one input slot get a buffer for the
+      // partial gradients of all but the first consumer.
+      if (info.consumers.size() > 1) {
+        PSTRAIN_ASSIGN_OR_RETURN(Tensor partial, backend_->AllocateTensor(shape));
+        scratch_.push_back(std::move(partial));
+      } else {
+        scratch_.emplace_back();
+      }
+    }
+    batch_ = batch;
+  }
+  if (batch != prepared_batch_) {
+    for (auto& layer : layers_) PSTRAIN_RETURN_IF_ERROR(layer->Prepare(backend_, batch));
+    prepared_batch_ = batch;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Forward(const float* images, const int32_t* labels, int batch, bool training,
+                            uint64_t seed) {
+  if (images == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("Model::Forward: null images or labels");
+  }
+  PSTRAIN_RETURN_IF_ERROR(PrepareBatch(batch));
+  input_ = images;
+  labels_ = labels;
+  last_forward_training_ = training;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerInfo& info = graph_.layers[l];
+    ForwardArgs args;
+    args.batch = batch;
+    for (int in : info.inputs) args.inputs.push_back(in < 0 ? images : outputs_[in].data());
+    args.output = static_cast<int>(l) == graph_.loss_layer ? loss_.data() : outputs_[l].data();
+    for (int p : info.params) args.params.push_back(params_[p].data());
+    args.training = training;
+    args.seed = MixBits(seed, l);
+    args.labels = labels;
+    absl::Status status = layers_[l]->Forward(backend_, args);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("forward of layer '", info.name, "': ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Backward() {
+  if (!last_forward_training_ || input_ == nullptr) {
+    return absl::FailedPreconditionError("Model::Backward needs a preceding training Forward");
+  }
+  const int batch = prepared_batch_;
+  // written[p]: d_outputs_[p] already holds a (partial) gradient this pass.
+  std::vector<bool> written(layers_.size(), false);
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    const LayerInfo& info = graph_.layers[l];
+    BackwardArgs args;
+    args.batch = batch;
+    for (int in : info.inputs) args.inputs.push_back(in < 0 ? input_ : outputs_[in].data());
+    args.output = l == graph_.loss_layer ? loss_.data() : outputs_[l].data();
+    args.d_output = d_outputs_[l].data();
+    std::vector<int> accumulate;  // Input slots written to scratch, to add afterwards.
+    for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
+      int in = info.inputs[slot];
+      if (in < 0) {
+        args.d_inputs.push_back(nullptr);  // Nobody needs d loss / d images.
+      } else if (!written[in]) {
+        args.d_inputs.push_back(d_outputs_[in].data());
+        written[in] = true;
+      } else {
+        args.d_inputs.push_back(scratch_[in].data());
+        accumulate.push_back(static_cast<int>(slot));
+      }
+    }
+    if (accumulate.size() > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "layer '", info.name, "' reads one producer three or more times; unsupported"));
+    }
+    for (int p : info.params) {
+      args.params.push_back(params_[p].data());
+      args.d_params.push_back(graph_.params[p].trainable ? grads_[p].data() : nullptr);
+    }
+    absl::Status status = layers_[l]->Backward(backend_, args);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("backward of layer '", info.name, "': ", status.message()));
+    }
+    for (int slot : accumulate) {
+      int in = info.inputs[slot];
+      PSTRAIN_RETURN_IF_ERROR(backend_->Axpy(1.f, scratch_[in].data(), d_outputs_[in].data(),
+                                             batch * graph_.layers[in].output_shape.num_elements()));
+    }
+    if (gradient_ready_) {
+      std::vector<int> trainable;
+      for (int p : info.params) {
+        if (graph_.params[p].trainable) trainable.push_back(p);
+      }
+      if (!trainable.empty()) gradient_ready_(l, trainable);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const float* Model::logits() const {
+  if (graph_.logits_layer < 0 || outputs_.empty()) return nullptr;
+  return outputs_[graph_.logits_layer].data();
+}
+
+int Model::FindParam(const std::string& name) const {
+  for (int i = 0; i < num_params(); ++i) {
+    if (graph_.params[i].name == name) return i;
+  }
+  return -1;
+}
+
+absl::Status Model::ExportParameters(std::vector<v1::TensorProto>* out) {
+  out->clear();
+  std::vector<std::vector<float>> host(num_params());
+  for (int i = 0; i < num_params(); ++i) {
+    host[i].resize(params_[i].num_elements());
+    PSTRAIN_RETURN_IF_ERROR(
+        backend_->CopyDeviceToHost(host[i].data(), params_[i].data(), params_[i].bytes()));
+  }
+  PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+  for (int i = 0; i < num_params(); ++i) {
+    out->push_back(MakeTensorProto(graph_.params[i].name, graph_.params[i].shape.dims(),
+                                   host[i].data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ImportParameters(const std::vector<v1::TensorProto>& tensors) {
+  std::map<std::string, const v1::TensorProto*> by_name;
+  for (const v1::TensorProto& t : tensors) {
+    if (!by_name.emplace(t.name(), &t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor '", t.name(), "'"));
+    }
+  }
+  std::vector<std::vector<float>> host(num_params());
+  for (int i = 0; i < num_params(); ++i) {
+    const ParamInfo& p = graph_.params[i];
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("missing parameter '", p.name, "'"));
+    }
+    const v1::TensorProto& t = *it->second;
+    if (std::vector<int64_t>(t.shape().begin(), t.shape().end()) != p.shape.dims()) {
+      Shape got(std::vector<int64_t>(t.shape().begin(), t.shape().end()));
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "' has shape ",
+                                                     got.ToString(), ", the model expects ",
+                                                     p.shape.ToString()));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(host[i], TensorProtoToFloats(t));
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", by_name.begin()->first, "' is not a parameter of this model"));
+  }
+  for (int i = 0; i < num_params(); ++i) {
+    PSTRAIN_RETURN_IF_ERROR(
+        backend_->CopyHostToDevice(params_[i].data(), host[i].data(), params_[i].bytes()));
+  }
+  return backend_->Synchronize();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,116 @@
+// A model built from a ModelSpec on a Backend: parameters, gradients,
+// activations, forward and backward.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(auto model, Model::Create(job.model(), backend));
+//   PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
+//   model->SetGradientReadyCallback([&](int layer, absl::Span<const int> params) {
+//     ...  // e.g. start pushing these gradients; must not block
+//   });
+//   PSTRAIN_RETURN_IF_ERROR(model->Forward(images, labels, batch, /*training=*/true, seed));
+//   PSTRAIN_RETURN_IF_ERROR(model->Backward());
+//   // model->grad(i) now holds d loss / d param(i) for every trainable param.
+//
+// Parameters are addressed by index (ModelGraph::params order) or by name
+// ("conv1/weight"). Between steps, a caller may overwrite param(i) (e.g. with
+// weights pulled from a parameter server): the next Forward uses them.
+//
+// Threads: one thread at a time (the Backend's rule). The gradient callback
+// runs on that thread, in the middle of Backward.
+#ifndef PSTRAIN_WORKER_MODEL_H_
+#define PSTRAIN_WORKER_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model_graph.h"
+#include "kernels/backend.h"
+#include "pstrain/v1/tensor.pb.h"
+#include "worker/layers.h"
+
+namespace pstrain {
+
+class Model {
+ public:
+  // Fires once per layer with trainable parameters, in backward order, as soon
+  // as that layer's parameter gradients have been enqueued on the backend
+  // (wait on backend->RecordEvent() before reading them from another thread).
+  // `params` are indices into graph().params. Must not block.
+  using GradientReadyCallback = std::function<void(int layer, absl::Span<const int> params)>;
+
+  // Validates the spec (BuildModelGraph) and allocates every parameter and
+  // gradient. Activations are allocated on first use of a batch size.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelSpec& spec,
+                                                       Backend* backend);
+
+  // Deterministic initialisation from spec.init_seed: Glorot-uniform weights,
+  // zero biases and betas, unit gammas and running variances, zero running
+  // means. Identical on every backend.
+  absl::Status InitializeParameters();
+
+  // images: device [batch, input_shape] floats; labels: device [batch] int32.
+  // `seed` feeds dropout (use a different one every step).
+  absl::Status Forward(const float* images, const int32_t* labels, int batch, bool training,
+                       uint64_t seed);
+  // Gradients of the mean loss of the last training Forward.
+  absl::Status Backward();
+
+  void SetGradientReadyCallback(GradientReadyCallback callback) {
+    gradient_ready_ = std::move(callback);
+  }
+
+  const ModelGraph& graph() const { return graph_; }
+  Backend* backend() const { return backend_; }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  const ParamInfo& param_info(int i) const { return graph_.params[i]; }
+  Tensor& param(int i) { return params_[i]; }
+  // Empty tensor for non-trainable parameters (running statistics).
+  Tensor& grad(int i) { return grads_[i]; }
+  // -1 when unknown.
+  int FindParam(const std::string& name) const;
+
+  // Device scalar holding the mean loss of the last Forward.
+  const float* loss() const { return loss_.data(); }
+  // Device [batch, num_classes] logits of the last Forward.
+  const float* logits() const;
+  int last_batch() const { return batch_; }
+
+  // Host copies of every parameter (running statistics included), named as
+  // in the graph. Synchronises the backend.
+  absl::Status ExportParameters(std::vector<v1::TensorProto>* out);
+  // Replaces parameters from named tensors. Every parameter must be present
+  // with its exact shape and dtype f32; extra names are errors. On error no
+  // parameter has been modified.
+  absl::Status ImportParameters(const std::vector<v1::TensorProto>& tensors);
+
+ private:
+  Model(ModelGraph graph, Backend* backend) : graph_(std::move(graph)), backend_(backend) {}
+  absl::Status PrepareBatch(int batch);
+
+  // Constant after construction.
+  const ModelGraph graph_;
+  Backend* const backend_;
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Tensor> params_;
+  std::vector<Tensor> grads_;
+  std::vector<Tensor> outputs_;    // Per layer, [batch, output_shape].
+  std::vector<Tensor> d_outputs_;  // Per layer, gradient w.r.t. outputs_.
+  std::vector<Tensor> scratch_;    // Per layer with fan-out > 1: partial gradients.
+  Tensor loss_;
+  int batch_ = 0;                  // Batch size of the allocated activations.
+  int prepared_batch_ = 0;
+  const float* input_ = nullptr;
+  const int32_t* labels_ = nullptr;
+  bool last_forward_training_ = false;
+  GradientReadyCallback gradient_ready_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_MODEL_H_

@@ -1,0 +1,173 @@
+#include "worker/standalone.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/checkpoint.h"
+#include "common/data/dataset.h"
+#include "common/job_spec.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "kernels/optimizer.h"
+#include "worker/evaluation.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+namespace {
+
+absl::StatusOr<v1::Checkpoint> MakeCheckpoint(const v1::JobSpec& job, Model& model,
+                                              LocalUpdater& updater, int64_t step, int epoch) {
+  v1::Checkpoint ckpt;
+  *ckpt.mutable_job() = job;
+  std::vector<v1::TensorProto> params;
+  PSTRAIN_RETURN_IF_ERROR(model.ExportParameters(&params));
+  for (auto& t : params) *ckpt.add_parameters() = std::move(t);
+  Backend* backend = model.backend();
+  for (const auto& [name, tensor] : updater.optimizer().StateTensors()) {
+    std::vector<float> host(tensor->num_elements());
+    PSTRAIN_RETURN_IF_ERROR(backend->CopyDeviceToHost(host.data(), tensor->data(), tensor->bytes()));
+    PSTRAIN_RETURN_IF_ERROR(backend->Synchronize());
+    *ckpt.add_optimizer_state() = MakeTensorProto(name, tensor->shape().dims(), host.data());
+  }
+  ckpt.set_step(step);
+  ckpt.set_epoch(epoch);
+  ckpt.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  return ckpt;
+}
+
+}  // namespace
+
+absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
+                                               const StandaloneOptions& options,
+                                               std::ostream& out) {
+  // Phase: ResolveJob.
+  v1::JobSpec job = job_in;
+  if (options.epochs > 0) job.set_epochs(options.epochs);
+  if (options.batch_size > 0) job.set_batch_size(options.batch_size);
+  if (options.limit > 0) job.mutable_dataset()->set_train_limit(options.limit);
+  PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(job));
+  PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(job.optimizer()));
+
+  // Phase: OpenBackend.
+  PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec device_spec, ParseDeviceSpec(options.device));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device_spec));
+
+  // Phase: LoadData.
+  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+  PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
+                           data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
+
+  // Phase: BuildModel.
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
+  PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalUpdater> updater,
+                           LocalUpdater::Create(job.optimizer(), model.get()));
+  TrainerOptions trainer_options;
+  trainer_options.batch_size = job.batch_size();
+  trainer_options.seed = job.seed();
+  trainer_options.augment = job.dataset().augmentation().random_flip() ||
+                            job.dataset().augmentation().crop_padding() > 0;
+  trainer_options.prefetch_batches =
+      job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
+  trainer_options.loader_threads =
+      job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                           Trainer::Create(model.get(), updater.get(), &splits.train, preprocess,
+                                           trainer_options));
+
+  StandaloneResult result;
+  result.device = backend->DeviceName();
+  result.device_info = backend->Describe();
+  if (options.progress) {
+    out << absl::StrFormat(
+               "pstrain-worker: training %s on %s: %d train / %d test samples, %d epochs, "
+               "batch %d, %d steps per epoch, %d parameters",
+               job.model().name(), result.device_info, splits.train.size(), splits.test.size(),
+               job.epochs(), job.batch_size(), trainer->steps_per_epoch(),
+               model->graph().trainable_params)
+        << std::endl;
+  }
+
+  // Phase: Train.
+  int64_t samples = 0;
+  for (int epoch = 0; epoch < job.epochs(); ++epoch) {
+    PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats, trainer->RunEpoch(epoch, nullptr));
+    samples += stats.samples;
+    result.train_seconds += stats.seconds;
+    if (epoch == 0) result.first_epoch_loss = stats.mean_loss;
+    result.final_train_loss = stats.mean_loss;
+    result.final_train_accuracy = stats.train_accuracy;
+    if (options.progress) {
+      out << absl::StrFormat(
+                 "epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s  (data wait "
+                 "%.2f s)",
+                 epoch + 1, job.epochs(), stats.mean_loss, stats.train_accuracy,
+                 stats.samples_per_sec, stats.seconds, stats.data_wait_seconds)
+          << std::endl;
+    }
+  }
+  result.epochs = job.epochs();
+  result.steps = trainer->global_step();
+  result.train_samples_per_sec = result.train_seconds > 0 ? samples / result.train_seconds : 0;
+
+  // Phase: Evaluate.
+  EvaluateOptions eval;
+  eval.batch_size = std::max(job.batch_size(), 256);
+  PSTRAIN_ASSIGN_OR_RETURN(result.test, Evaluate(*model, splits.test, preprocess, eval));
+  if (options.progress) {
+    out << absl::StrFormat(
+               "test: accuracy %.4f  loss %.4f  precision %.4f  recall %.4f  f1 %.4f  (%d "
+               "samples)",
+               result.test.accuracy, result.test.loss, result.test.macro_precision,
+               result.test.macro_recall, result.test.macro_f1, result.test.samples)
+        << "\n"
+        << FormatConfusionMatrix(result.test) << std::flush;
+  }
+
+  // Phase: SaveCheckpoint.
+  if (!options.checkpoint_path.empty()) {
+    PSTRAIN_ASSIGN_OR_RETURN(v1::Checkpoint ckpt,
+                             MakeCheckpoint(job, *model, *updater, trainer->global_step(),
+                                            job.epochs()));
+    PSTRAIN_RETURN_IF_ERROR(WriteCheckpointFile(options.checkpoint_path, ckpt));
+    if (options.progress) out << "checkpoint: " << options.checkpoint_path << std::endl;
+  }
+  return result;
+}
+
+absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& checkpoint_path,
+                                                         const std::string& data_dir,
+                                                         const std::string& device,
+                                                         std::string* device_name) {
+  PSTRAIN_ASSIGN_OR_RETURN(v1::Checkpoint ckpt, ReadCheckpointFile(checkpoint_path));
+  v1::JobSpec job = ckpt.job();
+  if (!data_dir.empty()) job.mutable_dataset()->set_path(data_dir);
+  job.mutable_dataset()->set_train_limit(1);  // Only the test split is used.
+  PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec device_spec, ParseDeviceSpec(device));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device_spec));
+  if (device_name != nullptr) *device_name = backend->DeviceName();
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
+  std::vector<v1::TensorProto> params(ckpt.parameters().begin(), ckpt.parameters().end());
+  PSTRAIN_RETURN_IF_ERROR(model->ImportParameters(params));
+  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+  PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
+                           data::Preprocess::FromSpec(job.dataset(), splits.test.channels));
+  EvaluateOptions eval;
+  return Evaluate(*model, splits.test, preprocess, eval);
+}
+
+std::string StandaloneResultJson(const StandaloneResult& r) {
+  return absl::StrFormat(
+      "{\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"precision\": %.6f, \"recall\": %.6f, "
+      "\"f1\": %.6f, \"test_samples\": %d, \"train_samples_per_sec\": %.2f, "
+      "\"train_seconds\": %.2f, \"final_train_loss\": %.6f, \"epochs\": %d, \"steps\": %d, "
+      "\"device\": \"%s\"}",
+      r.test.accuracy, r.test.loss, r.test.macro_precision, r.test.macro_recall, r.test.macro_f1,
+      r.test.samples, r.train_samples_per_sec, r.train_seconds, r.final_train_loss, r.epochs,
+      r.steps, r.device);
+}
+
+}  // namespace pstrain

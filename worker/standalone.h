@@ -1,0 +1,60 @@
+// Standalone training and evaluation: the whole engine on one machine, no
+// server. `pstrain-worker --standalone JOB.json` and `--evaluate CKPT` are thin
+// wrappers over these.
+//
+//   StandaloneOptions options;
+//   options.device = "cpu";
+//   PSTRAIN_ASSIGN_OR_RETURN(StandaloneResult result, RunStandalone(job, options, std::cout));
+#ifndef PSTRAIN_WORKER_STANDALONE_H_
+#define PSTRAIN_WORKER_STANDALONE_H_
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain {
+
+struct StandaloneOptions {
+  std::string device = "auto";   // auto | cpu | cuda[:N]
+  int epochs = 0;                // > 0 overrides the job's epochs.
+  int batch_size = 0;            // > 0 overrides the job's batch size.
+  int64_t limit = 0;             // > 0 trains on only the first `limit` samples.
+  std::string checkpoint_path;   // Where to save the final checkpoint ("" = none).
+  bool progress = true;          // Per-epoch progress lines on `out`.
+};
+
+struct StandaloneResult {
+  ClassificationMetrics test;
+  double train_seconds = 0;
+  double train_samples_per_sec = 0;  // Over all epochs, data waits included.
+  double final_train_loss = 0;
+  double first_epoch_loss = 0;
+  double final_train_accuracy = 0;
+  int epochs = 0;
+  int64_t steps = 0;
+  std::string device;       // "cpu" or "cuda:N".
+  std::string device_info;  // Backend::Describe().
+};
+
+// Validates the job, loads the data, trains, evaluates on the test split and
+// saves a checkpoint. Progress lines go to `out`.
+absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job,
+                                               const StandaloneOptions& options,
+                                               std::ostream& out);
+
+// Loads a checkpoint and evaluates it on the test split of `data_dir` (or the
+// checkpoint job's dataset path when empty).
+absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& checkpoint_path,
+                                                         const std::string& data_dir,
+                                                         const std::string& device,
+                                                         std::string* device_name);
+
+// The one-line JSON summary printed last by `pstrain-worker --standalone`.
+std::string StandaloneResultJson(const StandaloneResult& result);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_STANDALONE_H_

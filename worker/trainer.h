@@ -1,0 +1,136 @@
+// The training loop, in named phases, with seams for the parameter server.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(auto updater, LocalUpdater::Create(job.optimizer(), model.get()));
+//   PSTRAIN_ASSIGN_OR_RETURN(auto trainer,
+//       Trainer::Create(model.get(), updater.get(), &splits.train, preprocess, options));
+//   for (int epoch = 0; epoch < job.epochs(); ++epoch) {
+//     PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats, trainer->RunEpoch(epoch, nullptr));
+//   }
+//
+// Each step runs: NextBatch (prefetched, already on the device) ▸ BeforeStep
+// (the updater may swap parameters in) ▸ Forward ▸ Backward (the updater hears
+// of each layer's gradients as soon as they are enqueued) ▸ ApplyUpdate (local
+// optimizer step, or a remote one) ▸ statistics of the previous step (read
+// one step late so the host never waits for the device in the middle).
+//
+// Threads: one thread drives a Trainer (and its Model and Backend). Updaters
+// that talk to a network do so on their own threads: OnGradientsReady must
+// only enqueue, so backward never waits for the network.
+#ifndef PSTRAIN_WORKER_TRAINER_H_
+#define PSTRAIN_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/data/dataset.h"
+#include "kernels/optimizer.h"
+#include "pstrain/v1/job.pb.h"
+#include "worker/data_prefetcher.h"
+#include "worker/model.h"
+
+namespace pstrain {
+
+// How parameters change after each step: the seam between the local engine
+// and the parameter server.
+class ParameterUpdater {
+ public:
+  virtual ~ParameterUpdater() = default;
+  // Before the forward pass of global step `step` (0-based): may overwrite
+  // model.param(i) with fresher values (e.g. pulled from a server).
+  virtual absl::Status BeforeStep(int64_t step, Model& model) { return absl::OkStatus(); }
+  // During backward, on the trainer's thread, once per layer as soon as its
+  // gradients are enqueued. Must not block.
+  virtual void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) {}
+  // After backward: apply the update. Every gradient is complete here.
+  virtual absl::Status ApplyUpdate(int64_t step, Model& model) = 0;
+};
+
+// The standalone updater: a local Optimizer over every trainable parameter.
+class LocalUpdater final : public ParameterUpdater {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalUpdater>> Create(const v1::OptimizerSpec& spec,
+                                                              Model* model);
+  absl::Status ApplyUpdate(int64_t step, Model& model) override;
+  Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  explicit LocalUpdater(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<std::pair<int, int>> slots_;  // (model param index, optimizer index).
+};
+
+struct TrainerOptions {
+  int batch_size = 64;
+  uint64_t seed = 0;  // Shuffling, augmentation and dropout.
+  int rank = 0;
+  int world_size = 1;
+  bool augment = false;
+  int prefetch_batches = 4;
+  int loader_threads = 1;
+};
+
+struct EpochStats {
+  int epoch = 0;
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double mean_loss = 0;
+  double train_accuracy = 0;
+  double seconds = 0;
+  double samples_per_sec = 0;
+  double data_wait_seconds = 0;  // Time the loop waited for the prefetcher.
+};
+
+// Called every `progress_every` steps and at the end of the epoch.
+struct StepProgress {
+  int epoch = 0;
+  int64_t step_in_epoch = 0, steps_in_epoch = 0, global_step = 0;
+  double mean_loss = 0, train_accuracy = 0, samples_per_sec = 0;
+};
+using ProgressFn = std::function<void(const StepProgress&)>;
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(Model* model, ParameterUpdater* updater,
+                                                         const data::ImageDataset* train,
+                                                         data::Preprocess preprocess,
+                                                         TrainerOptions options);
+
+  // Runs one epoch over this rank's shard.
+  absl::StatusOr<EpochStats> RunEpoch(int epoch, const ProgressFn& progress,
+                                      int64_t progress_every = 100);
+
+  int64_t global_step() const { return global_step_; }
+  void set_global_step(int64_t step) { global_step_ = step; }
+  int64_t steps_per_epoch() const { return prefetcher_->batches_per_epoch(); }
+
+ private:
+  struct PendingStats;  // Loss, logits and labels of a step, read one step late.
+  Trainer(Model* model, ParameterUpdater* updater, TrainerOptions options)
+      : model_(model), updater_(updater), options_(options) {}
+  absl::Status RunStep(const DeviceBatch& batch);
+  absl::Status EnqueueStats(const DeviceBatch& batch, int slot);
+  absl::Status CollectStats(int slot);
+
+  // Constant after construction.
+  Model* const model_;
+  ParameterUpdater* const updater_;
+  const TrainerOptions options_;
+
+  std::unique_ptr<DataPrefetcher> prefetcher_;
+  int64_t global_step_ = 0;
+  // Double-buffered host copies for the one-step-late statistics.
+  std::vector<PinnedBuffer> stats_host_;
+  std::vector<std::unique_ptr<Event>> stats_event_;
+  std::vector<int> stats_batch_;
+  double epoch_loss_sum_ = 0;
+  int64_t epoch_correct_ = 0, epoch_seen_ = 0, epoch_loss_batches_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAINER_H_
