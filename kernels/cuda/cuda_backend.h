@@ -1,7 +1,17 @@
-// The CUDA backend: cuDNN for convolution, pooling, batch norm and
-// activations; cuBLAS for GEMM; own kernels (kernels/cuda/*.cu) for bias,
-// dropout, loss and fused optimizer updates. Everything runs on one
-// non-blocking stream owned by the backend.
+// The CUDA backend: cuDNN for convolution, pooling and batch norm; cuBLAS for
+// GEMM; own kernels (kernels/cuda/*.cu) for bias, activations (one launch, and
+// leaky ReLU, which cuDNN lacks), dropout, loss and fused optimizer updates.
+// Everything runs on one non-blocking stream owned by the backend.
+//
+// Beyond the contract in kernels/backend.h:
+//  * Math is plain fp32 (no TF32 in cuBLAS or cuDNN), so results match the
+//    CPU backend to rounding (the parity tests ask for 1e-4 relative).
+//  * Device memory comes from the stream-ordered pool (cudaMallocAsync) where
+//    the device supports it; Free() is ordered on the stream.
+//  * An out-of-range label in SoftmaxCrossEntropy cannot be seen on the host
+//    when the op is enqueued: the op returns OK, that row's loss is NaN, and
+//    the next Synchronize() returns INVALID_ARGUMENT naming the row and label
+//    (once). Event::Wait() does not report it.
 //
 //   if (CudaDeviceCount() > 0) {
 //     PSTRAIN_ASSIGN_OR_RETURN(auto backend, CreateCudaBackend(0));

@@ -1,0 +1,66 @@
+// Launchers for pstrain's own CUDA kernels (elementwise_kernels.cu,
+// loss_kernels.cu, optimizer_kernels.cu). Each launcher checks its arguments
+// on the host, enqueues one or two kernels on `stream`, checks the launch,
+// and returns without waiting for the device. The semantics are those of the
+// Backend op of the same name in kernels/backend.h; pointers are device
+// pointers.
+//
+//   PSTRAIN_RETURN_IF_ERROR(cuda::LaunchAxpy(0.5f, x, y, count, stream));
+//
+// Adding a kernel: write the __global__ function and its launcher next to it
+// in the .cu file (arguments checked, explicit stream, launch checked),
+// declare the launcher here, and call it from CudaBackend.
+//
+// Threads: launchers are thread-safe; ordering is that of `stream`.
+#ifndef PSTRAIN_KERNELS_CUDA_CUDA_KERNELS_H_
+#define PSTRAIN_KERNELS_CUDA_CUDA_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+
+namespace pstrain::cuda {
+
+// --- elementwise_kernels.cu ------------------------------------------------
+absl::Status LaunchAddBias(float* y, const float* bias, int64_t outer, int64_t channels,
+                           int64_t inner, cudaStream_t stream);
+absl::Status LaunchBiasGrad(const float* dy, float* dbias, int64_t outer, int64_t channels,
+                            int64_t inner, cudaStream_t stream);
+absl::Status LaunchActivationForward(Activation kind, float alpha, const float* x, float* y,
+                                     int64_t count, cudaStream_t stream);
+absl::Status LaunchActivationBackward(Activation kind, float alpha, const float* x, const float* y,
+                                      const float* dy, float* dx, int64_t count,
+                                      cudaStream_t stream);
+absl::Status LaunchDropoutForward(const float* x, float* y, float* mask, int64_t count, float rate,
+                                  uint64_t seed, cudaStream_t stream);
+absl::Status LaunchMultiply(const float* a, const float* b, float* y, int64_t count,
+                            cudaStream_t stream);
+absl::Status LaunchAdd(const float* a, const float* b, float* y, int64_t count,
+                       cudaStream_t stream);
+absl::Status LaunchAxpy(float alpha, const float* x, float* y, int64_t count, cudaStream_t stream);
+absl::Status LaunchScale(float alpha, float* x, int64_t count, cudaStream_t stream);
+absl::Status LaunchFill(float* x, float value, int64_t count, cudaStream_t stream);
+
+// --- loss_kernels.cu --------------------------------------------------------
+// Softmax cross-entropy (see Backend::SoftmaxCrossEntropy). `row_loss` is
+// device scratch of at least n floats. A label outside [0, classes) cannot be
+// detected on the host: the kernel then records the first offending row as
+// label_error[0] = row + 1 and label_error[1] = the label (label_error must
+// hold 2 int32 and start at 0; it is never cleared by the kernel), writes NaN
+// as that row's loss and softmax / n as its dlogits.
+absl::Status LaunchSoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64_t n,
+                                       int64_t classes, float* loss, float* dlogits, float* probs,
+                                       float* row_loss, int32_t* label_error, cudaStream_t stream);
+
+// --- optimizer_kernels.cu ---------------------------------------------------
+absl::Status LaunchSgdUpdate(float* param, const float* grad, float* velocity, int64_t count,
+                             const SgdHyper& hyper, cudaStream_t stream);
+absl::Status LaunchAdamUpdate(float* param, const float* grad, float* m, float* v, int64_t count,
+                              const AdamHyper& hyper, cudaStream_t stream);
+
+}  // namespace pstrain::cuda
+
+#endif  // PSTRAIN_KERNELS_CUDA_CUDA_KERNELS_H_

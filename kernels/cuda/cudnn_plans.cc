@@ -1,0 +1,394 @@
+#include "kernels/cuda/cudnn_plans.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_handles.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace pstrain::cuda {
+namespace {
+
+constexpr float kOne = 1.f;
+constexpr float kZero = 0.f;
+
+absl::Status MakeTensor4d(const TensorDescriptor& desc, int n, int c, int h, int w) {
+  PSTRAIN_RETURN_IF_CUDNN_ERROR(
+      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w) {
+  PSTRAIN_ASSIGN_OR_RETURN(TensorDescriptor desc, TensorDescriptor::Create());
+  PSTRAIN_RETURN_IF_ERROR(MakeTensor4d(desc, n, c, h, w));
+  return desc;
+}
+
+// Picks from cuDNN's ranked heuristic results: the first usable algorithm
+// that is FMA-only (no TF32 tensor ops), fits kMaxConvWorkspaceBytes and is
+// deterministic; failing that, the first usable FMA-only one that fits.
+// Returns false when none qualifies.
+template <typename Perf, typename Algo>
+bool PickAlgorithm(const std::vector<Perf>& perfs, int returned, Algo* algo) {
+  for (bool need_deterministic : {true, false}) {
+    for (int i = 0; i < returned; ++i) {
+      const Perf& p = perfs[i];
+      if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (p.mathType == CUDNN_TENSOR_OP_MATH ||
+          p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+        continue;
+      }
+      if (p.memory > kMaxConvWorkspaceBytes) continue;
+      if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+      *algo = p.algo;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status CheckConvConfig(const Conv2dConfig& c) {
+  if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.filters <= 0 || c.kernel_h <= 0 ||
+      c.kernel_w <= 0 || c.stride_h <= 0 || c.stride_w <= 0 || c.pad_h < 0 || c.pad_w < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CreateConv2d: sizes, kernel and strides must be positive and pads non-negative; got "
+        "input [",
+        c.n, ", ", c.c, ", ", c.h, ", ", c.w, "] filters ", c.filters, " kernel ", c.kernel_h, "x",
+        c.kernel_w, " stride ", c.stride_h, "x", c.stride_w, " pad ", c.pad_h, "x", c.pad_w));
+  }
+  if (c.h + 2 * c.pad_h < c.kernel_h || c.w + 2 * c.pad_w < c.kernel_w) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateConv2d: kernel ", c.kernel_h, "x",
+                                                   c.kernel_w, " larger than padded input ",
+                                                   c.h + 2 * c.pad_h, "x", c.w + 2 * c.pad_w));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Convolution
+// ---------------------------------------------------------------------------
+
+class CudnnConv2dPlan final : public Conv2dPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<Conv2dPlan>> Create(const CudnnContext& context,
+                                                            const Conv2dConfig& config) {
+    PSTRAIN_RETURN_IF_ERROR(CheckConvConfig(config));
+    auto plan = std::unique_ptr<CudnnConv2dPlan>(new CudnnConv2dPlan(context, config));
+    PSTRAIN_RETURN_IF_ERROR(plan->Init());
+    return std::unique_ptr<Conv2dPlan>(std::move(plan));
+  }
+
+  absl::Status Forward(const float* x, const float* w, const float* bias, float* y) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
+        context_.cudnn, &kOne, x_desc_.get(), x, w_desc_.get(), w, conv_desc_.get(), forward_algo_,
+        workspace_.data(), workspace_.bytes(), &kZero, y_desc_.get(), y));
+    if (bias != nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(LaunchAddBias(y, bias, config_.n, config_.filters,
+                                            int64_t{out_h_} * out_w_, context_.stream));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
+        context_.cudnn, &kOne, w_desc_.get(), w, y_desc_.get(), dy, conv_desc_.get(),
+        backward_data_algo_, workspace_.data(), workspace_.bytes(), &kZero, x_desc_.get(), dx));
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
+        context_.cudnn, &kOne, x_desc_.get(), x, y_desc_.get(), dy, conv_desc_.get(),
+        backward_filter_algo_, workspace_.data(), workspace_.bytes(), &kZero, w_desc_.get(), dw));
+    if (dbias != nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(dy, dbias, config_.n, config_.filters,
+                                             int64_t{out_h_} * out_w_, context_.stream));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CudnnConv2dPlan(const CudnnContext& context, const Conv2dConfig& config)
+      : context_(context), config_(config), out_h_(config.out_h()), out_w_(config.out_w()) {}
+
+  absl::Status Init() {
+    const Conv2dConfig& c = config_;
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w));
+    PSTRAIN_ASSIGN_OR_RETURN(w_desc_, FilterDescriptor::Create());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(w_desc_.get(), CUDNN_DATA_FLOAT,
+                                                             CUDNN_TENSOR_NCHW, c.filters, c.c,
+                                                             c.kernel_h, c.kernel_w));
+    PSTRAIN_ASSIGN_OR_RETURN(conv_desc_, ConvolutionDescriptor::Create());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolution2dDescriptor(
+        conv_desc_.get(), c.pad_h, c.pad_w, c.stride_h, c.stride_w, /*dilation_h=*/1,
+        /*dilation_w=*/1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    // FMA only: TF32 would put the results ~1e-3 away from the CPU's.
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolutionMathType(conv_desc_.get(), CUDNN_FMA_MATH));
+
+    int n = 0, k = 0, p = 0, q = 0;
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolution2dForwardOutputDim(
+        conv_desc_.get(), x_desc_.get(), w_desc_.get(), &n, &k, &p, &q));
+    if (n != c.n || k != c.filters || p != out_h_ || q != out_w_) {
+      return absl::InternalError(absl::StrCat("CreateConv2d: cuDNN output [", n, ", ", k, ", ", p,
+                                              ", ", q, "] differs from the expected [", c.n, ", ",
+                                              c.filters, ", ", out_h_, ", ", out_w_, "]"));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.filters, out_h_, out_w_));
+
+    PSTRAIN_RETURN_IF_ERROR(ChooseAlgorithms());
+    return AllocateWorkspace();
+  }
+
+  absl::Status ChooseAlgorithms() {
+    cudnnHandle_t h = context_.cudnn;
+    int max_count = 0;
+    int returned = 0;
+
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(std::max(max_count, 1));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
+        h, x_desc_.get(), w_desc_.get(), conv_desc_.get(), y_desc_.get(),
+        static_cast<int>(fwd.size()), &returned, fwd.data()));
+    if (!PickAlgorithm(fwd, returned, &forward_algo_)) {
+      forward_algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // Needs no workspace.
+    }
+
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(std::max(max_count, 1));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(),
+        static_cast<int>(bwd_data.size()), &returned, bwd_data.data()));
+    if (!PickAlgorithm(bwd_data, returned, &backward_data_algo_)) {
+      backward_data_algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    }
+
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(std::max(max_count, 1));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(),
+        static_cast<int>(bwd_filter.size()), &returned, bwd_filter.data()));
+    if (!PickAlgorithm(bwd_filter, returned, &backward_filter_algo_)) {
+      backward_filter_algo_ = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllocateWorkspace() {
+    cudnnHandle_t h = context_.cudnn;
+    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnGetConvolutionForwardWorkspaceSize(h, x_desc_.get(), w_desc_.get(), conv_desc_.get(),
+                                                y_desc_.get(), forward_algo_, &fwd_bytes));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(), backward_data_algo_,
+        &data_bytes));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(), backward_filter_algo_,
+        &filter_bytes));
+    const size_t bytes = std::max({fwd_bytes, data_bytes, filter_bytes});
+    if (bytes > 0) {
+      PSTRAIN_ASSIGN_OR_RETURN(workspace_, context_.backend->Allocate(bytes));
+    }
+    return absl::OkStatus();
+  }
+
+  // Constant after construction.
+  const CudnnContext context_;
+  const Conv2dConfig config_;
+  const int out_h_;
+  const int out_w_;
+  TensorDescriptor x_desc_;
+  TensorDescriptor y_desc_;
+  FilterDescriptor w_desc_;
+  ConvolutionDescriptor conv_desc_;
+  cudnnConvolutionFwdAlgo_t forward_algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  cudnnConvolutionBwdDataAlgo_t backward_data_algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  cudnnConvolutionBwdFilterAlgo_t backward_filter_algo_ = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  // Shared by the three passes, which run in stream order, never concurrently.
+  DeviceBuffer workspace_;
+};
+
+// ---------------------------------------------------------------------------
+// Pooling
+// ---------------------------------------------------------------------------
+
+class CudnnPool2dPlan final : public Pool2dPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<Pool2dPlan>> Create(const CudnnContext& context,
+                                                            const Pool2dConfig& config) {
+    const Pool2dConfig& c = config;
+    if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.window <= 0 || c.stride <= 0 ||
+        c.pad < 0 || c.pad >= c.window || c.h + 2 * c.pad < c.window ||
+        c.w + 2 * c.pad < c.window) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CreatePool2d: need positive sizes, window and stride, 0 <= pad < window and a window "
+          "that fits the padded input; got input [",
+          c.n, ", ", c.c, ", ", c.h, ", ", c.w, "] window ", c.window, " stride ", c.stride,
+          " pad ", c.pad));
+    }
+    auto plan = std::unique_ptr<CudnnPool2dPlan>(new CudnnPool2dPlan(context, config));
+    PSTRAIN_RETURN_IF_ERROR(plan->Init());
+    return std::unique_ptr<Pool2dPlan>(std::move(plan));
+  }
+
+  absl::Status Forward(const float* x, float* y, bool training) override {
+    // cuDNN's backward recomputes the argmax from x and y, so `training`
+    // needs no extra state here.
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
+                                                      x_desc_.get(), x, &kZero, y_desc_.get(), y));
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
+                             y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx));
+    return absl::OkStatus();
+  }
+
+ private:
+  CudnnPool2dPlan(const CudnnContext& context, const Pool2dConfig& config)
+      : context_(context), config_(config) {}
+
+  absl::Status Init() {
+    const Pool2dConfig& c = config_;
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w));
+    PSTRAIN_ASSIGN_OR_RETURN(pool_desc_, PoolingDescriptor::Create());
+    const cudnnPoolingMode_t mode =
+        c.mode == PoolMode::kMax ? CUDNN_POOLING_MAX : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnSetPooling2dDescriptor(pool_desc_.get(), mode, CUDNN_PROPAGATE_NAN, c.window, c.window,
+                                    c.pad, c.pad, c.stride, c.stride));
+    int n = 0, ch = 0, p = 0, q = 0;
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnGetPooling2dForwardOutputDim(pool_desc_.get(), x_desc_.get(), &n, &ch, &p, &q));
+    if (n != c.n || ch != c.c || p != c.out_h() || q != c.out_w()) {
+      return absl::InternalError(absl::StrCat("CreatePool2d: cuDNN output [", n, ", ", ch, ", ", p,
+                                              ", ", q, "] differs from the expected [", c.n, ", ",
+                                              c.c, ", ", c.out_h(), ", ", c.out_w(), "]"));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w()));
+    return absl::OkStatus();
+  }
+
+  // Constant after construction.
+  const CudnnContext context_;
+  const Pool2dConfig config_;
+  TensorDescriptor x_desc_;
+  TensorDescriptor y_desc_;
+  PoolingDescriptor pool_desc_;
+};
+
+// ---------------------------------------------------------------------------
+// Batch norm
+// ---------------------------------------------------------------------------
+
+class CudnnBatchNormPlan final : public BatchNormPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<BatchNormPlan>> Create(const CudnnContext& context,
+                                                               const BatchNormConfig& config) {
+    const BatchNormConfig& c = config;
+    if (c.n <= 0 || c.c <= 0 || c.spatial <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CreateBatchNorm: sizes must be positive, got [", c.n, ", ", c.c, ", ", c.spatial, "]"));
+    }
+    if (int64_t{c.n} * c.spatial < 2) {
+      return absl::InvalidArgumentError(
+          "CreateBatchNorm: need at least 2 values per channel (n * spatial >= 2) for batch "
+          "statistics");
+    }
+    if (!(c.epsilon > 0.f) || !(c.momentum >= 0.f && c.momentum <= 1.f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateBatchNorm: need epsilon > 0 and momentum in [0, 1], got epsilon ",
+                       c.epsilon, " momentum ", c.momentum));
+    }
+    auto plan = std::unique_ptr<CudnnBatchNormPlan>(new CudnnBatchNormPlan(context, config));
+    PSTRAIN_RETURN_IF_ERROR(plan->Init());
+    return std::unique_ptr<BatchNormPlan>(std::move(plan));
+  }
+
+  absl::Status ForwardTraining(const float* x, const float* gamma, const float* beta, float* y,
+                               float* running_mean, float* running_var, float* save_mean,
+                               float* save_inv_std) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardTraining(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
+        param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
+        running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std));
+    return absl::OkStatus();
+  }
+
+  absl::Status ForwardInference(const float* x, const float* gamma, const float* beta,
+                                const float* running_mean, const float* running_var,
+                                float* y) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardInference(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
+        param_desc_.get(), gamma, beta, running_mean, running_var,
+        static_cast<double>(config_.epsilon)));
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const float* x, const float* dy, const float* gamma, const float* save_mean,
+                        const float* save_inv_std, float* dx, float* dgamma,
+                        float* dbeta) override {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationBackward(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x,
+        x_desc_.get(), dy, x_desc_.get(), dx, param_desc_.get(), gamma, dgamma, dbeta,
+        static_cast<double>(config_.epsilon), save_mean, save_inv_std));
+    return absl::OkStatus();
+  }
+
+ private:
+  CudnnBatchNormPlan(const CudnnContext& context, const BatchNormConfig& config)
+      : context_(context), config_(config) {}
+
+  absl::Status Init() {
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    // [N, C, spatial] is viewed as NCHW with H = spatial, W = 1.
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(config_.n, config_.c, config_.spatial, 1));
+    PSTRAIN_ASSIGN_OR_RETURN(param_desc_, TensorDescriptor::Create());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnDeriveBNTensorDescriptor(param_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
+    return absl::OkStatus();
+  }
+
+  // Constant after construction.
+  const CudnnContext context_;
+  const BatchNormConfig config_;
+  TensorDescriptor x_desc_;      // x, y, dx and dy.
+  TensorDescriptor param_desc_;  // [1, C, 1, 1]: gamma, beta, means, variances.
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
+                                                                  const Conv2dConfig& config) {
+  return CudnnConv2dPlan::Create(context, config);
+}
+
+absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnContext& context,
+                                                                  const Pool2dConfig& config) {
+  return CudnnPool2dPlan::Create(context, config);
+}
+
+absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCudnnBatchNormPlan(
+    const CudnnContext& context, const BatchNormConfig& config) {
+  return CudnnBatchNormPlan::Create(context, config);
+}
+
+}  // namespace pstrain::cuda

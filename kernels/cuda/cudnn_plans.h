@@ -1,0 +1,58 @@
+// cuDNN-backed plans of the CUDA backend: convolution, pooling and batch
+// norm. Internal to kernels/cuda/; the rest of pstrain reaches them through
+// Backend::CreateConv2d / CreatePool2d / CreateBatchNorm.
+//
+//   CudnnContext context{backend, stream, cudnn_handle};
+//   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Conv2dPlan> conv,
+//                            CreateCudnnConv2dPlan(context, config));
+//   PSTRAIN_RETURN_IF_ERROR(conv->Forward(x, w, bias, y));
+//
+// Threads: like the Backend, a plan is used from one thread at a time; the
+// backend (and its stream and cuDNN handle) must outlive every plan.
+#ifndef PSTRAIN_KERNELS_CUDA_CUDNN_PLANS_H_
+#define PSTRAIN_KERNELS_CUDA_CUDNN_PLANS_H_
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace pstrain::cuda {
+
+// What a plan borrows from its backend. `backend` allocates the plan's
+// workspace; `stream` is the one `cudnn` is bound to.
+struct CudnnContext {
+  Backend* backend = nullptr;
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  int device_ordinal = 0;
+};
+
+// Largest workspace a convolution algorithm may ask for; algorithms that need
+// more are passed over in favour of leaner ones.
+inline constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
+
+// Convolution (cross-correlation, as in backend.h) with FMA math only (no
+// TF32), so that results match the CPU backend to fp32 rounding. The forward,
+// backward-data and backward-filter algorithms are chosen once, here, by
+// cuDNN's heuristics, preferring deterministic ones; the plan owns one
+// workspace large enough for all three.
+absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
+                                                                  const Conv2dConfig& config);
+
+// Max pooling, or average pooling that excludes padding from the divisor.
+absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnContext& context,
+                                                                  const Pool2dConfig& config);
+
+// Spatial batch norm (statistics per channel over N and spatial); the running
+// variance is the unbiased one, exponential factor = config.momentum.
+absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCudnnBatchNormPlan(
+    const CudnnContext& context, const BatchNormConfig& config);
+
+}  // namespace pstrain::cuda
+
+#endif  // PSTRAIN_KERNELS_CUDA_CUDNN_PLANS_H_
