@@ -1,0 +1,306 @@
+// cpu_ops_bench: times every op of one fmnist-cnn training step (batch 64,
+// SGD with momentum) on the CPU backend and prints the median ms per op, the
+// step time and the implied samples/s. The same step runs with the plain and
+// the blocked convolution layouts in the same process, so the layouts are
+// compared under the same machine load; the PyTorch 1.13 figure (845
+// samples/s, 2 threads, same model) is quoted for the ratio, not measured.
+//
+//   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T] [--layout=auto|plain|blocked|all]
+//
+// The model: [64,1,28,28] -> conv5x5x32 p2 -> relu -> maxpool2 -> conv5x5x64 p2
+// -> relu -> maxpool2 -> dense 3136x1024 -> relu -> dropout -> dense 1024x10
+// -> softmax cross-entropy.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace pstrain {
+namespace {
+
+constexpr double kPytorchSamplesPerSec = 845.0;
+constexpr int kBatch = 64;
+
+struct Flags {
+  int reps = 30;
+  int threads = 0;
+  std::string layout = "all";
+};
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--reps=", 0) == 0) {
+      flags.reps = std::max(1, std::atoi(arg.c_str() + 7));
+    } else if (arg.rfind("--threads=", 0) == 0) {
+      flags.threads = std::atoi(arg.c_str() + 10);
+    } else if (arg.rfind("--layout=", 0) == 0) {
+      flags.layout = arg.substr(9);
+    } else {
+      std::fprintf(stderr, "usage: %s [--reps=N] [--threads=T] [--layout=auto|plain|blocked|all]\n",
+                   argv[0]);
+      std::exit(2);
+    }
+  }
+  return flags;
+}
+
+// Aborts the benchmark (a tool, not a daemon) with the failing op's status.
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s failed: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double MedianMs(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// The fastest repetition: what the op costs when nothing else competes for
+// the cores (the median is what a loaded machine delivers).
+double MinMs(const std::vector<double>& samples) {
+  return *std::min_element(samples.begin(), samples.end());
+}
+
+// Device tensors of the model, filled with small random values.
+class Model {
+ public:
+  explicit Model(Backend* backend) : backend_(backend), gen_(42) {}
+
+  float* Alloc(int64_t count, float scale) {
+    absl::StatusOr<Tensor> t = backend_->AllocateTensor(Shape{count});
+    Check(t.status(), "AllocateTensor");
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> host(count);
+    for (float& v : host) v = dist(gen_);
+    Check(backend_->CopyHostToDevice(t->data(), host.data(), t->bytes()), "copy");
+    tensors_.push_back(*std::move(t));
+    return tensors_.back().data();
+  }
+
+ private:
+  Backend* backend_;
+  std::mt19937 gen_;
+  std::vector<Tensor> tensors_;
+};
+
+struct Op {
+  std::string name;
+  std::function<absl::Status()> run;
+};
+
+// Returns the median step time in ms (ops run back to back, as in training).
+double RunLayout(CpuConvLayout layout, const char* layout_name, const Flags& flags) {
+  CpuBackendOptions options;
+  options.num_threads = flags.threads;
+  options.conv_layout = layout;
+  std::unique_ptr<Backend> backend = CreateCpuBackend(options);
+  Backend* b = backend.get();
+  std::printf("\n== %s, conv layout %s ==\n", b->Describe().c_str(), layout_name);
+
+  Model m(b);
+  const int64_t n = kBatch;
+  float* x = m.Alloc(n * 784, 1.f);
+  float* w1 = m.Alloc(32 * 25, 0.2f);
+  float* b1 = m.Alloc(32, 0.1f);
+  float* c1 = m.Alloc(n * 32 * 784, 0);
+  float* r1 = m.Alloc(n * 32 * 784, 0);
+  float* p1 = m.Alloc(n * 32 * 196, 0);
+  float* w2 = m.Alloc(64 * 32 * 25, 0.05f);
+  float* b2 = m.Alloc(64, 0.1f);
+  float* c2 = m.Alloc(n * 64 * 196, 0);
+  float* r2 = m.Alloc(n * 64 * 196, 0);
+  float* p2 = m.Alloc(n * 3136, 0);
+  float* w3 = m.Alloc(1024 * 3136, 0.02f);
+  float* b3 = m.Alloc(1024, 0.1f);
+  float* h3 = m.Alloc(n * 1024, 0);
+  float* r3 = m.Alloc(n * 1024, 0);
+  float* d3 = m.Alloc(n * 1024, 0);
+  float* mask = m.Alloc(n * 1024, 0);
+  float* w4 = m.Alloc(10 * 1024, 0.05f);
+  float* b4 = m.Alloc(10, 0.1f);
+  float* logits = m.Alloc(n * 10, 0);
+  float* loss = m.Alloc(1, 0);
+  float* dlogits = m.Alloc(n * 10, 0);
+  // Gradients.
+  float* dw4 = m.Alloc(10 * 1024, 0);
+  float* db4 = m.Alloc(10, 0);
+  float* dd3 = m.Alloc(n * 1024, 0);
+  float* dr3 = m.Alloc(n * 1024, 0);
+  float* dh3 = m.Alloc(n * 1024, 0);
+  float* dw3 = m.Alloc(1024 * 3136, 0);
+  float* db3 = m.Alloc(1024, 0);
+  float* dp2 = m.Alloc(n * 3136, 0);
+  float* dr2 = m.Alloc(n * 64 * 196, 0);
+  float* dc2 = m.Alloc(n * 64 * 196, 0);
+  float* dw2 = m.Alloc(64 * 32 * 25, 0);
+  float* db2 = m.Alloc(64, 0);
+  float* dp1 = m.Alloc(n * 32 * 196, 0);
+  float* dr1 = m.Alloc(n * 32 * 784, 0);
+  float* dc1 = m.Alloc(n * 32 * 784, 0);
+  float* dw1 = m.Alloc(32 * 25, 0);
+  float* db1 = m.Alloc(32, 0);
+  // One velocity buffer per parameter.
+  struct Param {
+    float* p;
+    float* g;
+    float* v;
+    int64_t count;
+  };
+  std::vector<Param> params = {{w1, dw1, m.Alloc(800, 0), 800},
+                               {b1, db1, m.Alloc(32, 0), 32},
+                               {w2, dw2, m.Alloc(51200, 0), 51200},
+                               {b2, db2, m.Alloc(64, 0), 64},
+                               {w3, dw3, m.Alloc(1024 * 3136, 0), 1024 * 3136},
+                               {b3, db3, m.Alloc(1024, 0), 1024},
+                               {w4, dw4, m.Alloc(10240, 0), 10240},
+                               {b4, db4, m.Alloc(10, 0), 10}};
+  absl::StatusOr<DeviceBuffer> labels_buf = b->Allocate(n * sizeof(int32_t));
+  Check(labels_buf.status(), "Allocate labels");
+  auto* labels = static_cast<int32_t*>(labels_buf->data());
+  for (int i = 0; i < n; ++i) labels[i] = i % 10;
+
+  Conv2dConfig conv1{.n = kBatch, .c = 1, .h = 28, .w = 28, .filters = 32, .kernel_h = 5,
+                     .kernel_w = 5, .stride_h = 1, .stride_w = 1, .pad_h = 2, .pad_w = 2};
+  Conv2dConfig conv2{.n = kBatch, .c = 32, .h = 14, .w = 14, .filters = 64, .kernel_h = 5,
+                     .kernel_w = 5, .stride_h = 1, .stride_w = 1, .pad_h = 2, .pad_w = 2};
+  Pool2dConfig pool1{.mode = PoolMode::kMax, .n = kBatch, .c = 32, .h = 28, .w = 28};
+  Pool2dConfig pool2{.mode = PoolMode::kMax, .n = kBatch, .c = 64, .h = 14, .w = 14};
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> conv1_plan = b->CreateConv2d(conv1);
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> conv2_plan = b->CreateConv2d(conv2);
+  absl::StatusOr<std::unique_ptr<Pool2dPlan>> pool1_plan = b->CreatePool2d(pool1);
+  absl::StatusOr<std::unique_ptr<Pool2dPlan>> pool2_plan = b->CreatePool2d(pool2);
+  Check(conv1_plan.status(), "conv1 plan");
+  Check(conv2_plan.status(), "conv2 plan");
+  Check(pool1_plan.status(), "pool1 plan");
+  Check(pool2_plan.status(), "pool2 plan");
+  Conv2dPlan* k1 = conv1_plan->get();
+  Conv2dPlan* k2 = conv2_plan->get();
+  Pool2dPlan* q1 = pool1_plan->get();
+  Pool2dPlan* q2 = pool2_plan->get();
+  const Activation relu = Activation::kRelu;
+  SgdHyper sgd;
+  sgd.learning_rate = 0.01f;
+  sgd.momentum = 0.9f;
+
+  std::vector<Op> ops = {
+      {"conv1 forward", [&] { return k1->Forward(x, w1, b1, c1); }},
+      {"relu1 forward", [&] { return b->ActivationForward(relu, 0, c1, r1, n * 32 * 784); }},
+      {"pool1 forward", [&] { return q1->Forward(r1, p1, true); }},
+      {"conv2 forward", [&] { return k2->Forward(p1, w2, b2, c2); }},
+      {"relu2 forward", [&] { return b->ActivationForward(relu, 0, c2, r2, n * 64 * 196); }},
+      {"pool2 forward", [&] { return q2->Forward(r2, p2, true); }},
+      {"fc1 gemm forward", [&] { return b->Gemm(false, true, n, 1024, 3136, 1, p2, w3, 0, h3); }},
+      {"fc1 bias", [&] { return b->AddBias(h3, b3, n, 1024, 1); }},
+      {"relu3 forward", [&] { return b->ActivationForward(relu, 0, h3, r3, n * 1024); }},
+      {"dropout forward", [&] { return b->DropoutForward(r3, d3, mask, n * 1024, 0.5f, 7); }},
+      {"fc2 gemm forward", [&] { return b->Gemm(false, true, n, 10, 1024, 1, d3, w4, 0, logits); }},
+      {"fc2 bias", [&] { return b->AddBias(logits, b4, n, 10, 1); }},
+      {"softmax xent", [&] {
+         return b->SoftmaxCrossEntropy(logits, labels, n, 10, loss, dlogits, nullptr);
+       }},
+      {"fc2 dW", [&] { return b->Gemm(true, false, 10, 1024, n, 1, dlogits, d3, 0, dw4); }},
+      {"fc2 db", [&] { return b->BiasGrad(dlogits, db4, n, 10, 1); }},
+      {"fc2 dx", [&] { return b->Gemm(false, false, n, 1024, 10, 1, dlogits, w4, 0, dd3); }},
+      {"dropout backward", [&] { return b->Multiply(dd3, mask, dr3, n * 1024); }},
+      {"relu3 backward",
+       [&] { return b->ActivationBackward(relu, 0, h3, r3, dr3, dh3, n * 1024); }},
+      {"fc1 dW", [&] { return b->Gemm(true, false, 1024, 3136, n, 1, dh3, p2, 0, dw3); }},
+      {"fc1 db", [&] { return b->BiasGrad(dh3, db3, n, 1024, 1); }},
+      {"fc1 dx", [&] { return b->Gemm(false, false, n, 3136, 1024, 1, dh3, w3, 0, dp2); }},
+      {"pool2 backward", [&] { return q2->Backward(r2, p2, dp2, dr2); }},
+      {"relu2 backward",
+       [&] { return b->ActivationBackward(relu, 0, c2, r2, dr2, dc2, n * 64 * 196); }},
+      {"conv2 backward filter", [&] { return k2->BackwardFilter(p1, dc2, dw2, db2); }},
+      {"conv2 backward data", [&] { return k2->BackwardData(dc2, w2, dp1); }},
+      {"pool1 backward", [&] { return q1->Backward(r1, p1, dp1, dr1); }},
+      {"relu1 backward",
+       [&] { return b->ActivationBackward(relu, 0, c1, r1, dr1, dc1, n * 32 * 784); }},
+      {"conv1 backward filter", [&] { return k1->BackwardFilter(x, dc1, dw1, db1); }},
+      {"sgd momentum (all params)", [&] {
+         for (const Param& p : params) {
+           absl::Status s = b->SgdUpdate(p.p, p.g, p.v, p.count, sgd);
+           if (!s.ok()) return s;
+         }
+         return absl::OkStatus();
+       }},
+  };
+
+  using Clock = std::chrono::steady_clock;
+  // Warm up (first calls JIT-compile and fault pages in), then time whole
+  // steps, recording each op's time inside the step.
+  for (int i = 0; i < 3; ++i) {
+    for (Op& op : ops) Check(op.run(), op.name.c_str());
+  }
+  std::vector<std::vector<double>> per_op(ops.size());
+  std::vector<double> steps;
+  for (int rep = 0; rep < flags.reps; ++rep) {
+    auto step_start = Clock::now();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto start = Clock::now();
+      Check(ops[i].run(), ops[i].name.c_str());
+      per_op[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+    steps.push_back(std::chrono::duration<double, std::milli>(Clock::now() - step_start).count());
+  }
+  double sum_medians = 0, sum_mins = 0;
+  std::printf("  %-28s %9s %9s\n", "op", "median ms", "min ms");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const double ms = MedianMs(per_op[i]), min_ms = MinMs(per_op[i]);
+    sum_medians += ms;
+    sum_mins += min_ms;
+    std::printf("  %-28s %9.3f %9.3f\n", ops[i].name.c_str(), ms, min_ms);
+  }
+  const double step_ms = MedianMs(steps);
+  const double samples_per_sec = kBatch * 1000.0 / step_ms;
+  std::printf("  %-28s %9.3f %9.3f\n", "sum over ops", sum_medians, sum_mins);
+  std::printf("  %-28s %9.3f %9.3f\n", "whole step", step_ms, MinMs(steps));
+  std::printf("  median step -> %.0f samples/s = %.2fx PyTorch 1.13 (%.0f samples/s, quoted); "
+              "fastest step -> %.0f samples/s\n",
+              samples_per_sec, samples_per_sec / kPytorchSamplesPerSec, kPytorchSamplesPerSec,
+              kBatch * 1000.0 / MinMs(steps));
+  return step_ms;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  using pstrain::CpuConvLayout;
+  pstrain::Flags flags = pstrain::ParseFlags(argc, argv);
+  struct Variant {
+    const char* name;
+    CpuConvLayout layout;
+  };
+  const Variant variants[] = {{"auto", CpuConvLayout::kAuto},
+                              {"plain", CpuConvLayout::kPlain},
+                              {"blocked", CpuConvLayout::kBlocked}};
+  std::vector<std::pair<const char*, double>> results;
+  for (const Variant& v : variants) {
+    if (flags.layout != "all" && flags.layout != v.name) continue;
+    results.push_back({v.name, pstrain::RunLayout(v.layout, v.name, flags)});
+  }
+  if (results.empty()) {
+    std::fprintf(stderr, "unknown --layout=%s\n", flags.layout.c_str());
+    return 2;
+  }
+  std::printf("\nsummary (median step, batch 64):\n");
+  for (const auto& [name, ms] : results) {
+    std::printf("  %-8s %8.3f ms  %6.0f samples/s  %.2fx PyTorch\n", name, ms,
+                pstrain::kBatch * 1000.0 / ms, pstrain::kBatch * 1000.0 / ms / 845.0);
+  }
+  return 0;
+}
