@@ -1,0 +1,348 @@
+#include "worker/data_prefetcher.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "common/data/dataset.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace pstrain {
+namespace {
+
+// n <= 256 samples of 1x2x2: every pixel of sample i equals i and its label
+// is i % 10, so a delivered image names its sample.
+data::ImageDataset CountingDataset(int64_t n) {
+  data::ImageDataset ds;
+  ds.channels = 1;
+  ds.height = 2;
+  ds.width = 2;
+  ds.num_classes = 10;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int k = 0; k < 4; ++k) ds.pixels.push_back(static_cast<uint8_t>(i));
+    ds.labels.push_back(static_cast<int32_t>(i % 10));
+  }
+  return ds;
+}
+
+struct Epoch {
+  std::vector<int64_t> ids;          // Sample ids in delivery order.
+  std::vector<int> batch_sizes;
+};
+
+// Drains one epoch, copying every batch back to the host and decoding the
+// sample ids; checks each label against its id.
+Epoch Drain(Backend* backend, DataPrefetcher* prefetcher, int epoch) {
+  Epoch out;
+  EXPECT_TRUE(prefetcher->StartEpoch(epoch).ok());
+  for (int guard = 0; guard < 10000; ++guard) {
+    absl::StatusOr<DeviceBatch> batch = prefetcher->Next();
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    if (!batch.ok() || batch->n == 0) break;
+    std::vector<float> images(static_cast<size_t>(batch->n) * 4);
+    std::vector<int32_t> labels(batch->n);
+    EXPECT_TRUE(backend->CopyDeviceToHost(images.data(), batch->images,
+                                          images.size() * sizeof(float)).ok());
+    EXPECT_TRUE(backend->CopyDeviceToHost(labels.data(), batch->labels,
+                                          labels.size() * sizeof(int32_t)).ok());
+    EXPECT_TRUE(backend->Synchronize().ok());
+    for (int j = 0; j < batch->n; ++j) {
+      const int64_t id = std::lround(images[j * 4] * 255.f);
+      for (int k = 1; k < 4; ++k) EXPECT_EQ(std::lround(images[j * 4 + k] * 255.f), id);
+      EXPECT_EQ(labels[j], id % 10) << "sample " << id;
+      out.ids.push_back(id);
+    }
+    out.batch_sizes.push_back(batch->n);
+  }
+  return out;
+}
+
+std::vector<int64_t> Sorted(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+class DataPrefetcherTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<DataPrefetcher> Make(const data::ImageDataset* ds, PrefetchOptions options) {
+    absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
+        DataPrefetcher::Create(backend_.get(), ds, data::Preprocess{}, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  std::unique_ptr<Backend> backend_ = CreateCpuBackend();
+};
+
+TEST_F(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
+  data::ImageDataset ds = CountingDataset(103);
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(threads);
+    PrefetchOptions options;
+    options.batch_size = 10;
+    options.prefetch_batches = 3;
+    options.threads = threads;
+    options.seed = 17;
+    std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->batches_per_epoch(), 11);
+    EXPECT_EQ(p->samples_per_epoch(), 103);
+    Epoch e0 = Drain(backend_.get(), p.get(), 0);
+    EXPECT_EQ(Sorted(e0.ids), Iota(103));
+    EXPECT_EQ(e0.ids, data::EpochOrder(103, 17, 0, 0, 1, true));
+    EXPECT_THAT(e0.batch_sizes, ::testing::ElementsAre(10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 3));
+    // After the end, Next keeps returning n == 0.
+    absl::StatusOr<DeviceBatch> after = p->Next();
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->n, 0);
+
+    Epoch e1 = Drain(backend_.get(), p.get(), 1);
+    EXPECT_EQ(Sorted(e1.ids), Iota(103));
+    EXPECT_NE(e1.ids, e0.ids);  // The order depends on the epoch.
+    EXPECT_EQ(e1.ids, data::EpochOrder(103, 17, 1, 0, 1, true));
+    // Replaying an epoch gives the same order.
+    EXPECT_EQ(Drain(backend_.get(), p.get(), 0).ids, e0.ids);
+  }
+}
+
+TEST_F(DataPrefetcherTest, DropLastSkipsThePartialBatch) {
+  data::ImageDataset ds = CountingDataset(25);
+  PrefetchOptions options;
+  options.batch_size = 8;
+  options.drop_last = true;
+  options.shuffle = false;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->batches_per_epoch(), 3);
+  EXPECT_EQ(p->samples_per_epoch(), 25);
+  Epoch e = Drain(backend_.get(), p.get(), 0);
+  EXPECT_THAT(e.batch_sizes, ::testing::ElementsAre(8, 8, 8));
+  EXPECT_EQ(e.ids, Iota(24));
+}
+
+TEST_F(DataPrefetcherTest, ShardsAcrossWorldSizeAreDisjointAndCover) {
+  data::ImageDataset ds = CountingDataset(50);
+  std::vector<int64_t> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    PrefetchOptions options;
+    options.batch_size = 4;
+    options.rank = rank;
+    options.world_size = 3;
+    options.seed = 5;
+    options.threads = 2;
+    std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->samples_per_epoch(), rank < 2 ? 17 : 16);
+    Epoch e = Drain(backend_.get(), p.get(), 2);
+    EXPECT_EQ(static_cast<int64_t>(e.ids.size()), p->samples_per_epoch());
+    EXPECT_EQ(e.ids, data::EpochOrder(50, 5, 2, rank, 3, true));
+    all.insert(all.end(), e.ids.begin(), e.ids.end());
+  }
+  EXPECT_EQ(Sorted(all), Iota(50));
+}
+
+TEST_F(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
+  data::ImageDataset ds = CountingDataset(16);
+  data::Preprocess pre;
+  pre.mean = {0.5f};
+  pre.std = {0.5f};
+  PrefetchOptions options;
+  options.batch_size = 16;
+  options.shuffle = false;
+  absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
+      DataPrefetcher::Create(backend_.get(), &ds, pre, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE((*p)->StartEpoch(0).ok());
+  absl::StatusOr<DeviceBatch> batch = (*p)->Next();
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->n, 16);
+  std::vector<float> images(64);
+  ASSERT_TRUE(backend_->CopyDeviceToHost(images.data(), batch->images, 64 * sizeof(float)).ok());
+  ASSERT_TRUE(backend_->Synchronize().ok());
+  std::vector<float> expected(64);
+  std::vector<int32_t> labels(16);
+  std::vector<int64_t> idx = Iota(16);
+  data::AssembleBatch(ds, idx, pre, false, 0, expected.data(), labels.data());
+  EXPECT_EQ(images, expected);
+}
+
+TEST_F(DataPrefetcherTest, AugmentedBatchesAreReproducibleAndEpochDependent) {
+  data::ImageDataset ds;
+  ds.channels = 1;
+  ds.height = 4;
+  ds.width = 4;
+  ds.num_classes = 10;
+  for (int i = 0; i < 32; ++i) {
+    for (int k = 0; k < 16; ++k) ds.pixels.push_back(static_cast<uint8_t>(i * 7 + k * 13));
+    ds.labels.push_back(i % 10);
+  }
+  data::Preprocess pre;
+  pre.random_flip = true;
+  pre.crop_padding = 1;
+  PrefetchOptions options;
+  options.batch_size = 32;
+  options.augment = true;
+  options.shuffle = false;
+  options.seed = 3;
+  auto first_batch = [&](int epoch) {
+    absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
+        DataPrefetcher::Create(backend_.get(), &ds, pre, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::vector<float> images(32 * 16);
+    if (!p.ok()) return images;
+    EXPECT_TRUE((*p)->StartEpoch(epoch).ok());
+    absl::StatusOr<DeviceBatch> batch = (*p)->Next();
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    if (!batch.ok()) return images;
+    EXPECT_TRUE(backend_->CopyDeviceToHost(images.data(), batch->images,
+                                           images.size() * sizeof(float)).ok());
+    EXPECT_TRUE(backend_->Synchronize().ok());
+    return images;
+  };
+  std::vector<float> a = first_batch(0);
+  EXPECT_EQ(a, first_batch(0));
+  EXPECT_NE(a, first_batch(1));
+  std::vector<float> plain(32 * 16);
+  std::vector<int32_t> labels(32);
+  std::vector<int64_t> idx = Iota(32);
+  data::AssembleBatch(ds, idx, pre, false, 0, plain.data(), labels.data());
+  EXPECT_NE(a, plain);  // Augmentation did something.
+}
+
+TEST_F(DataPrefetcherTest, DestructionMidEpochIsSafe) {
+  data::ImageDataset ds = CountingDataset(200);
+  for (int taken : {0, 1, 3}) {
+    PrefetchOptions options;
+    options.batch_size = 4;
+    options.prefetch_batches = 2;
+    options.threads = 3;
+    std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(p->StartEpoch(0).ok());
+    for (int i = 0; i < taken; ++i) {
+      absl::StatusOr<DeviceBatch> batch = p->Next();
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      EXPECT_EQ(batch->n, 4);
+    }
+    p.reset();  // Threads blocked on a full pool must wake and exit.
+  }
+  // Destroyed without ever starting an epoch.
+  std::unique_ptr<DataPrefetcher> idle = Make(&ds, PrefetchOptions{});
+  ASSERT_NE(idle, nullptr);
+  idle.reset();
+}
+
+TEST_F(DataPrefetcherTest, RestartingAnEpochMidwayStartsOver) {
+  data::ImageDataset ds = CountingDataset(60);
+  PrefetchOptions options;
+  options.batch_size = 5;
+  options.prefetch_batches = 4;
+  options.threads = 2;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(p->StartEpoch(0).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p->Next().ok());
+  Epoch e = Drain(backend_.get(), p.get(), 4);
+  EXPECT_EQ(e.ids, data::EpochOrder(60, 0, 4, 0, 1, true));
+}
+
+TEST_F(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
+  data::ImageDataset ds = CountingDataset(100);
+  PrefetchOptions options;
+  options.batch_size = 5;
+  options.prefetch_batches = 3;
+  options.threads = 2;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->queue_depth(), 0);
+  ASSERT_TRUE(p->StartEpoch(0).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (p->queue_depth() < 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(p->queue_depth(), 3);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(p->queue_depth(), 3);  // Never more than the pool.
+  // Taking one leaves its buffer in flight until the next Next().
+  ASSERT_TRUE(p->Next().ok());
+  EXPECT_LE(p->queue_depth(), 2);
+  EXPECT_GE(p->last_wait_seconds(), 0.0);
+}
+
+TEST_F(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
+  // 16 samples of 3x256x256: assembling one batch takes milliseconds, far
+  // longer than the 1 ms deadline.
+  data::ImageDataset ds;
+  ds.channels = 3;
+  ds.height = 256;
+  ds.width = 256;
+  ds.num_classes = 10;
+  ds.pixels.assign(16 * ds.sample_elements(), 7);
+  ds.labels.assign(16, 1);
+  PrefetchOptions options;
+  options.batch_size = 16;
+  options.next_timeout_ms = 1;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(p->StartEpoch(0).ok());
+  absl::StatusOr<DeviceBatch> batch = p->Next();
+  EXPECT_EQ(batch.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GT(p->last_wait_seconds(), 0.0);
+  // The batch is still coming; once it is ready, Next returns it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (p->queue_depth() < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  batch = p->Next();
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->n, 16);
+}
+
+TEST_F(DataPrefetcherTest, EmptyShardEndsImmediately) {
+  data::ImageDataset ds = CountingDataset(2);
+  PrefetchOptions options;
+  options.rank = 3;
+  options.world_size = 4;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->batches_per_epoch(), 0);
+  ASSERT_TRUE(p->StartEpoch(0).ok());
+  absl::StatusOr<DeviceBatch> batch = p->Next();
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->n, 0);
+}
+
+TEST_F(DataPrefetcherTest, RejectsBadArgumentsAndNextBeforeStart) {
+  data::ImageDataset ds = CountingDataset(10);
+  PrefetchOptions options;
+  options.batch_size = 0;
+  EXPECT_EQ(DataPrefetcher::Create(backend_.get(), &ds, {}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = PrefetchOptions{};
+  options.rank = 2;
+  options.world_size = 2;
+  EXPECT_EQ(DataPrefetcher::Create(backend_.get(), &ds, {}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DataPrefetcher::Create(nullptr, &ds, {}, PrefetchOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  data::Preprocess bad;
+  bad.mean = {0.1f, 0.2f};  // Two values for one channel.
+  EXPECT_EQ(DataPrefetcher::Create(backend_.get(), &ds, bad, PrefetchOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Zero pool size and threads mean the defaults.
+  options = PrefetchOptions{};
+  options.prefetch_batches = 0;
+  options.threads = 0;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->Next().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pstrain
