@@ -72,8 +72,22 @@ std::vector<int64_t> Iota(int64_t n) {
   return v;
 }
 
-class DataPrefetcherTest : public ::testing::Test {
+// Runs on every device: "cpu" always, "cuda" when a GPU is visible (pinned
+// memory and asynchronous copies are where the buffer recycling matters).
+class DataPrefetcherTest : public ::testing::TestWithParam<DeviceType> {
  protected:
+  void SetUp() override {
+    if (GetParam() == DeviceType::kCuda && !CudaAvailable()) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    DeviceSpec spec;
+    spec.automatic = false;
+    spec.type = GetParam();
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(spec);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+  }
+
   std::unique_ptr<DataPrefetcher> Make(const data::ImageDataset* ds, PrefetchOptions options) {
     absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
         DataPrefetcher::Create(backend_.get(), ds, data::Preprocess{}, options);
@@ -81,10 +95,16 @@ class DataPrefetcherTest : public ::testing::Test {
     return p.ok() ? *std::move(p) : nullptr;
   }
 
-  std::unique_ptr<Backend> backend_ = CreateCpuBackend();
+  std::unique_ptr<Backend> backend_;
 };
 
-TEST_F(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
+INSTANTIATE_TEST_SUITE_P(Devices, DataPrefetcherTest,
+                         ::testing::Values(DeviceType::kCpu, DeviceType::kCuda),
+                         [](const ::testing::TestParamInfo<DeviceType>& info) {
+                           return info.param == DeviceType::kCpu ? "cpu" : "cuda";
+                         });
+
+TEST_P(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
   data::ImageDataset ds = CountingDataset(103);
   for (int threads : {1, 3}) {
     SCOPED_TRACE(threads);
@@ -115,7 +135,7 @@ TEST_F(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
   }
 }
 
-TEST_F(DataPrefetcherTest, DropLastSkipsThePartialBatch) {
+TEST_P(DataPrefetcherTest, DropLastSkipsThePartialBatch) {
   data::ImageDataset ds = CountingDataset(25);
   PrefetchOptions options;
   options.batch_size = 8;
@@ -130,7 +150,7 @@ TEST_F(DataPrefetcherTest, DropLastSkipsThePartialBatch) {
   EXPECT_EQ(e.ids, Iota(24));
 }
 
-TEST_F(DataPrefetcherTest, ShardsAcrossWorldSizeAreDisjointAndCover) {
+TEST_P(DataPrefetcherTest, ShardsAcrossWorldSizeAreDisjointAndCover) {
   data::ImageDataset ds = CountingDataset(50);
   std::vector<int64_t> all;
   for (int rank = 0; rank < 3; ++rank) {
@@ -151,7 +171,7 @@ TEST_F(DataPrefetcherTest, ShardsAcrossWorldSizeAreDisjointAndCover) {
   EXPECT_EQ(Sorted(all), Iota(50));
 }
 
-TEST_F(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
+TEST_P(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
   data::ImageDataset ds = CountingDataset(16);
   data::Preprocess pre;
   pre.mean = {0.5f};
@@ -176,7 +196,7 @@ TEST_F(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
   EXPECT_EQ(images, expected);
 }
 
-TEST_F(DataPrefetcherTest, AugmentedBatchesAreReproducibleAndEpochDependent) {
+TEST_P(DataPrefetcherTest, AugmentedBatchesAreReproducibleAndEpochDependent) {
   data::ImageDataset ds;
   ds.channels = 1;
   ds.height = 4;
@@ -219,7 +239,7 @@ TEST_F(DataPrefetcherTest, AugmentedBatchesAreReproducibleAndEpochDependent) {
   EXPECT_NE(a, plain);  // Augmentation did something.
 }
 
-TEST_F(DataPrefetcherTest, DestructionMidEpochIsSafe) {
+TEST_P(DataPrefetcherTest, DestructionMidEpochIsSafe) {
   data::ImageDataset ds = CountingDataset(200);
   for (int taken : {0, 1, 3}) {
     PrefetchOptions options;
@@ -242,7 +262,7 @@ TEST_F(DataPrefetcherTest, DestructionMidEpochIsSafe) {
   idle.reset();
 }
 
-TEST_F(DataPrefetcherTest, RestartingAnEpochMidwayStartsOver) {
+TEST_P(DataPrefetcherTest, RestartingAnEpochMidwayStartsOver) {
   data::ImageDataset ds = CountingDataset(60);
   PrefetchOptions options;
   options.batch_size = 5;
@@ -256,7 +276,7 @@ TEST_F(DataPrefetcherTest, RestartingAnEpochMidwayStartsOver) {
   EXPECT_EQ(e.ids, data::EpochOrder(60, 0, 4, 0, 1, true));
 }
 
-TEST_F(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
+TEST_P(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
   data::ImageDataset ds = CountingDataset(100);
   PrefetchOptions options;
   options.batch_size = 5;
@@ -277,7 +297,7 @@ TEST_F(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
   EXPECT_GE(p->last_wait_seconds(), 0.0);
 }
 
-TEST_F(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
+TEST_P(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
   // 16 samples of 3x256x256: assembling one batch takes milliseconds, far
   // longer than the 1 ms deadline.
   data::ImageDataset ds;
@@ -304,7 +324,7 @@ TEST_F(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
   EXPECT_EQ(batch->n, 16);
 }
 
-TEST_F(DataPrefetcherTest, EmptyShardEndsImmediately) {
+TEST_P(DataPrefetcherTest, EmptyShardEndsImmediately) {
   data::ImageDataset ds = CountingDataset(2);
   PrefetchOptions options;
   options.rank = 3;
@@ -318,7 +338,7 @@ TEST_F(DataPrefetcherTest, EmptyShardEndsImmediately) {
   EXPECT_EQ(batch->n, 0);
 }
 
-TEST_F(DataPrefetcherTest, RejectsBadArgumentsAndNextBeforeStart) {
+TEST_P(DataPrefetcherTest, RejectsBadArgumentsAndNextBeforeStart) {
   data::ImageDataset ds = CountingDataset(10);
   PrefetchOptions options;
   options.batch_size = 0;
