@@ -105,9 +105,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED) {
     return absl::InvalidArgumentError(
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
-        "DATASET_FORMAT_IMAGE_FOLDER");
+        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC");
   }
-  if (data.path().empty()) return absl::InvalidArgumentError("dataset.path is empty");
+  if (data.path().empty() && data.format() != v1::DATASET_FORMAT_SYNTHETIC) {
+    return absl::InvalidArgumentError("dataset.path is empty");
+  }
   if (data.train_limit() < 0 || data.test_limit() < 0) {
     return absl::InvalidArgumentError("dataset.train_limit and test_limit must be >= 0");
   }

@@ -73,9 +73,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   PSTRAIN_ASSIGN_OR_RETURN(trainer->prefetcher_,
                            DataPrefetcher::Create(model->backend(), train, std::move(preprocess),
                                                   prefetch));
-  if (trainer->prefetcher_->batches_per_epoch() == 0) {
+  // Shards differ by at most one sample, which can still cross a batch
+  // boundary: every rank runs as many steps as the smallest shard allows, so
+  // that synchronous modes see the same number of steps from every worker.
+  int64_t smallest_shard = train->size();
+  for (int r = 0; r < options.world_size; ++r) {
+    smallest_shard = std::min(smallest_shard, data::ShardSize(train->size(), r, options.world_size));
+  }
+  trainer->steps_per_epoch_ = smallest_shard / options.batch_size;
+  if (trainer->steps_per_epoch_ == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the training shard has ", trainer->prefetcher_->samples_per_epoch(),
+        "the smallest training shard has ", smallest_shard,
         " samples, fewer than one batch of ", options.batch_size));
   }
   const int classes = model->graph().num_classes;
@@ -153,7 +161,7 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
   PSTRAIN_RETURN_IF_ERROR(prefetcher_->StartEpoch(epoch));
   EpochStats stats;
   stats.epoch = epoch;
-  const int64_t steps = prefetcher_->batches_per_epoch();
+  const int64_t steps = steps_per_epoch_;
   auto report = [&](int64_t step_in_epoch) {
     if (!progress) return;
     StepProgress p;
@@ -168,11 +176,13 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
     progress(p);
   };
   int slot = 0;
-  for (int64_t s = 0;; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     // NextBatch: already assembled in the background and copied to the device.
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBatch batch, prefetcher_->Next());
     stats.data_wait_seconds += prefetcher_->last_wait_seconds();
-    if (batch.n == 0) break;
+    if (batch.n == 0) {
+      return absl::InternalError(absl::StrCat("data ran out after ", s, " of ", steps, " steps"));
+    }
     PSTRAIN_RETURN_IF_ERROR(RunStep(batch));
     PSTRAIN_RETURN_IF_ERROR(EnqueueStats(batch, slot));
     slot ^= 1;

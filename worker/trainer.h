@@ -106,7 +106,8 @@ class Trainer {
 
   int64_t global_step() const { return global_step_; }
   void set_global_step(int64_t step) { global_step_ = step; }
-  int64_t steps_per_epoch() const { return prefetcher_->batches_per_epoch(); }
+  // Equal on every rank of a job (see Create).
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
 
  private:
   struct PendingStats;  // Loss, logits and labels of a step, read one step late.
@@ -122,6 +123,7 @@ class Trainer {
   const TrainerOptions options_;
 
   std::unique_ptr<DataPrefetcher> prefetcher_;
+  int64_t steps_per_epoch_ = 0;
   int64_t global_step_ = 0;
   // Double-buffered host copies for the one-step-late statistics.
   std::vector<PinnedBuffer> stats_host_;

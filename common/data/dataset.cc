@@ -103,10 +103,50 @@ void ImageDataset::Truncate(int64_t limit) {
   pixels.shrink_to_fit();
 }
 
+// ---- Synthetic ------------------------------------------------------------------
+
+absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticSpec& spec) {
+  if (spec.channels() <= 0 || spec.height() <= 0 || spec.width() <= 0 ||
+      spec.num_classes() < 2 || spec.train_samples() <= 0 || spec.test_samples() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic dataset needs channels, height, width, train_samples, test_samples > 0 and "
+        "num_classes >= 2; got ", spec.channels(), "x", spec.height(), "x", spec.width(), ", ",
+        spec.num_classes(), " classes, ", spec.train_samples(), "/", spec.test_samples(),
+        " samples"));
+  }
+  const int64_t elements = int64_t{spec.channels()} * spec.height() * spec.width();
+  if (elements * (spec.train_samples() + spec.test_samples()) > (int64_t{8} << 30)) {
+    return absl::InvalidArgumentError("synthetic dataset larger than 8 GiB");
+  }
+  auto make = [&](int64_t samples, uint64_t stream) {
+    ImageDataset ds;
+    ds.channels = spec.channels();
+    ds.height = spec.height();
+    ds.width = spec.width();
+    ds.num_classes = spec.num_classes();
+    ds.pixels.resize(samples * elements);
+    ds.labels.resize(samples);
+    const uint64_t seed = MixSeed(spec.seed(), stream);
+    for (int64_t i = 0; i < samples * elements; ++i) {
+      ds.pixels[i] = static_cast<uint8_t>(MixSeed(seed, i) >> 56);
+    }
+    for (int64_t i = 0; i < samples; ++i) {
+      ds.labels[i] = static_cast<int32_t>(MixSeed(seed ^ 0x1abe1, i) % spec.num_classes());
+    }
+    return ds;
+  };
+  DatasetSplits splits;
+  splits.train = make(spec.train_samples(), 1);
+  splits.test = make(spec.test_samples(), 2);
+  return splits;
+}
+
 // ---- LoadDataset ----------------------------------------------------------------
 
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) {
-  if (spec.path().empty()) return absl::InvalidArgumentError("dataset path is empty");
+  if (spec.path().empty() && spec.format() != pstrain::v1::DATASET_FORMAT_SYNTHETIC) {
+    return absl::InvalidArgumentError("dataset path is empty");
+  }
   if (spec.train_limit() < 0 || spec.test_limit() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset train_limit (", spec.train_limit(),
                                                    ") and test_limit (", spec.test_limit(),
@@ -134,6 +174,10 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
       options.channels = 3;
       options.threads = spec.loader_threads() > 0 ? spec.loader_threads() : 1;
       PSTRAIN_ASSIGN_OR_RETURN(splits, LoadImageFolderDataset(spec.path(), options));
+      break;
+    }
+    case pstrain::v1::DATASET_FORMAT_SYNTHETIC: {
+      PSTRAIN_ASSIGN_OR_RETURN(splits, MakeSyntheticDataset(spec.synthetic()));
       break;
     }
     default:

@@ -54,6 +54,10 @@ struct DatasetSplits {
   ImageDataset test;
 };
 
+// Random pixels and labels of the given shape (benchmarks only). Errors for
+// non-positive sizes.
+absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticSpec& spec);
+
 // Loads the train and test splits described by `spec`, dispatching on
 // spec.format(); applies train_limit / test_limit; checks that both splits
 // have the same image shape, gives both the same num_classes (the larger of

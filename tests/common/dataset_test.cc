@@ -323,5 +323,32 @@ TEST(LoadDatasetTest, RejectsUnspecifiedFormatAndEmptyPath) {
   EXPECT_THAT(status.message(), ::testing::HasSubstr("DATASET_FORMAT_UNSPECIFIED"));
 }
 
+
+TEST(SyntheticDatasetTest, ShapeLabelsAndDeterminism) {
+  pstrain::v1::DatasetSpec spec;
+  spec.set_format(pstrain::v1::DATASET_FORMAT_SYNTHETIC);
+  auto* syn = spec.mutable_synthetic();
+  syn->set_channels(3);
+  syn->set_height(8);
+  syn->set_width(6);
+  syn->set_num_classes(5);
+  syn->set_train_samples(40);
+  syn->set_test_samples(10);
+  syn->set_seed(9);
+  auto a = LoadDataset(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->train.size(), 40);
+  EXPECT_EQ(a->test.size(), 10);
+  EXPECT_EQ(a->train.sample_elements(), 3 * 8 * 6);
+  EXPECT_EQ(a->train.num_classes, 5);
+  for (int32_t label : a->train.labels) EXPECT_TRUE(label >= 0 && label < 5);
+  auto b = LoadDataset(spec);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->train.pixels, b->train.pixels);
+  EXPECT_NE(a->train.pixels, std::vector<uint8_t>(a->train.pixels.size(), a->train.pixels[0]));
+  syn->set_num_classes(1);
+  EXPECT_EQ(LoadDataset(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pstrain::data
