@@ -22,6 +22,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_from_spec import SpecModel  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -37,11 +40,9 @@ def load_fmnist(limit):
 
 
 def torch_model():
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(3136, 1024), nn.ReLU(), nn.Dropout(0.4),
-        nn.Linear(1024, 10))
+    # The same spec file pstrain trains (examples/models/fmnist-cnn.json).
+    with open(os.path.join(ROOT, "examples/models/fmnist-cnn.json")) as f:
+        return SpecModel(json.load(f))
 
 
 def torch_samples_per_sec(x, y, batch):

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""GPU training throughput: pstrain vs PyTorch eager on the same GPU, same run.
+
+Cases (from the training-engine issue):
+  fmnist-cnn   real Fashion-MNIST, batch 256, SGD lr 0.01 momentum 0.9
+  resnet-small synthetic 3x64x64 images (examples/models/resnet-small-64.json), batch 128
+Both sides build the model from the same spec file (bench/torch_from_spec.py).
+PyTorch keeps the data in pinned host memory and copies each batch with
+non_blocking=True, as pstrain's prefetcher does. Rounds alternate; medians and
+ratios are printed.
+
+Usage: python3 bench/train_gpu_vs_pytorch.py --binary build/bin/pstrain-worker [--rounds 3]
+(On the lent GPU machine see docs/BENCHMARKS.md for the libraries to carry.)
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_from_spec import SpecModel  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fmnist(limit, data_dir):
+    with gzip.open(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:limit]
+    with gzip.open(os.path.join(data_dir, "train-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)[:limit]
+    return (torch.from_numpy(x.astype(np.float32) / 255.0).pin_memory(),
+            torch.from_numpy(y.astype(np.int64)).pin_memory())
+
+
+def synthetic(n, shape):
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand((n, *shape), generator=g).pin_memory()
+    y = torch.randint(0, 10, (n,), generator=g).pin_memory()
+    return x, y
+
+
+def torch_rate(spec_file, x, y, batch, lr):
+    with open(os.path.join(ROOT, spec_file)) as f:
+        model = SpecModel(json.load(f)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    steps, warmup = len(x) // batch, 10
+    for s in range(steps):
+        if s == warmup:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        xb = x[s * batch:(s + 1) * batch].cuda(non_blocking=True)
+        yb = y[s * batch:(s + 1) * batch].cuda(non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return (steps - warmup) * batch / (time.perf_counter() - start)
+
+
+def ours_rate(binary, job, batch, limit, data_dir):
+    cmd = [binary, "--standalone", os.path.join(ROOT, job), "--device", "cuda", "--batch", str(batch),
+           "--checkpoint", "none"]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    env = dict(os.environ)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    line = json.loads(out.strip().splitlines()[-1])
+    return line["train_samples_per_sec"], line["device"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build/bin/pstrain-worker"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    cases = [
+        ("fmnist-cnn b256", "examples/models/fmnist-cnn.json", "bench/jobs/fmnist-cnn-bench.json",
+         256, 0.01, 51200, lambda: fmnist(51200, args.data)),
+        ("resnet-small 3x64x64 b128", "examples/models/resnet-small-64.json",
+         "bench/jobs/resnet-small-64-synthetic.json", 128, 0.05, 0, lambda: synthetic(25600, (3, 64, 64))),
+    ]
+    print(f"GPU: {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    for name, spec, job, batch, lr, limit, data in cases:
+        x, y = data()
+        ours, theirs = [], []
+        for r in range(args.rounds):
+            rate, device = ours_rate(args.binary, job, batch, limit, args.data)
+            ours.append(rate)
+            theirs.append(torch_rate(spec, x, y, batch, lr))
+            print(f"  {name} round {r + 1}: pstrain {ours[-1]:.0f} ({device}), PyTorch {theirs[-1]:.0f} samples/s",
+                  flush=True)
+        o, t = statistics.median(ours), statistics.median(theirs)
+        print(f"{name}: pstrain median {o:.0f} samples/s, PyTorch eager median {t:.0f} samples/s, "
+              f"ratio {o / t:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
