@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
     } else {
       ctx_status_ = ctx.status();
     }
+    gemm_ = std::make_unique<cpu_internal::CpuGemm>(ctx_, threads_);
   }
 
   DeviceType type() const override { return DeviceType::kCpu; }
@@ -128,12 +129,7 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError(
           absl::StrCat("Gemm: m, n and k must be positive, got ", m, ", ", n, ", ", k));
     }
-    SetThreads();
-    PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
-                                            alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta,
-                                            c, n),
-                                 "Gemm");
-    return absl::OkStatus();
+    return gemm_->Run(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
 
   absl::Status AddBias(float* y, const float* bias, int64_t outer, int64_t channels,
@@ -432,10 +428,6 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // oneDNN forks omp_get_max_threads() threads; set it per call so that
-  // backends with different team sizes do not disturb each other.
-  void SetThreads() const { omp_set_num_threads(threads_); }
-
   static absl::Status Copy(void* dst, const void* src, size_t bytes, const char* op) {
     if (bytes == 0) return absl::OkStatus();
     if (dst == nullptr || src == nullptr) return NullError(op);
@@ -457,6 +449,7 @@ class CpuBackend final : public Backend {
   int threads_ = 1;
   std::shared_ptr<DnnlContext> ctx_;
   absl::Status ctx_status_;
+  std::unique_ptr<cpu_internal::CpuGemm> gemm_;  // Shape-keyed primitive cache.
 };
 
 }  // namespace

@@ -50,10 +50,11 @@ absl::StatusOr<dnnl_memory_desc_t> PlainDesc(const std::vector<int64_t>& dims,
 absl::StatusOr<DnnlPrimitiveDesc> CreatePrimitiveDesc(const_dnnl_op_desc_t op_desc,
                                                       const DnnlContext& ctx,
                                                       const_dnnl_primitive_desc_t hint,
-                                                      absl::string_view what) {
+                                                      absl::string_view what,
+                                                      const_dnnl_primitive_attr_t attr) {
   dnnl_primitive_desc_t pd = nullptr;
   PSTRAIN_RETURN_IF_DNNL_ERROR(
-      dnnl_primitive_desc_create(&pd, op_desc, nullptr, ctx.engine.get(), hint), what);
+      dnnl_primitive_desc_create(&pd, op_desc, attr, ctx.engine.get(), hint), what);
   return DnnlPrimitiveDesc(pd);
 }
 

@@ -79,12 +79,16 @@ struct DnnlContext {
 absl::StatusOr<dnnl_memory_desc_t> PlainDesc(const std::vector<int64_t>& dims,
                                              dnnl_format_tag_t tag);
 
+using DnnlAttr = DnnlHandle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>;
+using DnnlPostOps = DnnlHandle<dnnl_post_ops_t, dnnl_post_ops_destroy>;
+
 // A primitive descriptor from an op descriptor; `hint` is the forward pd for
-// backward primitives (or nullptr).
+// backward primitives (or nullptr); `attr` may be nullptr.
 absl::StatusOr<DnnlPrimitiveDesc> CreatePrimitiveDesc(const_dnnl_op_desc_t op_desc,
                                                       const DnnlContext& ctx,
                                                       const_dnnl_primitive_desc_t hint,
-                                                      absl::string_view what);
+                                                      absl::string_view what,
+                                                      const_dnnl_primitive_attr_t attr = nullptr);
 
 // A memory object over `md`: owning a library-allocated buffer when `allocate`,
 // else with no buffer (bind one with Bind before each execution).

@@ -128,11 +128,18 @@ class GemmTest : public CpuBackendTest, public ::testing::WithParamInterface<Gem
 
 TEST_P(GemmTest, MatchesNaiveProduct) {
   const GemmCase p = GetParam();
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7}, {64, 1024, 300},
-                         {33, 17, 129}}) {
-    std::vector<float> a = RandomVector(m * k, 2), b = RandomVector(k * n, 3),
-                       c0 = RandomVector(m * n, 4);
-    const float alpha = 0.75f, beta = -0.5f;
+  // Small shapes run on dnnl_sgemm, large ones on cached matmul primitives;
+  // the large shape repeats with fresh buffers to exercise the cache.
+  uint32_t seed = 2;
+  for (auto [m, n, k, alpha, beta] :
+       {std::tuple<int64_t, int64_t, int64_t, float, float>{3, 5, 7, 0.75f, -0.5f},
+        {64, 1024, 300, 0.75f, -0.5f},
+        {64, 1024, 300, 0.75f, -0.5f},
+        {64, 1024, 300, 1.f, 0.f},
+        {130, 70, 129, 1.f, 1.f},
+        {33, 17, 129, 0.75f, -0.5f}}) {
+    std::vector<float> a = RandomVector(m * k, seed++), b = RandomVector(k * n, seed++),
+                       c0 = RandomVector(m * n, seed++);
     std::vector<double> expected(m * n);
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
@@ -158,11 +165,16 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
                                            GemmCase{true, false}, GemmCase{true, true}));
 
 TEST_F(CpuBackendTest, GemmWithZeroBetaIgnoresGarbageInC) {
-  std::vector<float> a = RandomVector(4 * 6, 5), b = RandomVector(6 * 3, 6);
-  Tensor ta = Upload(a), tb = Upload(b);
-  Tensor tc = Upload(std::vector<float>(12, std::numeric_limits<float>::quiet_NaN()));
-  ASSERT_TRUE(backend_->Gemm(false, false, 4, 3, 6, 1.f, ta.data(), tb.data(), 0.f, tc.data()).ok());
-  for (float v : Download(tc)) EXPECT_TRUE(std::isfinite(v));
+  for (int64_t size : {int64_t{5}, int64_t{128}}) {  // sgemm and matmul paths.
+    std::vector<float> a = RandomVector(size * size, 5), b = RandomVector(size * size, 6);
+    Tensor ta = Upload(a), tb = Upload(b);
+    Tensor tc =
+        Upload(std::vector<float>(size * size, std::numeric_limits<float>::quiet_NaN()));
+    ASSERT_TRUE(
+        backend_->Gemm(false, true, size, size, size, 2.f, ta.data(), tb.data(), 0.f, tc.data())
+            .ok());
+    for (float v : Download(tc)) ASSERT_TRUE(std::isfinite(v));
+  }
 }
 
 TEST_F(CpuBackendTest, GemmRejectsBadArguments) {
@@ -442,24 +454,52 @@ Pool2dConfig MakePool(PoolMode mode, int n, int c, int h, int w, int window, int
 INSTANTIATE_TEST_SUITE_P(
     MaxAndAverage, PoolTest,
     ::testing::Values(MakePool(PoolMode::kMax, 4, 32, 28, 28, 2, 2, 0),
+                      MakePool(PoolMode::kMax, 2, 3, 7, 9, 2, 2, 0),  // odd: last row dropped
+                      MakePool(PoolMode::kMax, 2, 3, 7, 7, 2, 2, 1),
                       MakePool(PoolMode::kMax, 2, 3, 7, 9, 3, 2, 1),
                       MakePool(PoolMode::kMax, 1, 2, 5, 5, 3, 1, 1),
                       MakePool(PoolMode::kAverage, 2, 3, 8, 8, 2, 2, 0),
                       MakePool(PoolMode::kAverage, 2, 3, 7, 9, 3, 2, 1),
                       MakePool(PoolMode::kAverage, 1, 4, 6, 6, 3, 3, 1)));
 
-TEST_F(CpuBackendTest, MaxPoolBackwardNeedsATrainingForward) {
-  absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan =
-      backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 2, 0));
-  ASSERT_TRUE(plan.ok());
-  Tensor x = Zeros(16), y = Zeros(4);
-  ASSERT_TRUE((*plan)->Forward(x.data(), y.data(), /*training=*/false).ok());
-  EXPECT_EQ((*plan)->Backward(x.data(), y.data(), y.data(), x.data()).code(),
-            absl::StatusCode::kFailedPrecondition);
+TEST_F(CpuBackendTest, MaxPoolRoutesTiesToTheFirstMaximumAndPropagatesNan) {
+  for (int window : {2, 3}) {  // The 2x2 fast path and the general loop.
+    absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan =
+        backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, window, window, 0));
+    ASSERT_TRUE(plan.ok());
+    std::vector<float> x(16, 1.f);  // Every window is a tie.
+    x[5] = std::numeric_limits<float>::quiet_NaN();  // Row 1, column 1: in window (0, 0).
+    Tensor tx = Upload(x), ty = Zeros(4), tdy = Upload({1.f, 2.f, 3.f, 4.f}), tdx = Zeros(16);
+    ASSERT_TRUE((*plan)->Forward(tx.data(), ty.data(), /*training=*/true).ok());
+    std::vector<float> y = Download(ty);
+    EXPECT_TRUE(std::isnan(y[0]));
+    ASSERT_TRUE((*plan)->Backward(tx.data(), ty.data(), tdy.data(), tdx.data()).ok());
+    std::vector<float> dx = Download(tdx);
+    EXPECT_EQ(dx[5], 1.f);  // The NaN took window (0, 0)'s gradient.
+    if (window == 2) {
+      EXPECT_EQ(y[1], 1.f);
+      EXPECT_EQ(dx[2], 2.f);  // Window (0, 1): first of the tied elements.
+      EXPECT_EQ(dx[3], 0.f);
+      EXPECT_EQ(dx[8], 3.f);
+      EXPECT_EQ(dx[10], 4.f);
+      EXPECT_EQ(dx[0], 0.f);
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, Pool2dRejectsBadConfigsAndPointers) {
   EXPECT_EQ(backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 0, 0)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 2, 2)).status().message(),
               HasSubstr("Pool2d"));
+  EXPECT_FALSE(backend_->CreatePool2d(MakePool(PoolMode::kAverage, 1, 1, 2, 2, 5, 1, 1)).ok());
+  absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan =
+      backend_->CreatePool2d(MakePool(PoolMode::kMax, 1, 1, 4, 4, 2, 2, 0));
+  ASSERT_TRUE(plan.ok());
+  Tensor t = Zeros(16);
+  EXPECT_EQ((*plan)->Forward(nullptr, t.data(), true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*plan)->Backward(t.data(), t.data(), nullptr, t.data()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // --- Batch norm -----------------------------------------------------------------------
