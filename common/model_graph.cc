@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/rng.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -336,6 +337,50 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
     }
   }
   return graph;
+}
+
+namespace {
+
+uint64_t HashName(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a.
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::vector<std::vector<float>> InitialParameterValues(const ModelGraph& graph) {
+  std::vector<std::vector<float>> values(graph.params.size());
+  for (size_t i = 0; i < graph.params.size(); ++i) {
+    const ParamInfo& p = graph.params[i];
+    std::vector<float>& host = values[i];
+    host.resize(p.shape.num_elements());
+    switch (p.role) {
+      case ParamRole::kWeight: {
+        const double limit = std::sqrt(6.0 / static_cast<double>(p.fan_in + p.fan_out));
+        // The model's init_seed picks the stream; the name makes every tensor
+        // independent of the others and of its position in the spec.
+        const uint64_t tensor_seed = MixBits(graph.init_seed, HashName(p.name));
+        for (size_t k = 0; k < host.size(); ++k) {
+          host[k] = static_cast<float>((2.0 * UniformFloat(tensor_seed, k) - 1.0) * limit);
+        }
+        break;
+      }
+      case ParamRole::kGamma:
+      case ParamRole::kRunningVar:
+        std::fill(host.begin(), host.end(), 1.f);
+        break;
+      case ParamRole::kBias:
+      case ParamRole::kBeta:
+      case ParamRole::kRunningMean:
+        std::fill(host.begin(), host.end(), 0.f);
+        break;
+    }
+  }
+  return values;
 }
 
 std::string FormatModelSummary(const ModelGraph& graph) {

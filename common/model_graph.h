@@ -85,6 +85,12 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec);
 // then the totals.
 std::string FormatModelSummary(const ModelGraph& graph);
 
+// The initial value of every parameter (ModelGraph::params order): Glorot-
+// uniform weights drawn from (init_seed, parameter name) with the counter RNG
+// of common/rng.h, zero biases, betas and running means, unit gammas and
+// running variances. Bit-identical wherever it runs (worker or server).
+std::vector<std::vector<float>> InitialParameterValues(const ModelGraph& graph);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_MODEL_GRAPH_H_

@@ -290,7 +290,7 @@ class Backend {
                                           const float* y, const float* dy, float* dx,
                                           int64_t count) = 0;
   // Inverted dropout. mask[i] = keep ? 1/(1-rate) : 0 with keep decided by
-  // DropoutKeep(seed, i, rate) from kernels/rng.h (identical on every
+  // DropoutKeep(seed, i, rate) from common/rng.h (identical on every
   // backend); y = x * mask.
   virtual absl::Status DropoutForward(const float* x, float* y, float* mask, int64_t count,
                                       float rate, uint64_t seed) = 0;

@@ -7,21 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
 #include "common/status_macros.h"
-#include "kernels/rng.h"
+#include "common/rng.h"
 
 namespace pstrain {
-namespace {
-
-uint64_t HashName(const std::string& name) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a.
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: null backend");
@@ -48,36 +36,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
 }
 
 absl::Status Model::InitializeParameters() {
+  std::vector<std::vector<float>> values = InitialParameterValues(graph_);
   for (int i = 0; i < num_params(); ++i) {
-    const ParamInfo& p = graph_.params[i];
-    std::vector<float> host(p.shape.num_elements());
-    switch (p.role) {
-      case ParamRole::kWeight: {
-        const double limit = std::sqrt(6.0 / static_cast<double>(p.fan_in + p.fan_out));
-        // The model's init_seed picks the stream; the name makes every tensor
-        // independent of the others and of its position in the spec.
-        const uint64_t tensor_seed = MixBits(graph_.init_seed, HashName(p.name));
-        for (size_t k = 0; k < host.size(); ++k) {
-          host[k] = static_cast<float>((2.0 * UniformFloat(tensor_seed, k) - 1.0) * limit);
-        }
-        break;
-      }
-      case ParamRole::kGamma:
-      case ParamRole::kRunningVar:
-        std::fill(host.begin(), host.end(), 1.f);
-        break;
-      case ParamRole::kBias:
-      case ParamRole::kBeta:
-      case ParamRole::kRunningMean:
-        std::fill(host.begin(), host.end(), 0.f);
-        break;
-    }
-    PSTRAIN_RETURN_IF_ERROR(
-        backend_->CopyHostToDevice(params_[i].data(), host.data(), host.size() * sizeof(float)));
-    // `host` dies at the end of this iteration: make the copy complete.
-    PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+    PSTRAIN_RETURN_IF_ERROR(backend_->CopyHostToDevice(params_[i].data(), values[i].data(),
+                                                       values[i].size() * sizeof(float)));
   }
-  return absl::OkStatus();
+  // `values` dies on return: make the copies complete.
+  return backend_->Synchronize();
 }
 
 absl::Status Model::PrepareBatch(int batch) {

@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
-#include "kernels/rng.h"
+#include "common/rng.h"
 
 namespace pstrain {
 

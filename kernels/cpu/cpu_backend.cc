@@ -21,7 +21,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_plans.h"
 #include "kernels/cpu/dnnl_helpers.h"
-#include "kernels/rng.h"
+#include "common/rng.h"
 
 namespace pstrain {
 namespace {

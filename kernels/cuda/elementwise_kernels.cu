@@ -11,7 +11,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_util.cuh"
-#include "kernels/rng.h"
+#include "common/rng.h"
 
 namespace pstrain::cuda {
 namespace {

@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/rng.h"
+#include "common/rng.h"
 
 namespace pstrain {
 namespace {

@@ -12,7 +12,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/rng.h"
+#include "common/rng.h"
 #include "worker/model.h"
 
 namespace pstrain {

@@ -4,8 +4,11 @@
 //
 //   float u = pstrain::UniformFloat(seed, i);        // in [0, 1)
 //   bool keep = pstrain::DropoutKeep(seed, i, 0.4f);
-#ifndef PSTRAIN_KERNELS_RNG_H_
-#define PSTRAIN_KERNELS_RNG_H_
+//
+// Header-only and free of dependencies so that host code, CUDA kernels and
+// the server all share it.
+#ifndef PSTRAIN_COMMON_RNG_H_
+#define PSTRAIN_COMMON_RNG_H_
 
 #include <cstdint>
 
@@ -37,4 +40,4 @@ PSTRAIN_HOST_DEVICE bool DropoutKeep(uint64_t seed, uint64_t index, float rate) 
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_KERNELS_RNG_H_
+#endif  // PSTRAIN_COMMON_RNG_H_

@@ -1,0 +1,54 @@
+#include "common/chunking.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, int64_t chunk_bytes) {
+  if (num_shards < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_shards must be >= 1, got ", num_shards));
+  }
+  if (chunk_bytes < 4 || chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must be in [4, ", kMaxChunkBytes, "], got ", chunk_bytes));
+  }
+  const int64_t per_chunk = chunk_bytes / 4;
+  ChunkPlan plan;
+  plan.num_shards = num_shards;
+  plan.by_param.resize(graph.params.size());
+  for (size_t p = 0; p < graph.params.size(); ++p) {
+    const int64_t n = graph.params[p].shape.num_elements();
+    for (int64_t offset = 0; offset < n; offset += per_chunk) {
+      ChunkInfo c;
+      c.id = static_cast<int>(plan.chunks.size());
+      c.param = static_cast<int>(p);
+      c.offset = offset;
+      c.count = std::min(per_chunk, n - offset);
+      plan.by_param[p].push_back(c.id);
+      plan.chunks.push_back(c);
+    }
+  }
+  // Largest chunk first onto the least-loaded shard (ties: lower index).
+  std::vector<int> order(plan.chunks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return plan.chunks[a].count > plan.chunks[b].count;
+  });
+  plan.shard_bytes.assign(num_shards, 0);
+  for (int id : order) {
+    int best = 0;
+    for (int s = 1; s < num_shards; ++s) {
+      if (plan.shard_bytes[s] < plan.shard_bytes[best]) best = s;
+    }
+    plan.chunks[id].shard = best;
+    plan.shard_bytes[best] += plan.chunks[id].count * 4;
+  }
+  plan.by_shard.resize(num_shards);
+  for (const ChunkInfo& c : plan.chunks) plan.by_shard[c.shard].push_back(c.id);
+  return plan;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,50 @@
+// How a model's parameters are cut into chunks and spread over the parameter
+// server shards. Server and workers compute the same plan from the same
+// ModelGraph, so no plan travels on the wire.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(graph, /*num_shards=*/2));
+//   for (const ChunkInfo& c : plan.chunks) ...;   // c.param, c.offset, c.count, c.shard
+#ifndef PSTRAIN_COMMON_CHUNKING_H_
+#define PSTRAIN_COMMON_CHUNKING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_graph.h"
+
+namespace pstrain {
+
+// 1 MiB of fp32 values: the transport lessons' sweet spot, far below gRPC's
+// limits. Chunks never exceed kMaxChunkBytes (4 MiB).
+inline constexpr int64_t kDefaultChunkBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
+
+struct ChunkInfo {
+  int id = 0;          // Index in ChunkPlan::chunks.
+  int param = 0;       // Index into ModelGraph::params.
+  int64_t offset = 0;  // First element of the parameter in this chunk.
+  int64_t count = 0;   // Elements (fp32) in this chunk; > 0.
+  int shard = 0;       // Owning shard, 0 .. num_shards-1.
+};
+
+struct ChunkPlan {
+  int num_shards = 1;
+  std::vector<ChunkInfo> chunks;         // In parameter order, then offset order.
+  std::vector<std::vector<int>> by_param;  // Chunk ids of each parameter, in order.
+  std::vector<std::vector<int>> by_shard;  // Chunk ids owned by each shard.
+  std::vector<int64_t> shard_bytes;        // Bytes owned by each shard.
+};
+
+// Cuts every parameter (running statistics included) into chunks of at most
+// chunk_bytes (small parameters are not merged: a chunk never spans two
+// parameters), then assigns chunks to shards greedily by bytes, largest
+// first, so that shard loads differ by at most one chunk. Deterministic.
+// INVALID_ARGUMENT for num_shards < 1 or chunk_bytes outside [4, kMaxChunkBytes].
+absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
+                                     int64_t chunk_bytes = kDefaultChunkBytes);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_CHUNKING_H_
