@@ -7,6 +7,11 @@
 //
 //   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T] [--layout=auto|plain|blocked|all]
 //
+// Medians are what the machine delivered; the min column is the op's cost
+// when nothing competed for the cores. The OpenMP wait policy in effect is
+// printed because it decides how the step behaves on a shared machine (see
+// kernels/cpu/cpu_backend.h).
+//
 // The model: [64,1,28,28] -> conv5x5x32 p2 -> relu -> maxpool2 -> conv5x5x64 p2
 // -> relu -> maxpool2 -> dense 3136x1024 -> relu -> dropout -> dense 1024x10
 // -> softmax cross-entropy.
@@ -288,6 +293,10 @@ int main(int argc, char** argv) {
   const Variant variants[] = {{"auto", CpuConvLayout::kAuto},
                               {"plain", CpuConvLayout::kPlain},
                               {"blocked", CpuConvLayout::kBlocked}};
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  std::printf("OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", policy ? policy : "(unset)",
+              spin ? spin : "(unset)");
   std::vector<std::pair<const char*, double>> results;
   for (const Variant& v : variants) {
     if (flags.layout != "all" && flags.layout != v.name) continue;

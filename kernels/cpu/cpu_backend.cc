@@ -189,8 +189,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) override {
-    PSTRAIN_RETURN_IF_ERROR(ctx_status_);
-    return cpu_internal::CreateCpuPool2dPlan(ctx_, config, threads_);
+    return cpu_internal::CreateCpuPool2dPlan(config, threads_);
   }
 
   absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(

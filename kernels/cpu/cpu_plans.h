@@ -1,7 +1,8 @@
 // Internal to kernels/cpu/: the CPU plan implementations behind
-// CpuBackend::CreateConv2d / CreatePool2d / CreateBatchNorm. Each factory
-// validates its config (INVALID_ARGUMENT naming the op) and builds its oneDNN
-// primitives up front, so that every call afterwards only binds pointers.
+// CpuBackend::CreateConv2d / CreatePool2d / CreateBatchNorm, and the GEMM
+// dispatcher. Each factory validates its config (INVALID_ARGUMENT naming the
+// op); the convolution plan builds its oneDNN primitives up front (the
+// no-bias variants on first use), so that later calls only bind pointers.
 //
 // Threads: one thread at a time per plan; `num_threads` is the OpenMP team
 // size the plan asks for (> 0).
@@ -23,8 +24,7 @@ absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, CpuConvLayout layout,
     int num_threads);
 
-absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(std::shared_ptr<DnnlContext> ctx,
-                                                                const Pool2dConfig& config,
+absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(const Pool2dConfig& config,
                                                                 int num_threads);
 
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(

@@ -230,8 +230,7 @@ class CpuPool2dPlan final : public Pool2dPlan {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(std::shared_ptr<DnnlContext> ctx,
-                                                                const Pool2dConfig& config,
+absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(const Pool2dConfig& config,
                                                                 int num_threads) {
   PSTRAIN_RETURN_IF_ERROR(ValidatePool2dConfig(config));
   return std::unique_ptr<Pool2dPlan>(std::make_unique<CpuPool2dPlan>(config, num_threads));

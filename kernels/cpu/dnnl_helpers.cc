@@ -84,7 +84,9 @@ absl::StatusOr<DnnlPrimitive> DnnlPrimitive::Create(DnnlPrimitiveDesc pd, absl::
 }
 
 const dnnl_memory_desc_t& DnnlPrimitive::Md(dnnl_query_t query, int index) const {
-  return *dnnl_primitive_desc_query_md(pd_.get(), query, index);
+  static const dnnl_memory_desc_t kZero{};  // What oneDNN returns for "not used".
+  const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(pd_.get(), query, index);
+  return md != nullptr ? *md : kZero;
 }
 
 absl::Status DnnlPrimitive::Execute(const DnnlContext& ctx,

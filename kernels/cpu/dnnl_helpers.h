@@ -108,7 +108,7 @@ class DnnlPrimitive {
 
   const_dnnl_primitive_desc_t desc() const { return pd_.get(); }
   // The memory descriptor the primitive expects for `query` (e.g.
-  // dnnl_query_src_md), index `index`.
+  // dnnl_query_src_md), index `index`; a zero descriptor when it has none.
   const dnnl_memory_desc_t& Md(dnnl_query_t query, int index = 0) const;
   // Executes on ctx's stream and waits for completion.
   absl::Status Execute(const DnnlContext& ctx, const std::vector<dnnl_exec_arg_t>& args,

@@ -177,6 +177,50 @@ TEST_F(CpuBackendTest, GemmWithZeroBetaIgnoresGarbageInC) {
   }
 }
 
+// More distinct large shapes than the primitive cache holds (64), then the
+// first shape again: results stay right across the cache starting over.
+TEST_F(CpuBackendTest, GemmStaysCorrectAcrossManyShapes) {
+  const int64_t n = 128, k = 128;
+  std::vector<float> b = RandomVector(k * n, 7);
+  Tensor tb = Upload(b);
+  for (int64_t m : [] {
+         std::vector<int64_t> ms;
+         for (int64_t i = 64; i < 64 + 70; ++i) ms.push_back(i);
+         ms.push_back(64);
+         return ms;
+       }()) {
+    std::vector<float> a = RandomVector(m * k, static_cast<uint32_t>(m));
+    std::vector<double> expected(m * n, 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t l = 0; l < k; ++l)
+        for (int64_t j = 0; j < n; ++j) expected[i * n + j] += double{a[i * k + l]} * b[l * n + j];
+    Tensor ta = Upload(a), tc = Zeros(m * n);
+    ASSERT_TRUE(backend_->Gemm(false, false, m, n, k, 1.f, ta.data(), tb.data(), 0.f, tc.data()).ok());
+    ExpectAllClose(Download(tc), expected, 1e-4, "gemm after many shapes");
+  }
+}
+
+// Backends with different team sizes, used alternately, agree.
+TEST_F(CpuBackendTest, OneAndTwoThreadBackendsAgree) {
+  CpuBackendOptions one_thread;
+  one_thread.num_threads = 1;
+  std::unique_ptr<Backend> one = CreateCpuBackend(one_thread);
+  Conv2dConfig c;
+  c.n = 4, c.c = 8, c.h = 12, c.w = 12, c.filters = 16, c.kernel_h = 3, c.kernel_w = 3;
+  c.pad_h = 1, c.pad_w = 1;
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan_one = one->CreateConv2d(c);
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan_two = backend_->CreateConv2d(c);
+  ASSERT_TRUE(plan_one.ok() && plan_two.ok());
+  std::vector<float> x = RandomVector(4 * 8 * 144, 8), w = RandomVector(16 * 8 * 9, 9);
+  std::vector<float> y1(4 * 16 * 144), y2(4 * 16 * 144);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE((*plan_one)->Forward(x.data(), w.data(), nullptr, y1.data()).ok());
+    ASSERT_TRUE((*plan_two)->Forward(x.data(), w.data(), nullptr, y2.data()).ok());
+    ExpectAllClose(y1, std::vector<double>(y2.begin(), y2.end()), 1e-5, "1 vs 2 threads");
+  }
+  EXPECT_THAT(one->Describe(), HasSubstr(", 1 thread)"));
+}
+
 TEST_F(CpuBackendTest, GemmRejectsBadArguments) {
   Tensor t = Zeros(16);
   absl::Status s = backend_->Gemm(false, false, 0, 2, 2, 1.f, t.data(), t.data(), 0.f, t.data());
