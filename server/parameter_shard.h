@@ -1,0 +1,156 @@
+// ParameterShard: the versioned parameter store of one server shard, for
+// every job, with the consistency modes and the server-side optimizer. No
+// gRPC here: server/ps_service.* decodes the wire and calls this.
+//
+//   ParameterShard shard({.shard_index = 0});
+//   PSTRAIN_RETURN_IF_ERROR(shard.ConfigureJob(config, initial_chunks));
+//   // A worker's push of chunk 3's gradient computed from version 7:
+//   PSTRAIN_ASSIGN_OR_RETURN(int64_t v, shard.Push(args, gradient));
+//   // Its pull of chunk 3 at version >= 8 (blocks until the sync step applied):
+//   PSTRAIN_ASSIGN_OR_RETURN(PulledChunk c, shard.Pull(pull_args, deadline));
+//
+// Versions count updates of a chunk:
+//  * sync: version t -> t+1 once every member has pushed its gradient for t;
+//    the mean gradient is applied once with the optimizer. A push for another
+//    version than the chunk's current one is rejected (future: INVALID_ARGUMENT,
+//    past: ABORTED).
+//  * async: every push is applied on arrival (version += 1); its staleness
+//    (current version - pushed version) is recorded. Future versions:
+//    INVALID_ARGUMENT.
+//  * ssp (bound s): as async; in addition a Pull from a worker whose clock is c
+//    waits until every member's clock (steps pushed) is >= c - s.
+//  * average (K): pushes carry parameters (and optimizer state when
+//    average_optimizer_state) for round t; once every member pushed, the mean
+//    becomes version t+1. No optimizer runs on the server.
+// Non-trainable chunks (batch-norm running statistics) take KIND_PARAMETERS
+// pushes in every mode: sync and average keep the mean over members per
+// version like trainable ones in average mode; async and ssp take the last
+// write. Their version follows the pushes.
+//
+// Every push is validated before anything is touched (unknown job or worker,
+// stale generation, chunk not owned here, wrong element count or kind for the
+// mode, non-finite values when rejected, version from the future); on error
+// the model is unchanged.
+//
+// Threads: thread-safe. Pull blocks the calling thread until the version is
+// there or the deadline passes; everything else returns promptly.
+#ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
+#define PSTRAIN_SERVER_PARAMETER_SHARD_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/chunking.h"
+#include "common/model_graph.h"
+#include "pstrain/v1/job.pb.h"
+#include "pstrain/v1/service.pb.h"
+
+namespace pstrain {
+
+struct ShardJobConfig {
+  std::string job_id;
+  v1::JobSpec spec;  // Model inline.
+  int num_shards = 1;
+  int64_t chunk_bytes = kDefaultChunkBytes;
+  std::vector<std::string> members;  // Active worker ids.
+  int64_t generation = 1;
+};
+
+// Counters for /metrics and tests. Monotonic.
+struct ShardStats {
+  int64_t pushes = 0, pulls = 0;
+  int64_t push_bytes = 0, pull_bytes = 0;
+  int64_t rejected_pushes = 0;
+  int64_t applied_updates = 0;
+  std::vector<int64_t> staleness_counts;  // [s] = pushes with staleness s (last bucket: >=).
+};
+
+struct PushArgs {
+  std::string job_id;
+  std::string worker_id;
+  int64_t generation = 0;
+  int chunk_id = 0;
+  int64_t version = 0;
+  v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_GRADIENT;
+  int slot = 0;          // KIND_OPTIMIZER_STATE: index into the chunk's slots.
+  int worker_clock = 0;  // Steps this worker has completed (ssp).
+};
+
+struct PullArgs {
+  std::string job_id;
+  std::string worker_id;
+  int64_t generation = 0;
+  int chunk_id = 0;
+  int64_t min_version = 0;
+  v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_PARAMETERS;
+  int slot = 0;
+  int worker_clock = 0;  // ssp: the requester's clock c.
+};
+
+struct PulledChunk {
+  int64_t version = 0;
+  // Immutable snapshot; safe to send after the call returns.
+  std::shared_ptr<const std::vector<float>> values;
+};
+
+class ParameterShard {
+ public:
+  struct Options {
+    int shard_index = 0;
+    bool reject_non_finite = true;
+    // Pushes more than this many versions ahead are "from the future".
+    int64_t max_version_lead = 0;
+    int staleness_buckets = 16;
+  };
+  explicit ParameterShard(Options options);
+  ~ParameterShard();
+
+  // Creates or replaces a job. `chunks` holds the initial values (and,
+  // optionally, optimizer slots) of every chunk this shard owns in
+  // PlanChunks(...).by_shard[shard_index] order. INVALID_ARGUMENT when they
+  // do not match the plan or the spec is invalid.
+  absl::Status ConfigureJob(const ShardJobConfig& config,
+                            const std::vector<v1::ChunkValues>& chunks);
+  // New member set and generation: removed members leave every barrier at
+  // once (a pending sync step completes if the rest have pushed) and their
+  // blocked pulls fail with ABORTED.
+  absl::Status SetMembers(const std::string& job_id, const std::vector<std::string>& members,
+                          int64_t generation);
+  // Forgets the job; blocked pulls fail with ABORTED.
+  absl::Status DropJob(const std::string& job_id);
+
+  // Validates and applies (or records, until its barrier completes) one
+  // chunk. Returns the chunk's version after the call.
+  absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values);
+  // Waits until the chunk reaches args.min_version (and the ssp bound allows
+  // the requester's clock), or `deadline` (DEADLINE_EXCEEDED).
+  absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
+
+  // Every owned chunk with its version and optimizer slots (checkpoints).
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id);
+  // The chunk plan of a job (for validation at the wire).
+  absl::StatusOr<ChunkPlan> Plan(const std::string& job_id) const;
+
+  ShardStats stats() const;
+  int shard_index() const { return options_.shard_index; }
+
+ private:
+  struct Job;  // Defined in parameter_shard.cc.
+
+  const Options options_;  // Constant after construction.
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  ShardStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PARAMETER_SHARD_H_

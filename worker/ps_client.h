@@ -1,0 +1,81 @@
+// PsClient: a worker's connection to every parameter-server shard, in the
+// ps-lite style: Push and Pull return a handle you Wait() on, so that
+// gradients of the last layers travel while earlier layers still run
+// backward, and the next pull is in flight while the next batch is prepared.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(auto client, PsClient::Create(options, plan));
+//   auto push = client->Push(v1::ChunkHeader::KIND_GRADIENT, /*version=*/t, clock,
+//                            {{chunk_id, host_gradient_ptr}});
+//   PSTRAIN_RETURN_IF_ERROR(push->Wait());
+//   auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, /*min_version=*/t + 1,
+//                            clock, {{chunk_id, host_destination_ptr}});
+//   PSTRAIN_RETURN_IF_ERROR(pull->Wait());
+//
+// Each call is split by shard and sent on that shard's channel (one
+// client-streaming Push or server-streaming Pull per shard, in parallel),
+// in ~1 MiB chunk frames (see ChunkHeader in proto/pstrain/v1/service.proto
+// for the framing). Every RPC has a deadline (Options::rpc_timeout).
+//
+// Threads: thread-safe; Push/Pull may be called from any thread and return at
+// once. Source and destination buffers must stay valid until Wait() returns.
+#ifndef PSTRAIN_WORKER_PS_CLIENT_H_
+#define PSTRAIN_WORKER_PS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/chunking.h"
+#include "pstrain/v1/service.pb.h"
+
+namespace pstrain {
+
+// A handle on an operation in flight.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  // Blocks until done; the first error of any shard. For a pull, the lowest
+  // version received is in version() afterwards.
+  virtual absl::Status Wait() = 0;
+  virtual int64_t version() const = 0;
+};
+
+class PsClient {
+ public:
+  struct Options {
+    std::vector<std::string> shard_addresses;  // host:port, index = shard.
+    std::string job_id;
+    std::string worker_id;
+    int64_t generation = 0;
+    absl::Duration rpc_timeout = absl::Seconds(60);
+  };
+  struct ChunkRef {
+    int chunk_id = 0;
+    const float* values = nullptr;  // plan.chunks[chunk_id].count floats.
+  };
+  struct ChunkDest {
+    int chunk_id = 0;
+    float* values = nullptr;
+  };
+
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(Options options, ChunkPlan plan);
+  virtual ~PsClient() = default;
+
+  virtual std::unique_ptr<PendingOp> Push(v1::ChunkHeader::Kind kind, int64_t version,
+                                          int worker_clock, std::vector<ChunkRef> chunks,
+                                          int slot = 0) = 0;
+  virtual std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
+                                          int worker_clock, std::vector<ChunkDest> chunks,
+                                          int slot = 0) = 0;
+  // After a membership change (new Assignment.generation).
+  virtual void SetGeneration(int64_t generation) = 0;
+  virtual const ChunkPlan& plan() const = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_PS_CLIENT_H_
