@@ -1,0 +1,865 @@
+// ParameterShard: see parameter_shard.h for the contract.
+//
+// Layout of the state, from coarse to fine:
+//  * ParameterShard::mu_ guards the job map and the stats; it is held only for
+//    a lookup or a counter update, never while waiting or computing.
+//  * Job::mu guards the membership (who may push, which generation) and the
+//    ssp clocks. Job::control_mu serialises SetMembers and Drop, which update
+//    the job and then every chunk.
+//  * Chunk::mu guards one chunk's version, published snapshot and barrier.
+//    Pushes to different chunks run in parallel; a Pull waits on its chunk's
+//    mutex (absl::Mutex::AwaitWithDeadline), so an update wakes only the
+//    pulls of that chunk. Every chunk holds its own pointer to the (shared,
+//    immutable) Membership, replaced under Chunk::mu by SetMembers, so that a
+//    push's membership check and the barrier it joins see the same set.
+//  * Job::optimizer_mu serialises the optimizer (the CPU Backend is used by
+//    one thread at a time). Lock order: Chunk::mu, then Job::optimizer_mu;
+//    Job::control_mu, then Job::mu, then Chunk::mu; ParameterShard::mu_ is a
+//    leaf.
+//
+// Published values are std::shared_ptr<std::vector<float>> handed out as
+// shared_ptr<const ...>. An update writes in place when the shard holds the
+// only reference (no pull is still sending the old bytes), else it copies the
+// snapshot first (copy-on-write); readers never see a buffer change.
+#include "server/parameter_shard.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/optimizer.h"
+
+namespace pstrain {
+namespace {
+
+using Kind = v1::ChunkHeader::Kind;
+
+std::string KindName(Kind kind) {
+  return v1::ChunkHeader::Kind_IsValid(kind) ? v1::ChunkHeader::Kind_Name(kind)
+                                             : absl::StrCat("kind ", static_cast<int>(kind));
+}
+
+std::string ModeName(v1::ConsistencyMode mode) {
+  switch (mode) {
+    case v1::CONSISTENCY_ASYNC:
+      return "async";
+    case v1::CONSISTENCY_SSP:
+      return "ssp";
+    case v1::CONSISTENCY_AVERAGE:
+      return "average";
+    default:
+      return "sync";
+  }
+}
+
+// The optimizer-state slots of one trainable parameter, named as in
+// Optimizer::StateTensors() and v1::OptimizerSlot.
+std::vector<std::string> SlotNames(const v1::OptimizerSpec& spec) {
+  if (spec.type() == v1::OPTIMIZER_ADAM || spec.type() == v1::OPTIMIZER_ADAMW) {
+    return {"adam_m", "adam_v"};
+  }
+  if (spec.type() == v1::OPTIMIZER_SGD && spec.momentum() > 0.f) return {"momentum"};
+  return {};
+}
+
+// Index of the first non-finite value, or -1. One branch-free pass over the
+// exponent bits (vectorises), then a scan only when something was found.
+int64_t FirstNonFinite(absl::Span<const float> values) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t any = 0;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  if (any == 0) return -1;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Who takes part in a job. Immutable once published; replaced whole.
+struct Membership {
+  std::set<std::string> members;
+  int64_t generation = 0;
+  bool dropped = false;
+
+  bool Has(const std::string& worker_id) const { return members.count(worker_id) > 0; }
+};
+
+// The sum of the values the members pushed for one barrier (one version of a
+// chunk's parameters, gradient or one optimizer slot).
+struct Accumulator {
+  std::vector<float> sum;
+  std::set<std::string> contributors;
+
+  void Add(const std::string& worker_id, absl::Span<const float> values) {
+    if (contributors.empty()) {
+      sum.assign(values.begin(), values.end());  // Reuses the capacity.
+    } else {
+      float* out = sum.data();
+      const float* in = values.data();
+      const size_t n = values.size();
+      for (size_t i = 0; i < n; ++i) out[i] += in[i];
+    }
+    contributors.insert(worker_id);
+  }
+  // True when every member has contributed (removed members' contributions
+  // stay in the sum: they were computed from the right version).
+  bool Covers(const Membership& membership) const {
+    if (contributors.empty()) return false;
+    for (const std::string& m : membership.members) {
+      if (contributors.count(m) == 0) return false;
+    }
+    return true;
+  }
+  // sum /= contributors (exact division, so that the mean of two pushes is
+  // bit-identical to (a + b) / 2).
+  void DivideByContributors() {
+    if (contributors.size() <= 1) return;
+    const float n = static_cast<float>(contributors.size());
+    for (float& v : sum) v /= n;
+  }
+};
+
+// Counters one call contributes to ShardStats.
+struct Outcome {
+  int64_t applied_updates = 0;
+  int64_t staleness = -1;  // Recorded for async/ssp gradients.
+};
+
+struct Chunk {
+  // Constant after configuration.
+  int id = 0;
+  int64_t count = 0;
+  bool trainable = true;
+  std::string param_name;
+  int optimizer_index = -1;               // sync/async/ssp trainable chunks.
+  std::vector<Tensor*> optimizer_state;   // Its slots in the optimizer (Job::optimizer_mu).
+
+  absl::Mutex mu;
+  std::shared_ptr<const Membership> membership ABSL_GUARDED_BY(mu);
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<std::vector<float>> values ABSL_GUARDED_BY(mu);
+  // Average mode: the published optimizer slots (empty in other modes, where
+  // the optimizer owns them).
+  std::vector<std::shared_ptr<std::vector<float>>> slots ABSL_GUARDED_BY(mu);
+  // Barriers (sync and average modes).
+  Accumulator values_barrier ABSL_GUARDED_BY(mu);
+  std::vector<Accumulator> slot_barriers ABSL_GUARDED_BY(mu);
+};
+
+// Makes `*snapshot` writable: in place when nobody else holds it, else a copy
+// replaces it.
+std::vector<float>* Writable(std::shared_ptr<std::vector<float>>* snapshot) {
+  if (snapshot->use_count() == 1) {
+    // Pairs with the release decrement of the last reader's reference, so its
+    // reads happen before our writes.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return snapshot->get();
+  }
+  *snapshot = std::make_shared<std::vector<float>>(**snapshot);
+  return snapshot->get();
+}
+
+// Publishes `fresh` as the new snapshot and hands the old buffer back for
+// reuse when nobody else holds it.
+void Publish(std::shared_ptr<std::vector<float>>* snapshot, std::vector<float>* fresh) {
+  auto next = std::make_shared<std::vector<float>>(std::move(*fresh));
+  fresh->clear();
+  if (*snapshot != nullptr && snapshot->use_count() == 1) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    *fresh = std::move(**snapshot);
+  }
+  *snapshot = std::move(next);
+}
+
+// The per-job state. Thread-safe; see the lock notes at the top of the file.
+class JobState {
+ public:
+  JobState() = default;
+  JobState(const JobState&) = delete;
+  JobState& operator=(const JobState&) = delete;
+
+  absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
+                    int shard_index);
+  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members,
+                                     int64_t generation);
+  void Drop();
+  absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
+                               const ParameterShard::Options& options, Outcome* outcome);
+  absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks();
+  const ChunkPlan& plan() const { return plan_; }
+
+ private:
+  bool barrier_mode() const {
+    return mode_ == v1::CONSISTENCY_SYNC || mode_ == v1::CONSISTENCY_AVERAGE;
+  }
+  bool averages_state(const Chunk& chunk) const {
+    return mode_ == v1::CONSISTENCY_AVERAGE && average_optimizer_state_ && chunk.trainable &&
+           !slot_names_.empty();
+  }
+  std::string Describe(const Chunk& chunk) const {
+    return absl::StrCat("chunk ", chunk.id, " (", chunk.param_name, ") of job ", job_id_);
+  }
+
+  absl::StatusOr<Chunk*> FindChunk(int chunk_id) const;
+  absl::Status CheckPushKind(const Chunk& chunk, const PushArgs& args) const;
+  absl::Status CheckCaller(const Membership& membership, const std::string& worker_id,
+                           int64_t generation) const;
+  absl::Status PushToBarrier(Chunk& chunk, const PushArgs& args, absl::Span<const float> values,
+                             Outcome* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  absl::Status ApplyOnArrival(Chunk& chunk, const PushArgs& args, absl::Span<const float> values,
+                              int64_t max_version_lead, Outcome* outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Completes the chunk's barrier if every member has pushed.
+  absl::Status MaybeCompleteBarrier(Chunk& chunk, Outcome* outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  absl::Status ApplyGradient(Chunk& chunk, const float* gradient)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  absl::Status AwaitClock(const PullArgs& args, absl::Time deadline);
+  int64_t MinClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after Init.
+  std::string job_id_;
+  v1::ConsistencyMode mode_ = v1::CONSISTENCY_SYNC;
+  int staleness_ = 0;
+  bool average_optimizer_state_ = false;
+  ChunkPlan plan_;
+  std::vector<int> local_index_;  // Chunk id -> index in chunks_, or -1.
+  std::vector<std::string> slot_names_;
+  std::unique_ptr<Backend> backend_;      // sync/async/ssp only.
+  std::unique_ptr<Optimizer> optimizer_;  // Declared after backend_: destroyed first.
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+
+  absl::Mutex optimizer_mu_;  // Serialises optimizer_ and backend_.
+  absl::Mutex control_mu_;    // Serialises SetMembers and Drop.
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Membership> membership_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> clocks_ ABSL_GUARDED_BY(mu_);  // ssp: per member.
+};
+
+absl::Status JobState::Init(const ShardJobConfig& config,
+                            const std::vector<v1::ChunkValues>& initial, int shard_index) {
+  if (config.job_id.empty()) return absl::InvalidArgumentError("ConfigureJob: empty job_id");
+  job_id_ = config.job_id;
+  const std::string where = absl::StrCat("ConfigureJob(", job_id_, "): ");
+  if (absl::Status s = ValidateJobSpec(config.spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+  }
+  if (absl::Status s = ValidateOptimizerSpec(config.spec.optimizer()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+  }
+  if (config.num_shards < 1 || shard_index < 0 || shard_index >= config.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "shard index ", shard_index,
+                                                   " is outside [0, num_shards = ",
+                                                   config.num_shards, ")"));
+  }
+  for (const std::string& w : config.members) {
+    if (w.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "empty worker id"));
+  }
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(config.spec.model());
+  if (!graph.ok()) return absl::InvalidArgumentError(absl::StrCat(where, graph.status().message()));
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, config.num_shards, config.chunk_bytes);
+  if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(where, plan.status().message()));
+  plan_ = *std::move(plan);
+
+  mode_ = config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC
+                                                              : config.spec.mode();
+  staleness_ = config.spec.staleness();
+  average_optimizer_state_ = config.spec.average_optimizer_state();
+  slot_names_ = SlotNames(config.spec.optimizer());
+
+  // Check the initial values against the plan before allocating anything.
+  const std::vector<int>& owned = plan_.by_shard[shard_index];
+  if (initial.size() != owned.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "shard ", shard_index, " owns ",
+                                                   owned.size(), " chunks, got initial values for ",
+                                                   initial.size()));
+  }
+  for (size_t i = 0; i < owned.size(); ++i) {
+    const ChunkInfo& info = plan_.chunks[owned[i]];
+    const v1::ChunkValues& given = initial[i];
+    const bool trainable = graph->params[info.param].trainable;
+    const std::string chunk =
+        absl::StrCat("chunk ", info.id, " (", graph->params[info.param].name, ")");
+    if (given.chunk_id() != info.id) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "initial value ", i, " is for chunk ",
+                                                     given.chunk_id(), ", expected chunk ",
+                                                     info.id, " (plan order)"));
+    }
+    if (given.values_size() != info.count) {
+      return absl::InvalidArgumentError(absl::StrCat(where, chunk, " holds ", info.count,
+                                                     " values, got ", given.values_size()));
+    }
+    if (given.version() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, chunk, " has negative version ", given.version()));
+    }
+    if (given.slots_size() == 0) continue;
+    if (!trainable || given.slots_size() != static_cast<int>(slot_names_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, chunk, " got ", given.slots_size(), " optimizer slots, expected ",
+          trainable ? slot_names_.size() : 0, " (", absl::StrJoin(slot_names_, ", "), ")"));
+    }
+    for (int s = 0; s < given.slots_size(); ++s) {
+      if (given.slots(s).name() != slot_names_[s] || given.slots(s).values_size() != info.count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, chunk, " slot ", s, " is '", given.slots(s).name(), "' with ",
+            given.slots(s).values_size(), " values, expected '", slot_names_[s], "' with ",
+            info.count));
+      }
+    }
+  }
+
+  if (mode_ != v1::CONSISTENCY_AVERAGE) {
+    CpuBackendOptions backend_options;
+    backend_options.num_threads = 1;  // The server shares the cores with workers.
+    backend_ = CreateCpuBackend(backend_options);
+    PSTRAIN_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(config.spec.optimizer(), backend_.get()));
+  }
+
+  auto membership = std::make_shared<Membership>();
+  membership->members.insert(config.members.begin(), config.members.end());
+  membership->generation = config.generation;
+
+  local_index_.assign(plan_.chunks.size(), -1);
+  for (size_t i = 0; i < owned.size(); ++i) {
+    const ChunkInfo& info = plan_.chunks[owned[i]];
+    const v1::ChunkValues& given = initial[i];
+    auto chunk = std::make_unique<Chunk>();
+    chunk->id = info.id;
+    chunk->count = info.count;
+    chunk->trainable = graph->params[info.param].trainable;
+    chunk->param_name = graph->params[info.param].name;
+    absl::MutexLock lock(&chunk->mu);
+    chunk->membership = membership;
+    chunk->version = given.version();
+    chunk->values = std::make_shared<std::vector<float>>(given.values().begin(), given.values().end());
+    if (chunk->trainable && optimizer_ != nullptr) {
+      const std::string name = absl::StrCat("chunk", info.id);
+      PSTRAIN_ASSIGN_OR_RETURN(chunk->optimizer_index, optimizer_->AddParameter(name, info.count));
+      for (const std::string& slot : slot_names_) {
+        for (auto& [state_name, tensor] : optimizer_->StateTensors()) {
+          if (state_name == absl::StrCat(name, "/", slot)) chunk->optimizer_state.push_back(tensor);
+        }
+      }
+      if (chunk->optimizer_state.size() != slot_names_.size()) {
+        return absl::InternalError(absl::StrCat(where, "optimizer has ",
+                                                chunk->optimizer_state.size(), " state slots for ",
+                                                name, ", expected ", slot_names_.size()));
+      }
+      for (int s = 0; s < given.slots_size(); ++s) {
+        PSTRAIN_RETURN_IF_ERROR(backend_->CopyHostToDevice(chunk->optimizer_state[s]->data(),
+                                                           given.slots(s).values().data(),
+                                                           info.count * sizeof(float)));
+      }
+    }
+    if (chunk->trainable && mode_ == v1::CONSISTENCY_AVERAGE) {
+      for (size_t s = 0; s < slot_names_.size(); ++s) {
+        if (given.slots_size() > 0) {
+          const auto& src = given.slots(static_cast<int>(s)).values();
+          chunk->slots.push_back(std::make_shared<std::vector<float>>(src.begin(), src.end()));
+        } else {
+          chunk->slots.push_back(std::make_shared<std::vector<float>>(info.count, 0.f));
+        }
+      }
+      if (averages_state(*chunk)) chunk->slot_barriers.resize(slot_names_.size());
+    }
+    local_index_[info.id] = static_cast<int>(chunks_.size());
+    chunks_.push_back(std::move(chunk));
+  }
+  if (backend_ != nullptr) PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+
+  absl::MutexLock lock(&mu_);
+  membership_ = membership;
+  for (const std::string& w : membership->members) clocks_[w] = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Chunk*> JobState::FindChunk(int chunk_id) const {
+  if (chunk_id < 0 || chunk_id >= static_cast<int>(plan_.chunks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is out of range: job ",
+                                                   job_id_, " has ", plan_.chunks.size(),
+                                                   " chunks"));
+  }
+  const int index = local_index_[chunk_id];
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " of job ", job_id_,
+                                                   " is owned by shard ",
+                                                   plan_.chunks[chunk_id].shard, ", not this one"));
+  }
+  return chunks_[index].get();
+}
+
+absl::Status JobState::CheckPushKind(const Chunk& chunk, const PushArgs& args) const {
+  Kind expected = v1::ChunkHeader::KIND_PARAMETERS;
+  if (chunk.trainable && mode_ != v1::CONSISTENCY_AVERAGE) expected = v1::ChunkHeader::KIND_GRADIENT;
+  if (args.kind == expected) return absl::OkStatus();
+  if (args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE && averages_state(chunk)) {
+    if (args.slot < 0 || args.slot >= static_cast<int>(slot_names_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer-state slot ", args.slot, " is out of range for ", Describe(chunk),
+          ": it has ", slot_names_.size(), " (", absl::StrJoin(slot_names_, ", "), ")"));
+    }
+    return absl::OkStatus();
+  }
+  std::string allowed = KindName(expected);
+  if (averages_state(chunk)) absl::StrAppend(&allowed, " or KIND_OPTIMIZER_STATE");
+  return absl::InvalidArgumentError(absl::StrCat(Describe(chunk), " takes ", allowed,
+                                                 " pushes in ", ModeName(mode_),
+                                                 " mode, got ", KindName(args.kind)));
+}
+
+absl::Status JobState::CheckCaller(const Membership& membership, const std::string& worker_id,
+                                   int64_t generation) const {
+  if (membership.dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
+  if (generation != membership.generation) {
+    return absl::AbortedError(absl::StrCat("generation ", generation, " of job ", job_id_,
+                                           " is not current: the job is at generation ",
+                                           membership.generation, "; get a new assignment"));
+  }
+  if (!membership.Has(worker_id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " is not a member of job ", job_id_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const float> values,
+                                       const ParameterShard::Options& options,
+                                       Outcome* outcome) {
+  // Stateless checks first, outside any lock.
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(args.chunk_id));
+  PSTRAIN_RETURN_IF_ERROR(CheckPushKind(*chunk, args));
+  if (static_cast<int64_t>(values.size()) != chunk->count) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(*chunk), " holds ", chunk->count,
+                                                   " values, got ", values.size()));
+  }
+  if (options.reject_non_finite) {
+    if (const int64_t bad = FirstNonFinite(values); bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("value ", bad, " of the push to ",
+                                                     Describe(*chunk), " is not finite (",
+                                                     values[bad], ")"));
+    }
+  }
+  if (args.version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative version ", args.version));
+  }
+
+  int64_t version;
+  {
+    absl::MutexLock lock(&chunk->mu);
+    PSTRAIN_RETURN_IF_ERROR(CheckCaller(*chunk->membership, args.worker_id, args.generation));
+    if (barrier_mode()) {
+      PSTRAIN_RETURN_IF_ERROR(PushToBarrier(*chunk, args, values, outcome));
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(
+          ApplyOnArrival(*chunk, args, values, options.max_version_lead, outcome));
+    }
+    version = chunk->version;
+  }
+  if (mode_ == v1::CONSISTENCY_SSP) {
+    // After the update is visible, so that a pull released by this clock sees it.
+    absl::MutexLock lock(&mu_);
+    if (membership_->Has(args.worker_id)) {
+      int64_t& clock = clocks_[args.worker_id];
+      clock = std::max<int64_t>(clock, args.worker_clock);
+    }
+  }
+  return version;
+}
+
+absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
+                                     absl::Span<const float> values, Outcome* outcome) {
+  if (args.version > chunk.version) {
+    return absl::InvalidArgumentError(absl::StrCat("version ", args.version, " is ahead of the server's ",
+                                                   chunk.version, " (", Describe(chunk), ")"));
+  }
+  if (args.version < chunk.version) {
+    return absl::AbortedError(absl::StrCat("version ", args.version, " is stale: ",
+                                           Describe(chunk), " is at version ", chunk.version));
+  }
+  Accumulator& barrier = args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE
+                             ? chunk.slot_barriers[args.slot]
+                             : chunk.values_barrier;
+  if (barrier.contributors.count(args.worker_id) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "duplicate push: worker ", args.worker_id, " already pushed ", KindName(args.kind),
+        args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE ? absl::StrCat(" slot ", args.slot) : "",
+        " for version ", args.version, " of ", Describe(chunk)));
+  }
+  barrier.Add(args.worker_id, values);
+  return MaybeCompleteBarrier(chunk, outcome);
+}
+
+absl::Status JobState::MaybeCompleteBarrier(Chunk& chunk, Outcome* outcome) {
+  const Membership& membership = *chunk.membership;
+  if (membership.dropped || !chunk.values_barrier.Covers(membership)) return absl::OkStatus();
+  for (const Accumulator& slot : chunk.slot_barriers) {
+    if (!slot.Covers(membership)) return absl::OkStatus();
+  }
+
+  Accumulator& barrier = chunk.values_barrier;
+  barrier.DivideByContributors();
+  absl::Status status = absl::OkStatus();
+  if (mode_ == v1::CONSISTENCY_SYNC && chunk.trainable) {
+    status = ApplyGradient(chunk, barrier.sum.data());
+  } else {
+    Publish(&chunk.values, &barrier.sum);  // The mean becomes the parameters.
+  }
+  for (size_t s = 0; s < chunk.slot_barriers.size(); ++s) {
+    chunk.slot_barriers[s].DivideByContributors();
+    Publish(&chunk.slots[s], &chunk.slot_barriers[s].sum);
+    chunk.slot_barriers[s].contributors.clear();
+  }
+  barrier.contributors.clear();
+  PSTRAIN_RETURN_IF_ERROR(status);
+  ++chunk.version;
+  ++outcome->applied_updates;
+  return absl::OkStatus();
+}
+
+absl::Status JobState::ApplyGradient(Chunk& chunk, const float* gradient) {
+  std::vector<float>* target = Writable(&chunk.values);
+  absl::MutexLock lock(&optimizer_mu_);
+  return optimizer_->Apply(chunk.optimizer_index, target->data(), gradient, chunk.version);
+}
+
+absl::Status JobState::ApplyOnArrival(Chunk& chunk, const PushArgs& args,
+                                      absl::Span<const float> values, int64_t max_version_lead,
+                                      Outcome* outcome) {
+  if (args.version > chunk.version + max_version_lead) {
+    return absl::InvalidArgumentError(absl::StrCat("version ", args.version, " is ahead of the server's ",
+                                                   chunk.version, " (", Describe(chunk), ")"));
+  }
+  if (chunk.trainable) {
+    outcome->staleness = std::max<int64_t>(chunk.version - args.version, 0);
+    PSTRAIN_RETURN_IF_ERROR(ApplyGradient(chunk, values.data()));
+  } else {
+    // Running statistics: the last write wins.
+    std::vector<float>* target = Writable(&chunk.values);
+    std::copy(values.begin(), values.end(), target->begin());
+  }
+  ++chunk.version;
+  ++outcome->applied_updates;
+  return absl::OkStatus();
+}
+
+int64_t JobState::MinClock() const {
+  int64_t slowest = INT64_MAX;
+  for (const std::string& w : membership_->members) {
+    auto it = clocks_.find(w);
+    slowest = std::min<int64_t>(slowest, it == clocks_.end() ? 0 : it->second);
+  }
+  return slowest;
+}
+
+absl::Status JobState::AwaitClock(const PullArgs& args, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const int64_t needed = static_cast<int64_t>(args.worker_clock) - staleness_;
+  auto released = [&]() {
+    mu_.AssertReaderHeld();
+    return membership_->dropped || !membership_->Has(args.worker_id) || MinClock() >= needed;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "ssp: worker ", args.worker_id, " at clock ", args.worker_clock,
+        " waited for the slowest member of job ", job_id_, " (clock ", MinClock(), ") to reach ",
+        needed, " until the deadline"));
+  }
+  if (membership_->dropped) return absl::AbortedError(absl::StrCat("job ", job_id_, " was dropped"));
+  if (!membership_->Has(args.worker_id)) {
+    return absl::AbortedError(
+        absl::StrCat("worker ", args.worker_id, " was removed from job ", job_id_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time deadline) {
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(args.chunk_id));
+  const bool wants_state = args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE;
+  if (wants_state) {
+    if (!averages_state(*chunk)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state of ", Describe(*chunk),
+          " is pulled only in average mode with average_optimizer_state and an optimizer "
+          "that has state (read it with ReadChunks otherwise)"));
+    }
+    if (args.slot < 0 || args.slot >= static_cast<int>(slot_names_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer-state slot ", args.slot,
+                                                     " is out of range for ", Describe(*chunk),
+                                                     ": it has ", slot_names_.size()));
+    }
+  } else if (args.kind != v1::ChunkHeader::KIND_PARAMETERS &&
+             args.kind != v1::ChunkHeader::KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull of ", Describe(*chunk), " asks for ", KindName(args.kind),
+        "; pulls take KIND_PARAMETERS or KIND_OPTIMIZER_STATE"));
+  }
+  if (args.min_version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative min_version ", args.min_version));
+  }
+  // The caller is checked once, on entry: a member whose pull was admitted
+  // keeps waiting across a generation change and fails only if it is removed
+  // or the job is dropped.
+  {
+    absl::MutexLock lock(&mu_);
+    PSTRAIN_RETURN_IF_ERROR(CheckCaller(*membership_, args.worker_id, args.generation));
+  }
+  if (mode_ == v1::CONSISTENCY_SSP) PSTRAIN_RETURN_IF_ERROR(AwaitClock(args, deadline));
+
+  absl::MutexLock lock(&chunk->mu);
+  auto ready = [&]() {
+    chunk->mu.AssertReaderHeld();
+    const Membership& m = *chunk->membership;
+    return m.dropped || !m.Has(args.worker_id) || chunk->version >= args.min_version;
+  };
+  if (!chunk->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(Describe(*chunk), " is at version ",
+                                                    chunk->version, "; version ",
+                                                    args.min_version,
+                                                    " was not reached before the deadline"));
+  }
+  if (chunk->membership->dropped) {
+    return absl::AbortedError(absl::StrCat("job ", job_id_, " was dropped"));
+  }
+  if (!chunk->membership->Has(args.worker_id)) {
+    return absl::AbortedError(
+        absl::StrCat("worker ", args.worker_id, " was removed from job ", job_id_));
+  }
+  PulledChunk out;
+  out.version = chunk->version;
+  out.values = wants_state ? chunk->slots[args.slot] : chunk->values;
+  return out;
+}
+
+absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& members,
+                                             int64_t generation) {
+  for (const std::string& w : members) {
+    if (w.empty()) return absl::InvalidArgumentError("SetMembers: empty worker id");
+  }
+  absl::MutexLock control(&control_mu_);
+  auto next = std::make_shared<Membership>();
+  next->members.insert(members.begin(), members.end());
+  next->generation = generation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (membership_->dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
+    if (generation < membership_->generation) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SetMembers: generation ", generation, " is older than job ", job_id_,
+          "'s current generation ", membership_->generation));
+    }
+    // A member that joins starts at the slowest clock of those that stay, so
+    // that it does not hold the others back (it pulls current parameters).
+    std::map<std::string, int64_t> clocks;
+    int64_t slowest = INT64_MAX;
+    for (const std::string& w : next->members) {
+      if (auto it = clocks_.find(w); it != clocks_.end()) {
+        clocks[w] = it->second;
+        slowest = std::min(slowest, it->second);
+      }
+    }
+    for (const std::string& w : next->members) {
+      if (clocks.count(w) == 0) clocks[w] = slowest == INT64_MAX ? 0 : slowest;
+    }
+    clocks_ = std::move(clocks);
+    membership_ = next;
+  }
+  // Every chunk adopts the new set and re-checks its barrier: a removed
+  // member no longer holds a sync step back.
+  Outcome outcome;
+  absl::Status first_error = absl::OkStatus();
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    absl::MutexLock lock(&chunk->mu);
+    chunk->membership = next;
+    if (barrier_mode()) first_error.Update(MaybeCompleteBarrier(*chunk, &outcome));
+  }
+  PSTRAIN_RETURN_IF_ERROR(first_error);
+  return outcome.applied_updates;
+}
+
+void JobState::Drop() {
+  absl::MutexLock control(&control_mu_);
+  std::shared_ptr<const Membership> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    auto copy = std::make_shared<Membership>(*membership_);
+    copy->dropped = true;
+    dropped = copy;
+    membership_ = dropped;
+  }
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    absl::MutexLock lock(&chunk->mu);
+    chunk->membership = dropped;
+  }
+}
+
+absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks() {
+  std::vector<v1::ChunkValues> out;
+  out.reserve(chunks_.size());
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    v1::ChunkValues& values = out.emplace_back();
+    absl::MutexLock lock(&chunk->mu);
+    values.set_chunk_id(chunk->id);
+    values.set_version(chunk->version);
+    values.mutable_values()->Assign(chunk->values->begin(), chunk->values->end());
+    if (!chunk->trainable) continue;
+    if (mode_ == v1::CONSISTENCY_AVERAGE) {
+      for (size_t s = 0; s < chunk->slots.size(); ++s) {
+        v1::OptimizerSlot* slot = values.add_slots();
+        slot->set_name(slot_names_[s]);
+        slot->mutable_values()->Assign(chunk->slots[s]->begin(), chunk->slots[s]->end());
+      }
+      continue;
+    }
+    absl::MutexLock optimizer_lock(&optimizer_mu_);
+    for (size_t s = 0; s < chunk->optimizer_state.size(); ++s) {
+      v1::OptimizerSlot* slot = values.add_slots();
+      slot->set_name(slot_names_[s]);
+      slot->mutable_values()->Resize(static_cast<int>(chunk->count), 0.f);
+      PSTRAIN_RETURN_IF_ERROR(backend_->CopyDeviceToHost(slot->mutable_values()->mutable_data(),
+                                                         chunk->optimizer_state[s]->data(),
+                                                         chunk->count * sizeof(float)));
+    }
+    PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+  }
+  return out;
+}
+
+}  // namespace
+
+struct ParameterShard::Job : JobState {};
+
+ParameterShard::ParameterShard(Options options) : options_(std::move(options)) {
+  stats_.staleness_counts.assign(std::max(options_.staleness_buckets, 1), 0);
+}
+
+ParameterShard::~ParameterShard() = default;
+
+absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
+                                          const std::vector<v1::ChunkValues>& chunks) {
+  auto job = std::make_shared<Job>();
+  PSTRAIN_RETURN_IF_ERROR(job->Init(config, chunks, options_.shard_index));
+  std::shared_ptr<Job> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<Job>& slot = jobs_[config.job_id];
+    replaced = std::move(slot);
+    slot = std::move(job);
+  }
+  if (replaced != nullptr) replaced->Drop();  // Its blocked pulls fail with ABORTED.
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::SetMembers(const std::string& job_id,
+                                        const std::vector<std::string>& members,
+                                        int64_t generation) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+    job = it->second;
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(int64_t applied, job->SetMembers(members, generation));
+  absl::MutexLock lock(&mu_);
+  stats_.applied_updates += applied;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::DropJob(const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  job->Drop();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args,
+                                             absl::Span<const float> values) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(args.job_id);
+    if (it == jobs_.end()) {
+      ++stats_.rejected_pushes;
+      return absl::NotFoundError(absl::StrCat("unknown job ", args.job_id));
+    }
+    job = it->second;
+  }
+  Outcome outcome;
+  absl::StatusOr<int64_t> version = job->Push(args, values, options_, &outcome);
+  absl::MutexLock lock(&mu_);
+  stats_.applied_updates += outcome.applied_updates;
+  if (!version.ok()) {
+    ++stats_.rejected_pushes;
+    return version;
+  }
+  ++stats_.pushes;
+  stats_.push_bytes += static_cast<int64_t>(values.size() * sizeof(float));
+  if (outcome.staleness >= 0) {
+    const int64_t last = static_cast<int64_t>(stats_.staleness_counts.size()) - 1;
+    ++stats_.staleness_counts[std::min(outcome.staleness, last)];
+  }
+  return version;
+}
+
+absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Time deadline) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(args.job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", args.job_id));
+    job = it->second;
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(PulledChunk pulled, job->Pull(args, deadline));
+  absl::MutexLock lock(&mu_);
+  ++stats_.pulls;
+  stats_.pull_bytes += static_cast<int64_t>(pulled.values->size() * sizeof(float));
+  return pulled;
+}
+
+absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(
+    const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+    job = it->second;
+  }
+  return job->ReadChunks();
+}
+
+absl::StatusOr<ChunkPlan> ParameterShard::Plan(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  return it->second->plan();
+}
+
+ShardStats ParameterShard::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,1045 @@
+// Tests for server/parameter_shard.{h,cc}: the semantics of every consistency
+// mode with exact numbers (references computed with the same Optimizer on the
+// same CPU backend configuration), the server-side optimizer state, every
+// validation error with the model checked byte for byte, multi-shard plans,
+// and a multi-threaded sync run.
+#include "server/parameter_shard.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/chunking.h"
+#include "common/model_graph.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/optimizer.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kLongWait = absl::Seconds(20);
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+// input [4] -> fc (dense 3) -> bn (batch norm) -> logits (dense 2) -> loss.
+// Trainable: fc/weight (12), fc/bias, bn/gamma, bn/beta (3 each), logits/weight
+// (6), logits/bias (2). Non-trainable: bn/running_mean, bn/running_var.
+v1::ModelSpec TinyModel() {
+  v1::ModelSpec model;
+  model.set_name("tiny");
+  model.add_input_shape(4);
+  model.set_num_classes(2);
+  model.set_init_seed(7);
+  v1::LayerSpec* fc = model.add_layers();
+  fc->set_name("fc");
+  fc->mutable_dense()->set_units(3);
+  v1::LayerSpec* bn = model.add_layers();
+  bn->set_name("bn");
+  bn->mutable_batch_norm();
+  v1::LayerSpec* logits = model.add_layers();
+  logits->set_name("logits");
+  logits->mutable_dense()->set_units(2);
+  model.add_layers()->set_name("loss");
+  model.mutable_layers(3)->mutable_softmax_cross_entropy();
+  return model;
+}
+
+v1::OptimizerSpec Sgd(float lr, float momentum = 0.f) {
+  v1::OptimizerSpec spec;
+  spec.set_type(v1::OPTIMIZER_SGD);
+  spec.set_learning_rate(lr);
+  spec.set_momentum(momentum);
+  return spec;
+}
+
+v1::OptimizerSpec Adam(float lr) {
+  v1::OptimizerSpec spec;
+  spec.set_type(v1::OPTIMIZER_ADAM);
+  spec.set_learning_rate(lr);
+  return spec;
+}
+
+// A job on the tiny model, with its plan and initial values as the
+// coordinator computes them.
+struct TestJob {
+  ShardJobConfig config;
+  ModelGraph graph;
+  ChunkPlan plan;
+  std::vector<std::vector<float>> params;  // InitialParameterValues.
+
+  // The id of piece `piece` of parameter `name`.
+  int ChunkOf(const std::string& name, int piece = 0) const {
+    for (size_t p = 0; p < graph.params.size(); ++p) {
+      if (graph.params[p].name == name) return plan.by_param[p].at(piece);
+    }
+    ADD_FAILURE() << "no parameter " << name;
+    return -1;
+  }
+  int64_t Count(int chunk) const { return plan.chunks.at(chunk).count; }
+  std::vector<float> Initial(int chunk) const {
+    const ChunkInfo& c = plan.chunks.at(chunk);
+    const std::vector<float>& p = params[c.param];
+    return std::vector<float>(p.begin() + c.offset, p.begin() + c.offset + c.count);
+  }
+  std::vector<v1::ChunkValues> InitialChunks(int shard) const {
+    std::vector<v1::ChunkValues> out;
+    for (int id : plan.by_shard.at(shard)) {
+      v1::ChunkValues& v = out.emplace_back();
+      v.set_chunk_id(id);
+      std::vector<float> init = Initial(id);
+      v.mutable_values()->Assign(init.begin(), init.end());
+    }
+    return out;
+  }
+  PushArgs Args(const std::string& worker, int chunk, int64_t version,
+                v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_GRADIENT) const {
+    PushArgs args;
+    args.job_id = config.job_id;
+    args.worker_id = worker;
+    args.generation = config.generation;
+    args.chunk_id = chunk;
+    args.version = version;
+    args.kind = kind;
+    return args;
+  }
+  PullArgs PullOf(const std::string& worker, int chunk, int64_t min_version) const {
+    PullArgs args;
+    args.job_id = config.job_id;
+    args.worker_id = worker;
+    args.generation = config.generation;
+    args.chunk_id = chunk;
+    args.min_version = min_version;
+    return args;
+  }
+};
+
+TestJob MakeJob(v1::ConsistencyMode mode, const v1::OptimizerSpec& optimizer,
+                std::vector<std::string> members, int num_shards = 1,
+                int64_t chunk_bytes = kDefaultChunkBytes) {
+  TestJob job;
+  job.config.job_id = "job-1";
+  v1::JobSpec& spec = job.config.spec;
+  *spec.mutable_model() = TinyModel();
+  spec.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  *spec.mutable_optimizer() = optimizer;
+  spec.set_epochs(1);
+  spec.set_batch_size(8);
+  spec.set_mode(mode);
+  if (mode == v1::CONSISTENCY_AVERAGE) spec.set_averaging_frequency(5);
+  job.config.num_shards = num_shards;
+  job.config.chunk_bytes = chunk_bytes;
+  job.config.members = std::move(members);
+  job.config.generation = 1;
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(spec.model());
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  job.graph = *graph;
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(job.graph, num_shards, chunk_bytes);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  job.plan = *plan;
+  job.params = InitialParameterValues(job.graph);
+  return job;
+}
+
+std::vector<float> Ramp(int64_t n, float start, float step) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+std::vector<float> Values(const PulledChunk& pulled) { return *pulled.values; }
+
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Everything ReadChunks reports (values, versions, optimizer slots) as bytes.
+std::string ModelBytes(ParameterShard& shard, const std::string& job_id) {
+  absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard.ReadChunks(job_id);
+  EXPECT_TRUE(chunks.ok()) << chunks.status();
+  std::string out;
+  if (!chunks.ok()) return out;
+  for (const v1::ChunkValues& c : *chunks) out += c.SerializeAsString();
+  return out;
+}
+
+// The server's update computed independently: one Optimizer on a one-thread
+// CPU backend, as the shard uses.
+class ReferenceOptimizer {
+ public:
+  ReferenceOptimizer(const v1::OptimizerSpec& spec, int64_t count) : count_(count) {
+    CpuBackendOptions options;
+    options.num_threads = 1;
+    backend_ = CreateCpuBackend(options);
+    auto opt = Optimizer::Create(spec, backend_.get());
+    EXPECT_TRUE(opt.ok()) << opt.status();
+    optimizer_ = *std::move(opt);
+    EXPECT_TRUE(optimizer_->AddParameter("p", count).ok());
+  }
+  // param -= update(grad) at iteration `step`.
+  void Apply(std::vector<float>& param, const std::vector<float>& grad, int64_t step) {
+    ASSERT_TRUE(optimizer_->Apply(0, param.data(), grad.data(), step).ok());
+  }
+  std::vector<float> State(int slot) {
+    Tensor* t = optimizer_->StateTensors().at(slot).second;
+    return std::vector<float>(t->data(), t->data() + count_);
+  }
+
+ private:
+  int64_t count_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+std::vector<float> Mean(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = (a[i] + b[i]) / 2.f;
+  return out;
+}
+
+// Runs Pull on a thread so that a test can check that it blocks.
+class AsyncPull {
+ public:
+  AsyncPull(ParameterShard& shard, PullArgs args, absl::Duration timeout = kLongWait) {
+    thread_ = std::thread([this, &shard, args, timeout] {
+      absl::StatusOr<PulledChunk> result = shard.Pull(args, absl::Now() + timeout);
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(result);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  ~AsyncPull() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // True if the pull is still blocked after `wait`.
+  bool StillBlockedAfter(std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return !cv_.wait_for(lock, wait, [this] { return done_; });
+  }
+  absl::StatusOr<PulledChunk> Get() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::StatusOr<PulledChunk> result_ = absl::UnknownError("not run");
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------
+// sync
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const std::vector<float> p0 = job.Initial(chunk);
+  const std::vector<float> ga = Ramp(job.Count(chunk), 0.37f, 0.113f);
+  const std::vector<float> gb = Ramp(job.Count(chunk), -1.91f, 0.271f);
+
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0), ga), 0);
+  // One of two pushed: version 0 unchanged, a pull for 1 times out.
+  absl::StatusOr<PulledChunk> v0 = shard.Pull(job.PullOf("worker-a", chunk, 0), absl::Now());
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  EXPECT_EQ(v0->version, 0);
+  EXPECT_TRUE(BitIdentical(Values(*v0), p0));
+  absl::StatusOr<PulledChunk> early =
+      shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now() + absl::Milliseconds(30));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_EQ(shard.stats().applied_updates, 0);
+
+  AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
+  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), gb), 1);
+  absl::StatusOr<PulledChunk> v1 = waiting.Get();
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(v1->version, 1);
+
+  std::vector<float> expected = p0;
+  ReferenceOptimizer reference(Sgd(0.1f), job.Count(chunk));
+  reference.Apply(expected, Mean(ga, gb), /*step=*/0);
+  EXPECT_TRUE(BitIdentical(Values(*v1), expected));
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_NEAR((*v1->values)[i], p0[i] - 0.1f * (ga[i] + gb[i]) / 2.f, 1e-6f) << i;
+  }
+  // The snapshot v0 still holds the old values: pulls return immutable data.
+  EXPECT_TRUE(BitIdentical(Values(*v0), p0));
+  EXPECT_EQ(shard.stats().applied_updates, 1);
+  EXPECT_EQ(shard.stats().pushes, 2);
+}
+
+TEST(ParameterShardSyncTest, NonTrainableChunksTakeTheMeanOfTheMembers) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("bn/running_mean");
+  const std::vector<float> a = {1.f, 2.f, 3.f}, b = {0.5f, -2.f, 10.f};
+  EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0), a).status().code(),
+            absl::StatusCode::kInvalidArgument);  // A gradient for running stats.
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, v1::ChunkHeader::KIND_PARAMETERS), a), 0);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, v1::ChunkHeader::KIND_PARAMETERS), b), 1);
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-b", chunk, 1), absl::Now());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_THAT(Values(*pulled), ElementsAreArray({0.75f, 0.f, 6.5f}));
+}
+
+TEST(ParameterShardSyncTest, DroppingAMemberCompletesThePendingStep) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("logits/weight");
+  const std::vector<float> ga = Ramp(job.Count(chunk), 0.5f, 0.25f);
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0), ga), 0);
+
+  AsyncPull survivor(shard, job.PullOf("worker-a", chunk, 1));
+  AsyncPull dead(shard, job.PullOf("worker-b", chunk, 1));
+  EXPECT_TRUE(survivor.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+
+  absl::StatusOr<PulledChunk> after = survivor.Get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->version, 1);
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.1f), job.Count(chunk));
+  reference.Apply(expected, ga, 0);  // The mean over the one remaining pusher.
+  EXPECT_TRUE(BitIdentical(Values(*after), expected));
+
+  absl::StatusOr<PulledChunk> removed = dead.Get();
+  EXPECT_EQ(removed.status().code(), absl::StatusCode::kAborted) << removed.status();
+  EXPECT_THAT(removed.status().message(), HasSubstr("worker-b was removed from job job-1"));
+
+  // The removed worker's next push: stale generation, then not a member.
+  PushArgs old_generation = job.Args("worker-b", chunk, 1);
+  EXPECT_EQ(shard.Push(old_generation, ga).status().code(), absl::StatusCode::kAborted);
+  PushArgs new_generation = old_generation;
+  new_generation.generation = 2;
+  absl::Status not_member = shard.Push(new_generation, ga).status();
+  EXPECT_EQ(not_member.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(not_member.message(), HasSubstr("worker worker-b is not a member of job job-1"));
+
+  // The survivor alone drives the next step.
+  PushArgs next = job.Args("worker-a", chunk, 1);
+  next.generation = 2;
+  EXPECT_EQ(*shard.Push(next, ga), 2);
+}
+
+TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  const std::vector<float> ga = {1.f, 2.f, 3.f}, gb = {3.f, 2.f, 1.f};
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), ga).ok());
+  absl::Status duplicate = shard.Push(job.Args("worker-a", chunk, 0), {100.f, 100.f, 100.f}).status();
+  EXPECT_EQ(duplicate.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(duplicate.message(), HasSubstr("duplicate push"));
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), gb), 1);
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.1f), 3);
+  reference.Apply(expected, Mean(ga, gb), 0);
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
+  EXPECT_EQ(shard.stats().rejected_pushes, 1);
+}
+
+// ---------------------------------------------------------------------------
+// async
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardAsyncTest, AppliesEveryPushOnArrivalAndRecordsStaleness) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
+  ParameterShard shard({.staleness_buckets = 8});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.1f, 0.9f), job.Count(chunk));
+
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = Ramp(job.Count(chunk), 0.1f * (step + 1), 0.05f);
+    ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, step), g), step + 1);
+    reference.Apply(expected, g, step);
+    absl::StatusOr<PulledChunk> pulled =
+        shard.Pull(job.PullOf("worker-b", chunk, step + 1), absl::Now());
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    EXPECT_TRUE(BitIdentical(Values(*pulled), expected)) << "after push " << step;
+  }
+  // worker-b's gradient was computed from version 0; the server is at 3.
+  const std::vector<float> stale = Ramp(job.Count(chunk), -0.3f, 0.02f);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), stale), 4);
+  reference.Apply(expected, stale, 3);  // Step = the version it was applied to.
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 4), absl::Now());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->version, 4);
+  EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
+
+  const ShardStats stats = shard.stats();
+  ASSERT_EQ(stats.staleness_counts.size(), 8u);
+  EXPECT_EQ(stats.staleness_counts[0], 3);
+  EXPECT_EQ(stats.staleness_counts[3], 1);
+  EXPECT_EQ(stats.applied_updates, 4);
+}
+
+TEST(ParameterShardAsyncTest, StalenessBeyondTheLastBucketLandsInIt) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({.staleness_buckets = 2});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 1.f, 1.f}).ok());
+  // Staleness 0, 1, 2, 3, 4 -> buckets [0] = 1, [>=1] = 4.
+  EXPECT_THAT(shard.stats().staleness_counts, ElementsAreArray({1, 4}));
+}
+
+TEST(ParameterShardAsyncTest, RunningStatisticsTakeTheLastWrite) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("bn/running_var");
+  const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), {1.f, 2.f, 3.f}), 1);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kParams), {4.f, 5.f, 6.f}), 2);
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 2), absl::Now());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_THAT(Values(*pulled), ElementsAreArray({4.f, 5.f, 6.f}));
+}
+
+// ---------------------------------------------------------------------------
+// ssp
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardSspTest, PullWaitsForTheSlowestMemberWithinTheBound) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SSP, Sgd(0.1f), {"worker-a", "worker-b"});
+  job.config.spec.set_staleness(1);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  auto push = [&](const std::string& worker, int clock) {
+    PushArgs args = job.Args(worker, chunk, 0);
+    args.worker_clock = clock;
+    return shard.Push(args, {0.01f, 0.02f, 0.03f});
+  };
+  for (int clock = 1; clock <= 3; ++clock) ASSERT_TRUE(push("worker-a", clock).ok());
+  ASSERT_TRUE(push("worker-b", 1).ok());
+
+  PullArgs at_clock_3 = job.PullOf("worker-a", chunk, 0);
+  at_clock_3.worker_clock = 3;
+  // Slowest clock 1 < 3 - 1: blocked; the deadline path reports the clocks.
+  absl::StatusOr<PulledChunk> timed_out =
+      shard.Pull(at_clock_3, absl::Now() + absl::Milliseconds(30));
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed_out.status().message(), HasSubstr("(clock 1) to reach 2"));
+  // Clock 2 is within the bound already.
+  PullArgs at_clock_2 = at_clock_3;
+  at_clock_2.worker_clock = 2;
+  EXPECT_TRUE(shard.Pull(at_clock_2, absl::Now()).ok());
+
+  AsyncPull waiting(shard, at_clock_3);
+  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(push("worker-b", 2).ok());
+  absl::StatusOr<PulledChunk> released = waiting.Get();
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->version, 5);  // Async updates: every push applied.
+}
+
+TEST(ParameterShardSspTest, RemovingTheSlowestMemberReleasesTheWaiters) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SSP, Sgd(0.1f), {"worker-a", "worker-b"});
+  job.config.spec.set_staleness(0);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  PushArgs args = job.Args("worker-a", chunk, 0);
+  args.worker_clock = 1;
+  ASSERT_TRUE(shard.Push(args, {1.f, 1.f, 1.f}).ok());
+  PullArgs pull = job.PullOf("worker-a", chunk, 1);
+  pull.worker_clock = 1;
+  AsyncPull waiting(shard, pull);
+  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  // The pull carried generation 1 but was admitted before the change; a
+  // remaining member's blocked pull completes.
+  EXPECT_TRUE(waiting.Get().ok());
+}
+
+// ---------------------------------------------------------------------------
+// average
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardAverageTest, AveragesParametersAndOptimizerStateWhenAsked) {
+  TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
+  job.config.spec.set_average_optimizer_state(true);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const int64_t n = job.Count(chunk);
+  const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
+  const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
+  const std::vector<float> pa = Ramp(n, 0.3f, 0.1f), pb = Ramp(n, -0.7f, 0.33f);
+  const std::vector<float> ma = Ramp(n, 0.01f, 0.002f), mb = Ramp(n, 0.5f, -0.07f);
+
+  EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0), pa).status().code(),
+            absl::StatusCode::kInvalidArgument);  // No gradients in average mode.
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), pa), 0);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kParams), pb), 0);
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kState), ma), 0);
+  // Round 0 still waits for worker-b's momentum.
+  EXPECT_EQ(shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  PushArgs bad_slot = job.Args("worker-b", chunk, 0, kState);
+  bad_slot.slot = 1;
+  EXPECT_EQ(shard.Push(bad_slot, mb).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kState), mb), 1);
+
+  absl::StatusOr<PulledChunk> params = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->version, 1);
+  EXPECT_TRUE(BitIdentical(Values(*params), Mean(pa, pb)));
+  PullArgs state_pull = job.PullOf("worker-b", chunk, 1);
+  state_pull.kind = kState;
+  absl::StatusOr<PulledChunk> state = shard.Pull(state_pull, absl::Now());
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(BitIdentical(Values(*state), Mean(ma, mb)));
+
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (const v1::ChunkValues& c : *read) {
+    if (c.chunk_id() != chunk) continue;
+    EXPECT_EQ(c.version(), 1);
+    ASSERT_EQ(c.slots_size(), 1);
+    EXPECT_EQ(c.slots(0).name(), "momentum");
+    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
+                             Mean(ma, mb)));
+  }
+  // Round 1 works the same way; a round-0 push is now stale.
+  EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0, kParams), pa).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
+  TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Adam(0.01f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  const int chunk = job.ChunkOf("fc/bias");
+  std::vector<v1::ChunkValues> initial = job.InitialChunks(0);
+  for (v1::ChunkValues& c : initial) {
+    if (c.chunk_id() != chunk) continue;
+    for (const char* name : {"adam_m", "adam_v"}) {
+      v1::OptimizerSlot* slot = c.add_slots();
+      slot->set_name(name);
+      for (int i = 0; i < 3; ++i) slot->add_values(0.25f * (i + 1));
+    }
+  }
+  ASSERT_TRUE(shard.ConfigureJob(job.config, initial).ok());
+  const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
+  const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
+  absl::Status state_push = shard.Push(job.Args("worker-a", chunk, 0, kState), {9.f, 9.f, 9.f}).status();
+  EXPECT_EQ(state_push.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(state_push.message(), HasSubstr("takes KIND_PARAMETERS pushes in average mode"));
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), {1.f, 2.f, 3.f}), 0);
+  ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kParams), {3.f, 4.f, 5.f}), 1);
+
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  bool found = false;
+  for (const v1::ChunkValues& c : *read) {
+    if (c.chunk_id() != chunk) continue;
+    found = true;
+    EXPECT_THAT(c.values(), ElementsAreArray({2.f, 3.f, 4.f}));
+    ASSERT_EQ(c.slots_size(), 2);
+    EXPECT_EQ(c.slots(0).name(), "adam_m");
+    EXPECT_EQ(c.slots(1).name(), "adam_v");
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_THAT(c.slots(s).values(), ElementsAreArray({0.25f, 0.5f, 0.75f}));
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+// ---------------------------------------------------------------------------
+// Server-side optimizer state
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardOptimizerTest, MomentumStatePersistsAcrossStepsAndIsReadBack) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("logits/weight");
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.05f, 0.9f), job.Count(chunk));
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = Ramp(job.Count(chunk), 0.2f - step, 0.15f);
+    ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, step), g), step + 1);
+    reference.Apply(expected, g, step);
+  }
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  int seen = 0;
+  for (const v1::ChunkValues& c : *read) {
+    const bool trainable = job.graph.params[job.plan.chunks[c.chunk_id()].param].trainable;
+    EXPECT_EQ(c.slots_size(), trainable ? 1 : 0) << c.chunk_id();
+    if (c.chunk_id() != chunk) continue;
+    ++seen;
+    EXPECT_EQ(c.version(), 3);
+    EXPECT_TRUE(BitIdentical({c.values().begin(), c.values().end()}, expected));
+    ASSERT_EQ(c.slots_size(), 1);
+    EXPECT_EQ(c.slots(0).name(), "momentum");
+    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
+                             reference.State(0)));
+  }
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(ParameterShardOptimizerTest, AdamMomentsAndBiasCorrectionFollowTheVersion) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Adam(0.01f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Adam(0.01f), job.Count(chunk));
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<float> g = Ramp(job.Count(chunk), 0.3f * (step - 1), -0.04f);
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), g).ok());
+    reference.Apply(expected, g, step);
+  }
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (const v1::ChunkValues& c : *read) {
+    if (c.chunk_id() != chunk) continue;
+    EXPECT_TRUE(BitIdentical({c.values().begin(), c.values().end()}, expected));
+    ASSERT_EQ(c.slots_size(), 2);
+    EXPECT_EQ(c.slots(0).name(), "adam_m");
+    EXPECT_EQ(c.slots(1).name(), "adam_v");
+    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
+                             reference.State(0)));
+    EXPECT_TRUE(BitIdentical({c.slots(1).values().begin(), c.slots(1).values().end()},
+                             reference.State(1)));
+  }
+}
+
+TEST(ParameterShardOptimizerTest, ResumesFromCheckpointedVersionAndState) {
+  // A checkpoint read from one shard configures another: same next update.
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a"});
+  ParameterShard first({});
+  ASSERT_TRUE(first.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.1f);
+  ASSERT_TRUE(first.Push(job.Args("worker-a", chunk, 0), g).ok());
+  absl::StatusOr<std::vector<v1::ChunkValues>> checkpoint = first.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+
+  ParameterShard second({});
+  ASSERT_TRUE(second.ConfigureJob(job.config, *checkpoint).ok());
+  EXPECT_EQ(ModelBytes(first, job.config.job_id), ModelBytes(second, job.config.job_id));
+  ASSERT_EQ(*first.Push(job.Args("worker-a", chunk, 1), g), 2);
+  ASSERT_EQ(*second.Push(job.Args("worker-a", chunk, 1), g), 2);
+  EXPECT_EQ(ModelBytes(first, job.config.job_id), ModelBytes(second, job.config.job_id));
+}
+
+// ---------------------------------------------------------------------------
+// Validation: each rejected push leaves the model byte-identical.
+// ---------------------------------------------------------------------------
+
+struct RejectCase {
+  std::string label;
+  PushArgs args;
+  std::vector<float> values;
+  absl::StatusCode code;
+  std::string message;  // Expected substring.
+};
+
+TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
+  // An async job advanced to version 5, so that "the future" is measurable.
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const int64_t n = job.Count(chunk);
+  const std::vector<float> good = Ramp(n, 0.1f, 0.01f);
+  for (int v = 0; v < 5; ++v) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), good).ok());
+
+  std::vector<float> nan_at_5 = good;
+  nan_at_5[5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> inf_at_0 = good;
+  inf_at_0[0] = -std::numeric_limits<float>::infinity();
+  const int stats_chunk = job.ChunkOf("bn/running_mean");
+
+  std::vector<RejectCase> cases;
+  auto add = [&](std::string label, PushArgs args, std::vector<float> values,
+                 absl::StatusCode code, std::string message) {
+    cases.push_back({std::move(label), std::move(args), std::move(values), code, std::move(message)});
+  };
+  PushArgs args = job.Args("worker-a", chunk, 5);
+  {
+    PushArgs a = args;
+    a.job_id = "job-404";
+    add("unknown job", a, good, absl::StatusCode::kNotFound, "unknown job job-404");
+  }
+  {
+    PushArgs a = args;
+    a.worker_id = "worker-z";
+    add("not a member", a, good, absl::StatusCode::kFailedPrecondition,
+        "worker worker-z is not a member of job job-1");
+  }
+  {
+    PushArgs a = args;
+    a.generation = 0;
+    add("stale generation", a, good, absl::StatusCode::kAborted, "generation 0");
+  }
+  {
+    PushArgs a = args;
+    a.chunk_id = static_cast<int>(job.plan.chunks.size());
+    add("chunk out of range", a, good, absl::StatusCode::kInvalidArgument, "out of range");
+    a.chunk_id = -1;
+    add("negative chunk", a, good, absl::StatusCode::kInvalidArgument, "out of range");
+  }
+  add("short payload", args, std::vector<float>(good.begin(), good.end() - 1),
+      absl::StatusCode::kInvalidArgument, absl::StrCat("holds ", n, " values, got ", n - 1));
+  add("long payload", args, Ramp(n + 1, 0.f, 1.f), absl::StatusCode::kInvalidArgument,
+      absl::StrCat("got ", n + 1));
+  {
+    PushArgs a = args;
+    a.kind = v1::ChunkHeader::KIND_PARAMETERS;
+    add("parameters in async mode", a, good, absl::StatusCode::kInvalidArgument,
+        "takes KIND_GRADIENT pushes in async mode, got KIND_PARAMETERS");
+    a.kind = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
+    add("optimizer state in async mode", a, good, absl::StatusCode::kInvalidArgument,
+        "got KIND_OPTIMIZER_STATE");
+    a.kind = v1::ChunkHeader::KIND_UNSPECIFIED;
+    add("unspecified kind", a, good, absl::StatusCode::kInvalidArgument, "KIND_UNSPECIFIED");
+  }
+  {
+    PushArgs a = job.Args("worker-a", stats_chunk, 0);
+    add("gradient for running statistics", a, {1.f, 2.f, 3.f},
+        absl::StatusCode::kInvalidArgument, "takes KIND_PARAMETERS pushes");
+  }
+  add("NaN", args, nan_at_5, absl::StatusCode::kInvalidArgument, "value 5 of the push");
+  add("infinity", args, inf_at_0, absl::StatusCode::kInvalidArgument, "value 0 of the push");
+  {
+    PushArgs a = args;
+    a.version = 9;
+    add("future version", a, good, absl::StatusCode::kInvalidArgument,
+        "version 9 is ahead of the server's 5");
+    a.version = -1;
+    add("negative version", a, good, absl::StatusCode::kInvalidArgument, "negative version");
+  }
+
+  const std::string before = ModelBytes(shard, job.config.job_id);
+  ASSERT_FALSE(before.empty());
+  for (const RejectCase& c : cases) {
+    absl::StatusOr<int64_t> result = shard.Push(c.args, c.values);
+    EXPECT_EQ(result.status().code(), c.code) << c.label << ": " << result.status();
+    EXPECT_THAT(result.status().message(), HasSubstr(c.message)) << c.label;
+    EXPECT_EQ(ModelBytes(shard, job.config.job_id), before) << c.label << " changed the model";
+  }
+  EXPECT_EQ(shard.stats().rejected_pushes, static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(shard.stats().pushes, 5);
+}
+
+TEST(ParameterShardValidationTest, SyncRejectsStaleAndFutureVersions) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  for (int v = 0; v < 2; ++v) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), {1.f, 1.f, 1.f}).ok());
+  const std::string before = ModelBytes(shard, job.config.job_id);
+  absl::Status stale = shard.Push(job.Args("worker-a", chunk, 1), {1.f, 1.f, 1.f}).status();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_THAT(stale.message(), HasSubstr("version 1 is stale"));
+  absl::Status future = shard.Push(job.Args("worker-a", chunk, 3), {1.f, 1.f, 1.f}).status();
+  EXPECT_EQ(future.code(), absl::StatusCode::kInvalidArgument) << future;
+  EXPECT_THAT(future.message(), HasSubstr("version 3 is ahead of the server's 2"));
+  EXPECT_EQ(ModelBytes(shard, job.config.job_id), before);
+}
+
+TEST(ParameterShardValidationTest, NonFiniteValuesAreAcceptedWhenAllowed) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({.reject_non_finite = false});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {nan, 0.f, 0.f}).ok());
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(std::isnan((*pulled->values)[0]));
+}
+
+TEST(ParameterShardValidationTest, FutureVersionsWithinTheLeadAreAcceptedInAsync) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({.max_version_lead = 2});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  EXPECT_TRUE(shard.Push(job.Args("worker-a", chunk, 2), {1.f, 1.f, 1.f}).ok());
+  EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 4), {1.f, 1.f, 1.f}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParameterShardValidationTest, PullErrors) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  PullArgs args = job.PullOf("worker-a", chunk, 0);
+  auto code_of = [&](const PullArgs& a) { return shard.Pull(a, absl::Now()).status().code(); };
+  {
+    PullArgs a = args;
+    a.job_id = "job-404";
+    EXPECT_EQ(code_of(a), absl::StatusCode::kNotFound);
+  }
+  {
+    PullArgs a = args;
+    a.chunk_id = 1000;
+    EXPECT_EQ(code_of(a), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    PullArgs a = args;
+    a.worker_id = "worker-z";
+    EXPECT_EQ(code_of(a), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    PullArgs a = args;
+    a.generation = 7;
+    EXPECT_EQ(code_of(a), absl::StatusCode::kAborted);
+  }
+  {
+    PullArgs a = args;
+    a.kind = v1::ChunkHeader::KIND_GRADIENT;
+    EXPECT_EQ(code_of(a), absl::StatusCode::kInvalidArgument);
+    a.kind = v1::ChunkHeader::KIND_OPTIMIZER_STATE;  // Sync mode: ReadChunks only.
+    EXPECT_EQ(code_of(a), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    PullArgs a = args;
+    a.min_version = 1;
+    absl::Status s = shard.Pull(a, absl::Now() + absl::Milliseconds(20)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(s.message(), HasSubstr("is at version 0; version 1 was not reached"));
+  }
+  EXPECT_EQ(shard.stats().pulls, 0);
+  EXPECT_TRUE(shard.Pull(args, absl::Now()).ok());
+  EXPECT_EQ(shard.stats().pulls, 1);
+  EXPECT_EQ(shard.stats().pull_bytes, job.Count(chunk) * 4);
+}
+
+TEST(ParameterShardValidationTest, DropJobAbortsBlockedPullsAndForgetsTheJob) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
+  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(shard.DropJob(job.config.job_id).ok());
+  absl::StatusOr<PulledChunk> dropped = waiting.Get();
+  EXPECT_EQ(dropped.status().code(), absl::StatusCode::kAborted) << dropped.status();
+  EXPECT_EQ(shard.Pull(job.PullOf("worker-a", chunk, 0), absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0), job.Initial(chunk)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard.ReadChunks(job.config.job_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard.SetMembers(job.config.job_id, {}, 2).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard.DropJob(job.config.job_id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ParameterShardValidationTest, ReconfiguringAJobAbortsPullsOnTheOldOne) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
+  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  EXPECT_EQ(waiting.Get().status().code(), absl::StatusCode::kAborted);
+}
+
+TEST(ParameterShardValidationTest, SetMembersRejectsAnOlderGeneration) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 3).ok());
+  EXPECT_EQ(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  PushArgs args = job.Args("worker-b", job.ChunkOf("fc/bias"), 0);
+  args.generation = 3;
+  EXPECT_TRUE(shard.Push(args, {1.f, 1.f, 1.f}).ok());  // The new member is in.
+}
+
+// ---------------------------------------------------------------------------
+// Multi-shard plans and configuration
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardPlanTest, EachShardOwnsItsChunksAndRejectsTheOthers) {
+  // 16-byte chunks: fc/weight becomes 3 chunks; 2 shards share 16 chunks.
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"}, /*num_shards=*/2,
+                        /*chunk_bytes=*/16);
+  ASSERT_EQ(job.plan.by_shard.size(), 2u);
+  ASSERT_FALSE(job.plan.by_shard[0].empty());
+  ASSERT_FALSE(job.plan.by_shard[1].empty());
+  ParameterShard shard0({.shard_index = 0});
+  ParameterShard shard1({.shard_index = 1});
+  ASSERT_TRUE(shard0.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_TRUE(shard1.ConfigureJob(job.config, job.InitialChunks(1)).ok());
+
+  ParameterShard* shards[2] = {&shard0, &shard1};
+  for (const ChunkInfo& c : job.plan.chunks) {
+    const bool trainable = job.graph.params[c.param].trainable;
+    const auto kind = trainable ? v1::ChunkHeader::KIND_GRADIENT : v1::ChunkHeader::KIND_PARAMETERS;
+    const std::vector<float> values(c.count, 0.5f);
+    ParameterShard& owner = *shards[c.shard];
+    ParameterShard& other = *shards[1 - c.shard];
+    absl::Status wrong = other.Push(job.Args("worker-a", c.id, 0, kind), values).status();
+    EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << c.id;
+    EXPECT_THAT(wrong.message(), HasSubstr(absl::StrCat("is owned by shard ", c.shard)));
+    EXPECT_EQ(other.Pull(job.PullOf("worker-a", c.id, 0), absl::Now()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(*owner.Push(job.Args("worker-a", c.id, 0, kind), values), 1) << c.id;
+  }
+  absl::StatusOr<ChunkPlan> plan = shard1.Plan(job.config.job_id);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->by_shard, job.plan.by_shard);
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard1.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->size(), job.plan.by_shard[1].size());
+  for (size_t i = 0; i < read->size(); ++i) {
+    EXPECT_EQ((*read)[i].chunk_id(), job.plan.by_shard[1][i]);
+    EXPECT_EQ((*read)[i].version(), 1);
+  }
+}
+
+TEST(ParameterShardPlanTest, ConfigureJobRejectsChunksThatDoNotMatchThePlan) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f, 0.9f), {"worker-a"}, 2, 16);
+  ParameterShard shard({.shard_index = 1});
+  auto expect_rejected = [&](const ShardJobConfig& config, const std::vector<v1::ChunkValues>& chunks,
+                             const std::string& message) {
+    absl::Status s = shard.ConfigureJob(config, chunks);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr(message));
+    EXPECT_EQ(shard.Plan(config.job_id).status().code(), absl::StatusCode::kNotFound);
+  };
+  {
+    std::vector<v1::ChunkValues> chunks = job.InitialChunks(1);
+    chunks[0].add_values(1.f);
+    expect_rejected(job.config, chunks, absl::StrCat("values, got ", chunks[0].values_size()));
+  }
+  expect_rejected(job.config, job.InitialChunks(0), "shard 1 owns");
+  {
+    std::vector<v1::ChunkValues> chunks = job.InitialChunks(1);
+    chunks.pop_back();
+    expect_rejected(job.config, chunks, "shard 1 owns");
+  }
+  {
+    std::vector<v1::ChunkValues> chunks = job.InitialChunks(1);
+    std::swap(chunks[0], chunks[1]);
+    expect_rejected(job.config, chunks, "plan order");
+  }
+  {
+    std::vector<v1::ChunkValues> chunks = job.InitialChunks(1);
+    v1::OptimizerSlot* slot = chunks[0].add_slots();
+    slot->set_name("adam_m");
+    slot->mutable_values()->Resize(chunks[0].values_size(), 0.f);
+    expect_rejected(job.config, chunks, "expected 'momentum'");
+  }
+  {
+    ShardJobConfig config = job.config;
+    config.spec.mutable_optimizer()->set_learning_rate(0.f);
+    expect_rejected(config, job.InitialChunks(1), "learning_rate");
+  }
+  {
+    ShardJobConfig config = job.config;
+    config.spec.set_epochs(0);
+    expect_rejected(config, job.InitialChunks(1), "epochs");
+  }
+  {
+    ShardJobConfig config = job.config;
+    config.num_shards = 1;
+    expect_rejected(config, job.InitialChunks(1), "shard index 1");
+  }
+  EXPECT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(1)).ok());
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency
+// ---------------------------------------------------------------------------
+
+TEST(ParameterShardConcurrencyTest, FourWorkersInSyncReachTheExpectedVersion) {
+  constexpr int kWorkers = 4;
+  constexpr int kSteps = 40;
+  std::vector<std::string> members;
+  for (int w = 0; w < kWorkers; ++w) members.push_back(absl::StrCat("worker-", w));
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.125f), members, 1, /*chunk_bytes=*/16);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int num_chunks = static_cast<int>(job.plan.chunks.size());
+
+  // Gradients (w + 1) / 4 and running statistics w: sums of exactly
+  // representable numbers, so the mean is exact whatever the arrival order.
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int step = 0; step < kSteps && failures == 0; ++step) {
+        for (int c = 0; c < num_chunks; ++c) {
+          const ChunkInfo& info = job.plan.chunks[c];
+          const bool trainable = job.graph.params[info.param].trainable;
+          const auto kind = trainable ? v1::ChunkHeader::KIND_GRADIENT
+                                      : v1::ChunkHeader::KIND_PARAMETERS;
+          const std::vector<float> values(info.count,
+                                          trainable ? 0.25f * static_cast<float>(w + 1)
+                                                    : static_cast<float>(w));
+          if (!shard.Push(job.Args(members[w], c, step, kind), values).ok()) ++failures;
+        }
+        for (int c = num_chunks - 1; c >= 0; --c) {
+          absl::StatusOr<PulledChunk> pulled =
+              shard.Pull(job.PullOf(members[w], c, step + 1), absl::Now() + kLongWait);
+          if (!pulled.ok() || pulled->version != step + 1) ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(failures, 0);
+
+  const ShardStats stats = shard.stats();
+  EXPECT_EQ(stats.pushes, int64_t{kWorkers} * kSteps * num_chunks);
+  EXPECT_EQ(stats.applied_updates, int64_t{kSteps} * num_chunks);
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok());
+  for (const v1::ChunkValues& c : *read) {
+    EXPECT_EQ(c.version(), kSteps);
+    const ChunkInfo& info = job.plan.chunks[c.chunk_id()];
+    std::vector<float> expected = job.Initial(c.chunk_id());
+    if (job.graph.params[info.param].trainable) {
+      ReferenceOptimizer reference(Sgd(0.125f), info.count);
+      const std::vector<float> mean(info.count, 0.625f);  // (0.25+0.5+0.75+1)/4.
+      for (int step = 0; step < kSteps; ++step) reference.Apply(expected, mean, step);
+    } else {
+      expected.assign(info.count, 1.5f);  // (0+1+2+3)/4.
+    }
+    EXPECT_TRUE(BitIdentical({c.values().begin(), c.values().end()}, expected)) << c.chunk_id();
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
