@@ -1,0 +1,495 @@
+// The pstrain CLI against an in-process fake Coordinator on 127.0.0.1: usage
+// errors, --json shapes, exit codes by job state, download, and deadlines
+// when the server does not answer.
+#include "client/cli.h"
+
+#include <grpcpp/grpcpp.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pstrain/v1/service.grpc.pb.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A coordinator whose answers the test scripts.
+class FakeCoordinator final : public v1::Coordinator::Service {
+ public:
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override {
+    Sleep();
+    absl::MutexLock lock(&mu_);
+    submitted.push_back(request->spec());
+    if (request->spec().name() == "rejected-by-server") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "optimizer.learning_rate must be > 0");
+    }
+    response->set_job_id("job-1");
+    v1::JobStatus status;
+    status.set_job_id("job-1");
+    status.set_name(request->spec().name());
+    status.set_state(v1::JOB_STATE_QUEUED);
+    status.set_reason("waiting for 2 idle workers, 0 available");
+    *status.mutable_spec() = request->spec();
+    jobs["job-1"] = status;
+    return grpc::Status::OK;
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::JobStatus* response) override {
+    Sleep();
+    absl::MutexLock lock(&mu_);
+    auto it = jobs.find(request->job_id());
+    if (it == jobs.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown job '" + request->job_id() + "'");
+    }
+    *response = it->second;
+    return grpc::Status::OK;
+  }
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse* response) override {
+    Sleep();
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, status] : jobs) *response->add_jobs() = status;
+    return grpc::Status::OK;
+  }
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                         v1::CancelJobResponse* response) override {
+    Sleep();
+    absl::MutexLock lock(&mu_);
+    auto it = jobs.find(request->job_id());
+    if (it == jobs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown job");
+    it->second.set_state(v1::JOB_STATE_CANCELLED);
+    it->second.set_reason("cancelled by a user");
+    *response->mutable_status() = it->second;
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobStatus>* writer) override {
+    Sleep();
+    std::vector<v1::JobStatus> events;
+    {
+      absl::MutexLock lock(&mu_);
+      events = watch_events;
+    }
+    for (const v1::JobStatus& e : events) writer->Write(e);
+    return grpc::Status::OK;
+  }
+  grpc::Status DownloadModel(grpc::ServerContext*, const v1::DownloadModelRequest* request,
+                             grpc::ServerWriter<v1::ModelChunk>* writer) override {
+    Sleep();
+    std::string bytes;
+    {
+      absl::MutexLock lock(&mu_);
+      bytes = download_bytes;
+    }
+    if (bytes.empty()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no checkpoint yet");
+    }
+    constexpr size_t kChunk = 1000;
+    for (size_t offset = 0; offset < bytes.size(); offset += kChunk) {
+      v1::ModelChunk chunk;
+      chunk.set_offset(static_cast<int64_t>(offset));
+      chunk.set_total_bytes(static_cast<int64_t>(bytes.size()));
+      chunk.set_data(bytes.substr(offset, kChunk));
+      writer->Write(chunk);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                           v1::ListWorkersResponse* response) override {
+    Sleep();
+    auto* w = response->add_workers();
+    w->set_worker_id("worker-7");
+    w->mutable_info()->set_hostname("gpu-node-3");
+    w->mutable_info()->set_backend("cuda");
+    w->mutable_info()->set_gpus(2);
+    w->set_job_id("job-1");
+    w->set_alive(true);
+    w->set_last_heartbeat_unix_ms(absl::ToUnixMillis(absl::Now()));
+    return grpc::Status::OK;
+  }
+
+  void Sleep() {
+    absl::Duration d;
+    {
+      absl::MutexLock lock(&mu_);
+      d = sleep;
+    }
+    absl::SleepFor(d);
+  }
+
+  absl::Mutex mu_;
+  std::vector<v1::JobSpec> submitted;
+  std::map<std::string, v1::JobStatus> jobs;
+  std::vector<v1::JobStatus> watch_events;
+  std::string download_bytes;
+  absl::Duration sleep;
+};
+
+v1::JobStatus Succeeded(const std::string& id) {
+  v1::JobStatus s;
+  s.set_job_id(id);
+  s.set_name("fashion-mnist");
+  s.set_state(v1::JOB_STATE_SUCCEEDED);
+  s.set_epoch(2);
+  s.set_step(1874);
+  s.set_total_steps(1874);
+  s.set_loss(0.31);
+  s.set_samples_per_sec(2500);
+  s.add_workers("worker-1");
+  s.add_workers("worker-2");
+  s.mutable_spec()->set_epochs(2);
+  v1::EvalMetrics* t = s.mutable_test();
+  t->set_accuracy(0.75);
+  t->set_precision(0.7);
+  t->set_recall(0.72);
+  t->set_f1(0.71);
+  t->set_samples(4);
+  t->set_num_classes(2);
+  for (int64_t c : {2, 0, 1, 1}) t->add_confusion(c);
+  return s;
+}
+
+v1::JobStatus Running(const std::string& id, int64_t step) {
+  v1::JobStatus s;
+  s.set_job_id(id);
+  s.set_state(v1::JOB_STATE_RUNNING);
+  s.set_step(step);
+  s.set_total_steps(1874);
+  s.set_loss(1.0 / (step + 1));
+  s.mutable_spec()->set_epochs(2);
+  return s;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = "127.0.0.1:" + std::to_string(port);
+    dir_ = std::filesystem::temp_directory_path() /
+           ("cli_test." + std::to_string(getpid()) + "." +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Runs the CLI with --server pointing at the fake.
+  int Run(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", address_});
+    return RunCliRaw(args);
+  }
+  int RunCliRaw(const std::vector<std::string>& args) {
+    out_.str("");
+    err_.str("");
+    return RunCli(args, env_, out_, err_);
+  }
+  std::string WriteJob(const std::string& json) {
+    const std::string path = (dir_ / "job.json").string();
+    std::ofstream(path) << json;
+    return path;
+  }
+  std::string ExampleJob() const {
+    return std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json";
+  }
+  // The last non-empty stdout line, parsed as a JSON object.
+  google::protobuf::Struct LastLineJson() {
+    std::vector<std::string> lines = absl::StrSplit(out_.str(), '\n', absl::SkipEmpty());
+    google::protobuf::Struct parsed;
+    EXPECT_FALSE(lines.empty());
+    if (lines.empty()) return parsed;
+    auto status = google::protobuf::util::JsonStringToMessage(lines.back(), &parsed);
+    EXPECT_TRUE(status.ok()) << status << " in: " << lines.back();
+    return parsed;
+  }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::filesystem::path dir_;
+  CliEnvironment env_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(RunCliRaw({}), 2);
+  EXPECT_EQ(Run({"frobnicate"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_EQ(Run({"status"}), 2);
+  EXPECT_EQ(Run({"status", "job-1", "--bogus"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown option '--bogus'"));
+  EXPECT_EQ(Run({"download", "job-1"}), 2);
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--mode", "eventual"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--mode must be sync, async, ssp or average"));
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--workers", "0"}), 2);
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--epochs"}), 2);
+  EXPECT_EQ(Run({"--timeout-ms", "soon", "list"}), 2);
+  EXPECT_EQ(Run({"submit", (dir_ / "missing.json").string()}), 2);
+  absl::MutexLock lock(&fake_.mu_);
+  EXPECT_TRUE(fake_.submitted.empty());
+}
+
+TEST_F(CliTest, EverySubcommandHasHelp) {
+  for (const char* command :
+       {"submit", "status", "list", "watch", "cancel", "download", "workers", "summary"}) {
+    EXPECT_EQ(Run({command, "--help"}), 0) << command;
+    EXPECT_THAT(out_.str(), HasSubstr(std::string("usage: pstrain ") + command)) << command;
+  }
+  EXPECT_EQ(RunCliRaw({"--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("download JOB -o FILE"));
+}
+
+TEST_F(CliTest, InvalidSpecIsRejectedLocallyWithExitTwo) {
+  std::string path = WriteJob(R"({"name": "x", "model_file": ")" + std::string(PSTRAIN_SOURCE_DIR) +
+                              R"(/examples/models/fmnist-cnn.json", "epochs": 1, "batch_size": 0,
+      "dataset": {"format": "DATASET_FORMAT_IDX", "path": "/tmp"},
+      "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.1}})");
+  EXPECT_EQ(Run({"submit", path}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("batch_size"));
+  absl::MutexLock lock(&fake_.mu_);
+  EXPECT_TRUE(fake_.submitted.empty());
+}
+
+TEST_F(CliTest, ServerSideValidationErrorExitsTwo) {
+  std::string path = WriteJob(R"({"name": "rejected-by-server", "model_file": ")" +
+                              std::string(PSTRAIN_SOURCE_DIR) +
+                              R"(/examples/models/fmnist-cnn.json", "epochs": 1, "batch_size": 8,
+      "dataset": {"format": "DATASET_FORMAT_IDX", "path": "/tmp"},
+      "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.1}})");
+  EXPECT_EQ(Run({"submit", path}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("learning_rate"));
+}
+
+TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--workers", "3", "--mode", "ssp", "--staleness", "2",
+                 "--epochs", "4", "--json"}),
+            0)
+      << err_.str();
+  google::protobuf::Struct json = LastLineJson();
+  EXPECT_EQ(json.fields().at("job_id").string_value(), "job-1");
+  EXPECT_EQ(json.fields().at("state").string_value(), "QUEUED");
+  EXPECT_TRUE(json.fields().contains("test_accuracy"));
+  absl::MutexLock lock(&fake_.mu_);
+  ASSERT_EQ(fake_.submitted.size(), 1u);
+  const v1::JobSpec& spec = fake_.submitted[0];
+  EXPECT_EQ(spec.workers(), 3);
+  EXPECT_EQ(spec.mode(), v1::CONSISTENCY_SSP);
+  EXPECT_EQ(spec.staleness(), 2);
+  EXPECT_EQ(spec.epochs(), 4);
+  EXPECT_TRUE(spec.model_file().empty());
+  EXPECT_GT(spec.model().layers_size(), 0);
+}
+
+TEST_F(CliTest, SubmitWatchJsonEndsWithTheFinalStateAndExitsByIt) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.watch_events = {Running("job-1", 100), Running("job-1", 900), Succeeded("job-1")};
+  }
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--watch", "--json"}), 0) << err_.str();
+  google::protobuf::Struct json = LastLineJson();
+  EXPECT_EQ(json.fields().at("state").string_value(), "SUCCEEDED");
+  EXPECT_DOUBLE_EQ(json.fields().at("test_accuracy").number_value(), 0.75);
+  EXPECT_THAT(out_.str(), HasSubstr("step 900/1874"));
+  EXPECT_THAT(out_.str(), HasSubstr("true\\pred"));  // The confusion matrix.
+
+  v1::JobStatus failed = Succeeded("job-1");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.set_reason("worker-2: training diverged");
+  failed.clear_test();
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.watch_events = {Running("job-1", 5), failed};
+  }
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--watch", "--json"}), 1);
+  json = LastLineJson();
+  EXPECT_EQ(json.fields().at("state").string_value(), "FAILED");
+  EXPECT_EQ(json.fields().at("reason").string_value(), "worker-2: training diverged");
+}
+
+TEST_F(CliTest, StatusJsonHasEveryDocumentedField) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    v1::JobStatus s = Succeeded("job-9");
+    s.set_reason("all 2 workers \"finished\"");
+    fake_.jobs["job-9"] = s;
+  }
+  ASSERT_EQ(Run({"status", "job-9", "--json"}), 0) << err_.str();
+  google::protobuf::Struct json = LastLineJson();
+  for (const char* key : {"job_id", "state", "test_accuracy", "precision", "recall", "f1", "step",
+                          "epoch", "reason", "loss", "samples_per_sec", "workers", "confusion"}) {
+    EXPECT_TRUE(json.fields().contains(key)) << key;
+  }
+  EXPECT_EQ(json.fields().at("reason").string_value(), "all 2 workers \"finished\"");
+  EXPECT_DOUBLE_EQ(json.fields().at("f1").number_value(), 0.71);
+  EXPECT_DOUBLE_EQ(json.fields().at("step").number_value(), 1874);
+  EXPECT_EQ(json.fields().at("workers").list_value().values_size(), 2);
+  EXPECT_EQ(json.fields().at("confusion").list_value().values_size(), 2);
+
+  EXPECT_EQ(Run({"status", "job-9"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("accuracy 0.7500"));
+
+  EXPECT_EQ(Run({"status", "job-404"}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown job 'job-404'"));
+}
+
+TEST_F(CliTest, WatchPrintsOneLinePerUpdateAndExitsByFinalState) {
+  v1::JobStatus cancelled = Running("job-2", 300);
+  cancelled.set_state(v1::JOB_STATE_CANCELLED);
+  cancelled.set_reason("cancelled by a user");
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.watch_events = {Running("job-2", 100), Running("job-2", 200), cancelled};
+  }
+  EXPECT_EQ(Run({"watch", "job-2"}), 1);
+  EXPECT_THAT(out_.str(), HasSubstr("step 100/1874"));
+  EXPECT_THAT(out_.str(), HasSubstr("step 200/1874"));
+  EXPECT_THAT(out_.str(), HasSubstr("job-2 CANCELLED: cancelled by a user"));
+  EXPECT_THAT(out_.str(), Not(HasSubstr("\r")));
+
+  env_.stdout_is_tty = true;
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.watch_events = {Running("job-3", 100), Running("job-3", 1000), Succeeded("job-3")};
+  }
+  EXPECT_EQ(Run({"watch", "job-3"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("\rjob-3 RUNNING"));
+  EXPECT_THAT(out_.str(), HasSubstr("ETA"));
+}
+
+TEST_F(CliTest, CancelPrintsTheNewState) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.jobs["job-4"] = Running("job-4", 10);
+  }
+  EXPECT_EQ(Run({"cancel", "job-4"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("job-4 CANCELLED"));
+  EXPECT_EQ(Run({"cancel", "job-5"}), 1);
+}
+
+TEST_F(CliTest, ListAndWorkersPrintTables) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.jobs["job-1"] = Succeeded("job-1");
+  }
+  EXPECT_EQ(Run({"list"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("job-1"));
+  EXPECT_THAT(out_.str(), HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(out_.str(), HasSubstr("0.7500"));
+  EXPECT_EQ(Run({"workers"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("worker-7"));
+  EXPECT_THAT(out_.str(), HasSubstr("gpu-node-3"));
+  EXPECT_THAT(out_.str(), HasSubstr("busy"));
+}
+
+TEST_F(CliTest, DownloadWritesAVerifiedCheckpoint) {
+  v1::Checkpoint ckpt;
+  ckpt.mutable_job()->set_name("fashion-mnist");
+  std::vector<float> w(3000, 0.5f);
+  *ckpt.add_parameters() = MakeTensorProto("fc1/weight", {3000}, w.data());
+  ckpt.set_step(42);
+  const std::string source = (dir_ / "server.ckpt").string();
+  ASSERT_TRUE(WriteCheckpointFile(source, ckpt).ok());
+  std::ifstream in(source, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.download_bytes = bytes;
+  }
+  const std::string target = (dir_ / "model.ckpt").string();
+  ASSERT_EQ(Run({"download", "job-1", "-o", target}), 0) << err_.str();
+  auto loaded = ReadCheckpointFile(target);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step(), 42);
+  EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
+
+  // A corrupt download is rejected and leaves nothing behind.
+  bytes[bytes.size() / 2] ^= 0x5a;
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.download_bytes = bytes;
+  }
+  const std::string bad = (dir_ / "bad.ckpt").string();
+  EXPECT_EQ(Run({"download", "job-1", "-o", bad}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("invalid"));
+  EXPECT_FALSE(std::filesystem::exists(bad));
+  EXPECT_FALSE(std::filesystem::exists(bad + ".tmp"));
+
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.download_bytes.clear();
+  }
+  EXPECT_EQ(Run({"download", "job-1", "-o", bad}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("no checkpoint yet"));
+}
+
+TEST_F(CliTest, CallsGiveUpAtTheirDeadlineWhenTheServerDoesNotAnswer) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.sleep = absl::Seconds(3);
+    fake_.jobs["job-1"] = Running("job-1", 1);
+  }
+  for (std::vector<std::string> command :
+       {std::vector<std::string>{"status", "job-1"}, {"list"}, {"workers"},
+        {"download", "job-1", "-o", (dir_ / "x.ckpt").string()}}) {
+    command.insert(command.begin(), {"--timeout-ms", "300"});
+    const absl::Time start = absl::Now();
+    EXPECT_EQ(Run(command), 1) << command[2];
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(2500)) << command[2];
+    EXPECT_THAT(err_.str(), HasSubstr("300 ms")) << command[2];
+  }
+}
+
+TEST_F(CliTest, WatchWarnsWhenNoEventArrives) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.sleep = absl::Milliseconds(800);
+    fake_.watch_events = {Succeeded("job-1")};
+  }
+  env_.watch_silence_warning = absl::Milliseconds(200);
+  EXPECT_EQ(Run({"watch", "job-1"}), 0);
+  EXPECT_THAT(err_.str(), HasSubstr("no update about job-1"));
+}
+
+TEST_F(CliTest, UnreachableServerIsAnRpcError) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  EXPECT_EQ(Run({"--timeout-ms", "500", "status", "job-1"}), 1);
+  EXPECT_THAT(err_.str(), Not(HasSubstr("OK")));
+}
+
+TEST(CliFormatTest, ProgressLineShowsBarAndEta) {
+  v1::JobStatus s = Running("job-1", 937);
+  std::string line = FormatProgressLine(s, 100);
+  EXPECT_THAT(line, HasSubstr("[##########----------]  50%"));
+  EXPECT_THAT(line, HasSubstr("ETA 9s"));
+  s.set_state(v1::JOB_STATE_QUEUED);
+  s.set_reason("waiting for 2 idle workers, 1 available");
+  EXPECT_EQ(FormatProgressLine(s, 0), "job-1 QUEUED: waiting for 2 idle workers, 1 available");
+}
+
+}  // namespace
+}  // namespace pstrain
