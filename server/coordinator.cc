@@ -1,0 +1,1061 @@
+#include "server/coordinator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
+#include "common/job_spec.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "kernels/optimizer.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class Phase {
+  kQueued,      // Waiting for workers.
+  kStarting,    // Workers reserved; shards being configured (inside Tick).
+  kRunning,     // Assignments published.
+  kFinalizing,  // Every member finished; final checkpoint being written.
+  kDone,        // Terminal state.
+};
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// "job-12" -> 12; 0 when the id has another form.
+int64_t IdNumber(const std::string& id, const std::string& prefix) {
+  int64_t n = 0;
+  if (!absl::StartsWith(id, prefix) || !absl::SimpleAtoi(id.substr(prefix.size()), &n)) return 0;
+  return n;
+}
+
+absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
+  const int err = errno;
+  const std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync
+// of the directory.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("cannot create", tmp);
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = ErrnoStatus("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = ErrnoStatus("cannot fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = ErrnoStatus("cannot rename to", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create directory ", dir, ": ",
+                                                  ec.message()));
+  return absl::OkStatus();
+}
+
+// A ConfusionMatrix holding `eval`'s counts.
+ConfusionMatrix MatrixFromEval(const v1::EvalMetrics& eval) {
+  ConfusionMatrix cm(eval.num_classes());
+  const int n = eval.num_classes();
+  for (int t = 0; t < n; ++t) {
+    for (int p = 0; p < n; ++p) {
+      const int64_t count = eval.confusion(t * n + p);
+      for (int64_t i = 0; i < count; ++i) cm.Add(t, p);
+    }
+  }
+  return cm;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------
+
+struct Coordinator::Worker {
+  std::string id;
+  v1::WorkerInfo info;
+  std::string job_id;        // The job it trains (an unfinished member), or "".
+  std::string finished_job;  // The last job it finished training.
+  absl::Time last_heartbeat;
+  bool alive = true;
+};
+
+struct Coordinator::Member {
+  std::string worker_id;
+  int rank = 0;
+  bool reported = false;
+  int epoch = 0;
+  int64_t step = 0;
+  double loss = 0, train_accuracy = 0, samples_per_sec = 0;
+  bool finished = false;
+  v1::EvalMetrics eval;
+};
+
+struct Coordinator::Job {
+  v1::JobStatus status;
+  ModelGraph graph;
+  Phase phase = Phase::kQueued;
+  std::vector<Member> members;  // Rank order.
+  int64_t generation = 0;
+  int start_epoch = 0;              // Epoch the current run started from.
+  bool shards_configured = false;   // The shards hold the job (DropJob when done).
+  bool membership_dirty = false;    // Shards need SetMembers.
+  bool save_on_stop = false;        // Save the model before dropping it (cancel).
+  int last_checkpoint_epoch = -1;
+  bool has_checkpoint = false;
+  int64_t revision = 1;
+  int64_t persisted_revision = 0;
+};
+
+struct Coordinator::StartWork {
+  std::string job_id;
+  v1::JobSpec spec;
+  ModelGraph graph;
+  std::vector<std::string> members;
+  int64_t generation = 0;
+  bool resume = false;
+};
+
+struct Coordinator::CheckpointWork {
+  enum Kind { kEpoch, kFinal, kStop };
+  Kind kind = kEpoch;
+  std::string job_id;
+  v1::JobSpec spec;
+  ModelGraph graph;
+  int epoch = 0;
+  int64_t step = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options,
+                                                                 ShardController* shards) {
+  if (shards == nullptr || shards->num_shards() < 1) {
+    return absl::InvalidArgumentError("the coordinator needs at least one shard");
+  }
+  if (options.heartbeat_timeout <= absl::ZeroDuration() ||
+      options.heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat timeout and interval must be > 0");
+  }
+  if (options.max_workers_per_job < 1) {
+    return absl::InvalidArgumentError("max_workers_per_job must be >= 1");
+  }
+  if (!options.clock) options.clock = [] { return absl::Now(); };
+  const bool start_thread = options.start_background_thread;
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), shards));
+  PSTRAIN_RETURN_IF_ERROR(c->LoadState());
+  c->PersistChangedJobs();
+  if (start_thread) c->background_ = std::thread([raw = c.get()] { raw->BackgroundLoop(); });
+  return c;
+}
+
+Coordinator::Coordinator(Options options, ShardController* shards)
+    : options_(std::move(options)), shards_(shards) {}
+
+Coordinator::~Coordinator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    wake_ = true;
+  }
+  if (background_.joinable()) background_.join();
+}
+
+void Coordinator::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::cerr << "pstrain-server: " << line << std::endl;
+  }
+}
+
+std::string Coordinator::JobDir(const std::string& job_id) const {
+  return (fs::path(options_.state_dir) / "jobs" / job_id).string();
+}
+
+std::string Coordinator::ModelPath(const std::string& job_id) const {
+  return (fs::path(JobDir(job_id)) / "model.ckpt").string();
+}
+
+absl::Status Coordinator::LoadState() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  const std::string jobs_dir = (fs::path(options_.state_dir) / "jobs").string();
+  PSTRAIN_RETURN_IF_ERROR(MakeDirs(jobs_dir));
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const fs::directory_entry& entry : fs::directory_iterator(jobs_dir, ec)) {
+    const std::string id = entry.path().filename().string();
+    const int64_t n = IdNumber(id, "job-");
+    if (n <= 0 || !fs::exists(entry.path() / "status.pb")) continue;
+    found.emplace_back(n, id);
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", jobs_dir, ": ", ec.message()));
+  std::sort(found.begin(), found.end());
+
+  absl::MutexLock lock(&mu_);
+  for (const auto& [n, id] : found) {
+    const std::string path = (fs::path(JobDir(id)) / "status.pb").string();
+    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+    auto job = std::make_unique<Job>();
+    if (!job->status.ParseFromString(bytes) || job->status.job_id() != id) {
+      return absl::DataLossError(absl::StrCat("corrupt job status ", path));
+    }
+    job->has_checkpoint = fs::exists(ModelPath(id));
+    job->persisted_revision = job->revision;
+    absl::StatusOr<ModelGraph> graph = BuildModelGraph(job->status.spec().model());
+    if (graph.ok()) job->graph = *std::move(graph);
+    const v1::JobState state = job->status.state();
+    if (IsTerminal(state)) {
+      job->phase = Phase::kDone;
+    } else if (!graph.ok()) {
+      job->phase = Phase::kDone;
+      job->status.set_state(v1::JOB_STATE_FAILED);
+      job->status.set_reason(
+          absl::StrCat("server restarted and the saved model spec is invalid: ",
+                       graph.status().message()));
+      job->status.set_finished_unix_ms(ToUnixMs(Now()));
+      job->revision++;
+    } else {
+      job->phase = Phase::kQueued;
+      job->status.set_state(v1::JOB_STATE_QUEUED);
+      job->status.clear_workers();
+      job->status.set_reason(job->has_checkpoint
+                                 ? absl::StrCat("server restarted; resumes from the checkpoint "
+                                                "of epoch ",
+                                                job->status.epoch())
+                                 : "server restarted; restarts from the beginning");
+      job->revision++;
+      Log(absl::StrCat(id, ": re-queued after a restart (",
+                       job->has_checkpoint ? "from its checkpoint" : "from scratch", ")"));
+    }
+    next_job_ = std::max(next_job_, n + 1);
+    job_order_.push_back(id);
+    jobs_[id] = std::move(job);
+  }
+  RefreshQueueReasons();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Jobs
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
+  if (spec.model().layers_size() == 0) {
+    return absl::InvalidArgumentError(
+        spec.model_file().empty()
+            ? "the job has no model: set `model` (or `model_file`, resolved by the client)"
+            : absl::StrCat("the model must be sent inline; model_file '", spec.model_file(),
+                           "' is resolved by the client"));
+  }
+  spec.clear_model_file();
+  if (spec.workers() == 0) spec.set_workers(1);
+  if (spec.workers() < 0 || spec.workers() > options_.max_workers_per_job) {
+    return absl::InvalidArgumentError(absl::StrCat("workers must be in [1, ",
+                                                   options_.max_workers_per_job, "], got ",
+                                                   spec.workers()));
+  }
+  PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
+  PSTRAIN_RETURN_IF_ERROR(PlanChunks(graph, shards_->num_shards(), shards_->chunk_bytes()).status());
+
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    job_id = absl::StrCat("job-", next_job_++);
+    auto job = std::make_unique<Job>();
+    job->graph = std::move(graph);
+    job->status.set_job_id(job_id);
+    job->status.set_name(spec.name());
+    job->status.set_state(v1::JOB_STATE_QUEUED);
+    *job->status.mutable_spec() = std::move(spec);
+    job->status.set_submitted_unix_ms(ToUnixMs(Now()));
+    job_order_.push_back(job_id);
+    jobs_[job_id] = std::move(job);
+    RefreshQueueReasons();
+    Log(absl::StrCat(job_id, ": queued (", jobs_[job_id]->status.reason(), ")"));
+    Wake();
+  }
+  PersistChangedJobs();
+  return job_id;
+}
+
+absl::StatusOr<v1::JobStatus> Coordinator::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  return job->status;
+}
+
+std::vector<v1::JobStatus> Coordinator::ListJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::JobStatus> out;
+  for (auto it = job_order_.rbegin(); it != job_order_.rend(); ++it) {
+    out.push_back(jobs_.at(*it)->status);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) {
+  v1::JobStatus status;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+    if (job->phase == Phase::kDone) return job->status;
+    const bool was_running = job->phase == Phase::kRunning;
+    Finish(*job, v1::JOB_STATE_CANCELLED, "cancelled by user");
+    // The last model is kept: save it before the shards forget the job.
+    job->save_on_stop = was_running && job->shards_configured;
+    Wake();
+    status = job->status;
+  }
+  PersistChangedJobs();
+  return status;
+}
+
+absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_id,
+                                                        int64_t after_revision,
+                                                        absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  // Jobs are never erased, so `job` stays valid while we wait.
+  auto changed = [job, after_revision] { return job->revision > after_revision; };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return JobUpdate{job->status, job->revision};
+}
+
+absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  if (!job->has_checkpoint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job_id, " has no checkpoint yet (state ",
+                     v1::JobState_Name(job->status.state()), ")"));
+  }
+  return ModelPath(job_id);
+}
+
+// ---------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------
+
+v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::WorkerInfo& info) {
+  absl::MutexLock lock(&mu_);
+  auto worker = std::make_unique<Worker>();
+  worker->id = absl::StrCat("worker-", next_worker_++);
+  worker->info = info;
+  worker->last_heartbeat = Now();
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(worker->id);
+  response.set_heartbeat_interval_ms(
+      static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  for (const std::string& a : options_.shard_addresses) response.add_shards(a);
+  Log(absl::StrCat(worker->id, ": registered (", info.hostname(), ", ", info.backend(), ")"));
+  workers_[worker->id] = std::move(worker);
+  RefreshQueueReasons();
+  Wake();
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& worker_id,
+                                                             const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  v1::HeartbeatResponse response;
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    response.set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
+    return response;
+  }
+  Worker& worker = *it->second;
+  worker.last_heartbeat = Now();
+  if (!worker.alive) {
+    worker.alive = true;
+    Log(absl::StrCat(worker_id, ": heartbeats again; back in the pool"));
+    RefreshQueueReasons();
+    Wake();
+  }
+  // The job whose assignment is published for this worker, if any.
+  const Job* current = nullptr;
+  const Member* member = nullptr;
+  if (!worker.job_id.empty()) {
+    Job* job = FindJob(worker.job_id);
+    if (job != nullptr && job->phase == Phase::kRunning) {
+      for (const Member& m : job->members) {
+        if (m.worker_id == worker_id && !m.finished) member = &m;
+      }
+      if (member != nullptr) current = job;
+    }
+  }
+  if (!job_id.empty() && (current == nullptr || job_id != worker.job_id) &&
+      job_id != worker.finished_job) {
+    response.set_action(v1::HeartbeatResponse::ACTION_STOP);
+    return response;
+  }
+  if (current == nullptr) {
+    response.set_action(v1::HeartbeatResponse::ACTION_IDLE);
+    return response;
+  }
+  response.set_action(v1::HeartbeatResponse::ACTION_RUN);
+  v1::Assignment* a = response.mutable_assignment();
+  a->set_job_id(current->status.job_id());
+  *a->mutable_spec() = current->status.spec();
+  a->set_rank(member->rank);
+  a->set_world_size(static_cast<int32_t>(current->members.size()));
+  a->set_start_epoch(std::max(current->start_epoch, current->status.epoch()));
+  a->set_generation(current->generation);
+  return response;
+}
+
+absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest& report) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto wit = workers_.find(report.worker_id());
+    if (wit == workers_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("unknown worker '", report.worker_id(), "'; register again"));
+    }
+    Worker& worker = *wit->second;
+    Job* job = FindJob(report.job_id());
+    if (job == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown job '", report.job_id(), "'"));
+    }
+    worker.last_heartbeat = Now();
+    Member* member = nullptr;
+    for (Member& m : job->members) {
+      if (m.worker_id == report.worker_id()) member = &m;
+    }
+    if (job->phase == Phase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
+    if (member == nullptr || job->phase == Phase::kQueued || job->phase == Phase::kStarting) {
+      return true;
+    }
+    if (member->finished) return false;
+
+    if (!report.error().empty()) {
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat(report.worker_id(), " (rank ", member->rank,
+                          ") failed: ", report.error()));
+      Wake();
+    } else {
+      if (report.finished()) {
+        const v1::EvalMetrics& eval = report.eval_shard();
+        const int n = eval.num_classes();
+        if (n <= 0 || n > job->graph.num_classes ||
+            eval.confusion_size() != static_cast<int64_t>(n) * n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "eval_shard of ", report.worker_id(), ": num_classes ", n, " and ",
+              eval.confusion_size(), " confusion counts do not fit a model with ",
+              job->graph.num_classes, " classes"));
+        }
+        int64_t total = 0;
+        for (int64_t c : eval.confusion()) {
+          if (c < 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("eval_shard of ", report.worker_id(), ": negative count ", c));
+          }
+          total += c;
+        }
+        if (total != eval.samples()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "eval_shard of ", report.worker_id(), ": the confusion matrix counts ", total,
+              " samples but samples is ", eval.samples()));
+        }
+      }
+      member->reported = true;
+      member->epoch = report.epoch();
+      member->step = report.step();
+      member->loss = report.loss();
+      member->train_accuracy = report.train_accuracy();
+      member->samples_per_sec = report.samples_per_sec();
+      if (report.finished()) {
+        member->finished = true;
+        member->eval = report.eval_shard();
+        worker.job_id.clear();
+        worker.finished_job = job->status.job_id();
+        Log(absl::StrCat(job->status.job_id(), ": ", report.worker_id(), " finished (",
+                         report.eval_shard().samples(), " test samples)"));
+        RefreshQueueReasons();
+      }
+      const int old_epoch = job->status.epoch();
+      RefreshAggregates(*job);
+      if (report.finished() || job->status.epoch() != old_epoch) Wake();
+    }
+    Touch(*job);
+    if (job->phase == Phase::kDone) return true;
+  }
+  return false;
+}
+
+std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<int64_t, v1::WorkerStatus>> rows;
+  for (const auto& [id, w] : workers_) {
+    v1::WorkerStatus s;
+    s.set_worker_id(id);
+    *s.mutable_info() = w->info;
+    s.set_job_id(w->job_id);
+    s.set_last_heartbeat_unix_ms(ToUnixMs(w->last_heartbeat));
+    s.set_alive(w->alive);
+    rows.emplace_back(IdNumber(id, "worker-"), std::move(s));
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<v1::WorkerStatus> out;
+  for (auto& [n, s] : rows) out.push_back(std::move(s));
+  return out;
+}
+
+CoordinatorStats Coordinator::Stats() const {
+  absl::MutexLock lock(&mu_);
+  CoordinatorStats stats;
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    stats.jobs_by_state[s] = 0;
+  }
+  for (const auto& [id, job] : jobs_) stats.jobs_by_state[job->status.state()]++;
+  for (const auto& [id, w] : workers_) {
+    stats.workers_registered++;
+    if (w->alive) stats.workers_alive++;
+  }
+  stats.max_model_version = max_model_version_;
+  return stats;
+}
+
+// ---------------------------------------------------------------------------
+// Helpers (mu_ held)
+// ---------------------------------------------------------------------------
+
+Coordinator::Job* Coordinator::FindJob(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void Coordinator::Touch(Job& job) { job.revision++; }
+
+int Coordinator::IdleLiveWorkers() const {
+  int n = 0;
+  for (const auto& [id, w] : workers_) {
+    if (w->alive && w->job_id.empty()) ++n;
+  }
+  return n;
+}
+
+void Coordinator::RefreshQueueReasons() {
+  const int idle = IdleLiveWorkers();
+  for (const std::string& id : job_order_) {
+    Job& job = *jobs_.at(id);
+    if (job.phase != Phase::kQueued) continue;
+    const int wanted = job.status.spec().workers();
+    std::string reason = absl::StrCat("waiting for ", wanted, " idle worker",
+                                      wanted == 1 ? "" : "s", ", ", idle, " available");
+    if (job.has_checkpoint) {
+      absl::StrAppend(&reason, "; resumes from the checkpoint of epoch ", job.status.epoch());
+    }
+    if (reason != job.status.reason()) {
+      job.status.set_reason(reason);
+      Touch(job);
+    }
+  }
+}
+
+void Coordinator::RefreshAggregates(Job& job) {
+  if (job.members.empty()) return;
+  int epoch = 0;
+  int64_t step = 0;
+  double loss = 0, accuracy = 0, samples_per_sec = 0;
+  int reported = 0;
+  bool first = true;
+  for (const Member& m : job.members) {
+    const int e = m.reported ? m.epoch : job.start_epoch;
+    const int64_t s = m.reported ? m.step : 0;
+    if (first || e < epoch) epoch = e;
+    if (first || s < step) step = s;
+    first = false;
+    if (!m.reported) continue;
+    ++reported;
+    loss += m.loss;
+    accuracy += m.train_accuracy;
+    if (!m.finished) samples_per_sec += m.samples_per_sec;
+  }
+  job.status.set_epoch(epoch);
+  job.status.set_step(step);
+  if (reported > 0) {
+    job.status.set_loss(loss / reported);
+    job.status.set_train_accuracy(accuracy / reported);
+  }
+  job.status.set_samples_per_sec(samples_per_sec);
+  // Steps per epoch, from the slowest member once it completed an epoch.
+  const int epochs_done = epoch - job.start_epoch;
+  if (epochs_done > 0) {
+    const int64_t per_epoch = step / epochs_done;
+    job.status.set_total_steps(per_epoch * (job.status.spec().epochs() - job.start_epoch));
+  }
+  job.status.clear_workers();
+  for (const Member& m : job.members) job.status.add_workers(m.worker_id);
+}
+
+void Coordinator::Finish(Job& job, v1::JobState state, const std::string& reason) {
+  job.status.set_state(state);
+  job.status.set_reason(reason);
+  job.status.set_finished_unix_ms(ToUnixMs(Now()));
+  job.status.set_samples_per_sec(0);
+  job.status.clear_workers();
+  job.phase = Phase::kDone;
+  for (const Member& m : job.members) {
+    auto it = workers_.find(m.worker_id);
+    if (it != workers_.end() && it->second->job_id == job.status.job_id()) {
+      it->second->job_id.clear();
+    }
+  }
+  Touch(job);
+  RefreshQueueReasons();
+  Log(absl::StrCat(job.status.job_id(), ": ", v1::JobState_Name(state), " (", reason, ")"));
+}
+
+void Coordinator::RemoveMember(Job& job, const std::string& worker_id, const std::string& why) {
+  auto it = std::find_if(job.members.begin(), job.members.end(),
+                         [&](const Member& m) { return m.worker_id == worker_id; });
+  if (it == job.members.end() || it->finished) return;
+  job.members.erase(it);
+  job.status.set_workers_lost(job.status.workers_lost() + 1);
+  job.generation++;
+  for (size_t r = 0; r < job.members.size(); ++r) job.members[r].rank = static_cast<int>(r);
+  if (job.members.empty()) {
+    // Nobody left: back to the queue; it resumes from its last checkpoint.
+    job.phase = Phase::kQueued;
+    job.status.set_state(v1::JOB_STATE_QUEUED);
+    job.status.clear_workers();
+    job.status.set_samples_per_sec(0);
+    Log(absl::StrCat(job.status.job_id(), ": lost its last worker (", worker_id, ", ", why,
+                     "); queued again"));
+    RefreshQueueReasons();
+  } else {
+    job.membership_dirty = true;
+    Log(absl::StrCat(job.status.job_id(), ": dropped ", worker_id, " (", why, "); ",
+                     job.members.size(), " left, generation ", job.generation));
+    RefreshAggregates(job);
+  }
+  Touch(job);
+}
+
+// ---------------------------------------------------------------------------
+// Background work
+// ---------------------------------------------------------------------------
+
+void Coordinator::BackgroundLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_), options_.tick_interval);
+      if (stopping_) return;
+      wake_ = false;
+    }
+    Tick();
+  }
+}
+
+void Coordinator::Tick() {
+  absl::MutexLock tick_lock(&tick_mu_);
+  DropDeadWorkers();
+  SyncMembership();
+  StartQueuedJobs();
+  WriteDueCheckpoints();
+  DropFinishedJobs();
+  PersistChangedJobs();
+}
+
+void Coordinator::DropDeadWorkers() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  for (auto& [id, w] : workers_) {
+    if (!w->alive || now - w->last_heartbeat <= options_.heartbeat_timeout) continue;
+    w->alive = false;
+    Log(absl::StrCat(id, ": no heartbeat for ",
+                     absl::FormatDuration(now - w->last_heartbeat), "; marked dead"));
+    if (!w->job_id.empty()) {
+      Job* job = FindJob(w->job_id);
+      if (job != nullptr && job->phase == Phase::kRunning) {
+        RemoveMember(*job, id, "missed heartbeats");
+      }
+      w->job_id.clear();
+    }
+  }
+  RefreshQueueReasons();
+}
+
+void Coordinator::SyncMembership() {
+  struct Change {
+    std::string job_id;
+    std::vector<std::string> members;
+    int64_t generation;
+  };
+  std::vector<Change> changes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : job_order_) {
+      Job& job = *jobs_.at(id);
+      if (!job.membership_dirty) continue;
+      job.membership_dirty = false;
+      if (job.phase != Phase::kRunning || !job.shards_configured) continue;
+      Change c{id, {}, job.generation};
+      for (const Member& m : job.members) c.members.push_back(m.worker_id);
+      changes.push_back(std::move(c));
+    }
+  }
+  for (const Change& c : changes) {
+    absl::Status s = shards_->SetMembers(c.job_id, c.members, c.generation);
+    if (s.ok()) continue;
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(c.job_id);
+    if (job.phase == Phase::kRunning) {
+      Finish(job, v1::JOB_STATE_FAILED,
+             absl::StrCat("could not update the shards' member set: ", s.message()));
+    }
+  }
+}
+
+void Coordinator::StartQueuedJobs() {
+  std::vector<StartWork> starts;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::pair<int64_t, Worker*>> idle;
+    for (auto& [id, w] : workers_) {
+      if (w->alive && w->job_id.empty()) idle.emplace_back(IdNumber(id, "worker-"), w.get());
+    }
+    std::sort(idle.begin(), idle.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t next_idle = 0;
+    for (const std::string& id : job_order_) {
+      Job& job = *jobs_.at(id);
+      if (job.phase != Phase::kQueued) continue;
+      const size_t wanted = static_cast<size_t>(job.status.spec().workers());
+      if (idle.size() - next_idle < wanted) continue;
+      StartWork work;
+      work.job_id = id;
+      work.spec = job.status.spec();
+      work.graph = job.graph;
+      work.generation = ++job.generation;
+      work.resume = job.has_checkpoint;
+      job.members.clear();
+      for (size_t r = 0; r < wanted; ++r) {
+        Worker* w = idle[next_idle++].second;
+        w->job_id = id;
+        Member m;
+        m.worker_id = w->id;
+        m.rank = static_cast<int>(r);
+        job.members.push_back(m);
+        work.members.push_back(w->id);
+      }
+      job.phase = Phase::kStarting;
+      starts.push_back(std::move(work));
+    }
+  }
+
+  for (StartWork& work : starts) {
+    // Initial values: the last checkpoint when resuming, else the model's
+    // deterministic initialisation.
+    JobLaunch launch;
+    launch.job_id = work.job_id;
+    launch.spec = work.spec;
+    launch.members = work.members;
+    launch.generation = work.generation;
+    int start_epoch = 0;
+    absl::Status status;
+    if (work.resume) {
+      absl::StatusOr<v1::Checkpoint> ckpt = ReadCheckpointFile(ModelPath(work.job_id));
+      if (ckpt.ok()) {
+        std::map<std::string, const v1::TensorProto*> by_name;
+        for (const v1::TensorProto& t : ckpt->parameters()) by_name[t.name()] = &t;
+        for (const ParamInfo& p : work.graph.params) {
+          auto it = by_name.find(p.name);
+          if (it == by_name.end()) {
+            status = absl::DataLossError(
+                absl::StrCat("checkpoint ", ModelPath(work.job_id), " lacks ", p.name));
+            break;
+          }
+          absl::StatusOr<std::vector<float>> values = TensorProtoToFloats(*it->second);
+          if (!values.ok()) {
+            status = values.status();
+            break;
+          }
+          launch.params.push_back(*std::move(values));
+        }
+        for (const v1::TensorProto& t : ckpt->optimizer_state()) {
+          if (!status.ok()) break;
+          absl::StatusOr<std::vector<float>> values = TensorProtoToFloats(t);
+          if (!values.ok()) {
+            status = values.status();
+            break;
+          }
+          launch.optimizer_state[t.name()] = *std::move(values);
+        }
+        start_epoch = ckpt->epoch();
+      } else {
+        status = ckpt.status();
+      }
+    } else {
+      launch.params = InitialParameterValues(work.graph);
+    }
+    if (status.ok()) status = shards_->ConfigureJob(launch);
+
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(work.job_id);
+    job.shards_configured = true;  // Possibly partly: DropJob cleans up either way.
+    if (job.phase != Phase::kStarting) continue;  // Cancelled meanwhile.
+    if (!status.ok()) {
+      Finish(job, v1::JOB_STATE_FAILED,
+             absl::StrCat(work.resume ? "could not resume: " : "could not start: ",
+                          status.message()));
+      continue;
+    }
+    job.phase = Phase::kRunning;
+    job.start_epoch = start_epoch;
+    job.last_checkpoint_epoch = start_epoch;
+    job.status.set_state(v1::JOB_STATE_RUNNING);
+    job.status.set_epoch(start_epoch);
+    job.status.set_step(0);
+    if (job.status.started_unix_ms() == 0) job.status.set_started_unix_ms(ToUnixMs(Now()));
+    job.status.set_reason(absl::StrCat("training on ", job.members.size(), " worker",
+                                       job.members.size() == 1 ? "" : "s",
+                                       start_epoch > 0 ? absl::StrCat(" from epoch ", start_epoch)
+                                                       : std::string()));
+    RefreshAggregates(job);
+    Touch(job);
+    Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "),
+                     " (generation ", work.generation, ")"));
+  }
+  if (!starts.empty()) {
+    absl::MutexLock lock(&mu_);
+    RefreshQueueReasons();
+  }
+}
+
+void Coordinator::WriteDueCheckpoints() {
+  std::vector<CheckpointWork> works;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : job_order_) {
+      Job& job = *jobs_.at(id);
+      CheckpointWork work;
+      work.job_id = id;
+      if (job.phase == Phase::kDone && job.save_on_stop) {
+        work.kind = CheckpointWork::kStop;
+      } else if (job.phase == Phase::kRunning && !job.members.empty() &&
+                 std::all_of(job.members.begin(), job.members.end(),
+                             [](const Member& m) { return m.finished; })) {
+        work.kind = CheckpointWork::kFinal;
+        job.phase = Phase::kFinalizing;
+        job.status.set_reason("evaluated; writing the final checkpoint");
+        Touch(job);
+      } else if (job.phase == Phase::kRunning &&
+                 job.status.epoch() > job.last_checkpoint_epoch) {
+        work.kind = CheckpointWork::kEpoch;
+      } else {
+        continue;
+      }
+      work.spec = job.status.spec();
+      work.graph = job.graph;
+      work.epoch = job.status.epoch();
+      work.step = job.status.step();
+      works.push_back(std::move(work));
+    }
+  }
+
+  for (const CheckpointWork& work : works) {
+    const absl::Status s = WriteCheckpoint(work);
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(work.job_id);
+    if (s.ok() && !options_.state_dir.empty()) job.has_checkpoint = true;
+    switch (work.kind) {
+      case CheckpointWork::kStop:
+        job.save_on_stop = false;
+        if (!s.ok()) Log(absl::StrCat(work.job_id, ": could not save the model: ", s.message()));
+        break;
+      case CheckpointWork::kEpoch:
+        if (s.ok()) {
+          job.last_checkpoint_epoch = work.epoch;
+        } else {
+          Log(absl::StrCat(work.job_id, ": checkpoint of epoch ", work.epoch,
+                           " failed: ", s.message()));
+        }
+        break;
+      case CheckpointWork::kFinal: {
+        if (job.phase != Phase::kFinalizing) break;  // Cancelled meanwhile.
+        if (!s.ok()) {
+          Finish(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("could not write the final checkpoint: ", s.message()));
+          break;
+        }
+        // Merge every member's test shard.
+        int num_classes = 0;
+        for (const Member& m : job.members) num_classes = std::max(num_classes, m.eval.num_classes());
+        ConfusionMatrix total(num_classes);
+        double loss_sum = 0;
+        int64_t samples = 0;
+        for (const Member& m : job.members) {
+          total.Merge(MatrixFromEval(m.eval));
+          loss_sum += m.eval.loss() * static_cast<double>(m.eval.samples());
+          samples += m.eval.samples();
+        }
+        const ClassificationMetrics metrics = total.Compute();
+        v1::EvalMetrics* test = job.status.mutable_test();
+        test->set_accuracy(metrics.accuracy);
+        test->set_precision(metrics.macro_precision);
+        test->set_recall(metrics.macro_recall);
+        test->set_f1(metrics.macro_f1);
+        test->set_loss(samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0);
+        test->set_samples(metrics.samples);
+        test->set_num_classes(metrics.num_classes);
+        test->mutable_confusion()->Assign(metrics.confusion.begin(), metrics.confusion.end());
+        job.status.set_epoch(job.status.spec().epochs());
+        Finish(job, v1::JOB_STATE_SUCCEEDED,
+               absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples",
+                               job.status.spec().epochs(), metrics.accuracy, metrics.samples));
+        break;
+      }
+    }
+    Touch(job);
+  }
+}
+
+absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
+  PSTRAIN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, shards_->ReadModel(work.job_id, work.graph));
+  {
+    absl::MutexLock lock(&mu_);
+    max_model_version_ = std::max(max_model_version_, snapshot.max_version);
+  }
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  v1::Checkpoint ckpt;
+  *ckpt.mutable_job() = work.spec;
+  for (size_t p = 0; p < work.graph.params.size(); ++p) {
+    const ParamInfo& info = work.graph.params[p];
+    *ckpt.add_parameters() =
+        MakeTensorProto(info.name, info.shape.dims(), snapshot.params[p].data());
+    // Optimizer state of this parameter, slots in name order.
+    const std::string prefix = info.name + "/";
+    for (auto it = snapshot.optimizer_state.lower_bound(prefix);
+         it != snapshot.optimizer_state.end() && absl::StartsWith(it->first, prefix); ++it) {
+      if (it->first.find('/', prefix.size()) != std::string::npos) continue;
+      *ckpt.add_optimizer_state() = MakeTensorProto(it->first, info.shape.dims(), it->second.data());
+    }
+  }
+  ckpt.set_step(work.step);
+  ckpt.set_epoch(work.epoch);
+  ckpt.set_created_unix_ms(ToUnixMs(Now()));
+  PSTRAIN_RETURN_IF_ERROR(MakeDirs(JobDir(work.job_id)));
+  PSTRAIN_RETURN_IF_ERROR(WriteCheckpointFile(ModelPath(work.job_id), ckpt));
+  Log(absl::StrCat(work.job_id, ": checkpoint written (epoch ", work.epoch, ", step ", work.step,
+                   work.kind == CheckpointWork::kFinal ? ", final" : "", ")"));
+  return absl::OkStatus();
+}
+
+void Coordinator::DropFinishedJobs() {
+  std::vector<std::string> drops;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : job_order_) {
+      Job& job = *jobs_.at(id);
+      if (job.phase != Phase::kDone || !job.shards_configured || job.save_on_stop) continue;
+      job.shards_configured = false;
+      drops.push_back(id);
+    }
+  }
+  for (const std::string& id : drops) {
+    const absl::Status s = shards_->DropJob(id);
+    if (!s.ok()) Log(absl::StrCat(id, ": dropping it from the shards failed: ", s.message()));
+  }
+}
+
+void Coordinator::PersistChangedJobs() {
+  if (options_.state_dir.empty()) return;
+  absl::MutexLock persist_lock(&persist_mu_);
+  std::vector<std::pair<v1::JobStatus, int64_t>> changed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (job->revision > job->persisted_revision) changed.emplace_back(job->status, job->revision);
+    }
+  }
+  for (const auto& [status, revision] : changed) {
+    const std::string dir = JobDir(status.job_id());
+    absl::Status s = MakeDirs(dir);
+    if (s.ok()) {
+      s = WriteFileAtomically((fs::path(dir) / "status.pb").string(), status.SerializeAsString());
+    }
+    if (!s.ok()) {
+      Log(absl::StrCat(status.job_id(), ": could not save its status: ", s.message()));
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(status.job_id());
+    job.persisted_revision = std::max(job.persisted_revision, revision);
+  }
+}
+
+}  // namespace pstrain

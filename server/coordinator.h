@@ -1,0 +1,227 @@
+// Coordinator: the job queue, worker registry and job state machine of
+// server 0. No gRPC here: server/coordinator_service.* decodes the wire and
+// calls this.
+//
+//   ShardController shards(...);
+//   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+//                            Coordinator::Create({.state_dir = "/var/lib/pstrain"}, &shards));
+//   PSTRAIN_ASSIGN_OR_RETURN(std::string job_id, coordinator->SubmitJob(spec));  // "job-1"
+//   v1::RegisterWorkerResponse w = coordinator->RegisterWorker(info);           // "worker-1"
+//   PSTRAIN_ASSIGN_OR_RETURN(v1::HeartbeatResponse hb,
+//                            coordinator->Heartbeat(w.worker_id(), ""));        // ACTION_RUN
+//
+// Job life: SubmitJob validates the spec (INVALID_ARGUMENT with the
+// validation message, nothing queued) and queues it (QUEUED, reason "waiting
+// for 2 idle workers, 1 available"). The background work (Tick) starts a
+// queued job once enough idle live workers exist: it configures every shard
+// with the initial values (or the job's last checkpoint when it resumes),
+// then publishes assignments (rank 0..n-1, generation 1) that the workers
+// receive on their next heartbeat (RUNNING). Workers report progress; the
+// job's epoch and step are the slowest member's, its loss and accuracy the
+// mean of the members' last reports, its samples/s their sum. After every
+// epoch of the slowest member a checkpoint is written to
+// <state_dir>/jobs/<id>/model.ckpt. When every member reported `finished`
+// with its test shard, the confusion matrices are merged into
+// JobStatus.test, the final checkpoint is written, and the job SUCCEEDED.
+// A worker error fails the job (FAILED, reason names the worker); a cancel
+// marks it CANCELLED at once (its model is saved) and the workers get
+// ACTION_STOP.
+//
+// Membership: a worker silent for Options::heartbeat_timeout is marked dead.
+// If it was training, it leaves its job: the generation is bumped, the
+// shards get the survivors (a sync barrier waiting for it completes), and the
+// survivors get new ranks 0..n-2 and world size n-1 on their next heartbeat.
+// A job that loses every worker goes back to the queue and resumes from its
+// last checkpoint. A dead worker that heartbeats again is alive and idle.
+//
+// Persistence: every change of a job is saved to <state_dir>/jobs/<id>/
+// status.pb (written to a temporary file, fsync'ed and renamed). Create()
+// loads them: finished jobs are listed again, QUEUED and RUNNING jobs are
+// queued again and resume from their last checkpoint (from scratch when
+// there is none); the shards then start from version 0 with the
+// checkpoint's values and optimizer state, and the workers from the
+// checkpoint's epoch (Assignment.start_epoch).
+//
+// Threads: thread-safe. The public calls only touch memory (and write small
+// status files) and return promptly; everything that talks to shards or
+// writes checkpoints runs in Tick(), on the background thread the
+// Coordinator owns (or on the test's thread when
+// Options::start_background_thread is false). Tick() never holds the
+// coordinator's lock while it talks to a shard.
+#ifndef PSTRAIN_SERVER_COORDINATOR_H_
+#define PSTRAIN_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/chunking.h"
+#include "common/model_graph.h"
+#include "pstrain/v1/job.pb.h"
+#include "pstrain/v1/service.pb.h"
+#include "server/shard_controller.h"
+
+namespace pstrain {
+
+// A job's status together with a counter that grows on every change (for
+// watchers).
+struct JobUpdate {
+  v1::JobStatus status;
+  int64_t revision = 0;
+};
+
+// Counts for /metrics.
+struct CoordinatorStats {
+  std::map<v1::JobState, int> jobs_by_state;
+  int workers_alive = 0;
+  int workers_registered = 0;
+  int64_t max_model_version = 0;  // Highest model version read at a checkpoint.
+};
+
+class Coordinator {
+ public:
+  struct Options {
+    // Job statuses and checkpoints live in <state_dir>/jobs/<job_id>/. Empty:
+    // nothing is persisted and DownloadModel has nothing to offer.
+    std::string state_dir;
+    absl::Duration heartbeat_timeout = absl::Seconds(10);
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    // Every shard's ParameterService address, index = shard (sent to workers).
+    std::vector<std::string> shard_addresses;
+    int max_workers_per_job = 64;
+    // The clock; tests inject their own.
+    std::function<absl::Time()> clock = [] { return absl::Now(); };
+    // Run Tick() on an owned thread every tick_interval (and at once after
+    // events). Off: the caller calls Tick() itself (tests).
+    bool start_background_thread = true;
+    absl::Duration tick_interval = absl::Milliseconds(200);
+    // Where event lines go ("job-1: RUNNING on worker-1, worker-2"); default stderr.
+    std::function<void(const std::string&)> log;
+  };
+
+  // Creates the state directory if needed and loads the jobs saved there.
+  // `shards` must outlive the Coordinator. Errors: the state directory
+  // cannot be created or read, or a saved status is corrupt (DATA_LOSS naming
+  // the file).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options,
+                                                             ShardController* shards);
+  // Stops the background thread.
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // --- Jobs ---------------------------------------------------------------
+  // Validates `spec` (model inline, ValidateJobSpec, ValidateOptimizerSpec,
+  // 1 <= workers <= max_workers_per_job; workers 0 means 1) and queues it.
+  // Returns the new job id.
+  absl::StatusOr<std::string> SubmitJob(v1::JobSpec spec);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
+  // Newest first.
+  std::vector<v1::JobStatus> ListJobs() const;
+  // Idempotent: a finished job comes back unchanged.
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id);
+  // Waits until the job's revision exceeds `after_revision` or `deadline`
+  // passes, then returns its current status and revision. NOT_FOUND for an
+  // unknown id.
+  absl::StatusOr<JobUpdate> WaitForJobUpdate(const std::string& job_id, int64_t after_revision,
+                                             absl::Time deadline) const;
+  // The path of the job's latest checkpoint file. NOT_FOUND for an unknown
+  // job, FAILED_PRECONDITION when none has been written yet.
+  absl::StatusOr<std::string> CheckpointPath(const std::string& job_id) const;
+
+  // --- Workers ------------------------------------------------------------
+  v1::RegisterWorkerResponse RegisterWorker(const v1::WorkerInfo& info);
+  // Records the heartbeat and says what the worker must do. An unknown
+  // worker id gets ACTION_REREGISTER (not an error).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
+                                                  const std::string& job_id);
+  // Records a worker's progress, test shard or error. Returns true when the
+  // worker must stop (job cancelled, failed or the worker is no longer a
+  // member). NOT_FOUND for an unknown worker or job; INVALID_ARGUMENT for
+  // a malformed eval shard.
+  absl::StatusOr<bool> ReportProgress(const v1::ReportProgressRequest& report);
+  std::vector<v1::WorkerStatus> ListWorkers() const;
+
+  // --- Background work ----------------------------------------------------
+  // One round: drops dead workers, updates shard membership, starts queued
+  // jobs, writes due checkpoints, finishes jobs and drops finished jobs from
+  // the shards, saves changed statuses. Called by the background thread;
+  // tests without the thread call it themselves. Calls are serialised.
+  void Tick();
+
+  CoordinatorStats Stats() const;
+  const Options& options() const { return options_; }
+
+ private:
+  struct Worker;
+  struct Member;
+  struct Job;
+  // Shard work decided under the lock and carried out without it.
+  struct StartWork;
+  struct CheckpointWork;
+
+  Coordinator(Options options, ShardController* shards);
+  absl::Status LoadState();
+  void BackgroundLoop();
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
+  void Log(const std::string& line) const;
+  absl::Time Now() const { return options_.clock(); }
+
+  // Tick phases.
+  void DropDeadWorkers();
+  void SyncMembership();
+  void StartQueuedJobs();
+  void WriteDueCheckpoints();
+  void DropFinishedJobs();
+  void PersistChangedJobs();
+
+  // Helpers that need mu_ held.
+  Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshAggregates(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int IdleLiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(Job& job, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string JobDir(const std::string& job_id) const;
+  std::string ModelPath(const std::string& job_id) const;
+
+  // Writes a checkpoint of the job's model (no lock held).
+  absl::Status WriteCheckpoint(const CheckpointWork& work);
+
+  // Constant after construction.
+  const Options options_;
+  ShardController* const shards_;
+
+  // Serialises Tick() (the only code that talks to shards).
+  absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Serialises status-file writes.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(tick_mu_) ABSL_ACQUIRED_BEFORE(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // Submission order.
+  std::map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread background_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_H_

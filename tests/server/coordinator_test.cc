@@ -1,0 +1,725 @@
+// Coordinator and ShardController without processes: fake shards that keep
+// the configured chunks in memory (and one real in-process ParameterShard),
+// an injected clock, and Tick() called by the test instead of the background
+// thread.
+#include "server/coordinator.h"
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/checkpoint.h"
+#include "common/chunking.h"
+#include "common/metrics.h"
+#include "common/model_graph.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+#include "server/shard_controller.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A shard that stores what it is configured with. ReadChunks returns the
+// stored values; when `add_momentum` it also returns a "momentum" slot
+// (values 0.5) for chunks of trainable parameters, like a shard running SGD
+// with momentum.
+class FakeShard {
+ public:
+  struct JobState {
+    v1::ConfigureJobRequest config;
+    std::vector<std::string> members;
+    int64_t generation = 0;
+  };
+
+  mutable absl::Mutex mu;
+  std::map<std::string, JobState> jobs ABSL_GUARDED_BY(mu);
+  std::vector<std::string> dropped ABSL_GUARDED_BY(mu);
+  int set_members_calls ABSL_GUARDED_BY(mu) = 0;
+  bool fail_configure ABSL_GUARDED_BY(mu) = false;
+  bool add_momentum ABSL_GUARDED_BY(mu) = false;
+};
+
+class FakeShardClient final : public ShardClient {
+ public:
+  explicit FakeShardClient(FakeShard* shard) : shard_(shard) {}
+  absl::Status ConfigureJob(const v1::ConfigureJobRequest& request) override {
+    absl::MutexLock lock(&shard_->mu);
+    if (shard_->fail_configure) return absl::UnavailableError("fake shard is down");
+    auto& job = shard_->jobs[request.job_id()];
+    job.config = request;
+    job.members.assign(request.members().begin(), request.members().end());
+    job.generation = request.generation();
+    return absl::OkStatus();
+  }
+  absl::Status SetMembers(const v1::SetMembersRequest& request) override {
+    absl::MutexLock lock(&shard_->mu);
+    auto it = shard_->jobs.find(request.job_id());
+    if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
+    it->second.members.assign(request.members().begin(), request.members().end());
+    it->second.generation = request.generation();
+    shard_->set_members_calls++;
+    return absl::OkStatus();
+  }
+  absl::Status DropJob(const std::string& job_id) override {
+    absl::MutexLock lock(&shard_->mu);
+    shard_->jobs.erase(job_id);
+    shard_->dropped.push_back(job_id);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id) override {
+    absl::MutexLock lock(&shard_->mu);
+    auto it = shard_->jobs.find(job_id);
+    if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
+    std::vector<v1::ChunkValues> out(it->second.config.chunks().begin(),
+                                     it->second.config.chunks().end());
+    if (shard_->add_momentum) {
+      for (v1::ChunkValues& c : out) {
+        if (c.slots_size() > 0) continue;
+        v1::OptimizerSlot* slot = c.add_slots();
+        slot->set_name("momentum");
+        for (int i = 0; i < c.values_size(); ++i) slot->add_values(0.5f);
+      }
+    }
+    return out;
+  }
+  std::string Describe() const override { return "fake shard"; }
+
+ private:
+  FakeShard* const shard_;
+};
+
+// input [4] -> dense fc (3 units) -> softmax cross-entropy; 15 parameters.
+v1::JobSpec TinyJob(int workers) {
+  v1::JobSpec job;
+  job.set_name("tiny");
+  v1::ModelSpec* model = job.mutable_model();
+  model->set_name("tiny");
+  model->add_input_shape(4);
+  model->set_num_classes(3);
+  model->set_init_seed(7);
+  v1::LayerSpec* fc = model->add_layers();
+  fc->set_name("fc");
+  fc->mutable_dense()->set_units(3);
+  v1::LayerSpec* loss = model->add_layers();
+  loss->set_name("loss");
+  loss->mutable_softmax_cross_entropy();
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
+  job.mutable_optimizer()->set_learning_rate(0.1f);
+  job.set_epochs(2);
+  job.set_batch_size(8);
+  job.set_workers(workers);
+  return job;
+}
+
+v1::EvalMetrics EvalShard(const std::vector<std::pair<int, int>>& pairs, double loss) {
+  v1::EvalMetrics e;
+  e.set_num_classes(3);
+  std::vector<int64_t> counts(9, 0);
+  for (auto [t, p] : pairs) counts[t * 3 + p]++;
+  for (int64_t c : counts) e.add_confusion(c);
+  e.set_samples(static_cast<int64_t>(pairs.size()));
+  e.set_loss(loss);
+  return e;
+}
+
+v1::ReportProgressRequest Progress(const std::string& worker, const std::string& job, int epoch,
+                                   int64_t step, double loss, double accuracy, double sps) {
+  v1::ReportProgressRequest r;
+  r.set_worker_id(worker);
+  r.set_job_id(job);
+  r.set_generation(1);
+  r.set_epoch(epoch);
+  r.set_step(step);
+  r.set_loss(loss);
+  r.set_train_accuracy(accuracy);
+  r.set_samples_per_sec(sps);
+  return r;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = absl::StrCat(::testing::TempDir(), "/coordinator_test_", getpid(), "_",
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(state_dir_);
+    now_ = absl::FromUnixSeconds(1700000000);
+    MakeController(1);
+    Restart();
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    fs::remove_all(state_dir_);
+  }
+
+  void MakeController(int num_shards) {
+    coordinator_.reset();
+    fakes_.clear();
+    std::vector<std::unique_ptr<ShardClient>> clients;
+    for (int i = 0; i < num_shards; ++i) {
+      fakes_.push_back(std::make_unique<FakeShard>());
+      clients.push_back(std::make_unique<FakeShardClient>(fakes_.back().get()));
+    }
+    controller_ = std::make_unique<ShardController>(std::move(clients), /*chunk_bytes=*/16);
+  }
+
+  // (Re)creates the coordinator over the same state directory and shards.
+  void Restart() {
+    coordinator_.reset();
+    Coordinator::Options options;
+    options.state_dir = state_dir_;
+    options.heartbeat_timeout = absl::Seconds(2);
+    options.heartbeat_interval = absl::Milliseconds(500);
+    options.shard_addresses = {"127.0.0.1:1"};
+    options.clock = [this] { return now_; };
+    options.start_background_thread = false;
+    options.log = [](const std::string&) {};
+    auto c = Coordinator::Create(std::move(options), controller_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+  }
+
+  std::string Register(const std::string& host = "node") {
+    v1::WorkerInfo info;
+    info.set_hostname(host);
+    info.set_backend("cpu");
+    return coordinator_->RegisterWorker(info).worker_id();
+  }
+
+  v1::HeartbeatResponse Beat(const std::string& worker, const std::string& job = "") {
+    auto r = coordinator_->Heartbeat(worker, job);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::HeartbeatResponse();
+  }
+
+  v1::JobStatus Status(const std::string& job) {
+    auto s = coordinator_->GetJob(job);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::JobStatus();
+  }
+
+  // Submits a job, registers `workers` more workers and starts it; its
+  // members (in rank order) go to `worker_ids`.
+  std::string StartJob(int workers, std::vector<std::string>* worker_ids) {
+    auto id = coordinator_->SubmitJob(TinyJob(workers));
+    EXPECT_TRUE(id.ok()) << id.status();
+    for (int i = 0; i < workers; ++i) Register();
+    coordinator_->Tick();
+    const v1::JobStatus status = Status(*id);
+    EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+    worker_ids->assign(status.workers().begin(), status.workers().end());
+    return *id;
+  }
+
+  std::string state_dir_;
+  absl::Time now_;
+  std::vector<std::unique_ptr<FakeShard>> fakes_;
+  std::unique_ptr<ShardController> controller_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, SubmitRejectsBadSpecsWithTheValidationMessage) {
+  v1::JobSpec no_epochs = TinyJob(1);
+  no_epochs.set_epochs(0);
+  auto r = coordinator_->SubmitJob(no_epochs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("epochs must be > 0"));
+
+  v1::JobSpec bad_rate = TinyJob(1);
+  bad_rate.mutable_optimizer()->set_learning_rate(-1);
+  r = coordinator_->SubmitJob(bad_rate);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("learning_rate"));
+
+  r = coordinator_->SubmitJob(TinyJob(65));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("workers must be in [1, 64], got 65"));
+
+  v1::JobSpec bad_model = TinyJob(1);
+  bad_model.mutable_model()->mutable_layers(0)->mutable_dense()->set_units(5);
+  r = coordinator_->SubmitJob(bad_model);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::JobSpec model_file = TinyJob(1);
+  model_file.clear_model();
+  model_file.set_model_file("models/fmnist-cnn.json");
+  r = coordinator_->SubmitJob(model_file);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("inline"));
+
+  EXPECT_TRUE(coordinator_->ListJobs().empty());
+}
+
+TEST_F(CoordinatorTest, JobWaitsInTheQueueUntilEnoughWorkersRegister) {
+  v1::JobSpec zero = TinyJob(0);
+  auto one = coordinator_->SubmitJob(zero);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(Status(*one).spec().workers(), 1);  // 0 means 1.
+  ASSERT_TRUE(coordinator_->CancelJob(*one).ok());
+
+  auto id = coordinator_->SubmitJob(TinyJob(2));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, "job-2");
+  EXPECT_EQ(Status(*id).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Status(*id).reason(), "waiting for 2 idle workers, 0 available");
+
+  const std::string w1 = Register();
+  EXPECT_EQ(w1, "worker-1");
+  coordinator_->Tick();
+  EXPECT_EQ(Status(*id).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Status(*id).reason(), "waiting for 2 idle workers, 1 available");
+  EXPECT_EQ(Beat(w1).action(), v1::HeartbeatResponse::ACTION_IDLE);
+
+  const std::string w2 = Register();
+  coordinator_->Tick();
+  const v1::JobStatus running = Status(*id);
+  EXPECT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(running.workers(), ElementsAre(w1, w2));
+  EXPECT_GT(running.started_unix_ms(), 0);
+
+  // Ranks 0..n-1, world size n, generation 1.
+  std::vector<int> ranks;
+  for (const std::string& w : {w1, w2}) {
+    const v1::HeartbeatResponse hb = Beat(w);
+    ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+    EXPECT_EQ(hb.assignment().job_id(), *id);
+    EXPECT_EQ(hb.assignment().world_size(), 2);
+    EXPECT_EQ(hb.assignment().generation(), 1);
+    EXPECT_EQ(hb.assignment().spec().name(), "tiny");
+    ranks.push_back(hb.assignment().rank());
+  }
+  EXPECT_THAT(ranks, ElementsAre(0, 1));
+
+  // The shard holds the model's initial values, cut by the plan.
+  absl::MutexLock lock(&fakes_[0]->mu);
+  const auto& config = fakes_[0]->jobs.at(*id).config;
+  EXPECT_THAT(config.members(), ElementsAre(w1, w2));
+  EXPECT_EQ(config.generation(), 1);
+  auto graph = BuildModelGraph(TinyJob(2).model());
+  ASSERT_TRUE(graph.ok());
+  auto plan = PlanChunks(*graph, 1, 16);
+  ASSERT_TRUE(plan.ok());
+  const auto initial = InitialParameterValues(*graph);
+  ASSERT_EQ(config.chunks_size(), static_cast<int>(plan->chunks.size()));
+  for (const v1::ChunkValues& c : config.chunks()) {
+    const ChunkInfo& info = plan->chunks[c.chunk_id()];
+    ASSERT_EQ(c.values_size(), info.count);
+    for (int i = 0; i < c.values_size(); ++i) {
+      EXPECT_EQ(c.values(i), initial[info.param][info.offset + i]);
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, MissedHeartbeatsDropTheWorkerBumpTheGenerationAndReassign) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(3, &w);
+  for (const std::string& id : w) Beat(id);
+
+  now_ += absl::Milliseconds(1500);
+  Beat(w[0], job);
+  Beat(w[2], job);
+  now_ += absl::Milliseconds(1000);  // w[1] silent for 2.5 s > 2 s.
+  coordinator_->Tick();
+
+  const v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(s.workers_lost(), 1);
+  EXPECT_THAT(s.workers(), ElementsAre(w[0], w[2]));
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    EXPECT_EQ(fakes_[0]->set_members_calls, 1);
+    EXPECT_THAT(fakes_[0]->jobs.at(job).members, ElementsAre(w[0], w[2]));
+    EXPECT_EQ(fakes_[0]->jobs.at(job).generation, 2);
+  }
+  const v1::HeartbeatResponse a = Beat(w[0], job);
+  const v1::HeartbeatResponse b = Beat(w[2], job);
+  ASSERT_EQ(a.action(), v1::HeartbeatResponse::ACTION_RUN);
+  ASSERT_EQ(b.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_EQ(a.assignment().rank(), 0);
+  EXPECT_EQ(b.assignment().rank(), 1);
+  EXPECT_EQ(a.assignment().world_size(), 2);
+  EXPECT_EQ(a.assignment().generation(), 2);
+
+  auto workers = coordinator_->ListWorkers();
+  ASSERT_EQ(workers.size(), 3u);
+  EXPECT_FALSE(workers[1].alive());
+  EXPECT_TRUE(workers[0].alive());
+
+  // The dropped worker comes back: it must stop the old job and is idle.
+  EXPECT_EQ(Beat(w[1], job).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(w[1]).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  EXPECT_TRUE(coordinator_->ListWorkers()[1].alive());
+  auto stop = coordinator_->ReportProgress(Progress(w[1], job, 0, 3, 1, 0, 0));
+  ASSERT_TRUE(stop.ok());
+  EXPECT_TRUE(*stop);
+}
+
+TEST_F(CoordinatorTest, AJobThatLosesEveryWorkerIsQueuedAgain) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  now_ += absl::Seconds(3);
+  coordinator_->Tick();
+  const v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(s.workers_lost(), 1);
+  EXPECT_TRUE(s.workers().empty());
+
+  // A fresh worker picks it up with a new generation.
+  const std::string fresh = Register();
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  const v1::HeartbeatResponse hb = Beat(fresh);
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_GT(hb.assignment().generation(), 2);  // Pushes of the first run are stale.
+}
+
+TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 10, 0.5, 0.8, 100)).ok());
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 0, 8, 0.7, 0.6, 50)).ok());
+  const v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.epoch(), 0);  // The slowest member's.
+  EXPECT_EQ(s.step(), 8);
+  EXPECT_DOUBLE_EQ(s.loss(), 0.6);
+  EXPECT_DOUBLE_EQ(s.train_accuracy(), 0.7);
+  EXPECT_DOUBLE_EQ(s.samples_per_sec(), 150);
+  EXPECT_EQ(s.total_steps(), 0);  // Unknown until the slowest member ends an epoch.
+
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 10, 0.3, 0.9, 60)).ok());
+  EXPECT_EQ(Status(job).epoch(), 1);
+  EXPECT_EQ(Status(job).total_steps(), 20);  // 10 steps per epoch x 2 epochs.
+
+  // Bad reports.
+  auto unknown = coordinator_->ReportProgress(Progress("worker-99", job, 0, 0, 0, 0, 0));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  unknown = coordinator_->ReportProgress(Progress(w[0], "job-99", 0, 0, 0, 0, 0));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  v1::ReportProgressRequest bad = Progress(w[0], job, 2, 20, 0.1, 1, 0);
+  bad.set_finished(true);
+  *bad.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}}, 0.1);
+  bad.mutable_eval_shard()->set_samples(5);  // The matrix counts 2.
+  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad.mutable_eval_shard()->set_samples(2);
+  bad.mutable_eval_shard()->set_num_classes(4);  // The model has 3.
+  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->add_momentum = true;
+  }
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  EXPECT_EQ(coordinator_->CheckpointPath(job).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Epoch 1 of both members: a checkpoint of epoch 1.
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 5, 0.5, 0.8, 10)).ok());
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 5, 0.5, 0.8, 10)).ok());
+  coordinator_->Tick();
+  auto path = coordinator_->CheckpointPath(job);
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto epoch1 = ReadCheckpointFile(*path);
+  ASSERT_TRUE(epoch1.ok()) << epoch1.status();
+  EXPECT_EQ(epoch1->epoch(), 1);
+  EXPECT_EQ(epoch1->step(), 5);
+
+  const v1::EvalMetrics a = EvalShard({{0, 0}, {0, 1}, {1, 1}, {2, 2}, {2, 0}}, 0.4);
+  const v1::EvalMetrics b = EvalShard({{0, 0}, {1, 2}, {1, 1}}, 0.8);
+  v1::ReportProgressRequest done = Progress(w[0], job, 2, 10, 0.3, 0.9, 10);
+  done.set_finished(true);
+  *done.mutable_eval_shard() = a;
+  ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);  // Waits for w[1].
+  // w[0] finished: it is idle and may be given other work.
+  EXPECT_EQ(Beat(w[0], job).action(), v1::HeartbeatResponse::ACTION_IDLE);
+
+  done = Progress(w[1], job, 2, 10, 0.3, 0.9, 10);
+  done.set_finished(true);
+  *done.mutable_eval_shard() = b;
+  ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+  coordinator_->Tick();
+
+  const v1::JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.reason();
+  EXPECT_THAT(s.reason(), HasSubstr("test accuracy"));
+  EXPECT_GT(s.finished_unix_ms(), 0);
+  ConfusionMatrix ca(3), cb(3);
+  for (auto [t, p] : std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 1}, {2, 2}, {2, 0}}) {
+    ca.Add(t, p);
+  }
+  for (auto [t, p] : std::vector<std::pair<int, int>>{{0, 0}, {1, 2}, {1, 1}}) cb.Add(t, p);
+  ca.Merge(cb);
+  const ClassificationMetrics expected = ca.Compute();
+  EXPECT_EQ(std::vector<int64_t>(s.test().confusion().begin(), s.test().confusion().end()),
+            expected.confusion);
+  EXPECT_DOUBLE_EQ(s.test().accuracy(), expected.accuracy);
+  EXPECT_DOUBLE_EQ(s.test().accuracy(), 5.0 / 8.0);
+  EXPECT_DOUBLE_EQ(s.test().precision(), expected.macro_precision);
+  EXPECT_DOUBLE_EQ(s.test().recall(), expected.macro_recall);
+  EXPECT_DOUBLE_EQ(s.test().f1(), expected.macro_f1);
+  EXPECT_DOUBLE_EQ(s.test().loss(), (0.4 * 5 + 0.8 * 3) / 8);
+  EXPECT_EQ(s.test().samples(), 8);
+
+  // The final checkpoint: parameters named as in the graph, with the
+  // shard's values, and the optimizer state named "<param>/<slot>".
+  auto ckpt = ReadCheckpointFile(*coordinator_->CheckpointPath(job));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->epoch(), 2);
+  EXPECT_EQ(ckpt->job().name(), "tiny");
+  std::vector<std::string> names, state_names;
+  for (const auto& t : ckpt->parameters()) names.push_back(t.name());
+  for (const auto& t : ckpt->optimizer_state()) state_names.push_back(t.name());
+  EXPECT_THAT(names, ElementsAre("fc/weight", "fc/bias"));
+  EXPECT_THAT(state_names, ElementsAre("fc/weight/momentum", "fc/bias/momentum"));
+  auto graph = BuildModelGraph(TinyJob(2).model());
+  ASSERT_TRUE(graph.ok());
+  const auto initial = InitialParameterValues(*graph);
+  EXPECT_EQ(*TensorProtoToFloats(ckpt->parameters(0)), initial[0]);
+  EXPECT_EQ(ckpt->parameters(0).shape_size(), 2);
+  EXPECT_EQ(*TensorProtoToFloats(ckpt->optimizer_state(1)), std::vector<float>(3, 0.5f));
+
+  // The shards forget the job; the workers are idle.
+  absl::MutexLock lock(&fakes_[0]->mu);
+  EXPECT_THAT(fakes_[0]->dropped, ElementsAre(job));
+  EXPECT_TRUE(fakes_[0]->jobs.empty());
+}
+
+TEST_F(CoordinatorTest, CancelStopsWorkersKeepsTheModelAndIsIdempotent) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  auto cancelled = coordinator_->CancelJob(job);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled by user");
+  EXPECT_EQ(Beat(w[0], job).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(w[0]).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  auto stop = coordinator_->ReportProgress(Progress(w[1], job, 0, 1, 1, 0, 0));
+  ASSERT_TRUE(stop.ok());
+  EXPECT_TRUE(*stop);
+
+  coordinator_->Tick();
+  EXPECT_TRUE(coordinator_->CheckpointPath(job).ok());  // The last model is kept.
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    EXPECT_THAT(fakes_[0]->dropped, ElementsAre(job));
+  }
+  auto again = coordinator_->CancelJob(job);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(coordinator_->CancelJob("job-42").status().code(), absl::StatusCode::kNotFound);
+
+  // The freed workers take the next job.
+  auto next = coordinator_->SubmitJob(TinyJob(2));
+  ASSERT_TRUE(next.ok());
+  coordinator_->Tick();
+  EXPECT_EQ(Status(*next).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, AWorkerErrorFailsTheJobWithItsReason) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  v1::ReportProgressRequest error = Progress(w[1], job, 0, 3, 0, 0, 0);
+  error.set_error("dataset.path /nope: no such file");
+  auto stop = coordinator_->ReportProgress(error);
+  ASSERT_TRUE(stop.ok());
+  EXPECT_TRUE(*stop);
+  const v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s.reason(), HasSubstr(w[1]));
+  EXPECT_THAT(s.reason(), HasSubstr("dataset.path /nope: no such file"));
+  EXPECT_EQ(Beat(w[0], job).action(), v1::HeartbeatResponse::ACTION_STOP);
+}
+
+TEST_F(CoordinatorTest, ShardConfigurationFailureFailsTheJob) {
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->fail_configure = true;
+  }
+  auto id = coordinator_->SubmitJob(TinyJob(1));
+  ASSERT_TRUE(id.ok());
+  const std::string w = Register();
+  coordinator_->Tick();
+  const v1::JobStatus s = Status(*id);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s.reason(), HasSubstr("fake shard is down"));
+  EXPECT_EQ(Beat(w).action(), v1::HeartbeatResponse::ACTION_IDLE);
+}
+
+TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirCheckpoint) {
+  std::vector<std::string> w;
+  const std::string done = StartJob(1, &w);
+  v1::ReportProgressRequest finish = Progress(w[0], done, 2, 4, 0.2, 1, 0);
+  finish.set_finished(true);
+  *finish.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}, {2, 1}}, 0.5);
+  ASSERT_TRUE(coordinator_->ReportProgress(finish).ok());
+  coordinator_->Tick();
+  ASSERT_EQ(Status(done).state(), v1::JOB_STATE_SUCCEEDED);
+
+  // A second job trains one epoch (the shard's values change) and is
+  // checkpointed.
+  std::vector<std::string> w2;
+  const std::string running = StartJob(1, &w2);
+  std::vector<float> trained;
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    for (auto& c : *fakes_[0]->jobs.at(running).config.mutable_chunks()) {
+      for (float& v : *c.mutable_values()) {
+        v += 1.0f;
+        trained.push_back(v);
+      }
+    }
+  }
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w2[0], running, 1, 2, 0.2, 1, 0)).ok());
+  coordinator_->Tick();
+  ASSERT_TRUE(coordinator_->CheckpointPath(running).ok());
+
+  Restart();
+  const v1::JobStatus first = Status(done);
+  EXPECT_EQ(first.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(first.test().accuracy(), 2.0 / 3.0);
+  EXPECT_TRUE(coordinator_->CheckpointPath(done).ok());
+  const v1::JobStatus second = Status(running);
+  EXPECT_EQ(second.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(second.reason(), HasSubstr("resumes from the checkpoint of epoch 1"));
+  EXPECT_EQ(coordinator_->ListJobs().size(), 2u);
+  auto third = coordinator_->SubmitJob(TinyJob(5));
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(*third, "job-3");  // Ids continue after the saved ones.
+
+  // Old worker ids are unknown to the new coordinator.
+  EXPECT_EQ(Beat(w2[0], running).action(), v1::HeartbeatResponse::ACTION_REREGISTER);
+  const std::string fresh = Register();
+  coordinator_->Tick();
+  EXPECT_EQ(Status(running).state(), v1::JOB_STATE_RUNNING);
+  const v1::HeartbeatResponse hb = Beat(fresh);
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_EQ(hb.assignment().job_id(), running);
+  EXPECT_EQ(hb.assignment().start_epoch(), 1);
+  std::vector<float> configured;
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    for (const auto& c : fakes_[0]->jobs.at(running).config.chunks()) {
+      configured.insert(configured.end(), c.values().begin(), c.values().end());
+    }
+  }
+  EXPECT_EQ(configured, trained);
+}
+
+TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
+  auto id = coordinator_->SubmitJob(TinyJob(1));
+  ASSERT_TRUE(id.ok());
+  auto first = coordinator_->WaitForJobUpdate(*id, -1, absl::InfinitePast());
+  ASSERT_TRUE(first.ok());
+  const absl::Time start = absl::Now();
+  auto same = coordinator_->WaitForJobUpdate(*id, first->revision,
+                                             absl::Now() + absl::Milliseconds(50));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->revision, first->revision);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+
+  ASSERT_TRUE(coordinator_->CancelJob(*id).ok());
+  auto changed = coordinator_->WaitForJobUpdate(*id, first->revision,
+                                                absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(changed.ok());
+  EXPECT_GT(changed->revision, first->revision);
+  EXPECT_EQ(changed->status.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(coordinator_->WaitForJobUpdate("job-9", 0, absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ShardControllerSplitsAndReassemblesAcrossShards) {
+  MakeController(2);
+  auto graph = BuildModelGraph(TinyJob(1).model());
+  ASSERT_TRUE(graph.ok());
+  JobLaunch launch;
+  launch.job_id = "job-1";
+  launch.spec = TinyJob(1);
+  launch.members = {"worker-1"};
+  launch.params = InitialParameterValues(*graph);
+  launch.optimizer_state["fc/weight/momentum"] = std::vector<float>(12, 0.25f);
+  ASSERT_TRUE(controller_->ConfigureJob(launch).ok());
+  {
+    absl::MutexLock l0(&fakes_[0]->mu);
+    absl::MutexLock l1(&fakes_[1]->mu);
+    // 15 floats in 16-byte chunks: both shards own some.
+    EXPECT_GT(fakes_[0]->jobs.at("job-1").config.chunks_size(), 0);
+    EXPECT_GT(fakes_[1]->jobs.at("job-1").config.chunks_size(), 0);
+    EXPECT_EQ(fakes_[1]->jobs.at("job-1").config.shard_index(), 1);
+    EXPECT_EQ(fakes_[1]->jobs.at("job-1").config.num_shards(), 2);
+  }
+  auto model = controller_->ReadModel("job-1", *graph);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->params, launch.params);
+  ASSERT_EQ(model->optimizer_state.size(), 1u);
+  EXPECT_EQ(model->optimizer_state.at("fc/weight/momentum"), std::vector<float>(12, 0.25f));
+
+  launch.params[0].pop_back();
+  EXPECT_EQ(controller_->ConfigureJob(launch).code(), absl::StatusCode::kInvalidArgument);
+  launch.params = InitialParameterValues(*graph);
+  launch.optimizer_state["nope/momentum"] = {1};
+  EXPECT_EQ(controller_->ConfigureJob(launch).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The same flow against a real in-process ParameterShard.
+TEST(CoordinatorWithParameterShardTest, StartsAJobAndCheckpointsTheShardsModel) {
+  ParameterShard shard({.shard_index = 0});
+  std::vector<std::unique_ptr<ShardClient>> clients;
+  clients.push_back(MakeLocalShardClient(&shard));
+  ShardController controller(std::move(clients));
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/coordinator_real_", getpid());
+  fs::remove_all(dir);
+  Coordinator::Options options;
+  options.state_dir = dir;
+  options.start_background_thread = false;
+  options.log = [](const std::string&) {};
+  auto coordinator = Coordinator::Create(std::move(options), &controller);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  Coordinator& c = **coordinator;
+
+  v1::JobSpec spec = TinyJob(1);
+  spec.mutable_optimizer()->set_momentum(0.9f);
+  auto job = c.SubmitJob(spec);
+  ASSERT_TRUE(job.ok());
+  const std::string worker = c.RegisterWorker(v1::WorkerInfo()).worker_id();
+  c.Tick();
+  ASSERT_EQ(c.GetJob(*job)->state(), v1::JOB_STATE_RUNNING) << c.GetJob(*job)->reason();
+  auto plan = shard.Plan(*job);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+
+  v1::ReportProgressRequest done = Progress(worker, *job, 2, 4, 0.1, 1, 0);
+  done.set_finished(true);
+  *done.mutable_eval_shard() = EvalShard({{0, 0}, {2, 2}}, 0.1);
+  ASSERT_TRUE(c.ReportProgress(done).ok());
+  c.Tick();
+  ASSERT_EQ(c.GetJob(*job)->state(), v1::JOB_STATE_SUCCEEDED) << c.GetJob(*job)->reason();
+  auto ckpt = ReadCheckpointFile(*c.CheckpointPath(*job));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto graph = BuildModelGraph(spec.model());
+  ASSERT_TRUE(graph.ok());
+  const auto initial = InitialParameterValues(*graph);
+  ASSERT_EQ(ckpt->parameters_size(), 2);
+  EXPECT_EQ(ckpt->parameters(0).name(), "fc/weight");
+  EXPECT_EQ(*TensorProtoToFloats(ckpt->parameters(0)), initial[0]);
+  EXPECT_EQ(*TensorProtoToFloats(ckpt->parameters(1)), initial[1]);
+  // Dropped from the shard once finished.
+  EXPECT_FALSE(shard.Plan(*job).ok());
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pstrain
