@@ -1,0 +1,73 @@
+#include "common/rpc/channel.h"
+
+#include <grpcpp/create_channel.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <climits>
+
+namespace pstrain {
+namespace {
+
+int ToMillis(absl::Duration d) {
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+}
+
+}  // namespace
+
+grpc::ChannelArguments DefaultChannelArguments(const ChannelOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ToMillis(options.keepalive_time));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ToMillis(options.keepalive_timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
+                                             const ChannelOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(address, credentials, DefaultChannelArguments(options));
+}
+
+void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(-1);
+  builder->SetMaxSendMessageSize(-1);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(status.code())),
+                      std::string(status.message()));
+}
+
+absl::Status ToAbslStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(status.error_code())),
+                      status.error_message());
+}
+
+std::chrono::system_clock::time_point DeadlineFromNow(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+void TuneAllocatorForLargeMessages() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit.
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
+}
+
+}  // namespace pstrain

@@ -1,0 +1,347 @@
+#include "common/rpc/wire.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+namespace {
+
+uint32_t FloatBits(float f) { return std::bit_cast<uint32_t>(f); }
+float BitsFloat(uint32_t u) { return std::bit_cast<float>(u); }
+
+void ReleaseKeepAlive(void* user_data) {
+  delete static_cast<std::shared_ptr<const void>*>(user_data);
+}
+
+// Builds the [header_size][header] slice. The header is small: one copy.
+absl::StatusOr<grpc::Slice> HeaderSlice(const v1::ChunkHeader& header) {
+  const size_t header_size = header.ByteSizeLong();
+  if (header_size > static_cast<size_t>(kMaxFrameHeaderBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk header of ", header_size,
+                                                   " bytes exceeds ", kMaxFrameHeaderBytes));
+  }
+  std::string bytes(4 + header_size, '\0');
+  const uint32_t n = static_cast<uint32_t>(header_size);
+  bytes[0] = static_cast<char>(n & 0xff);
+  bytes[1] = static_cast<char>((n >> 8) & 0xff);
+  bytes[2] = static_cast<char>((n >> 16) & 0xff);
+  bytes[3] = static_cast<char>((n >> 24) & 0xff);
+  if (!header.SerializeToArray(bytes.data() + 4, static_cast<int>(header_size))) {
+    return absl::InvalidArgumentError("chunk header does not serialise");
+  }
+  return grpc::Slice(bytes);
+}
+
+// Copies `n` bytes starting at (slice, offset) of `slices` to dst; advances
+// the position. The caller has checked that enough bytes remain.
+void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t* slice, size_t* offset,
+                    size_t n, char* dst) {
+  while (n > 0) {
+    const grpc::Slice& s = slices[*slice];
+    const size_t available = s.size() - *offset;
+    const size_t take = std::min(available, n);
+    std::memcpy(dst, s.begin() + *offset, take);
+    dst += take;
+    n -= take;
+    *offset += take;
+    if (*offset == s.size()) {
+      ++*slice;
+      *offset = 0;
+    }
+  }
+}
+
+// Skips empty slices so that (slice, offset) names a real byte (or the end).
+void Normalise(const std::vector<grpc::Slice>& slices, size_t* slice, size_t* offset) {
+  while (*slice < slices.size() && *offset == slices[*slice].size()) {
+    ++*slice;
+    *offset = 0;
+  }
+}
+
+}  // namespace
+
+size_t DTypeWidth(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+    case v1::DTYPE_I32:
+      return 4;
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      return 2;
+    case v1::DTYPE_U8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// BufferPool
+// ---------------------------------------------------------------------------
+
+PooledBuffer::PooledBuffer(PooledBuffer&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      data_(std::move(other.data_)),
+      capacity_(std::exchange(other.capacity_, 0)) {}
+
+PooledBuffer& PooledBuffer::operator=(PooledBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::move(other.data_);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+PooledBuffer::~PooledBuffer() { Release(); }
+
+void PooledBuffer::Release() {
+  if (data_ != nullptr && pool_ != nullptr) pool_->Return(std::move(data_), capacity_);
+  data_.reset();
+  pool_ = nullptr;
+  capacity_ = 0;
+}
+
+BufferPool::BufferPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
+
+PooledBuffer BufferPool::Acquire(size_t bytes) {
+  const size_t capacity = std::bit_ceil(std::max<size_t>(bytes, 4096));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find(capacity);
+    if (it != idle_.end()) {
+      std::unique_ptr<char[]> data = std::move(it->second);
+      idle_.erase(it);
+      cached_bytes_ -= capacity;
+      return PooledBuffer(this, std::move(data), capacity);
+    }
+  }
+  return PooledBuffer(this, std::unique_ptr<char[]>(new char[capacity]), capacity);
+}
+
+void BufferPool::Return(std::unique_ptr<char[]> data, size_t capacity) {
+  absl::MutexLock lock(&mu_);
+  if (cached_bytes_ + capacity > max_cached_bytes_) return;  // `data` is freed.
+  cached_bytes_ += capacity;
+  idle_.emplace(capacity, std::move(data));
+}
+
+size_t BufferPool::cached_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+
+BufferPool* BufferPool::Default() {
+  static BufferPool* pool = new BufferPool();
+  return pool;
+}
+
+// ---------------------------------------------------------------------------
+// Frames
+// ---------------------------------------------------------------------------
+
+absl::Status EncodeFrame(const v1::ChunkHeader& header, const void* payload, size_t bytes,
+                         grpc::ByteBuffer* out, bool copy_payload) {
+  absl::StatusOr<grpc::Slice> head = HeaderSlice(header);
+  if (!head.ok()) return head.status();
+  if (bytes == 0) {
+    *out = grpc::ByteBuffer(&*head, 1);
+    return absl::OkStatus();
+  }
+  grpc::Slice slices[2] = {
+      *std::move(head),
+      copy_payload ? grpc::Slice(payload, bytes)
+                   : grpc::Slice(payload, bytes, grpc::Slice::STATIC_SLICE)};
+  *out = grpc::ByteBuffer(slices, 2);
+  return absl::OkStatus();
+}
+
+absl::Status EncodeFrame(const v1::ChunkHeader& header, const void* payload, size_t bytes,
+                         std::shared_ptr<const void> keep_alive, grpc::ByteBuffer* out) {
+  absl::StatusOr<grpc::Slice> head = HeaderSlice(header);
+  if (!head.ok()) return head.status();
+  if (bytes == 0) {
+    *out = grpc::ByteBuffer(&*head, 1);
+    return absl::OkStatus();
+  }
+  auto* holder = new std::shared_ptr<const void>(std::move(keep_alive));
+  grpc::Slice slices[2] = {
+      *std::move(head),
+      grpc::Slice(const_cast<void*>(payload), bytes, &ReleaseKeepAlive, holder)};
+  *out = grpc::ByteBuffer(slices, 2);
+  return absl::OkStatus();
+}
+
+bool PayloadView::in_place() const {
+  return size_ == 0 || (first_slice_ < slices_.size() &&
+                        slices_[first_slice_].size() - first_offset_ >= size_);
+}
+
+void PayloadView::CopyTo(void* dst) const {
+  if (size_ == 0) return;
+  size_t slice = first_slice_, offset = first_offset_;
+  CopyFromSlices(slices_, &slice, &offset, size_, static_cast<char*>(dst));
+}
+
+const void* PayloadView::Contiguous(BufferPool* pool) {
+  if (size_ == 0) return nullptr;
+  if (!copy_.empty()) return copy_.data();
+  if (in_place()) {
+    const uint8_t* p = slices_[first_slice_].begin() + first_offset_;
+    if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) return p;
+  }
+  copy_ = pool->Acquire(size_);
+  CopyTo(copy_.data());
+  return copy_.data();
+}
+
+absl::Status DecodeFrame(const grpc::ByteBuffer& buffer, v1::ChunkHeader* header,
+                         PayloadView* payload) {
+  *payload = PayloadView();
+  const size_t total = buffer.Length();
+  if (total < 4) {
+    return absl::InvalidArgumentError(absl::StrCat("frame of ", total,
+                                                   " bytes is shorter than its 4-byte prefix"));
+  }
+  std::vector<grpc::Slice>& slices = payload->slices_;
+  grpc::Status dumped = buffer.Dump(&slices);
+  if (!dumped.ok()) return absl::InvalidArgumentError("frame cannot be read");
+  size_t slice = 0, offset = 0;
+  unsigned char prefix[4];
+  CopyFromSlices(slices, &slice, &offset, 4, reinterpret_cast<char*>(prefix));
+  const uint32_t header_size = uint32_t{prefix[0]} | (uint32_t{prefix[1]} << 8) |
+                               (uint32_t{prefix[2]} << 16) | (uint32_t{prefix[3]} << 24);
+  if (header_size > kMaxFrameHeaderBytes || header_size > total - 4) {
+    return absl::InvalidArgumentError(absl::StrCat("frame header_size ", header_size,
+                                                   " exceeds the frame (", total, " bytes) or ",
+                                                   kMaxFrameHeaderBytes));
+  }
+  Normalise(slices, &slice, &offset);
+  bool parsed;
+  if (header_size == 0) {
+    header->Clear();
+    parsed = true;
+  } else if (slices[slice].size() - offset >= header_size) {
+    parsed = header->ParseFromArray(slices[slice].begin() + offset, static_cast<int>(header_size));
+    offset += header_size;
+  } else {
+    std::string bytes(header_size, '\0');
+    CopyFromSlices(slices, &slice, &offset, header_size, bytes.data());
+    parsed = header->ParseFromString(bytes);
+  }
+  if (!parsed) return absl::InvalidArgumentError("frame header is not a valid ChunkHeader");
+  Normalise(slices, &slice, &offset);
+
+  const size_t payload_bytes = total - 4 - header_size;
+  if (header->num_elements() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_elements must be >= 0, got ", header->num_elements()));
+  }
+  const size_t width = DTypeWidth(header->dtype());
+  if (width == 0 && (payload_bytes > 0 || header->num_elements() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported payload dtype ",
+                                                   v1::DType_Name(header->dtype())));
+  }
+  const uint64_t expected = static_cast<uint64_t>(header->num_elements()) * width;
+  if (payload_bytes != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload of chunk ", header->chunk_id(), " has ", payload_bytes, " bytes but ",
+        header->num_elements(), " x ", v1::DType_Name(header->dtype()), " needs ", expected));
+  }
+  payload->first_slice_ = slice;
+  payload->first_offset_ = offset;
+  payload->size_ = payload_bytes;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Wire dtypes
+// ---------------------------------------------------------------------------
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  const uint32_t mantissa = h & 0x3ff;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in binary32.
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return BitsFloat(sign | 0x7f800000u | (mantissa << 13));
+  return BitsFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+uint16_t FloatToHalf(float f) {
+  // Round-to-nearest-even after F. Giesen's float_to_half_fast3_rtne.
+  constexpr uint32_t kF32Infinity = 255u << 23;
+  constexpr uint32_t kF16Limit = (127u + 16) << 23;  // 65536: rounds to infinity.
+  constexpr uint32_t kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;
+  uint32_t bits = FloatBits(f);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint32_t out;
+  if (bits >= kF16Limit) {
+    out = bits > kF32Infinity ? 0x7e00 : 0x7c00;
+  } else if (bits < (113u << 23)) {
+    // Becomes a half subnormal (or zero): let the FPU round.
+    out = FloatBits(BitsFloat(bits) + BitsFloat(kDenormMagic)) - kDenormMagic;
+  } else {
+    const uint32_t mantissa_odd = (bits >> 13) & 1;
+    bits += ((15u - 127u) << 23) + 0xfff;
+    bits += mantissa_odd;
+    out = bits >> 13;
+  }
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+float Bf16ToFloat(uint16_t b) { return BitsFloat(uint32_t{b} << 16); }
+
+uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatBits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+absl::Status ConvertToF32(v1::DType dtype, const void* src, int64_t count, float* dst) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+      std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+      return absl::OkStatus();
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16: {
+      const auto* in = static_cast<const unsigned char*>(src);
+      for (int64_t i = 0; i < count; ++i) {
+        const uint16_t v = static_cast<uint16_t>(in[2 * i] | (in[2 * i + 1] << 8));
+        dst[i] = dtype == v1::DTYPE_F16 ? HalfToFloat(v) : Bf16ToFloat(v);
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot convert ", v1::DType_Name(dtype), " to F32"));
+  }
+}
+
+absl::Status ConvertFromF32(v1::DType dtype, const float* src, int64_t count, void* dst) {
+  if (dtype != v1::DTYPE_F16 && dtype != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot convert F32 to ", v1::DType_Name(dtype)));
+  }
+  auto* out = static_cast<unsigned char*>(dst);
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t v = dtype == v1::DTYPE_F16 ? FloatToHalf(src[i]) : FloatToBf16(src[i]);
+    out[2 * i] = static_cast<unsigned char>(v & 0xff);
+    out[2 * i + 1] = static_cast<unsigned char>(v >> 8);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

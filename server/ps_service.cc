@@ -1,0 +1,590 @@
+#include "server/ps_service.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/wire.h"
+#include "common/status_macros.h"
+#include "pstrain/v1/service.grpc.pb.h"
+
+namespace pstrain {
+namespace {
+
+// A thread pool that grows on demand (a task never waits for a thread while
+// fewer than max_threads exist) because pull tasks block for long. Threads
+// live until destruction. Thread-safe.
+class Executor {
+ public:
+  explicit Executor(int max_threads) : max_threads_(std::max(1, max_threads)) {}
+  ~Executor() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Schedule(std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+    if (static_cast<size_t>(idle_) < tasks_.size() &&
+        static_cast<int>(threads_.size()) < max_threads_) {
+      threads_.emplace_back([this] { Loop(); });
+    }
+  }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      ++idle_;
+      mu_.Await(absl::Condition(this, &Executor::HasWorkOrStop));
+      --idle_;
+      if (tasks_.empty()) return;  // stop_ and drained.
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      mu_.Unlock();
+      task();
+      mu_.Lock();
+    }
+  }
+
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !tasks_.empty();
+  }
+
+  const int max_threads_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// The values of a frame's payload as floats: in place for F32 when possible,
+// else converted (F16/BF16) or copied into `scratch`.
+absl::StatusOr<absl::Span<const float>> PayloadFloats(const v1::ChunkHeader& header,
+                                                      PayloadView* payload,
+                                                      PooledBuffer* scratch) {
+  const int64_t n = header.num_elements();
+  if (n == 0) return absl::Span<const float>();
+  if (header.dtype() == v1::DTYPE_F32) {
+    return absl::Span<const float>(
+        static_cast<const float*>(payload->Contiguous(BufferPool::Default())), n);
+  }
+  *scratch = BufferPool::Default()->Acquire(static_cast<size_t>(n) * sizeof(float));
+  float* out = static_cast<float*>(scratch->data());
+  const void* src = payload->Contiguous(BufferPool::Default());
+  PSTRAIN_RETURN_IF_ERROR(ConvertToF32(header.dtype(), src, n, out));
+  return absl::Span<const float>(out, n);
+}
+
+absl::Status CheckPushDtype(const v1::ChunkHeader& header) {
+  switch (header.dtype()) {
+    case v1::DTYPE_F32:
+      return absl::OkStatus();
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      if (header.kind() == v1::ChunkHeader::KIND_GRADIENT) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", header.chunk_id(), ": dtype ", v1::DType_Name(header.dtype()),
+                       " is only accepted for gradients; ",
+                       v1::ChunkHeader::Kind_Name(header.kind()), " must be DTYPE_F32"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", header.chunk_id(),
+                                                      ": unsupported payload dtype ",
+                                                      v1::DType_Name(header.dtype())));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Impl: owns the executor and the two services.
+// ---------------------------------------------------------------------------
+
+class ShardServices::Impl final : public grpc::CallbackGenericService {
+ public:
+  Impl(ParameterShard* shard, Options options)
+      : shard_(shard), options_(options), executor_(options.max_threads), control_(shard) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+
+  void Register(grpc::ServerBuilder* builder) {
+    ConfigureServerBuilder(builder);
+    builder->RegisterCallbackGenericService(this);
+    builder->RegisterService(&control_);
+  }
+
+  ParameterShard* shard() const { return shard_; }
+  const Options& options() const { return options_; }
+  Executor* executor() { return &executor_; }
+
+ private:
+  // ShardControl: control path, protobuf messages, sync handlers (they run
+  // on gRPC's sync-server threads, which may block).
+  class Control final : public v1::ShardControl::Service {
+   public:
+    explicit Control(ParameterShard* shard) : shard_(shard) {}
+
+    grpc::Status ConfigureJob(grpc::ServerContext*, const v1::ConfigureJobRequest* request,
+                              v1::ConfigureJobResponse*) override {
+      if (request->shard_index() != shard_->shard_index()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("ConfigureJob for shard ", request->shard_index(),
+                                         " sent to shard ", shard_->shard_index()));
+      }
+      ShardJobConfig config;
+      config.job_id = request->job_id();
+      config.spec = request->spec();
+      config.num_shards = request->num_shards();
+      config.chunk_bytes = request->chunk_bytes();
+      config.members.assign(request->members().begin(), request->members().end());
+      config.generation = request->generation();
+      std::vector<v1::ChunkValues> chunks(request->chunks().begin(), request->chunks().end());
+      return ToGrpcStatus(shard_->ConfigureJob(config, chunks));
+    }
+
+    grpc::Status SetMembers(grpc::ServerContext*, const v1::SetMembersRequest* request,
+                            v1::SetMembersResponse*) override {
+      std::vector<std::string> members(request->members().begin(), request->members().end());
+      return ToGrpcStatus(shard_->SetMembers(request->job_id(), members, request->generation()));
+    }
+
+    grpc::Status DropJob(grpc::ServerContext*, const v1::DropJobRequest* request,
+                         v1::DropJobResponse*) override {
+      return ToGrpcStatus(shard_->DropJob(request->job_id()));
+    }
+
+    grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
+                            grpc::ServerWriter<v1::ChunkValues>* writer) override {
+      absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard_->ReadChunks(request->job_id());
+      if (!chunks.ok()) return ToGrpcStatus(chunks.status());
+      for (const v1::ChunkValues& c : *chunks) {
+        if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        if (!writer->Write(c)) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "ReadChunks: client went away");
+        }
+      }
+      return grpc::Status::OK;
+    }
+
+   private:
+    ParameterShard* const shard_;
+  };
+
+  ParameterShard* const shard_;
+  const Options options_;
+  Executor executor_;
+  Control control_;
+};
+
+namespace {
+
+// Push: client stream of chunk frames, one reply frame with the version.
+// Reading frame k+1 overlaps applying frame k (at most kMaxQueuedFrames wait).
+// State changes under mu_; gRPC Start* calls are made outside it.
+class PushReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit PushReactor(ShardServices::Impl* owner) : owner_(owner) {
+    StartSendInitialMetadata();
+    reading_ = true;
+    StartRead(&read_buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    bool start_read = false, start_drain = false;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (!ok) {
+        reads_done_ = true;
+      } else if (!stopped_) {
+        queue_.emplace_back();
+        queue_.back().Swap(&read_buffer_);
+        if (queue_.size() < kMaxQueuedFrames) start_read = reading_ = true;
+        if (!draining_) start_drain = draining_ = true;
+      }
+      finish = MaybeFinishLocked();
+    }
+    if (start_read) StartRead(&read_buffer_);
+    if (start_drain) owner_->executor()->Schedule([this] { Drain(); });
+    if (finish) DoFinish(*finish);
+  }
+
+  void OnCancel() override {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stopped_) {
+        stopped_ = true;
+        error_ = grpc::Status(grpc::StatusCode::CANCELLED, "push cancelled by the client");
+        queue_.clear();
+      }
+      finish = MaybeFinishLocked();
+    }
+    if (finish) DoFinish(*finish);
+  }
+
+  void OnWriteDone(bool) override {}
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr size_t kMaxQueuedFrames = 4;
+
+  // Applies queued frames in order on an executor thread.
+  void Drain() {
+    for (;;) {
+      grpc::ByteBuffer frame;
+      bool took = false, start_read = false;
+      std::optional<grpc::Status> finish;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_ || queue_.empty()) {
+          draining_ = false;
+          finish = MaybeFinishLocked();
+        } else {
+          took = true;
+          frame.Swap(&queue_.front());
+          queue_.pop_front();
+          if (!reading_ && !reads_done_) start_read = reading_ = true;
+        }
+      }
+      if (start_read) StartRead(&read_buffer_);
+      if (!took) {
+        // Nothing taken: this thread leaves; `this` may be deleted after DoFinish.
+        if (finish) DoFinish(*finish);
+        return;
+      }
+      absl::Status status = Apply(frame);
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (!stopped_) {
+          stopped_ = true;
+          error_ = ToGrpcStatus(status);
+          queue_.clear();
+        }
+      }
+    }
+  }
+
+  absl::Status Apply(const grpc::ByteBuffer& frame) {
+    ParameterShard* shard = owner_->shard();
+    if (frame.Length() > static_cast<size_t>(kMaxFrameBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("oversized stream: a frame of ",
+                                                     frame.Length(), " bytes exceeds ",
+                                                     kMaxFrameBytes));
+    }
+    v1::ChunkHeader header;
+    PayloadView payload;
+    PSTRAIN_RETURN_IF_ERROR(DecodeFrame(frame, &header, &payload));
+    if (frames_ == 0) {
+      job_id_ = header.job_id();
+      PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, shard->Plan(job_id_));
+      const int index = shard->shard_index();
+      const size_t owned = index < static_cast<int>(plan.by_shard.size())
+                               ? plan.by_shard[index].size()
+                               : 0;
+      max_frames_ = static_cast<int64_t>(owned) * 3 + 1;
+    } else if (header.job_id() != job_id_) {
+      return absl::InvalidArgumentError(absl::StrCat("push stream mixes jobs '", job_id_,
+                                                     "' and '", header.job_id(), "'"));
+    }
+    if (++frames_ > max_frames_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "oversized stream: more than ", max_frames_, " frames for job '", job_id_, "'"));
+    }
+    PSTRAIN_RETURN_IF_ERROR(CheckPushDtype(header));
+    PooledBuffer scratch;
+    PSTRAIN_ASSIGN_OR_RETURN(absl::Span<const float> values,
+                             PayloadFloats(header, &payload, &scratch));
+    PushArgs args;
+    args.job_id = header.job_id();
+    args.worker_id = header.worker_id();
+    args.generation = header.generation();
+    args.chunk_id = header.chunk_id();
+    args.version = header.version();
+    args.kind = header.kind();
+    args.slot = header.slot();
+    args.worker_clock = header.worker_clock();
+    PSTRAIN_ASSIGN_OR_RETURN(int64_t version, shard->Push(args, values));
+    min_version_ = std::min(min_version_, version);
+    last_kind_ = header.kind();
+    return absl::OkStatus();
+  }
+
+  // The status to finish with once nothing is running or pending, at most once.
+  std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || draining_ || reading_) return std::nullopt;
+    if (!stopped_ && !(reads_done_ && queue_.empty())) return std::nullopt;
+    finished_ = true;
+    return stopped_ ? error_ : grpc::Status::OK;
+  }
+
+  // Called once, outside mu_, as the last touch of `this` by its caller.
+  void DoFinish(const grpc::Status& status) {
+    if (!status.ok()) {
+      Finish(status);
+      return;
+    }
+    v1::ChunkHeader reply;
+    reply.set_job_id(job_id_);
+    reply.set_kind(last_kind_);
+    reply.set_version(frames_ == 0 ? 0 : min_version_);
+    absl::Status encoded = EncodeFrame(reply, nullptr, 0, &reply_buffer_);
+    if (!encoded.ok()) {
+      Finish(ToGrpcStatus(encoded));
+      return;
+    }
+    StartWriteAndFinish(&reply_buffer_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  ShardServices::Impl* const owner_;
+  grpc::ByteBuffer read_buffer_;   // Target of the one outstanding read.
+  grpc::ByteBuffer reply_buffer_;  // The reply frame.
+
+  // Touched only by the draining thread (one at a time, ordered by mu_).
+  std::string job_id_;
+  int64_t frames_ = 0;
+  int64_t max_frames_ = 0;
+  int64_t min_version_ = std::numeric_limits<int64_t>::max();
+  v1::ChunkHeader::Kind last_kind_ = v1::ChunkHeader::KIND_UNSPECIFIED;
+
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;     // A read is outstanding.
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;  // The client half-closed.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;    // A Drain task runs or is queued.
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;     // Error or cancel: apply nothing more.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// Pull: one request frame, then a reply frame per chunk in request order.
+// A producer task on the executor waits for each chunk's version and queues
+// its frame (referencing the shard's immutable snapshot); writes go out one
+// at a time from the queue.
+class PullReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  PullReactor(ShardServices::Impl* owner, grpc::GenericCallbackServerContext* ctx)
+      : owner_(owner), deadline_(absl::FromChrono(ctx->deadline())) {
+    StartSendInitialMetadata();
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      if (got_request_) return;  // Half-close after the request: expected.
+    }
+    std::optional<grpc::Status> finish;
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+      error_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull without a request frame");
+      producing_done_ = true;
+      finish = MaybeFinishLocked();
+    } else {
+      {
+        absl::MutexLock lock(&mu_);
+        got_request_ = true;
+      }
+      owner_->executor()->Schedule([this] { Produce(); });
+    }
+    if (finish) Finish(*finish);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    bool write_next = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok && !stopped_) {
+        stopped_ = true;
+        error_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "pull reply could not be sent");
+        queue_.clear();
+      }
+      write_next = StartNextWriteLocked();
+      finish = MaybeFinishLocked();
+    }
+    if (write_next) StartWrite(&current_);
+    if (finish) Finish(*finish);
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Produce() {
+    absl::Status status = ProduceFrames();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && !stopped_) {
+        stopped_ = true;
+        error_ = ToGrpcStatus(status);
+        queue_.clear();
+      }
+      producing_done_ = true;
+      finish = MaybeFinishLocked();
+    }
+    if (finish) Finish(*finish);  // Last touch of `this` by this thread.
+  }
+
+  absl::Status ProduceFrames() {
+    ParameterShard* shard = owner_->shard();
+    v1::ChunkHeader header;
+    PayloadView payload;
+    PSTRAIN_RETURN_IF_ERROR(DecodeFrame(request_, &header, &payload));
+    if (payload.size() != 0) {
+      return absl::InvalidArgumentError("a pull request frame carries no payload");
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, shard->Plan(header.job_id()));
+    const int index = shard->shard_index();
+    std::vector<int> chunk_ids(header.chunk_ids().begin(), header.chunk_ids().end());
+    if (chunk_ids.empty() && index < static_cast<int>(plan.by_shard.size())) {
+      chunk_ids = plan.by_shard[index];
+    }
+    for (int id : chunk_ids) {
+      if (id < 0 || id >= static_cast<int>(plan.chunks.size())) {
+        return absl::NotFoundError(absl::StrCat("job '", header.job_id(), "' has no chunk ", id));
+      }
+      if (plan.chunks[id].shard != index) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", id, " of job '",
+                                                       header.job_id(), "' is owned by shard ",
+                                                       plan.chunks[id].shard, ", not ", index));
+      }
+    }
+    PullArgs args;
+    args.job_id = header.job_id();
+    args.worker_id = header.worker_id();
+    args.generation = header.generation();
+    args.min_version = header.version();
+    args.kind = header.kind() == v1::ChunkHeader::KIND_UNSPECIFIED
+                    ? v1::ChunkHeader::KIND_PARAMETERS
+                    : header.kind();
+    args.slot = header.slot();
+    args.worker_clock = header.worker_clock();
+    for (int id : chunk_ids) {
+      args.chunk_id = id;
+      PSTRAIN_ASSIGN_OR_RETURN(PulledChunk chunk, WaitForChunk(args));
+      v1::ChunkHeader reply;
+      reply.set_chunk_id(id);
+      reply.set_version(chunk.version);
+      reply.set_kind(args.kind);
+      reply.set_slot(args.slot);
+      reply.set_dtype(v1::DTYPE_F32);
+      reply.set_num_elements(static_cast<int64_t>(chunk.values->size()));
+      grpc::ByteBuffer frame;
+      PSTRAIN_RETURN_IF_ERROR(EncodeFrame(reply, chunk.values->data(),
+                                          chunk.values->size() * sizeof(float),
+                                          std::shared_ptr<const void>(chunk.values), &frame));
+      bool write_now = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) return absl::OkStatus();
+        queue_.emplace_back();
+        queue_.back().Swap(&frame);
+        write_now = StartNextWriteLocked();
+      }
+      if (write_now) StartWrite(&current_);
+    }
+    return absl::OkStatus();
+  }
+
+  // ParameterShard::Pull in slices of pull_poll_interval, so that a cancelled
+  // call stops waiting soon.
+  absl::StatusOr<PulledChunk> WaitForChunk(const PullArgs& args) {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) return absl::CancelledError("pull cancelled by the client");
+      }
+      const absl::Time now = absl::Now();
+      const absl::Time slice_end = std::min(deadline_, now + owner_->options().pull_poll_interval);
+      absl::StatusOr<PulledChunk> chunk = owner_->shard()->Pull(args, slice_end);
+      if (chunk.ok() || chunk.status().code() != absl::StatusCode::kDeadlineExceeded ||
+          absl::Now() >= deadline_) {
+        return chunk;
+      }
+    }
+  }
+
+  // Moves the next queued frame into current_ if no write is outstanding.
+  bool StartNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || queue_.empty() || stopped_) return false;
+    current_.Clear();
+    current_.Swap(&queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    return true;
+  }
+
+  std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finish_called_ || writing_ || !producing_done_) return std::nullopt;
+    if (!stopped_ && !queue_.empty()) return std::nullopt;
+    finish_called_ = true;
+    return stopped_ ? error_ : grpc::Status::OK;
+  }
+
+  ShardServices::Impl* const owner_;
+  const absl::Time deadline_;
+  grpc::ByteBuffer request_;  // Written by the read, then read by Produce.
+  grpc::ByteBuffer current_;  // The frame being written.
+
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  bool got_request_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool producing_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+class UnknownMethodReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit UnknownMethodReactor(const std::string& method) {
+    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat("unknown method ", method)));
+  }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* ShardServices::Impl::CreateReactor(
+    grpc::GenericCallbackServerContext* ctx) {
+  if (ctx->method() == kPushMethod) return new PushReactor(this);
+  if (ctx->method() == kPullMethod) return new PullReactor(this, ctx);
+  return new UnknownMethodReactor(ctx->method());
+}
+
+ShardServices::ShardServices(ParameterShard* shard, Options options)
+    : impl_(std::make_unique<Impl>(shard, options)) {}
+
+ShardServices::~ShardServices() = default;
+
+void ShardServices::Register(grpc::ServerBuilder* builder) { impl_->Register(builder); }
+
+}  // namespace pstrain

@@ -1,0 +1,78 @@
+// ShardServices: the gRPC edge of one parameter-server shard. It serves
+//  * ParameterService (the hot path) through gRPC's generic callback API with
+//    the raw framing of common/rpc/wire.h: Push (client stream of chunk frames)
+//    and Pull (one request frame, then one reply frame per chunk), and
+//  * ShardControl (protobuf; server 0 configures every shard through it),
+// both over one ParameterShard.
+//
+//   ParameterShard shard({.shard_index = 0});
+//   ShardServices services(&shard);
+//   grpc::ServerBuilder builder;
+//   int port = 0;
+//   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+//   services.Register(&builder);               // also ConfigureServerBuilder(&builder)
+//   builder.RegisterService(&coordinator);     // other services may share the server
+//   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+//   ...
+//   server->Shutdown();                        // before `services` is destroyed
+//
+// Validation happens before the shard is touched; errors end the call with
+// the absl code mapped 1:1 to gRPC: a frame that does not decode (wrong byte
+// count, bad header), a dtype other than F32 (F16/BF16 are accepted for
+// gradients and converted to F32), or an oversized stream (a frame above
+// kMaxFrameBytes, or more frames than 3 x the chunks this shard owns + 1) ->
+// INVALID_ARGUMENT; everything the shard rejects (unknown job or worker,
+// chunk not owned, stale generation, non-finite values, future versions)
+// keeps the shard's code. The first bad frame ends a Push; frames before it
+// were applied, nothing from it or after it is.
+//
+// Threads: gRPC callbacks never block. Push frames are decoded and applied in
+// arrival order on threads this object owns (reading the next frame overlaps
+// applying the current one); each Pull waits for its chunks on one of these
+// threads, in slices of Options::pull_poll_interval so that a cancelled call
+// or a server shutdown frees it promptly. The thread pool grows on demand up to
+// Options::max_threads (then work queues). Register is called once, before the
+// server starts; the object must outlive the server.
+#ifndef PSTRAIN_SERVER_PS_SERVICE_H_
+#define PSTRAIN_SERVER_PS_SERVICE_H_
+
+#include <grpcpp/server_builder.h>
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+
+class ShardServices {
+ public:
+  struct Options {
+    // Longest uninterrupted wait of a pull inside ParameterShard::Pull before
+    // it checks for cancellation; bounds shutdown latency.
+    absl::Duration pull_poll_interval = absl::Milliseconds(200);
+    // Upper bound on threads applying pushes and waiting for pulls.
+    int max_threads = 256;
+  };
+
+  // `shard` must outlive this object.
+  explicit ShardServices(ParameterShard* shard) : ShardServices(shard, Options()) {}
+  ShardServices(ParameterShard* shard, Options options);
+  ShardServices(const ShardServices&) = delete;
+  ShardServices& operator=(const ShardServices&) = delete;
+  // Joins the worker threads; the server must have been shut down.
+  ~ShardServices();
+
+  // Registers ParameterService (as the server's generic service: at most one
+  // per server) and ShardControl, and applies ConfigureServerBuilder.
+  void Register(grpc::ServerBuilder* builder);
+
+  class Impl;  // Defined in ps_service.cc.
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PS_SERVICE_H_

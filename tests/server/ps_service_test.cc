@@ -1,0 +1,600 @@
+// ShardServices over real gRPC servers on 127.0.0.1 (port 0), driven by a raw
+// generic client so that every malformed frame can be sent: each must get its
+// gRPC code and leave the shard's values byte-identical.
+#include "server/ps_service.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/chunking.h"
+#include "common/model_graph.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pstrain/v1/service.grpc.pb.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kJob[] = "job-1";
+constexpr char kWorkerA[] = "worker-a";
+constexpr char kWorkerB[] = "worker-b";
+constexpr int64_t kChunkBytes = 256;  // 64 floats: fc1/weight spans 10 chunks.
+
+// input [64] -> dense 10 -> softmax cross-entropy: 650 parameters.
+v1::JobSpec TinyJob(v1::ConsistencyMode mode) {
+  v1::JobSpec job;
+  job.set_name("tiny");
+  v1::ModelSpec* model = job.mutable_model();
+  model->set_name("tiny");
+  model->add_input_shape(64);
+  model->set_num_classes(10);
+  model->set_init_seed(7);
+  v1::LayerSpec* fc = model->add_layers();
+  fc->set_name("fc1");
+  fc->mutable_dense()->set_units(10);
+  v1::LayerSpec* loss = model->add_layers();
+  loss->set_name("loss");
+  loss->mutable_softmax_cross_entropy();
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
+  job.mutable_optimizer()->set_learning_rate(0.5f);
+  job.set_epochs(1);
+  job.set_batch_size(1);
+  job.set_mode(mode);
+  if (mode == v1::CONSISTENCY_AVERAGE) job.set_averaging_frequency(1);
+  return job;
+}
+
+// The initial values of the chunks `shard` owns, in by_shard order.
+std::vector<v1::ChunkValues> InitialChunks(const ModelGraph& graph, const ChunkPlan& plan,
+                                           int shard) {
+  const std::vector<std::vector<float>> params = InitialParameterValues(graph);
+  std::vector<v1::ChunkValues> out;
+  for (int id : plan.by_shard[shard]) {
+    const ChunkInfo& c = plan.chunks[id];
+    v1::ChunkValues v;
+    v.set_chunk_id(id);
+    const float* begin = params[c.param].data() + c.offset;
+    v.mutable_values()->Add(begin, begin + c.count);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// Runs one generic streaming call: writes every request, half-closes, reads
+// every reply. Blocks until the call ends.
+class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  static grpc::Status Run(grpc::GenericStub* stub, const std::string& method,
+                          std::vector<grpc::ByteBuffer> requests,
+                          std::vector<grpc::ByteBuffer>* replies,
+                          absl::Duration timeout = absl::Seconds(10)) {
+    RawCall call(std::move(requests));
+    call.ctx_.set_deadline(DeadlineFromNow(timeout));
+    stub->PrepareBidiStreamingCall(&call.ctx_, method, grpc::StubOptions(), &call);
+    call.StartRead(&call.reply_);
+    call.WriteNext();
+    call.StartCall();
+    call.done_.WaitForNotification();
+    if (replies != nullptr) *replies = std::move(call.replies_);
+    return call.status_;
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    replies_.push_back(reply_);
+    StartRead(&reply_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+ private:
+  explicit RawCall(std::vector<grpc::ByteBuffer> requests) : requests_(std::move(requests)) {}
+  void WriteNext() {
+    if (next_ == requests_.size()) {
+      StartWritesDone();
+      return;
+    }
+    StartWrite(&requests_[next_++]);
+  }
+
+  grpc::ClientContext ctx_;
+  std::vector<grpc::ByteBuffer> requests_;
+  size_t next_ = 0;
+  grpc::ByteBuffer reply_;
+  std::vector<grpc::ByteBuffer> replies_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& values) {
+  grpc::ByteBuffer out;
+  EXPECT_TRUE(EncodeFrame(header, values.data(), values.size() * 4, &out, true).ok());
+  return out;
+}
+
+// One ParameterShard + ShardServices + gRPC server per shard.
+class ShardServer {
+ public:
+  explicit ShardServer(int index, ShardServices::Options options = {})
+      : shard_({.shard_index = index}), services_(&shard_, options) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    services_.Register(&builder);
+    server_ = builder.BuildAndStart();
+    channel_ = CreateChannel(address());
+    stub_ = std::make_unique<grpc::GenericStub>(channel_);
+    control_ = v1::ShardControl::NewStub(channel_);
+  }
+  ~ShardServer() { server_->Shutdown(DeadlineFromNow(absl::Seconds(5))); }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  ParameterShard& shard() { return shard_; }
+  grpc::GenericStub* stub() { return stub_.get(); }
+  v1::ShardControl::Stub* control() { return control_.get(); }
+  bool started() const { return server_ != nullptr && port_ != 0; }
+
+ private:
+  ParameterShard shard_;
+  ShardServices services_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  std::unique_ptr<v1::ShardControl::Stub> control_;
+};
+
+class PsServiceTest : public ::testing::Test {
+ protected:
+  // Two shards; the job is configured on each through ShardControl.
+  void StartJob(v1::ConsistencyMode mode, std::vector<std::string> members = {kWorkerA}) {
+    servers_.clear();
+    spec_ = TinyJob(mode);
+    auto graph = BuildModelGraph(spec_.model());
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    graph_ = *graph;
+    auto plan = PlanChunks(graph_, 2, kChunkBytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *plan;
+    for (int s = 0; s < 2; ++s) {
+      servers_.push_back(std::make_unique<ShardServer>(s));
+      ASSERT_TRUE(servers_.back()->started());
+      v1::ConfigureJobRequest request;
+      request.set_job_id(kJob);
+      *request.mutable_spec() = spec_;
+      request.set_num_shards(2);
+      request.set_chunk_bytes(kChunkBytes);
+      request.set_shard_index(s);
+      for (const std::string& m : members) request.add_members(m);
+      request.set_generation(1);
+      for (v1::ChunkValues& c : InitialChunks(graph_, plan_, s)) *request.add_chunks() = c;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+      v1::ConfigureJobResponse response;
+      grpc::Status status = servers_.back()->control()->ConfigureJob(&ctx, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+    }
+  }
+
+  // Every chunk of shard s as read back through ShardControl.ReadChunks.
+  std::vector<std::string> Snapshot(int s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::ReadChunksRequest request;
+    request.set_job_id(kJob);
+    auto reader = servers_[s]->control()->ReadChunks(&ctx, request);
+    std::vector<std::string> out;
+    v1::ChunkValues c;
+    while (reader->Read(&c)) out.push_back(c.SerializeAsString());
+    EXPECT_TRUE(reader->Finish().ok());
+    return out;
+  }
+
+  v1::ChunkHeader PushHeader(int chunk_id) const {
+    v1::ChunkHeader h;
+    h.set_job_id(kJob);
+    h.set_worker_id(kWorkerA);
+    h.set_generation(1);
+    h.set_chunk_id(chunk_id);
+    h.set_version(0);
+    h.set_kind(v1::ChunkHeader::KIND_GRADIENT);
+    h.set_dtype(v1::DTYPE_F32);
+    h.set_num_elements(plan_.chunks[chunk_id].count);
+    return h;
+  }
+
+  std::vector<float> Ones(int chunk_id) const {
+    return std::vector<float>(plan_.chunks[chunk_id].count, 1.0f);
+  }
+
+  int FirstChunkOf(int shard) const { return plan_.by_shard[shard].front(); }
+
+  grpc::Status Push(int shard, std::vector<grpc::ByteBuffer> frames,
+                    std::vector<grpc::ByteBuffer>* replies = nullptr) {
+    return RawCall::Run(servers_[shard]->stub(), kPushMethod, std::move(frames), replies);
+  }
+
+  // Pulls `ids` of `shard` at min_version; returns the values by chunk.
+  grpc::Status Pull(int shard, std::vector<int> ids, int64_t min_version,
+                    std::vector<std::vector<float>>* values, std::vector<int64_t>* versions,
+                    absl::Duration timeout = absl::Seconds(10)) {
+    v1::ChunkHeader h;
+    h.set_job_id(kJob);
+    h.set_worker_id(kWorkerA);
+    h.set_generation(1);
+    h.set_version(min_version);
+    h.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
+    for (int id : ids) h.add_chunk_ids(id);
+    std::vector<grpc::ByteBuffer> replies;
+    grpc::Status status =
+        RawCall::Run(servers_[shard]->stub(), kPullMethod, {Frame(h, {})}, &replies, timeout);
+    for (const grpc::ByteBuffer& r : replies) {
+      v1::ChunkHeader header;
+      PayloadView payload;
+      EXPECT_TRUE(DecodeFrame(r, &header, &payload).ok());
+      std::vector<float> v(header.num_elements());
+      payload.CopyTo(v.data());
+      if (values != nullptr) values->push_back(std::move(v));
+      if (versions != nullptr) versions->push_back(header.version());
+    }
+    return status;
+  }
+
+  // Sends `frames` to `shard` and expects `code` with `message` in the text,
+  // and both shards byte-identical afterwards.
+  void ExpectRejected(int shard, std::vector<grpc::ByteBuffer> frames, grpc::StatusCode code,
+                      const std::string& message) {
+    const std::vector<std::string> before0 = Snapshot(0), before1 = Snapshot(1);
+    grpc::Status status = Push(shard, std::move(frames));
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+    EXPECT_EQ(Snapshot(0), before0);
+    EXPECT_EQ(Snapshot(1), before1);
+  }
+
+  v1::JobSpec spec_;
+  ModelGraph graph_;
+  ChunkPlan plan_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+};
+
+TEST_F(PsServiceTest, SyncPushThenPullIsBitExact) {
+  StartJob(v1::CONSISTENCY_SYNC);
+  const std::vector<std::vector<float>> initial = InitialParameterValues(graph_);
+  for (int s = 0; s < 2; ++s) {
+    std::vector<grpc::ByteBuffer> frames;
+    std::vector<std::vector<float>> grads;
+    for (int id : plan_.by_shard[s]) {
+      std::vector<float> g(plan_.chunks[id].count);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i + id) - 0.03f;
+      frames.push_back(Frame(PushHeader(id), g));
+      grads.push_back(std::move(g));
+    }
+    std::vector<grpc::ByteBuffer> replies;
+    grpc::Status status = Push(s, std::move(frames), &replies);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(replies.size(), 1u);
+    v1::ChunkHeader reply;
+    PayloadView payload;
+    ASSERT_TRUE(DecodeFrame(replies[0], &reply, &payload).ok());
+    EXPECT_EQ(reply.version(), 1);
+
+    std::vector<std::vector<float>> values;
+    std::vector<int64_t> versions;
+    status = Pull(s, {}, 1, &values, &versions);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(values.size(), plan_.by_shard[s].size());
+    for (size_t k = 0; k < values.size(); ++k) {
+      const ChunkInfo& c = plan_.chunks[plan_.by_shard[s][k]];
+      EXPECT_EQ(versions[k], 1);
+      for (int64_t i = 0; i < c.count; ++i) {
+        const float expected = initial[c.param][c.offset + i] - 0.5f * grads[k][i];
+        ASSERT_EQ(values[k][i], expected) << "chunk " << c.id << " element " << i;
+      }
+    }
+  }
+}
+
+TEST_F(PsServiceTest, PullRepliesInRequestOrder) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  std::vector<int> ids = plan_.by_shard[1];
+  std::reverse(ids.begin(), ids.end());
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(Pull(1, ids, 0, &values, nullptr).ok());
+  const std::vector<std::vector<float>> initial = InitialParameterValues(graph_);
+  ASSERT_EQ(values.size(), ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const ChunkInfo& c = plan_.chunks[ids[k]];
+    EXPECT_EQ(values[k], std::vector<float>(initial[c.param].begin() + c.offset,
+                                            initial[c.param].begin() + c.offset + c.count));
+  }
+}
+
+TEST_F(PsServiceTest, HalfPrecisionGradientsAreWidened) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  const ChunkInfo& c = plan_.chunks[id];
+  for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    std::vector<float> before;
+    {
+      std::vector<std::vector<float>> values;
+      ASSERT_TRUE(Pull(0, {id}, 0, &values, nullptr).ok());
+      before = values[0];
+    }
+    std::vector<float> grad(c.count, 0.25f);
+    std::vector<char> half(c.count * 2);
+    ASSERT_TRUE(ConvertFromF32(dtype, grad.data(), c.count, half.data()).ok());
+    v1::ChunkHeader h = PushHeader(id);
+    h.set_dtype(dtype);
+    grpc::ByteBuffer frame;
+    ASSERT_TRUE(EncodeFrame(h, half.data(), half.size(), &frame, true).ok());
+    grpc::Status status = Push(0, {frame});
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    std::vector<std::vector<float>> after;
+    ASSERT_TRUE(Pull(0, {id}, 0, &after, nullptr).ok());
+    for (int64_t i = 0; i < c.count; ++i) ASSERT_EQ(after[0][i], before[i] - 0.125f);
+  }
+}
+
+TEST_F(PsServiceTest, WrongByteCountIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  std::vector<float> short_payload(plan_.chunks[id].count - 1, 1.0f);
+  ExpectRejected(0, {Frame(PushHeader(id), short_payload)}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "bytes");
+  // Consistent header and payload, but not the plan's count.
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_num_elements(plan_.chunks[id].count - 1);
+  ExpectRejected(0, {Frame(h, short_payload)}, grpc::StatusCode::INVALID_ARGUMENT, "holds");
+}
+
+TEST_F(PsServiceTest, WrongDtypeIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_dtype(v1::DTYPE_I32);
+  ExpectRejected(0, {Frame(h, Ones(id))}, grpc::StatusCode::INVALID_ARGUMENT, "dtype");
+  // Half precision only for gradients.
+  StartJob(v1::CONSISTENCY_AVERAGE);
+  h = PushHeader(id);
+  h.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
+  h.set_dtype(v1::DTYPE_F16);
+  std::vector<uint16_t> half(plan_.chunks[id].count, 0x3c00);
+  grpc::ByteBuffer frame;
+  ASSERT_TRUE(EncodeFrame(h, half.data(), half.size() * 2, &frame, true).ok());
+  ExpectRejected(0, {frame}, grpc::StatusCode::INVALID_ARGUMENT, "only accepted for gradients");
+}
+
+TEST_F(PsServiceTest, NonFiniteIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  std::vector<float> g = Ones(id);
+  g[3] = std::nanf("");
+  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "not finite");
+  g[3] = INFINITY;
+  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "not finite");
+}
+
+TEST_F(PsServiceTest, UnknownJobIsNotFound) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_job_id("job-404");
+  ExpectRejected(0, {Frame(h, Ones(id))}, grpc::StatusCode::NOT_FOUND, "job-404");
+}
+
+TEST_F(PsServiceTest, UnknownWorkerIsRejected) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_worker_id("worker-404");
+  ExpectRejected(0, {Frame(h, Ones(id))}, grpc::StatusCode::FAILED_PRECONDITION, "worker-404");
+}
+
+TEST_F(PsServiceTest, VersionFromTheFutureIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_version(5);
+  ExpectRejected(0, {Frame(h, Ones(id))}, grpc::StatusCode::INVALID_ARGUMENT, "ahead");
+}
+
+TEST_F(PsServiceTest, ChunkNotOwnedIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(1);  // Sent to shard 0.
+  ExpectRejected(0, {Frame(PushHeader(id), Ones(id))}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "owned by shard 1");
+  v1::ChunkHeader h = PushHeader(FirstChunkOf(0));
+  h.set_chunk_id(static_cast<int>(plan_.chunks.size()));
+  ExpectRejected(0, {Frame(h, Ones(FirstChunkOf(0)))}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "out of range");
+}
+
+TEST_F(PsServiceTest, StaleGenerationIsAborted) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2).ok());
+  const int id = FirstChunkOf(0);
+  ExpectRejected(0, {Frame(PushHeader(id), Ones(id))}, grpc::StatusCode::ABORTED, "generation");
+}
+
+TEST_F(PsServiceTest, OversizedFrameIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  const int64_t count = (kMaxFrameBytes / 4) + 1;
+  h.set_num_elements(count);
+  ExpectRejected(0, {Frame(h, std::vector<float>(count, 1.0f))},
+                 grpc::StatusCode::INVALID_ARGUMENT, "oversized stream");
+}
+
+TEST_F(PsServiceTest, TooManyFramesIsInvalidArgumentAndLaterFramesAreNotApplied) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const int id = FirstChunkOf(0);
+  const int64_t cap = static_cast<int64_t>(plan_.by_shard[0].size()) * 3 + 1;
+  std::vector<grpc::ByteBuffer> frames;
+  for (int64_t i = 0; i < cap + 2; ++i) frames.push_back(Frame(PushHeader(id), Ones(id)));
+  const int64_t pushes_before = servers_[0]->shard().stats().pushes;
+  grpc::Status status = Push(0, std::move(frames));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("oversized stream"));
+  EXPECT_EQ(servers_[0]->shard().stats().pushes - pushes_before, cap);
+}
+
+TEST_F(PsServiceTest, GarbageFramesAreInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const unsigned char too_short[2] = {1, 2};
+  const unsigned char huge_header[8] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
+  const unsigned char bad_header[8] = {4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+  for (auto [bytes, size, message] :
+       {std::tuple<const unsigned char*, size_t, const char*>{too_short, 2, "shorter"},
+        {huge_header, 8, "header_size"},
+        {bad_header, 8, "not a valid ChunkHeader"}}) {
+    grpc::Slice slice(bytes, size);
+    ExpectRejected(0, {grpc::ByteBuffer(&slice, 1)}, grpc::StatusCode::INVALID_ARGUMENT, message);
+  }
+}
+
+TEST_F(PsServiceTest, FramesBeforeABadOneAreAppliedNothingAfter) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const std::vector<int>& ids = plan_.by_shard[0];
+  ASSERT_GE(ids.size(), 3u);
+  std::vector<float> nan = Ones(ids[1]);
+  nan[0] = std::nanf("");
+  std::vector<std::vector<float>> before;
+  ASSERT_TRUE(Pull(0, ids, 0, &before, nullptr).ok());
+  grpc::Status status = Push(0, {Frame(PushHeader(ids[0]), Ones(ids[0])),
+                                 Frame(PushHeader(ids[1]), nan),
+                                 Frame(PushHeader(ids[2]), Ones(ids[2]))});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::vector<std::vector<float>> after;
+  ASSERT_TRUE(Pull(0, ids, 0, &after, nullptr).ok());
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_EQ(after[1], before[1]);
+  EXPECT_EQ(after[2], before[2]);
+}
+
+TEST_F(PsServiceTest, PullThatCannotBeSatisfiedEndsAtItsDeadline) {
+  StartJob(v1::CONSISTENCY_SYNC);
+  const absl::Time start = absl::Now();
+  std::vector<std::vector<float>> values;
+  grpc::Status status =
+      Pull(0, {FirstChunkOf(0)}, 100, &values, nullptr, absl::Milliseconds(500));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_TRUE(values.empty());
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Seconds(3));
+}
+
+TEST_F(PsServiceTest, BlockedPullIsReleasedByTheLastPushOfTheStep) {
+  StartJob(v1::CONSISTENCY_SYNC, {kWorkerA, kWorkerB});
+  const int id = FirstChunkOf(0);
+  std::vector<std::vector<float>> values;
+  grpc::Status pull_status;
+  std::thread puller([&] { pull_status = Pull(0, {id}, 1, &values, nullptr); });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Push(0, {Frame(PushHeader(id), Ones(id))}).ok());
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_worker_id(kWorkerB);
+  ASSERT_TRUE(Push(0, {Frame(h, Ones(id))}).ok());
+  puller.join();
+  ASSERT_TRUE(pull_status.ok()) << pull_status.error_message();
+  ASSERT_EQ(values.size(), 1u);
+}
+
+TEST_F(PsServiceTest, PullOfAChunkNotOwnedIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  grpc::Status status = Pull(0, {FirstChunkOf(1)}, 0, nullptr, nullptr);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  status = Pull(0, {static_cast<int>(plan_.chunks.size()) + 3}, 0, nullptr, nullptr);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(PsServiceTest, UnknownMethodIsUnimplemented) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  grpc::Status status =
+      RawCall::Run(servers_[0]->stub(), "/pstrain.v1.ParameterService/Nope", {}, nullptr);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(PsServiceTest, ConfigureJobForAnotherShardIsInvalidArgument) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  v1::ConfigureJobRequest request;
+  request.set_job_id("job-2");
+  *request.mutable_spec() = spec_;
+  request.set_num_shards(2);
+  request.set_chunk_bytes(kChunkBytes);
+  request.set_shard_index(1);  // Sent to shard 0.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+  v1::ConfigureJobResponse response;
+  grpc::Status status = servers_[0]->control()->ConfigureJob(&ctx, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(PsServiceTest, SetMembersAndDropJobThroughShardControl) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::SetMembersRequest request;
+    request.set_job_id(kJob);
+    request.add_members(kWorkerB);
+    request.set_generation(2);
+    v1::SetMembersResponse response;
+    ASSERT_TRUE(servers_[0]->control()->SetMembers(&ctx, request, &response).ok());
+  }
+  const int id = FirstChunkOf(0);
+  v1::ChunkHeader h = PushHeader(id);
+  h.set_worker_id(kWorkerB);
+  h.set_generation(2);
+  EXPECT_TRUE(Push(0, {Frame(h, Ones(id))}).ok());
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::DropJobRequest request;
+    request.set_job_id(kJob);
+    v1::DropJobResponse response;
+    ASSERT_TRUE(servers_[0]->control()->DropJob(&ctx, request, &response).ok());
+  }
+  EXPECT_EQ(Push(0, {Frame(h, Ones(id))}).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
+  StartJob(v1::CONSISTENCY_SYNC);
+  grpc::Status status;
+  std::thread puller([&] {
+    status = Pull(0, {FirstChunkOf(0)}, 100, nullptr, nullptr, absl::Seconds(60));
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  servers_.clear();  // Shuts both servers down.
+  puller.join();
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,415 @@
+// PsClient over gRPC's generic callback API: one channel per shard, one
+// client-streaming Push or server-streaming Pull per shard and operation,
+// all driven by gRPC's callback threads (no thread of ours blocks on the
+// network, so no pool is needed here).
+//
+// Zero-copy send: every push frame's payload slice points at the caller's
+// buffer and holds a reference token; an operation completes only after every
+// call has ended AND gRPC has released every such slice, so the caller may
+// reuse its buffers as soon as Wait() returns.
+//
+// Receive: pull replies are copied once, straight from the received slices
+// into the caller's destination.
+//
+// Retries: calls are made wait_for_ready, so a shard that is not reachable yet
+// (starting, restarting) is retried by the channel with backoff (capped at
+// 1 s, common/rpc/channel.cc) until the call's deadline; a call that never
+// reached the server then fails with UNAVAILABLE. Errors after the server
+// accepted the call are returned as they are (a push is not idempotent).
+#include "worker/ps_client.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/client_callback.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/wire.h"
+
+namespace pstrain {
+namespace {
+
+using GenericReactor = grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// State shared by an operation's handle, its calls and its payload slices.
+// Thread-safe.
+class OpState {
+ public:
+  explicit OpState(int calls) : pending_calls_(calls) {}
+
+  void Fail(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = status;
+  }
+  void CallDone(const absl::Status& status, int64_t min_version) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok() && !status.ok()) status_ = status;
+    if (status.ok()) version_ = std::min(version_, min_version);
+    --pending_calls_;
+  }
+  void SliceTaken() {
+    absl::MutexLock lock(&mu_);
+    ++pending_slices_;
+  }
+  void SliceReleased() {
+    absl::MutexLock lock(&mu_);
+    --pending_slices_;
+  }
+
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &OpState::DoneLocked));
+    return status_;
+  }
+  int64_t version() const {
+    absl::MutexLock lock(&mu_);
+    return version_ == std::numeric_limits<int64_t>::max() ? 0 : version_;
+  }
+
+ private:
+  bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_calls_ == 0 && pending_slices_ == 0;
+  }
+
+  mutable absl::Mutex mu_;
+  int pending_calls_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_slices_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
+};
+
+class Op final : public PendingOp {
+ public:
+  explicit Op(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+  // Buffers must not be touched by gRPC after the handle is gone.
+  ~Op() override { state_->Wait().IgnoreError(); }
+  absl::Status Wait() override { return state_->Wait(); }
+  int64_t version() const override { return state_->version(); }
+
+ private:
+  std::shared_ptr<OpState> state_;
+};
+
+std::unique_ptr<PendingOp> FailedOp(const absl::Status& status) {
+  auto state = std::make_shared<OpState>(1);
+  state->CallDone(status, 0);
+  return std::make_unique<Op>(std::move(state));
+}
+
+// What every call of one shard needs.
+struct ShardChannel {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
+};
+
+// Status of a finished call: a call that never reached the server (no
+// initial metadata) and ran out of time reports the shard as unreachable.
+absl::Status CallStatus(const grpc::Status& status, bool reached_server,
+                        const std::string& address, const char* what) {
+  if (status.ok()) return absl::OkStatus();
+  if (!reached_server && (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                          status.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+    return absl::UnavailableError(absl::StrCat(what, " to shard ", address,
+                                               ": shard unreachable: ", status.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(status.error_code())),
+                      absl::StrCat(what, " to shard ", address, ": ", status.error_message()));
+}
+
+// One client-streaming Push to one shard. Deletes itself when done.
+class PushCall final : public GenericReactor {
+ public:
+  struct Frame {
+    int chunk_id;
+    const float* values;
+    int64_t count;
+  };
+
+  PushCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op, v1::ChunkHeader header_template,
+           std::vector<Frame> frames, absl::Duration timeout)
+      : shard_(std::move(shard)),
+        op_(std::move(op)),
+        header_(std::move(header_template)),
+        frames_(std::move(frames)) {
+    ctx_.set_deadline(DeadlineFromNow(timeout));
+    ctx_.set_wait_for_ready(true);
+  }
+
+  void Start() {
+    shard_->stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(), this);
+    StartRead(&reply_);
+    WriteNext();
+    StartCall();
+  }
+
+  void OnReadInitialMetadataDone(bool ok) override { reached_server_ = ok; }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();  // Else the stream broke: the status comes in OnDone.
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    v1::ChunkHeader reply;
+    PayloadView payload;
+    if (DecodeFrame(reply_, &reply, &payload).ok()) version_ = reply.version();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    op_->CallDone(CallStatus(status, reached_server_, shard_->address, "push"), version_);
+    delete this;
+  }
+
+ private:
+  void WriteNext() {
+    if (next_ == frames_.size()) {
+      StartWritesDone();
+      return;
+    }
+    const Frame& f = frames_[next_++];
+    header_.set_chunk_id(f.chunk_id);
+    header_.set_num_elements(f.count);
+    // The token's release tells the operation that gRPC let go of the slice.
+    op_->SliceTaken();
+    OpState* raw = op_.get();
+    std::shared_ptr<const void> token(raw, [op = op_](const void*) { op->SliceReleased(); });
+    absl::Status encoded = EncodeFrame(header_, f.values, static_cast<size_t>(f.count) * 4,
+                                       std::move(token), &buffer_);
+    if (!encoded.ok()) {
+      op_->Fail(encoded);
+      ctx_.TryCancel();
+      return;
+    }
+    StartWrite(&buffer_);
+  }
+
+  const std::shared_ptr<ShardChannel> shard_;
+  const std::shared_ptr<OpState> op_;
+  grpc::ClientContext ctx_;
+  v1::ChunkHeader header_;
+  const std::vector<Frame> frames_;
+  size_t next_ = 0;
+  grpc::ByteBuffer buffer_;  // The frame being written.
+  grpc::ByteBuffer reply_;
+  std::atomic<bool> reached_server_{false};
+  int64_t version_ = 0;
+};
+
+// One server-streaming Pull from one shard. Deletes itself when done.
+class PullCall final : public GenericReactor {
+ public:
+  struct Dest {
+    int chunk_id;
+    float* values;
+    int64_t count;
+  };
+
+  PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op, v1::ChunkHeader request,
+           std::vector<Dest> dests, absl::Duration timeout)
+      : shard_(std::move(shard)), op_(std::move(op)), dests_(std::move(dests)) {
+    ctx_.set_deadline(DeadlineFromNow(timeout));
+    ctx_.set_wait_for_ready(true);
+    for (const Dest& d : dests_) request.add_chunk_ids(d.chunk_id);
+    request_status_ = EncodeFrame(request, nullptr, 0, &request_);
+  }
+
+  void Start() {
+    shard_->stub->PrepareBidiStreamingCall(&ctx_, kPullMethod, grpc::StubOptions(), this);
+    if (!request_status_.ok()) {
+      error_ = request_status_;
+      ctx_.TryCancel();
+    } else {
+      StartWriteLast(&request_, grpc::WriteOptions());
+      StartRead(&reply_);
+    }
+    StartCall();
+  }
+
+  void OnReadInitialMetadataDone(bool ok) override { reached_server_ = ok; }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // End of stream: the status comes in OnDone.
+    absl::Status status = Receive();
+    if (!status.ok()) {
+      error_ = status;
+      ctx_.TryCancel();
+      return;
+    }
+    StartRead(&reply_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status result = error_;
+    if (result.ok()) result = CallStatus(status, reached_server_, shard_->address, "pull");
+    if (result.ok() && next_ != dests_.size()) {
+      result = absl::InternalError(absl::StrCat("pull from shard ", shard_->address, " ended after ",
+                                                next_, " of ", dests_.size(), " chunks"));
+    }
+    op_->CallDone(result, min_version_);
+    delete this;
+  }
+
+ private:
+  absl::Status Receive() {
+    v1::ChunkHeader header;
+    PayloadView payload;
+    absl::Status decoded = DecodeFrame(reply_, &header, &payload);
+    if (!decoded.ok()) return absl::InternalError(absl::StrCat("bad pull reply: ", decoded.message()));
+    if (next_ >= dests_.size()) {
+      return absl::InternalError(absl::StrCat("shard ", shard_->address, " sent more than ",
+                                              dests_.size(), " chunks"));
+    }
+    const Dest& d = dests_[next_];
+    if (header.chunk_id() != d.chunk_id || header.dtype() != v1::DTYPE_F32 ||
+        header.num_elements() != d.count) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", shard_->address, " sent chunk ", header.chunk_id(), " (",
+          header.num_elements(), " x ", v1::DType_Name(header.dtype()), ") where chunk ",
+          d.chunk_id, " (", d.count, " x DTYPE_F32) was expected"));
+    }
+    payload.CopyTo(d.values);
+    min_version_ = std::min(min_version_, header.version());
+    ++next_;
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<ShardChannel> shard_;
+  const std::shared_ptr<OpState> op_;
+  grpc::ClientContext ctx_;
+  const std::vector<Dest> dests_;
+  grpc::ByteBuffer request_;
+  absl::Status request_status_;
+  grpc::ByteBuffer reply_;
+  size_t next_ = 0;  // Reads are sequential: touched by one callback at a time.
+  int64_t min_version_ = std::numeric_limits<int64_t>::max();
+  std::atomic<bool> reached_server_{false};
+  absl::Status error_;  // Set by a read callback before TryCancel; read in OnDone.
+};
+
+class GrpcPsClient final : public PsClient {
+ public:
+  GrpcPsClient(Options options, ChunkPlan plan)
+      : options_(std::move(options)), plan_(std::move(plan)), generation_(options_.generation) {
+    for (const std::string& address : options_.shard_addresses) {
+      auto shard = std::make_shared<ShardChannel>();
+      shard->address = address;
+      shard->channel = CreateChannel(address);
+      shard->stub = std::make_unique<grpc::GenericStub>(shard->channel);
+      shards_.push_back(std::move(shard));
+    }
+  }
+
+  std::unique_ptr<PendingOp> Push(v1::ChunkHeader::Kind kind, int64_t version, int worker_clock,
+                                  std::vector<ChunkRef> chunks, int slot) override {
+    std::vector<std::vector<PushCall::Frame>> by_shard(shards_.size());
+    for (const ChunkRef& c : chunks) {
+      absl::Status valid = CheckChunk(c.chunk_id, c.values);
+      if (!valid.ok()) return FailedOp(valid);
+      const ChunkInfo& info = plan_.chunks[c.chunk_id];
+      by_shard[info.shard].push_back({c.chunk_id, c.values, info.count});
+    }
+    v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
+    header.set_dtype(v1::DTYPE_F32);
+    std::vector<PushCall*> calls;
+    auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      calls.push_back(new PushCall(shards_[s], op, header, std::move(by_shard[s]),
+                                   options_.rpc_timeout));
+    }
+    for (PushCall* call : calls) call->Start();
+    return std::make_unique<Op>(std::move(op));
+  }
+
+  std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
+                                  int worker_clock, std::vector<ChunkDest> chunks,
+                                  int slot) override {
+    std::vector<std::vector<PullCall::Dest>> by_shard(shards_.size());
+    for (const ChunkDest& c : chunks) {
+      absl::Status valid = CheckChunk(c.chunk_id, c.values);
+      if (!valid.ok()) return FailedOp(valid);
+      const ChunkInfo& info = plan_.chunks[c.chunk_id];
+      by_shard[info.shard].push_back({c.chunk_id, c.values, info.count});
+    }
+    const v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
+    std::vector<PullCall*> calls;
+    auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      calls.push_back(new PullCall(shards_[s], op, request, std::move(by_shard[s]),
+                                   options_.rpc_timeout));
+    }
+    for (PullCall* call : calls) call->Start();
+    return std::make_unique<Op>(std::move(op));
+  }
+
+  void SetGeneration(int64_t generation) override { generation_.store(generation); }
+  const ChunkPlan& plan() const override { return plan_; }
+
+ private:
+  absl::Status CheckChunk(int chunk_id, const void* values) const {
+    if (chunk_id < 0 || chunk_id >= static_cast<int>(plan_.chunks.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is not in the plan (",
+                                                     plan_.chunks.size(), " chunks)"));
+    }
+    if (values == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, ": null buffer"));
+    }
+    return absl::OkStatus();
+  }
+
+  v1::ChunkHeader BaseHeader(v1::ChunkHeader::Kind kind, int64_t version, int worker_clock,
+                             int slot) const {
+    v1::ChunkHeader header;
+    header.set_job_id(options_.job_id);
+    header.set_worker_id(options_.worker_id);
+    header.set_generation(generation_.load());
+    header.set_version(version);
+    header.set_kind(kind);
+    header.set_slot(slot);
+    header.set_worker_clock(worker_clock);
+    return header;
+  }
+
+  template <typename T>
+  static int CountNonEmpty(const std::vector<std::vector<T>>& v) {
+    return static_cast<int>(std::count_if(v.begin(), v.end(), [](const auto& x) { return !x.empty(); }));
+  }
+
+  const Options options_;
+  const ChunkPlan plan_;
+  std::atomic<int64_t> generation_;
+  // Constant after construction; calls in flight share ownership, so a
+  // PendingOp may outlive the client.
+  std::vector<std::shared_ptr<ShardChannel>> shards_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options options, ChunkPlan plan) {
+  if (options.shard_addresses.empty()) {
+    return absl::InvalidArgumentError("PsClient needs at least one shard address");
+  }
+  if (static_cast<int>(options.shard_addresses.size()) != plan.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("the chunk plan has ", plan.num_shards,
+                                                   " shards but ", options.shard_addresses.size(),
+                                                   " addresses were given"));
+  }
+  for (const ChunkInfo& c : plan.chunks) {
+    if (c.shard < 0 || c.shard >= plan.num_shards) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.id, " has shard ", c.shard));
+    }
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+  return std::unique_ptr<PsClient>(new GrpcPsClient(std::move(options), std::move(plan)));
+}
+
+}  // namespace pstrain
