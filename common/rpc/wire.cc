@@ -66,21 +66,6 @@ void Normalise(const std::vector<grpc::Slice>& slices, size_t* slice, size_t* of
 
 }  // namespace
 
-size_t DTypeWidth(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-    case v1::DTYPE_I32:
-      return 4;
-    case v1::DTYPE_F16:
-    case v1::DTYPE_BF16:
-      return 2;
-    case v1::DTYPE_U8:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
 // ---------------------------------------------------------------------------
 // BufferPool
 // ---------------------------------------------------------------------------
@@ -244,7 +229,7 @@ absl::Status DecodeFrame(const grpc::ByteBuffer& buffer, v1::ChunkHeader* header
     return absl::InvalidArgumentError(
         absl::StrCat("num_elements must be >= 0, got ", header->num_elements()));
   }
-  const size_t width = DTypeWidth(header->dtype());
+  const size_t width = static_cast<size_t>(DTypeWidth(header->dtype()));
   if (width == 0 && (payload_bytes > 0 || header->num_elements() > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported payload dtype ",
                                                    v1::DType_Name(header->dtype())));

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/checkpoint.h"  // DTypeWidth
 #include "common/chunking.h"
 #include "pstrain/v1/service.pb.h"
 
@@ -48,9 +49,6 @@ inline constexpr int64_t kMaxFrameBytes = kMaxChunkBytes + kMaxFrameHeaderBytes;
 // gRPC method names of the ParameterService (served through the generic API).
 inline constexpr char kPullMethod[] = "/pstrain.v1.ParameterService/Pull";
 inline constexpr char kPushMethod[] = "/pstrain.v1.ParameterService/Push";
-
-// Bytes per element of a wire dtype; 0 for DTYPE_UNSPECIFIED and unknown values.
-size_t DTypeWidth(v1::DType dtype);
 
 // ---------------------------------------------------------------------------
 // Pooled receive buffers

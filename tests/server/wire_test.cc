@@ -179,14 +179,6 @@ TEST(WireTest, DecodeErrorsAreInvalidArgument) {
   }
 }
 
-TEST(WireTest, DTypeWidths) {
-  EXPECT_EQ(DTypeWidth(v1::DTYPE_F32), 4u);
-  EXPECT_EQ(DTypeWidth(v1::DTYPE_F16), 2u);
-  EXPECT_EQ(DTypeWidth(v1::DTYPE_BF16), 2u);
-  EXPECT_EQ(DTypeWidth(v1::DTYPE_U8), 1u);
-  EXPECT_EQ(DTypeWidth(v1::DTYPE_UNSPECIFIED), 0u);
-}
-
 TEST(WireTest, PoolReusesBuffersAndCapsWhatItKeeps) {
   BufferPool pool(/*max_cached_bytes=*/1 << 20);
   void* first;

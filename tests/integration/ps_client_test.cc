@@ -1,0 +1,311 @@
+// PsClient (worker/) against real ParameterService shards (server/) on
+// 127.0.0.1, in one process: round trips through two shards, a sync step
+// across two clients, deadlines, unreachable shards and error propagation.
+// Lives in tests/integration/ because it needs both the worker and the server
+// libraries.
+#include "worker/ps_client.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/chunking.h"
+#include "common/model_graph.h"
+#include "common/rpc/channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+#include "server/ps_service.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kJob[] = "job-1";
+constexpr int64_t kChunkBytes = 4096;  // 1024 floats.
+
+// input [300] -> dense 50 -> softmax cross-entropy: 15050 parameters, 16 chunks.
+v1::JobSpec SmallJob(v1::ConsistencyMode mode) {
+  v1::JobSpec job;
+  job.set_name("small");
+  v1::ModelSpec* model = job.mutable_model();
+  model->set_name("small");
+  model->add_input_shape(300);
+  model->set_num_classes(50);
+  model->set_init_seed(11);
+  v1::LayerSpec* fc = model->add_layers();
+  fc->set_name("fc1");
+  fc->mutable_dense()->set_units(50);
+  model->add_layers()->set_name("loss");
+  model->mutable_layers(1)->mutable_softmax_cross_entropy();
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
+  job.mutable_optimizer()->set_learning_rate(0.5f);
+  job.set_epochs(1);
+  job.set_batch_size(1);
+  job.set_mode(mode);
+  if (mode == v1::CONSISTENCY_AVERAGE) job.set_averaging_frequency(1);
+  return job;
+}
+
+class Cluster {
+ public:
+  Cluster(v1::ConsistencyMode mode, int num_shards, std::vector<std::string> members) {
+    spec_ = SmallJob(mode);
+    graph_ = *BuildModelGraph(spec_.model());
+    plan_ = *PlanChunks(graph_, num_shards, kChunkBytes);
+    initial_ = InitialParameterValues(graph_);
+    for (int s = 0; s < num_shards; ++s) {
+      auto shard = std::make_unique<ParameterShard>(ParameterShard::Options{.shard_index = s});
+      auto services = std::make_unique<ShardServices>(shard.get());
+      grpc::ServerBuilder builder;
+      int port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+      services->Register(&builder);
+      servers_.push_back(builder.BuildAndStart());
+      addresses_.push_back("127.0.0.1:" + std::to_string(port));
+      ShardJobConfig config;
+      config.job_id = kJob;
+      config.spec = spec_;
+      config.num_shards = num_shards;
+      config.chunk_bytes = kChunkBytes;
+      config.members = members;
+      config.generation = 1;
+      std::vector<v1::ChunkValues> chunks;
+      for (int id : plan_.by_shard[s]) {
+        const ChunkInfo& c = plan_.chunks[id];
+        v1::ChunkValues v;
+        v.set_chunk_id(id);
+        v.mutable_values()->Add(initial_[c.param].begin() + c.offset,
+                                initial_[c.param].begin() + c.offset + c.count);
+        chunks.push_back(std::move(v));
+      }
+      EXPECT_TRUE(shard->ConfigureJob(config, chunks).ok());
+      shards_.push_back(std::move(shard));
+      services_.push_back(std::move(services));
+    }
+  }
+  ~Cluster() {
+    for (auto& server : servers_) server->Shutdown(DeadlineFromNow(absl::Seconds(5)));
+  }
+
+  std::unique_ptr<PsClient> Client(const std::string& worker,
+                                   absl::Duration timeout = absl::Seconds(20)) {
+    PsClient::Options options;
+    options.shard_addresses = addresses_;
+    options.job_id = kJob;
+    options.worker_id = worker;
+    options.generation = 1;
+    options.rpc_timeout = timeout;
+    auto client = PsClient::Create(options, plan_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+  // One buffer per chunk.
+  std::vector<std::vector<float>> Buffers(float fill) const {
+    std::vector<std::vector<float>> out;
+    for (const ChunkInfo& c : plan_.chunks) out.emplace_back(c.count, fill);
+    return out;
+  }
+  std::vector<float> Initial(int id) const {
+    const ChunkInfo& c = plan_.chunks[id];
+    return std::vector<float>(initial_[c.param].begin() + c.offset,
+                              initial_[c.param].begin() + c.offset + c.count);
+  }
+  const ChunkPlan& plan() const { return plan_; }
+  ParameterShard& shard(int s) { return *shards_[s]; }
+
+ private:
+  v1::JobSpec spec_;
+  ModelGraph graph_;
+  ChunkPlan plan_;
+  std::vector<std::vector<float>> initial_;
+  std::vector<std::unique_ptr<ParameterShard>> shards_;
+  std::vector<std::unique_ptr<ShardServices>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<std::string> addresses_;
+};
+
+std::vector<PsClient::ChunkRef> Refs(const std::vector<std::vector<float>>& buffers) {
+  std::vector<PsClient::ChunkRef> refs;
+  for (size_t id = 0; id < buffers.size(); ++id) {
+    refs.push_back({static_cast<int>(id), buffers[id].data()});
+  }
+  return refs;
+}
+
+std::vector<PsClient::ChunkDest> Dests(std::vector<std::vector<float>>& buffers) {
+  std::vector<PsClient::ChunkDest> dests;
+  for (size_t id = 0; id < buffers.size(); ++id) {
+    dests.push_back({static_cast<int>(id), buffers[id].data()});
+  }
+  return dests;
+}
+
+// A port that was free a moment ago and has nothing listening on it.
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+TEST(PsClientTest, PullsTheInitialModelFromTwoShards) {
+  Cluster cluster(v1::CONSISTENCY_ASYNC, 2, {"w0"});
+  ASSERT_GT(cluster.plan().by_shard[0].size(), 0u);
+  ASSERT_GT(cluster.plan().by_shard[1].size(), 0u);
+  auto client = cluster.Client("w0");
+  std::vector<std::vector<float>> pulled = cluster.Buffers(-1.0f);
+  auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled));
+  ASSERT_TRUE(pull->Wait().ok());
+  EXPECT_EQ(pull->version(), 0);
+  for (size_t id = 0; id < pulled.size(); ++id) EXPECT_EQ(pulled[id], cluster.Initial(id)) << id;
+}
+
+TEST(PsClientTest, AveragePushThenPullIsBitExactThroughTwoShards) {
+  Cluster cluster(v1::CONSISTENCY_AVERAGE, 2, {"w0"});
+  auto client = cluster.Client("w0");
+  std::vector<std::vector<float>> params = cluster.Buffers(0.0f);
+  for (size_t id = 0; id < params.size(); ++id) {
+    for (size_t i = 0; i < params[id].size(); ++i) {
+      params[id][i] = 1e-3f * static_cast<float>(i) - 0.7f * static_cast<float>(id) + 1e-7f;
+    }
+  }
+  auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Refs(params));
+  ASSERT_TRUE(push->Wait().ok());
+  EXPECT_EQ(push->version(), 1);
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(pulled));
+  ASSERT_TRUE(pull->Wait().ok());
+  EXPECT_EQ(pull->version(), 1);
+  EXPECT_EQ(pulled, params);
+}
+
+TEST(PsClientTest, PullIssuedBeforeThePushStreamsAsChunksArrive) {
+  Cluster cluster(v1::CONSISTENCY_AVERAGE, 2, {"w0"});
+  auto client = cluster.Client("w0");
+  std::vector<std::vector<float>> params = cluster.Buffers(2.5f);
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(pulled));
+  auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Refs(params));
+  ASSERT_TRUE(push->Wait().ok());
+  ASSERT_TRUE(pull->Wait().ok());
+  EXPECT_EQ(pulled, params);
+}
+
+TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0", "w1"});
+  auto c0 = cluster.Client("w0");
+  auto c1 = cluster.Client("w1");
+  std::vector<std::vector<float>> g0 = cluster.Buffers(0.0f), g1 = cluster.Buffers(0.0f);
+  for (size_t id = 0; id < g0.size(); ++id) {
+    for (size_t i = 0; i < g0[id].size(); ++i) {
+      g0[id][i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+      g1[id][i] = -0.003f * static_cast<float>(id + i % 5);
+    }
+  }
+  // Both wait for version 1, which needs both pushes.
+  std::vector<std::vector<float>> p0 = cluster.Buffers(0.0f), p1 = cluster.Buffers(0.0f);
+  auto pull0 = c0->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p0));
+  auto pull1 = c1->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p1));
+  std::thread second([&] {
+    auto push1 = c1->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g1));
+    EXPECT_TRUE(push1->Wait().ok());
+  });
+  auto push0 = c0->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g0));
+  ASSERT_TRUE(push0->Wait().ok());
+  second.join();
+  ASSERT_TRUE(pull0->Wait().ok());
+  ASSERT_TRUE(pull1->Wait().ok());
+  EXPECT_EQ(pull0->version(), 1);
+  for (size_t id = 0; id < p0.size(); ++id) {
+    const std::vector<float> w = cluster.Initial(id);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const float mean = (g0[id][i] + g1[id][i]) * 0.5f;
+      ASSERT_EQ(p0[id][i], w[i] - 0.5f * mean) << "chunk " << id << " element " << i;
+    }
+  }
+  EXPECT_EQ(p0, p1);
+}
+
+TEST(PsClientTest, PullThatCannotBeSatisfiedFailsAtTheDeadline) {
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0"});
+  auto client = cluster.Client("w0", absl::Milliseconds(500));
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  const absl::Time start = absl::Now();
+  auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 7, 0, Dests(pulled));
+  absl::Status status = pull->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(PsClientTest, UnreachableShardIsUnavailableWithinTheDeadline) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  Cluster cluster(v1::CONSISTENCY_ASYNC, 1, {"w0"});
+  PsClient::Options options;
+  options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};
+  options.job_id = kJob;
+  options.worker_id = "w0";
+  options.rpc_timeout = absl::Milliseconds(700);
+  auto client = PsClient::Create(options, cluster.plan());
+  ASSERT_TRUE(client.ok());
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  const absl::Time start = absl::Now();
+  absl::Status status =
+      (*client)->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("unreachable"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(PsClientTest, ShardErrorsReachWaitAndGenerationIsSent) {
+  Cluster cluster(v1::CONSISTENCY_ASYNC, 2, {"w0"});
+  auto client = cluster.Client("w0");
+  std::vector<std::vector<float>> g = cluster.Buffers(1.0f);
+  client->SetGeneration(5);
+  absl::Status status = client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  ASSERT_TRUE(cluster.shard(0).SetMembers(kJob, {"w0"}, 5).ok());
+  ASSERT_TRUE(cluster.shard(1).SetMembers(kJob, {"w0"}, 5).ok());
+  EXPECT_TRUE(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait().ok());
+  g[0][0] = std::numeric_limits<float>::quiet_NaN();
+  status = client->Push(v1::ChunkHeader::KIND_GRADIENT, 1, 0, Refs(g))->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+TEST(PsClientTest, BadArgumentsFailWithoutACall) {
+  Cluster cluster(v1::CONSISTENCY_ASYNC, 1, {"w0"});
+  auto client = cluster.Client("w0");
+  std::vector<float> buffer(4);
+  EXPECT_EQ(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, {{999, buffer.data()}})->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {{0, nullptr}})->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {})->Wait().ok());
+  PsClient::Options options;
+  options.shard_addresses = {"127.0.0.1:1", "127.0.0.1:2"};
+  EXPECT_EQ(PsClient::Create(options, cluster.plan()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pstrain
