@@ -42,6 +42,12 @@ bool IsTerminal(v1::JobState s) {
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string StateName(v1::JobState s) {
+  const std::string name = v1::JobState_Name(s);
+  return absl::StartsWith(name, "JOB_STATE_") ? name.substr(10) : name;
+}
+
 // "job-12" -> 12; 0 when the id has another form.
 int64_t IdNumber(const std::string& id, const std::string& prefix) {
   int64_t n = 0;
@@ -396,8 +402,8 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   if (!job->has_checkpoint) {
     return absl::FailedPreconditionError(
-        absl::StrCat(job_id, " has no checkpoint yet (state ",
-                     v1::JobState_Name(job->status.state()), ")"));
+        absl::StrCat(job_id, " has no checkpoint yet (state ", StateName(job->status.state()),
+                     ")"));
   }
   return ModelPath(job_id);
 }
@@ -675,7 +681,7 @@ void Coordinator::Finish(Job& job, v1::JobState state, const std::string& reason
   }
   Touch(job);
   RefreshQueueReasons();
-  Log(absl::StrCat(job.status.job_id(), ": ", v1::JobState_Name(state), " (", reason, ")"));
+  Log(absl::StrCat(job.status.job_id(), ": ", StateName(state), " (", reason, ")"));
 }
 
 void Coordinator::RemoveMember(Job& job, const std::string& worker_id, const std::string& why) {

@@ -1,0 +1,183 @@
+#include "server/coordinator_service.h"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/channel.h"
+
+namespace pstrain {
+namespace {
+
+// Longest a streaming handler waits before it looks at its call again.
+constexpr absl::Duration kStreamPoll = absl::Seconds(1);
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+grpc::Status Cancelled() {
+  return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+}
+
+}  // namespace
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
+                                           const v1::SubmitJobRequest* request,
+                                           v1::SubmitJobResponse* response) {
+  if (!request->has_spec()) return Invalid("SubmitJob needs a spec");
+  absl::StatusOr<std::string> id = coordinator_->SubmitJob(request->spec());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  response->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
+                                        const v1::GetJobRequest* request,
+                                        v1::JobStatus* response) {
+  if (request->job_id().empty()) return Invalid("GetJob needs a job_id");
+  absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(request->job_id());
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response = *std::move(status);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
+                                          const v1::ListJobsRequest* request,
+                                          v1::ListJobsResponse* response) {
+  for (v1::JobStatus& s : coordinator_->ListJobs()) *response->add_jobs() = std::move(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
+                                           const v1::CancelJobRequest* request,
+                                           v1::CancelJobResponse* response) {
+  if (request->job_id().empty()) return Invalid("CancelJob needs a job_id");
+  absl::StatusOr<v1::JobStatus> status = coordinator_->CancelJob(request->job_id());
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
+                                          const v1::WatchJobRequest* request,
+                                          grpc::ServerWriter<v1::JobStatus>* writer) {
+  if (request->job_id().empty()) return Invalid("WatchJob needs a job_id");
+  if (request->min_interval_ms() < 0) return Invalid("min_interval_ms must be >= 0");
+  const absl::Duration interval = absl::Milliseconds(
+      request->min_interval_ms() == 0 ? 500 : request->min_interval_ms());
+
+  // The current status first.
+  absl::StatusOr<JobUpdate> first =
+      coordinator_->WaitForJobUpdate(request->job_id(), -1, absl::InfinitePast());
+  if (!first.ok()) return ToGrpcStatus(first.status());
+  if (!writer->Write(first->status)) return Cancelled();
+  if (IsTerminal(first->status.state())) return grpc::Status::OK;
+
+  int64_t seen_revision = first->revision;
+  v1::JobState sent_state = first->status.state();
+  absl::Time last_send = absl::Now();
+  bool pending = false;  // A change newer than the last status sent.
+  v1::JobStatus latest;
+  while (true) {
+    if (context->IsCancelled()) return Cancelled();
+    const absl::Time now = absl::Now();
+    absl::Time deadline = now + kStreamPoll;
+    if (pending) deadline = std::min(deadline, last_send + interval);
+    absl::StatusOr<JobUpdate> update =
+        coordinator_->WaitForJobUpdate(request->job_id(), seen_revision, deadline);
+    if (!update.ok()) return ToGrpcStatus(update.status());
+    if (update->revision > seen_revision) {
+      seen_revision = update->revision;
+      latest = std::move(update->status);
+      pending = true;
+    }
+    if (!pending) continue;
+    const bool state_changed = latest.state() != sent_state;
+    if (!state_changed && absl::Now() < last_send + interval) continue;
+    if (!writer->Write(latest)) return Cancelled();
+    last_send = absl::Now();
+    sent_state = latest.state();
+    pending = false;
+    if (IsTerminal(sent_state)) return grpc::Status::OK;
+  }
+}
+
+grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
+                                               const v1::DownloadModelRequest* request,
+                                               grpc::ServerWriter<v1::ModelChunk>* writer) {
+  if (request->job_id().empty()) return Invalid("DownloadModel needs a job_id");
+  absl::StatusOr<std::string> path = coordinator_->CheckpointPath(request->job_id());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  // An open file keeps its bytes even if a newer checkpoint is renamed over it.
+  std::ifstream in(*path, std::ios::binary);
+  if (!in) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot open ", *path));
+  }
+  in.seekg(0, std::ios::end);
+  const int64_t total = static_cast<int64_t>(in.tellg());
+  in.seekg(0, std::ios::beg);
+  std::string buffer;
+  int64_t offset = 0;
+  do {
+    if (context->IsCancelled()) return Cancelled();
+    const int64_t n = std::min(kModelChunkBytes, total - offset);
+    buffer.resize(static_cast<size_t>(n));
+    if (n > 0 && !in.read(buffer.data(), n)) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("cannot read ", *path, " at byte ", offset));
+    }
+    v1::ModelChunk chunk;
+    chunk.set_data(buffer);
+    chunk.set_offset(offset);
+    chunk.set_total_bytes(total);
+    if (!writer->Write(chunk)) return Cancelled();
+    offset += n;
+  } while (offset < total);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
+                                                const v1::RegisterWorkerRequest* request,
+                                                v1::RegisterWorkerResponse* response) {
+  *response = coordinator_->RegisterWorker(request->info());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
+                                           const v1::HeartbeatRequest* request,
+                                           v1::HeartbeatResponse* response) {
+  if (request->worker_id().empty()) return Invalid("Heartbeat needs a worker_id");
+  absl::StatusOr<v1::HeartbeatResponse> r =
+      coordinator_->Heartbeat(request->worker_id(), request->job_id());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
+                                                const v1::ReportProgressRequest* request,
+                                                v1::ReportProgressResponse* response) {
+  if (request->worker_id().empty() || request->job_id().empty()) {
+    return Invalid("ReportProgress needs a worker_id and a job_id");
+  }
+  absl::StatusOr<bool> stop = coordinator_->ReportProgress(*request);
+  if (!stop.ok()) return ToGrpcStatus(stop.status());
+  response->set_stop(*stop);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
+                                             const v1::ListWorkersRequest* request,
+                                             v1::ListWorkersResponse* response) {
+  for (v1::WorkerStatus& w : coordinator_->ListWorkers()) *response->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,71 @@
+// CoordinatorService: the gRPC edge of the Coordinator (proto/pstrain/v1/
+// service.proto). Each handler decodes and validates the request, calls the
+// Coordinator and maps its absl::Status to a grpc::Status (codes 1:1).
+//
+//   Coordinator* coordinator = ...;
+//   CoordinatorService service(coordinator);
+//   grpc::ServerBuilder builder;
+//   builder.RegisterService(&service);
+//   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+//   ...
+//   server->Shutdown(deadline);   // ends open WatchJob/DownloadModel streams
+//
+// WatchJob sends the current status at once, then the latest status at most
+// every min_interval_ms (0 means 500) and at once on every state change,
+// and ends after a terminal state has been sent. DownloadModel streams the
+// latest checkpoint file in ModelChunk messages of at most 1 MiB.
+//
+// Threads: gRPC's synchronous API; handlers run on gRPC's thread pool.
+// The two streaming handlers hold their thread while they stream but wake at
+// least every second to notice a cancelled call or a server shutdown, so no
+// handler outlives Shutdown by more than that. `coordinator` must outlive
+// the server.
+#ifndef PSTRAIN_SERVER_COORDINATOR_SERVICE_H_
+#define PSTRAIN_SERVER_COORDINATOR_SERVICE_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "pstrain/v1/service.grpc.pb.h"
+#include "server/coordinator.h"
+
+namespace pstrain {
+
+// Largest ModelChunk.data sent by DownloadModel.
+inline constexpr int64_t kModelChunkBytes = int64_t{1} << 20;
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::JobStatus* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                         v1::CancelJobResponse* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobStatus>* writer) override;
+  grpc::Status DownloadModel(grpc::ServerContext* context,
+                             const v1::DownloadModelRequest* request,
+                             grpc::ServerWriter<v1::ModelChunk>* writer) override;
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const v1::ReportProgressRequest* request,
+                              v1::ReportProgressResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  Coordinator* const coordinator_;  // Not owned.
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_SERVICE_H_
