@@ -74,6 +74,8 @@ std::vector<std::string> SlotNames(const v1::OptimizerSpec& spec) {
 // Index of the first non-finite value, or -1. One branch-free pass over the
 // exponent bits (vectorises), then a scan only when something was found.
 int64_t FirstNonFinite(absl::Span<const float> values) {
+  // A float is not finite exactly when its exponent bits are all ones.
+  // (An OR of comparisons: unsigned max does not vectorise on baseline SSE2.)
   constexpr uint32_t kExponent = 0x7f800000u;
   uint32_t any = 0;
   for (float v : values) {
@@ -114,23 +116,52 @@ struct Accumulator {
     }
     contributors.insert(worker_id);
   }
-  // True when every member has contributed (removed members' contributions
-  // stay in the sum: they were computed from the right version).
-  bool Covers(const Membership& membership) const {
-    if (contributors.empty()) return false;
-    for (const std::string& m : membership.members) {
-      if (contributors.count(m) == 0) return false;
-    }
-    return true;
-  }
-  // sum /= contributors (exact division, so that the mean of two pushes is
-  // bit-identical to (a + b) / 2).
-  void DivideByContributors() {
-    if (contributors.size() <= 1) return;
-    const float n = static_cast<float>(contributors.size());
-    for (float& v : sum) v /= n;
-  }
 };
+
+// A push that has been validated but not yet added to `target`: the push
+// that may complete a barrier is folded into the mean directly (one pass
+// fewer over the chunk, and none at all with a single member).
+struct Contribution {
+  const Accumulator* target = nullptr;
+  const std::string* worker_id = nullptr;
+  absl::Span<const float> values;
+
+  bool Targets(const Accumulator& acc) const { return target == &acc; }
+};
+
+// True when every member has contributed to `acc` (counting `extra`).
+// Removed members' contributions stay in the sum: they were computed from
+// the right version.
+bool Covers(const Accumulator& acc, const Membership& membership, const Contribution* extra) {
+  const bool counts_extra = extra != nullptr && extra->Targets(acc);
+  if (acc.contributors.empty() && !counts_extra) return false;
+  for (const std::string& m : membership.members) {
+    if (acc.contributors.count(m) == 0 && !(counts_extra && *extra->worker_id == m)) return false;
+  }
+  return true;
+}
+
+// The mean of `acc`'s contributions and `extra` (when it targets `acc`):
+// either extra's own values (the only contribution) or acc->sum, overwritten
+// with the mean. Exact division, so that the mean of two pushes is
+// bit-identical to (a + b) / 2 whatever order they came in. Clears the
+// contributors.
+const float* TakeMean(Accumulator* acc, const Contribution* extra) {
+  const bool counts_extra = extra != nullptr && extra->Targets(*acc);
+  const size_t contributors = acc->contributors.size() + (counts_extra ? 1 : 0);
+  acc->contributors.clear();
+  if (counts_extra && contributors == 1) return extra->values.data();
+  float* sum = acc->sum.data();
+  const size_t n = acc->sum.size();
+  const float divisor = static_cast<float>(contributors);
+  if (counts_extra) {
+    const float* in = extra->values.data();
+    for (size_t i = 0; i < n; ++i) sum[i] = (sum[i] + in[i]) / divisor;
+  } else if (contributors > 1) {
+    for (size_t i = 0; i < n; ++i) sum[i] /= divisor;
+  }
+  return sum;
+}
 
 // Counters one call contributes to ShardStats.
 struct Outcome {
@@ -144,8 +175,8 @@ struct Chunk {
   int64_t count = 0;
   bool trainable = true;
   std::string param_name;
-  int optimizer_index = -1;               // sync/async/ssp trainable chunks.
-  std::vector<Tensor*> optimizer_state;   // Its slots in the optimizer (Job::optimizer_mu).
+  int optimizer_index = -1;              // sync/async/ssp trainable chunks.
+  std::vector<Tensor*> optimizer_state;  // Its slots in the optimizer (Job::optimizer_mu).
 
   absl::Mutex mu;
   std::shared_ptr<const Membership> membership ABSL_GUARDED_BY(mu);
@@ -193,8 +224,7 @@ class JobState {
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
                     int shard_index);
-  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members,
-                                     int64_t generation);
+  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation);
   void Drop();
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
                                const ParameterShard::Options& options, Outcome* outcome);
@@ -223,8 +253,13 @@ class JobState {
   absl::Status ApplyOnArrival(Chunk& chunk, const PushArgs& args, absl::Span<const float> values,
                               int64_t max_version_lead, Outcome* outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Completes the chunk's barrier if every member has pushed.
-  absl::Status MaybeCompleteBarrier(Chunk& chunk, Outcome* outcome)
+  // True when every member has pushed every part of the chunk's barrier
+  // (counting `extra`, which may be null).
+  bool BarrierReady(const Chunk& chunk, const Contribution* extra) const
+      ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
+  // Applies or publishes the mean and advances the version; BarrierReady
+  // must hold.
+  absl::Status CompleteBarrier(Chunk& chunk, const Contribution* extra, Outcome* outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status ApplyGradient(Chunk& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
@@ -263,9 +298,9 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
   }
   if (config.num_shards < 1 || shard_index < 0 || shard_index >= config.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "shard index ", shard_index,
-                                                   " is outside [0, num_shards = ",
-                                                   config.num_shards, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "shard index ", shard_index,
+                     " is outside [0, num_shards = ", config.num_shards, ")"));
   }
   for (const std::string& w : config.members) {
     if (w.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "empty worker id"));
@@ -276,8 +311,8 @@ absl::Status JobState::Init(const ShardJobConfig& config,
   if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(where, plan.status().message()));
   plan_ = *std::move(plan);
 
-  mode_ = config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC
-                                                              : config.spec.mode();
+  mode_ =
+      config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : config.spec.mode();
   staleness_ = config.spec.staleness();
   average_optimizer_state_ = config.spec.average_optimizer_state();
   slot_names_ = SlotNames(config.spec.optimizer());
@@ -297,12 +332,12 @@ absl::Status JobState::Init(const ShardJobConfig& config,
         absl::StrCat("chunk ", info.id, " (", graph->params[info.param].name, ")");
     if (given.chunk_id() != info.id) {
       return absl::InvalidArgumentError(absl::StrCat(where, "initial value ", i, " is for chunk ",
-                                                     given.chunk_id(), ", expected chunk ",
-                                                     info.id, " (plan order)"));
+                                                     given.chunk_id(), ", expected chunk ", info.id,
+                                                     " (plan order)"));
     }
     if (given.values_size() != info.count) {
-      return absl::InvalidArgumentError(absl::StrCat(where, chunk, " holds ", info.count,
-                                                     " values, got ", given.values_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, chunk, " holds ", info.count, " values, got ", given.values_size()));
     }
     if (given.version() < 0) {
       return absl::InvalidArgumentError(
@@ -316,10 +351,10 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     }
     for (int s = 0; s < given.slots_size(); ++s) {
       if (given.slots(s).name() != slot_names_[s] || given.slots(s).values_size() != info.count) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, chunk, " slot ", s, " is '", given.slots(s).name(), "' with ",
-            given.slots(s).values_size(), " values, expected '", slot_names_[s], "' with ",
-            info.count));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, chunk, " slot ", s, " is '", given.slots(s).name(), "' with ",
+                         given.slots(s).values_size(), " values, expected '", slot_names_[s],
+                         "' with ", info.count));
       }
     }
   }
@@ -328,7 +363,8 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     CpuBackendOptions backend_options;
     backend_options.num_threads = 1;  // The server shares the cores with workers.
     backend_ = CreateCpuBackend(backend_options);
-    PSTRAIN_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(config.spec.optimizer(), backend_.get()));
+    PSTRAIN_ASSIGN_OR_RETURN(optimizer_,
+                             Optimizer::Create(config.spec.optimizer(), backend_.get()));
   }
 
   auto membership = std::make_shared<Membership>();
@@ -347,7 +383,8 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = membership;
     chunk->version = given.version();
-    chunk->values = std::make_shared<std::vector<float>>(given.values().begin(), given.values().end());
+    chunk->values =
+        std::make_shared<std::vector<float>>(given.values().begin(), given.values().end());
     if (chunk->trainable && optimizer_ != nullptr) {
       const std::string name = absl::StrCat("chunk", info.id);
       PSTRAIN_ASSIGN_OR_RETURN(chunk->optimizer_index, optimizer_->AddParameter(name, info.count));
@@ -406,21 +443,22 @@ absl::StatusOr<Chunk*> JobState::FindChunk(int chunk_id) const {
 
 absl::Status JobState::CheckPushKind(const Chunk& chunk, const PushArgs& args) const {
   Kind expected = v1::ChunkHeader::KIND_PARAMETERS;
-  if (chunk.trainable && mode_ != v1::CONSISTENCY_AVERAGE) expected = v1::ChunkHeader::KIND_GRADIENT;
+  if (chunk.trainable && mode_ != v1::CONSISTENCY_AVERAGE)
+    expected = v1::ChunkHeader::KIND_GRADIENT;
   if (args.kind == expected) return absl::OkStatus();
   if (args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE && averages_state(chunk)) {
     if (args.slot < 0 || args.slot >= static_cast<int>(slot_names_.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer-state slot ", args.slot, " is out of range for ", Describe(chunk),
-          ": it has ", slot_names_.size(), " (", absl::StrJoin(slot_names_, ", "), ")"));
+          "optimizer-state slot ", args.slot, " is out of range for ", Describe(chunk), ": it has ",
+          slot_names_.size(), " (", absl::StrJoin(slot_names_, ", "), ")"));
     }
     return absl::OkStatus();
   }
   std::string allowed = KindName(expected);
   if (averages_state(chunk)) absl::StrAppend(&allowed, " or KIND_OPTIMIZER_STATE");
-  return absl::InvalidArgumentError(absl::StrCat(Describe(chunk), " takes ", allowed,
-                                                 " pushes in ", ModeName(mode_),
-                                                 " mode, got ", KindName(args.kind)));
+  return absl::InvalidArgumentError(absl::StrCat(Describe(chunk), " takes ", allowed, " pushes in ",
+                                                 ModeName(mode_), " mode, got ",
+                                                 KindName(args.kind)));
 }
 
 absl::Status JobState::CheckCaller(const Membership& membership, const std::string& worker_id,
@@ -439,14 +477,13 @@ absl::Status JobState::CheckCaller(const Membership& membership, const std::stri
 }
 
 absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const float> values,
-                                       const ParameterShard::Options& options,
-                                       Outcome* outcome) {
+                                       const ParameterShard::Options& options, Outcome* outcome) {
   // Stateless checks first, outside any lock.
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(args.chunk_id));
   PSTRAIN_RETURN_IF_ERROR(CheckPushKind(*chunk, args));
   if (static_cast<int64_t>(values.size()) != chunk->count) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(*chunk), " holds ", chunk->count,
-                                                   " values, got ", values.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(*chunk), " holds ", chunk->count, " values, got ", values.size()));
   }
   if (options.reject_non_finite) {
     if (const int64_t bad = FirstNonFinite(values); bad >= 0) {
@@ -485,12 +522,13 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
 absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
                                      absl::Span<const float> values, Outcome* outcome) {
   if (args.version > chunk.version) {
-    return absl::InvalidArgumentError(absl::StrCat("version ", args.version, " is ahead of the server's ",
-                                                   chunk.version, " (", Describe(chunk), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("version ", args.version,
+                                                   " is ahead of the server's ", chunk.version,
+                                                   " (", Describe(chunk), ")"));
   }
   if (args.version < chunk.version) {
-    return absl::AbortedError(absl::StrCat("version ", args.version, " is stale: ",
-                                           Describe(chunk), " is at version ", chunk.version));
+    return absl::AbortedError(absl::StrCat("version ", args.version, " is stale: ", Describe(chunk),
+                                           " is at version ", chunk.version));
   }
   Accumulator& barrier = args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE
                              ? chunk.slot_barriers[args.slot]
@@ -501,31 +539,37 @@ absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
         args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE ? absl::StrCat(" slot ", args.slot) : "",
         " for version ", args.version, " of ", Describe(chunk)));
   }
+  const Contribution contribution{&barrier, &args.worker_id, values};
+  if (BarrierReady(chunk, &contribution)) return CompleteBarrier(chunk, &contribution, outcome);
   barrier.Add(args.worker_id, values);
-  return MaybeCompleteBarrier(chunk, outcome);
+  return absl::OkStatus();
 }
 
-absl::Status JobState::MaybeCompleteBarrier(Chunk& chunk, Outcome* outcome) {
+bool JobState::BarrierReady(const Chunk& chunk, const Contribution* extra) const {
   const Membership& membership = *chunk.membership;
-  if (membership.dropped || !chunk.values_barrier.Covers(membership)) return absl::OkStatus();
+  if (membership.dropped || !Covers(chunk.values_barrier, membership, extra)) return false;
   for (const Accumulator& slot : chunk.slot_barriers) {
-    if (!slot.Covers(membership)) return absl::OkStatus();
+    if (!Covers(slot, membership, extra)) return false;
   }
+  return true;
+}
 
-  Accumulator& barrier = chunk.values_barrier;
-  barrier.DivideByContributors();
+absl::Status JobState::CompleteBarrier(Chunk& chunk, const Contribution* extra, Outcome* outcome) {
+  // Publishes the mean held by `acc` (or extra's values) as `*snapshot`.
+  auto publish_mean = [extra](Accumulator* acc, std::shared_ptr<std::vector<float>>* snapshot) {
+    const float* mean = TakeMean(acc, extra);
+    if (mean != acc->sum.data()) acc->sum.assign(extra->values.begin(), extra->values.end());
+    Publish(snapshot, &acc->sum);
+  };
   absl::Status status = absl::OkStatus();
   if (mode_ == v1::CONSISTENCY_SYNC && chunk.trainable) {
-    status = ApplyGradient(chunk, barrier.sum.data());
+    status = ApplyGradient(chunk, TakeMean(&chunk.values_barrier, extra));
   } else {
-    Publish(&chunk.values, &barrier.sum);  // The mean becomes the parameters.
+    publish_mean(&chunk.values_barrier, &chunk.values);  // The mean becomes the parameters.
   }
   for (size_t s = 0; s < chunk.slot_barriers.size(); ++s) {
-    chunk.slot_barriers[s].DivideByContributors();
-    Publish(&chunk.slots[s], &chunk.slot_barriers[s].sum);
-    chunk.slot_barriers[s].contributors.clear();
+    publish_mean(&chunk.slot_barriers[s], &chunk.slots[s]);
   }
-  barrier.contributors.clear();
   PSTRAIN_RETURN_IF_ERROR(status);
   ++chunk.version;
   ++outcome->applied_updates;
@@ -542,8 +586,9 @@ absl::Status JobState::ApplyOnArrival(Chunk& chunk, const PushArgs& args,
                                       absl::Span<const float> values, int64_t max_version_lead,
                                       Outcome* outcome) {
   if (args.version > chunk.version + max_version_lead) {
-    return absl::InvalidArgumentError(absl::StrCat("version ", args.version, " is ahead of the server's ",
-                                                   chunk.version, " (", Describe(chunk), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("version ", args.version,
+                                                   " is ahead of the server's ", chunk.version,
+                                                   " (", Describe(chunk), ")"));
   }
   if (chunk.trainable) {
     outcome->staleness = std::max<int64_t>(chunk.version - args.version, 0);
@@ -575,12 +620,13 @@ absl::Status JobState::AwaitClock(const PullArgs& args, absl::Time deadline) {
     return membership_->dropped || !membership_->Has(args.worker_id) || MinClock() >= needed;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&released), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "ssp: worker ", args.worker_id, " at clock ", args.worker_clock,
-        " waited for the slowest member of job ", job_id_, " (clock ", MinClock(), ") to reach ",
-        needed, " until the deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("ssp: worker ", args.worker_id, " at clock ", args.worker_clock,
+                     " waited for the slowest member of job ", job_id_, " (clock ", MinClock(),
+                     ") to reach ", needed, " until the deadline"));
   }
-  if (membership_->dropped) return absl::AbortedError(absl::StrCat("job ", job_id_, " was dropped"));
+  if (membership_->dropped)
+    return absl::AbortedError(absl::StrCat("job ", job_id_, " was dropped"));
   if (!membership_->Has(args.worker_id)) {
     return absl::AbortedError(
         absl::StrCat("worker ", args.worker_id, " was removed from job ", job_id_));
@@ -605,9 +651,9 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
     }
   } else if (args.kind != v1::ChunkHeader::KIND_PARAMETERS &&
              args.kind != v1::ChunkHeader::KIND_UNSPECIFIED) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pull of ", Describe(*chunk), " asks for ", KindName(args.kind),
-        "; pulls take KIND_PARAMETERS or KIND_OPTIMIZER_STATE"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull of ", Describe(*chunk), " asks for ", KindName(args.kind),
+                     "; pulls take KIND_PARAMETERS or KIND_OPTIMIZER_STATE"));
   }
   if (args.min_version < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative min_version ", args.min_version));
@@ -629,8 +675,7 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
   };
   if (!chunk->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(Describe(*chunk), " is at version ",
-                                                    chunk->version, "; version ",
-                                                    args.min_version,
+                                                    chunk->version, "; version ", args.min_version,
                                                     " was not reached before the deadline"));
   }
   if (chunk->membership->dropped) {
@@ -659,9 +704,9 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
     absl::MutexLock lock(&mu_);
     if (membership_->dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
     if (generation < membership_->generation) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SetMembers: generation ", generation, " is older than job ", job_id_,
-          "'s current generation ", membership_->generation));
+      return absl::InvalidArgumentError(
+          absl::StrCat("SetMembers: generation ", generation, " is older than job ", job_id_,
+                       "'s current generation ", membership_->generation));
     }
     // A member that joins starts at the slowest clock of those that stay, so
     // that it does not hold the others back (it pulls current parameters).
@@ -686,7 +731,9 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = next;
-    if (barrier_mode()) first_error.Update(MaybeCompleteBarrier(*chunk, &outcome));
+    if (barrier_mode() && BarrierReady(*chunk, nullptr)) {
+      first_error.Update(CompleteBarrier(*chunk, nullptr, &outcome));
+    }
   }
   PSTRAIN_RETURN_IF_ERROR(first_error);
   return outcome.applied_updates;
@@ -794,8 +841,7 @@ absl::Status ParameterShard::DropJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args,
-                                             absl::Span<const float> values) {
+absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<const float> values) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -838,8 +884,7 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
   return pulled;
 }
 
-absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(
-    const std::string& job_id) {
+absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const std::string& job_id) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);

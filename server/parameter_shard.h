@@ -32,8 +32,25 @@
 // mode, non-finite values when rejected, version from the future); on error
 // the model is unchanged.
 //
+// Membership (SetMembers):
+//  * A removed member's push already in a pending barrier stays in its mean
+//    (it was computed from the right version); the barrier then completes as
+//    soon as every remaining member has pushed.
+//  * A pull checks job, generation and membership once, on entry; an admitted
+//    pull of a member that stays keeps waiting across a generation change.
+//  * ssp: a member that joins starts at the slowest clock of those that stay.
+//  * A generation older than the current one is INVALID_ARGUMENT.
+// Optimizer state is pulled (KIND_OPTIMIZER_STATE) only in average mode with
+// average_optimizer_state; in the other modes it lives in the server's
+// optimizer and is read with ReadChunks (checkpoints). ConfigureJob accepts
+// a chunk's version and slots (as ReadChunks returns them) to resume.
+//
 // Threads: thread-safe. Pull blocks the calling thread until the version is
-// there or the deadline passes; everything else returns promptly.
+// there or the deadline passes; everything else returns promptly. Pushes to
+// different chunks run in parallel (one lock per chunk); an update wakes only
+// the pulls of its chunk. A PulledChunk's values never change: an update
+// writes in place only when no snapshot of the chunk is held, else it copies.
+// Destroy the shard only when no call is in flight.
 #ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
 #define PSTRAIN_SERVER_PARAMETER_SHARD_H_
 

@@ -294,6 +294,27 @@ TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
   EXPECT_EQ(shard.stats().pushes, 2);
 }
 
+TEST(ParameterShardSyncTest, ThreeWorkersAverageInArrivalOrderWithExactDivision) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"w1", "w2", "w3"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const int64_t n = job.Count(chunk);
+  const std::vector<float> g1 = Ramp(n, 0.1f, 0.7f), g2 = Ramp(n, 1.3f, -0.9f),
+                           g3 = Ramp(n, -0.2f, 0.31f);
+  ASSERT_EQ(*shard.Push(job.Args("w2", chunk, 0), g2), 0);
+  ASSERT_EQ(*shard.Push(job.Args("w3", chunk, 0), g3), 0);
+  ASSERT_EQ(*shard.Push(job.Args("w1", chunk, 0), g1), 1);
+  std::vector<float> mean(n);
+  for (int64_t i = 0; i < n; ++i) mean[i] = ((g2[i] + g3[i]) + g1[i]) / 3.f;
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.1f), n);
+  reference.Apply(expected, mean, 0);
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("w1", chunk, 1), absl::Now());
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
+}
+
 TEST(ParameterShardSyncTest, NonTrainableChunksTakeTheMeanOfTheMembers) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
@@ -356,7 +377,8 @@ TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
   const int chunk = job.ChunkOf("fc/bias");
   const std::vector<float> ga = {1.f, 2.f, 3.f}, gb = {3.f, 2.f, 1.f};
   ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), ga).ok());
-  absl::Status duplicate = shard.Push(job.Args("worker-a", chunk, 0), {100.f, 100.f, 100.f}).status();
+  absl::Status duplicate =
+      shard.Push(job.Args("worker-a", chunk, 0), {100.f, 100.f, 100.f}).status();
   EXPECT_EQ(duplicate.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(duplicate.message(), HasSubstr("duplicate push"));
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), gb), 1);
@@ -411,7 +433,8 @@ TEST(ParameterShardAsyncTest, StalenessBeyondTheLastBucketLandsInIt) {
   ParameterShard shard({.staleness_buckets = 2});
   ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
   const int chunk = job.ChunkOf("fc/bias");
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 1.f, 1.f}).ok());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 1.f, 1.f}).ok());
   // Staleness 0, 1, 2, 3, 4 -> buckets [0] = 1, [>=1] = 4.
   EXPECT_THAT(shard.stats().staleness_counts, ElementsAreArray({1, 4}));
 }
@@ -532,12 +555,64 @@ TEST(ParameterShardAverageTest, AveragesParametersAndOptimizerStateWhenAsked) {
     EXPECT_EQ(c.version(), 1);
     ASSERT_EQ(c.slots_size(), 1);
     EXPECT_EQ(c.slots(0).name(), "momentum");
-    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
-                             Mean(ma, mb)));
+    EXPECT_TRUE(
+        BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()}, Mean(ma, mb)));
   }
   // Round 1 works the same way; a round-0 push is now stale.
   EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0, kParams), pa).status().code(),
             absl::StatusCode::kAborted);
+}
+
+TEST(ParameterShardAverageTest, ARoundCompletesWhenTheMissingMemberIsRemoved) {
+  TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Adam(0.01f), {"worker-a", "worker-b"});
+  job.config.spec.set_average_optimizer_state(true);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/bias");
+  const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
+  const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
+  const std::vector<float> pa = {1.f, 2.f, 3.f}, ma = {0.1f, 0.2f, 0.3f}, va = {4.f, 5.f, 6.f};
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), pa), 0);
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kState), ma), 0);
+  PushArgs second_slot = job.Args("worker-a", chunk, 0, kState);
+  second_slot.slot = 1;
+  ASSERT_EQ(*shard.Push(second_slot, va), 0);
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+
+  absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  int seen = 0;
+  for (const v1::ChunkValues& c : *read) {
+    if (c.chunk_id() != chunk) {
+      EXPECT_EQ(c.version(), 0) << "chunk " << c.chunk_id() << " had no pushes";
+      continue;
+    }
+    ++seen;
+    EXPECT_EQ(c.version(), 1);
+    EXPECT_THAT(c.values(), ElementsAreArray(pa));
+    ASSERT_EQ(c.slots_size(), 2);
+    EXPECT_THAT(c.slots(0).values(), ElementsAreArray(ma));
+    EXPECT_THAT(c.slots(1).values(), ElementsAreArray(va));
+  }
+  EXPECT_EQ(seen, 1);
+  // The next round with the single member completes on its last push.
+  PushArgs next = job.Args("worker-a", chunk, 1, kParams);
+  next.generation = 2;
+  ASSERT_EQ(*shard.Push(next, {7.f, 8.f, 9.f}), 1);
+  next.kind = kState;
+  ASSERT_EQ(*shard.Push(next, {0.f, 0.f, 0.f}), 1);
+  next.slot = 1;
+  ASSERT_EQ(*shard.Push(next, {1.f, 1.f, 1.f}), 2);
+  PullArgs pull = job.PullOf("worker-a", chunk, 2);
+  pull.generation = 2;
+  absl::StatusOr<PulledChunk> params = shard.Pull(pull, absl::Now());
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_THAT(Values(*params), ElementsAreArray({7.f, 8.f, 9.f}));
+  pull.kind = kState;
+  pull.slot = 1;
+  absl::StatusOr<PulledChunk> state = shard.Pull(pull, absl::Now());
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_THAT(Values(*state), ElementsAreArray({1.f, 1.f, 1.f}));
 }
 
 TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
@@ -556,7 +631,8 @@ TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
   ASSERT_TRUE(shard.ConfigureJob(job.config, initial).ok());
   const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
   const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
-  absl::Status state_push = shard.Push(job.Args("worker-a", chunk, 0, kState), {9.f, 9.f, 9.f}).status();
+  absl::Status state_push =
+      shard.Push(job.Args("worker-a", chunk, 0, kState), {9.f, 9.f, 9.f}).status();
   EXPECT_EQ(state_push.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(state_push.message(), HasSubstr("takes KIND_PARAMETERS pushes in average mode"));
   ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), {1.f, 2.f, 3.f}), 0);
@@ -607,8 +683,8 @@ TEST(ParameterShardOptimizerTest, MomentumStatePersistsAcrossStepsAndIsReadBack)
     EXPECT_TRUE(BitIdentical({c.values().begin(), c.values().end()}, expected));
     ASSERT_EQ(c.slots_size(), 1);
     EXPECT_EQ(c.slots(0).name(), "momentum");
-    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
-                             reference.State(0)));
+    EXPECT_TRUE(
+        BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()}, reference.State(0)));
   }
   EXPECT_EQ(seen, 1);
 }
@@ -633,10 +709,10 @@ TEST(ParameterShardOptimizerTest, AdamMomentsAndBiasCorrectionFollowTheVersion) 
     ASSERT_EQ(c.slots_size(), 2);
     EXPECT_EQ(c.slots(0).name(), "adam_m");
     EXPECT_EQ(c.slots(1).name(), "adam_v");
-    EXPECT_TRUE(BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()},
-                             reference.State(0)));
-    EXPECT_TRUE(BitIdentical({c.slots(1).values().begin(), c.slots(1).values().end()},
-                             reference.State(1)));
+    EXPECT_TRUE(
+        BitIdentical({c.slots(0).values().begin(), c.slots(0).values().end()}, reference.State(0)));
+    EXPECT_TRUE(
+        BitIdentical({c.slots(1).values().begin(), c.slots(1).values().end()}, reference.State(1)));
   }
 }
 
@@ -688,9 +764,10 @@ TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
   const int stats_chunk = job.ChunkOf("bn/running_mean");
 
   std::vector<RejectCase> cases;
-  auto add = [&](std::string label, PushArgs args, std::vector<float> values,
-                 absl::StatusCode code, std::string message) {
-    cases.push_back({std::move(label), std::move(args), std::move(values), code, std::move(message)});
+  auto add = [&](std::string label, PushArgs args, std::vector<float> values, absl::StatusCode code,
+                 std::string message) {
+    cases.push_back(
+        {std::move(label), std::move(args), std::move(values), code, std::move(message)});
   };
   PushArgs args = job.Args("worker-a", chunk, 5);
   {
@@ -733,8 +810,8 @@ TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
   }
   {
     PushArgs a = job.Args("worker-a", stats_chunk, 0);
-    add("gradient for running statistics", a, {1.f, 2.f, 3.f},
-        absl::StatusCode::kInvalidArgument, "takes KIND_PARAMETERS pushes");
+    add("gradient for running statistics", a, {1.f, 2.f, 3.f}, absl::StatusCode::kInvalidArgument,
+        "takes KIND_PARAMETERS pushes");
   }
   add("NaN", args, nan_at_5, absl::StatusCode::kInvalidArgument, "value 5 of the push");
   add("infinity", args, inf_at_0, absl::StatusCode::kInvalidArgument, "value 0 of the push");
@@ -764,7 +841,8 @@ TEST(ParameterShardValidationTest, SyncRejectsStaleAndFutureVersions) {
   ParameterShard shard({});
   ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
   const int chunk = job.ChunkOf("fc/bias");
-  for (int v = 0; v < 2; ++v) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), {1.f, 1.f, 1.f}).ok());
+  for (int v = 0; v < 2; ++v)
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), {1.f, 1.f, 1.f}).ok());
   const std::string before = ModelBytes(shard, job.config.job_id);
   absl::Status stale = shard.Push(job.Args("worker-a", chunk, 1), {1.f, 1.f, 1.f}).status();
   EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
@@ -931,7 +1009,8 @@ TEST(ParameterShardPlanTest, EachShardOwnsItsChunksAndRejectsTheOthers) {
 TEST(ParameterShardPlanTest, ConfigureJobRejectsChunksThatDoNotMatchThePlan) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f, 0.9f), {"worker-a"}, 2, 16);
   ParameterShard shard({.shard_index = 1});
-  auto expect_rejected = [&](const ShardJobConfig& config, const std::vector<v1::ChunkValues>& chunks,
+  auto expect_rejected = [&](const ShardJobConfig& config,
+                             const std::vector<v1::ChunkValues>& chunks,
                              const std::string& message) {
     absl::Status s = shard.ConfigureJob(config, chunks);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message << ": " << s;
@@ -1003,11 +1082,10 @@ TEST(ParameterShardConcurrencyTest, FourWorkersInSyncReachTheExpectedVersion) {
         for (int c = 0; c < num_chunks; ++c) {
           const ChunkInfo& info = job.plan.chunks[c];
           const bool trainable = job.graph.params[info.param].trainable;
-          const auto kind = trainable ? v1::ChunkHeader::KIND_GRADIENT
-                                      : v1::ChunkHeader::KIND_PARAMETERS;
-          const std::vector<float> values(info.count,
-                                          trainable ? 0.25f * static_cast<float>(w + 1)
-                                                    : static_cast<float>(w));
+          const auto kind =
+              trainable ? v1::ChunkHeader::KIND_GRADIENT : v1::ChunkHeader::KIND_PARAMETERS;
+          const std::vector<float> values(
+              info.count, trainable ? 0.25f * static_cast<float>(w + 1) : static_cast<float>(w));
           if (!shard.Push(job.Args(members[w], c, step, kind), values).ok()) ++failures;
         }
         for (int c = num_chunks - 1; c >= 0; --c) {
