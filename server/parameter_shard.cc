@@ -3,18 +3,21 @@
 // Layout of the state, from coarse to fine:
 //  * ParameterShard::mu_ guards the job map and the stats; it is held only for
 //    a lookup or a counter update, never while waiting or computing.
-//  * Job::mu guards the membership (who may push, which generation) and the
-//    ssp clocks. Job::control_mu serialises SetMembers and Drop, which update
+//  * JobState::mu_ guards the membership (who may push, which generation) and the
+//    ssp clocks. JobState::control_mu_ serialises SetMembers and Drop, which update
 //    the job and then every chunk.
+//    (ParameterShard::Job is a JobState; the logic lives in JobState.)
 //  * Chunk::mu guards one chunk's version, published snapshot and barrier.
 //    Pushes to different chunks run in parallel; a Pull waits on its chunk's
 //    mutex (absl::Mutex::AwaitWithDeadline), so an update wakes only the
-//    pulls of that chunk. Every chunk holds its own pointer to the (shared,
+//    pulls of that chunk. The push that completes a sync/average barrier is
+//    folded straight into the mean; with one member the optimizer reads the
+//    pushed values directly. Every chunk holds its own pointer to the (shared,
 //    immutable) Membership, replaced under Chunk::mu by SetMembers, so that a
 //    push's membership check and the barrier it joins see the same set.
-//  * Job::optimizer_mu serialises the optimizer (the CPU Backend is used by
-//    one thread at a time). Lock order: Chunk::mu, then Job::optimizer_mu;
-//    Job::control_mu, then Job::mu, then Chunk::mu; ParameterShard::mu_ is a
+//  * JobState::optimizer_mu_ serialises the optimizer (the CPU Backend is used by
+//    one thread at a time). Lock order: Chunk::mu, then JobState::optimizer_mu_;
+//    JobState::control_mu_, then JobState::mu_, then Chunk::mu; ParameterShard::mu_ is a
 //    leaf.
 //
 // Published values are std::shared_ptr<std::vector<float>> handed out as
