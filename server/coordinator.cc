@@ -219,7 +219,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
 }
 
 Coordinator::Coordinator(Options options, ShardController* shards)
-    : options_(std::move(options)), shards_(shards) {}
+    : options_(std::move(options)), shards_(shards) {
+  absl::MutexLock lock(&mu_);
+  shard_addresses_ = options_.shard_addresses;
+}
+
+void Coordinator::SetShardAddresses(std::vector<std::string> addresses) {
+  absl::MutexLock lock(&mu_);
+  shard_addresses_ = std::move(addresses);
+}
 
 Coordinator::~Coordinator() {
   {
@@ -422,7 +430,7 @@ v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::WorkerInfo& inf
   response.set_worker_id(worker->id);
   response.set_heartbeat_interval_ms(
       static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
-  for (const std::string& a : options_.shard_addresses) response.add_shards(a);
+  for (const std::string& a : shard_addresses_) response.add_shards(a);
   Log(absl::StrCat(worker->id, ": registered (", info.hostname(), ", ", info.backend(), ")"));
   workers_[worker->id] = std::move(worker);
   RefreshQueueReasons();
@@ -503,6 +511,12 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     }
     if (member->finished) return false;
 
+    if (report.error().empty() && !report.finished() &&
+        (report.epoch() < 0 || report.epoch() > job->status.spec().epochs() || report.step() < 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "progress of ", report.worker_id(), ": epoch ", report.epoch(), " is outside [0, ",
+          job->status.spec().epochs(), "] or step ", report.step(), " is negative"));
+    }
     if (!report.error().empty()) {
       Finish(*job, v1::JOB_STATE_FAILED,
              absl::StrCat(report.worker_id(), " (rank ", member->rank,
@@ -534,11 +548,19 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
         }
       }
       member->reported = true;
-      member->epoch = report.epoch();
-      member->step = report.step();
-      member->loss = report.loss();
-      member->train_accuracy = report.train_accuracy();
-      member->samples_per_sec = report.samples_per_sec();
+      if (report.finished()) {
+        // Done means every epoch: the final report's training figures are
+        // not needed (the last progress report's loss and accuracy stay).
+        member->epoch = job->status.spec().epochs();
+        member->step = std::max(member->step, report.step());
+        member->samples_per_sec = 0;
+      } else {
+        member->epoch = report.epoch();
+        member->step = report.step();
+        member->loss = report.loss();
+        member->train_accuracy = report.train_accuracy();
+        member->samples_per_sec = report.samples_per_sec();
+      }
       if (report.finished()) {
         member->finished = true;
         member->eval = report.eval_shard();
@@ -660,7 +682,9 @@ void Coordinator::RefreshAggregates(Job& job) {
   const int epochs_done = epoch - job.start_epoch;
   if (epochs_done > 0) {
     const int64_t per_epoch = step / epochs_done;
-    job.status.set_total_steps(per_epoch * (job.status.spec().epochs() - job.start_epoch));
+    // Membership changes alter the steps per epoch: never below the steps done.
+    job.status.set_total_steps(
+        std::max(step, per_epoch * (job.status.spec().epochs() - job.start_epoch)));
   }
   job.status.clear_workers();
   for (const Member& m : job.members) job.status.add_workers(m.worker_id);
@@ -862,6 +886,11 @@ void Coordinator::StartQueuedJobs() {
           launch.optimizer_state[t.name()] = *std::move(values);
         }
         start_epoch = ckpt->epoch();
+        // The server-side optimizer counts iterations by version: go on from
+        // the checkpoint's step (average mode counts rounds and runs no
+        // optimizer on the server, so it starts again from 0). Workers learn
+        // every chunk's version from their first pull.
+        if (work.spec.mode() != v1::CONSISTENCY_AVERAGE) launch.initial_version = ckpt->step();
       } else {
         status = ckpt.status();
       }
@@ -920,7 +949,9 @@ void Coordinator::WriteDueCheckpoints() {
         job.status.set_reason("evaluated; writing the final checkpoint");
         Touch(job);
       } else if (job.phase == Phase::kRunning &&
-                 job.status.epoch() > job.last_checkpoint_epoch) {
+                 job.status.epoch() > job.last_checkpoint_epoch &&
+                 job.status.epoch() < job.status.spec().epochs()) {
+        // (After the last epoch the final checkpoint follows the evaluation.)
         work.kind = CheckpointWork::kEpoch;
       } else {
         continue;
@@ -980,6 +1011,7 @@ void Coordinator::WriteDueCheckpoints() {
         test->set_num_classes(metrics.num_classes);
         test->mutable_confusion()->Assign(metrics.confusion.begin(), metrics.confusion.end());
         job.status.set_epoch(job.status.spec().epochs());
+        job.status.set_total_steps(job.status.step());
         Finish(job, v1::JOB_STATE_SUCCEEDED,
                absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples",
                                job.status.spec().epochs(), metrics.accuracy, metrics.samples));

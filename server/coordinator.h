@@ -38,9 +38,12 @@
 // status.pb (written to a temporary file, fsync'ed and renamed). Create()
 // loads them: finished jobs are listed again, QUEUED and RUNNING jobs are
 // queued again and resume from their last checkpoint (from scratch when
-// there is none); the shards then start from version 0 with the
-// checkpoint's values and optimizer state, and the workers from the
-// checkpoint's epoch (Assignment.start_epoch).
+// there is none); the shards then start with the checkpoint's values and
+// optimizer state at version = its step (0 in average mode), and the workers
+// from its epoch (Assignment.start_epoch). An epoch checkpoint holds the
+// model as read when the background work noticed the slowest member's new
+// epoch, so a resumed run may repeat or skip a few steps' worth of updates.
+// A job that loses every worker is resumed the same way.
 //
 // Threads: thread-safe. The public calls only touch memory (and write small
 // status files) and return promptly; everything that talks to shards or
@@ -159,7 +162,10 @@ class Coordinator {
   void Tick();
 
   CoordinatorStats Stats() const;
-  const Options& options() const { return options_; }
+
+  // Replaces Options::shard_addresses (sent to workers that register from
+  // now on); for a server that learns its own port only once it listens.
+  void SetShardAddresses(std::vector<std::string> addresses);
 
  private:
   struct Worker;
@@ -216,6 +222,7 @@ class Coordinator {
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -12,6 +12,9 @@ namespace {
 
 // Longest a streaming handler waits before it looks at its call again.
 constexpr absl::Duration kStreamPoll = absl::Seconds(1);
+// WatchJob repeats the latest status this often when nothing changes, so
+// that a watcher can tell a quiet job from a lost connection.
+constexpr absl::Duration kWatchKeepalive = absl::Seconds(10);
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
@@ -96,6 +99,12 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
     if (update->revision > seen_revision) {
       seen_revision = update->revision;
       latest = std::move(update->status);
+      pending = true;
+    }
+    if (!pending && absl::Now() - last_send >= kWatchKeepalive) {
+      absl::StatusOr<v1::JobStatus> current = coordinator_->GetJob(request->job_id());
+      if (!current.ok()) return ToGrpcStatus(current.status());
+      latest = *std::move(current);
       pending = true;
     }
     if (!pending) continue;

@@ -12,7 +12,8 @@
 //
 // WatchJob sends the current status at once, then the latest status at most
 // every min_interval_ms (0 means 500) and at once on every state change,
-// and ends after a terminal state has been sent. DownloadModel streams the
+// repeats it every 10 s while nothing changes (a watcher can tell a quiet job
+// from a lost connection), and ends after a terminal state has been sent. DownloadModel streams the
 // latest checkpoint file in ModelChunk messages of at most 1 MiB.
 //
 // Threads: gRPC's synchronous API; handlers run on gRPC's thread pool.

@@ -26,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -201,6 +202,12 @@ int main(int argc, char** argv) {
   } else {
     shard_addresses = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipWhitespace());
   }
+  const bool shards_given = !absl::GetFlag(FLAGS_shards).empty();
+  for (const std::string& a : shard_addresses) {
+    if (shards_given && (a.rfind(':') == std::string::npos || absl::EndsWith(a, ":0"))) {
+      return Fail(absl::StrCat("--shards entry '", a, "' needs an explicit host:port"));
+    }
+  }
   if (shard_index < 0 || shard_index >= static_cast<int>(shard_addresses.size())) {
     return Fail(absl::StrCat("--shard-index ", shard_index, " is outside the ",
                              shard_addresses.size(), " addresses of --shards"));
@@ -269,10 +276,12 @@ int main(int argc, char** argv) {
   if (coordinator_service != nullptr) builder.RegisterService(coordinator_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  std::cout << "pstrain-server listening on " << host << ":" << port << " (shard "
-            << shard_index << " of " << shard_addresses.size()
-            << (shard_index == 0 ? ", coordinator" : "") << ")" << std::endl;
+  const std::string address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  // With --listen HOST:0 and no --shards, workers learn the chosen port.
+  if (coordinator != nullptr && !shards_given) coordinator->SetShardAddresses({address});
+  std::cout << "pstrain-server listening on " << address << " (shard " << shard_index << " of "
+            << shard_addresses.size() << (shard_index == 0 ? ", coordinator" : "") << ")"
+            << std::endl;
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

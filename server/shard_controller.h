@@ -77,6 +77,7 @@ struct JobLaunch {
   int64_t generation = 1;
   std::vector<std::vector<float>> params;
   std::map<std::string, std::vector<float>> optimizer_state;
+  int64_t initial_version = 0;  // Version of every chunk (> 0 when resuming).
 };
 
 // The whole model of a job read back from every shard.

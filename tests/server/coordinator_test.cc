@@ -4,7 +4,12 @@
 // thread.
 #include "server/coordinator.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +23,8 @@
 #include "common/model_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pstrain/v1/service.grpc.pb.h"
+#include "server/coordinator_service.h"
 #include "server/parameter_shard.h"
 #include "server/shard_controller.h"
 
@@ -182,7 +189,7 @@ class CoordinatorTest : public ::testing::Test {
     options.shard_addresses = {"127.0.0.1:1"};
     options.clock = [this] { return now_; };
     options.start_background_thread = false;
-    options.log = [](const std::string&) {};
+    options.log = [this](const std::string& line) { log_.push_back(line); };
     auto c = Coordinator::Create(std::move(options), controller_.get());
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = *std::move(c);
@@ -221,6 +228,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::string state_dir_;
+  std::vector<std::string> log_;
   absl::Time now_;
   std::vector<std::unique_ptr<FakeShard>> fakes_;
   std::unique_ptr<ShardController> controller_;
@@ -398,12 +406,24 @@ TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
   ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 10, 0.3, 0.9, 60)).ok());
   EXPECT_EQ(Status(job).epoch(), 1);
   EXPECT_EQ(Status(job).total_steps(), 20);  // 10 steps per epoch x 2 epochs.
+  // A finished report's training figures are not used; its epoch is all of them.
+  v1::ReportProgressRequest finished = Progress(w[1], job, -7, 20, 0, 0, 0);
+  finished.set_finished(true);
+  *finished.mutable_eval_shard() = EvalShard({{0, 0}}, 0.1);
+  ASSERT_TRUE(coordinator_->ReportProgress(finished).ok());
+  EXPECT_EQ(Status(job).epoch(), 1);  // w[0] is still at 1.
+  EXPECT_DOUBLE_EQ(Status(job).loss(), 0.4);
+  EXPECT_DOUBLE_EQ(Status(job).samples_per_sec(), 100);
 
   // Bad reports.
   auto unknown = coordinator_->ReportProgress(Progress("worker-99", job, 0, 0, 0, 0, 0));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   unknown = coordinator_->ReportProgress(Progress(w[0], "job-99", 0, 0, 0, 0, 0));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->ReportProgress(Progress(w[0], job, 3, 30, 0, 0, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);  // Epoch beyond the job's 2.
+  EXPECT_EQ(coordinator_->ReportProgress(Progress(w[0], job, -1, 0, 0, 0, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   v1::ReportProgressRequest bad = Progress(w[0], job, 2, 20, 0.1, 1, 0);
   bad.set_finished(true);
   *bad.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}}, 0.1);
@@ -458,6 +478,10 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.reason();
   EXPECT_THAT(s.reason(), HasSubstr("test accuracy"));
   EXPECT_GT(s.finished_unix_ms(), 0);
+  EXPECT_THAT(log_, ::testing::Contains("job-1: checkpoint written (epoch 2, step 10, final)"));
+  // The last progress reports' training figures (not the final reports').
+  EXPECT_DOUBLE_EQ(s.loss(), 0.5);
+  EXPECT_DOUBLE_EQ(s.train_accuracy(), 0.8);
   ConfusionMatrix ca(3), cb(3);
   for (auto [t, p] : std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 1}, {2, 2}, {2, 0}}) {
     ca.Add(t, p);
@@ -618,6 +642,11 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
     }
   }
   EXPECT_EQ(configured, trained);
+  {
+    // The optimizer's iteration count goes on from the checkpoint's step.
+    absl::MutexLock lock(&fakes_[0]->mu);
+    for (const auto& c : fakes_[0]->jobs.at(running).config.chunks()) EXPECT_EQ(c.version(), 2);
+  }
 }
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
@@ -719,6 +748,157 @@ TEST(CoordinatorWithParameterShardTest, StartsAJobAndCheckpointsTheShardsModel) 
   // Dropped from the shard once finished.
   EXPECT_FALSE(shard.Plan(*job).ok());
   fs::remove_all(dir);
+}
+
+// The gRPC edge over an in-process channel.
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/coordinator_service_", getpid());
+    fs::remove_all(dir_);
+    std::vector<std::unique_ptr<ShardClient>> clients;
+    clients.push_back(std::make_unique<FakeShardClient>(&fake_));
+    controller_ = std::make_unique<ShardController>(std::move(clients));
+    Coordinator::Options options;
+    options.state_dir = dir_;
+    options.start_background_thread = false;
+    options.log = [](const std::string&) {};
+    auto c = Coordinator::Create(std::move(options), controller_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+    service_ = std::make_unique<CoordinatorService>(coordinator_.get());
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Coordinator::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+  void Deadline(grpc::ClientContext& ctx, absl::Duration d = absl::Seconds(20)) {
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
+  }
+  // A running job whose model (1.2 MB) spans two 1 MiB download chunks.
+  std::string StartBigJob() {
+    v1::JobSpec spec = TinyJob(1);
+    spec.mutable_model()->set_input_shape(0, 600);
+    spec.mutable_model()->mutable_layers(0)->mutable_dense()->set_units(500);
+    spec.mutable_model()->set_num_classes(500);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::SubmitJobResponse response;
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    EXPECT_TRUE(stub_->SubmitJob(&ctx, request, &response).ok());
+    grpc::ClientContext rctx;
+    Deadline(rctx);
+    v1::RegisterWorkerResponse worker;
+    EXPECT_TRUE(stub_->RegisterWorker(&rctx, v1::RegisterWorkerRequest(), &worker).ok());
+    coordinator_->Tick();
+    return response.job_id();
+  }
+
+  std::string dir_;
+  FakeShard fake_;
+  std::unique_ptr<ShardController> controller_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorServiceTest, SubmitMapsValidationErrorsAndUnknownJobs) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = TinyJob(1);
+  request.mutable_spec()->set_batch_size(0);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  const grpc::Status s = stub_->SubmitJob(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("batch_size"));
+
+  v1::GetJobRequest get;
+  get.set_job_id("job-404");
+  v1::JobStatus status;
+  grpc::ClientContext gctx;
+  Deadline(gctx);
+  EXPECT_EQ(stub_->GetJob(&gctx, get, &status).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hb_response;
+  grpc::ClientContext hctx;
+  Deadline(hctx);
+  EXPECT_EQ(stub_->Heartbeat(&hctx, hb, &hb_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(CoordinatorServiceTest, WatchJobStreamsUntilATerminalState) {
+  const std::string job = StartBigJob();
+  std::vector<v1::JobStatus> seen;
+  grpc::Status end;
+  std::thread watcher([&] {
+    v1::WatchJobRequest request;
+    request.set_job_id(job);
+    request.set_min_interval_ms(10);
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    auto reader = stub_->WatchJob(&ctx, request);
+    v1::JobStatus s;
+    while (reader->Read(&s)) seen.push_back(s);
+    end = reader->Finish();
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(coordinator_->CancelJob(job).ok());
+  watcher.join();
+  EXPECT_TRUE(end.ok()) << end.error_message();
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.front().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(seen.back().state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorServiceTest, DownloadModelStreamsTheCheckpointInChunks) {
+  const std::string job = StartBigJob();
+  {
+    v1::DownloadModelRequest request;
+    request.set_job_id(job);
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    auto reader = stub_->DownloadModel(&ctx, request);
+    v1::ModelChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  ASSERT_TRUE(coordinator_->CancelJob(job).ok());
+  coordinator_->Tick();  // Saves the cancelled job's model.
+  auto path = coordinator_->CheckpointPath(job);
+  ASSERT_TRUE(path.ok()) << path.status();
+  std::ifstream in(*path, std::ios::binary);
+  std::stringstream file;
+  file << in.rdbuf();
+
+  v1::DownloadModelRequest request;
+  request.set_job_id(job);
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  auto reader = stub_->DownloadModel(&ctx, request);
+  v1::ModelChunk chunk;
+  std::string bytes;
+  int chunks = 0;
+  while (reader->Read(&chunk)) {
+    EXPECT_EQ(chunk.offset(), static_cast<int64_t>(bytes.size()));
+    EXPECT_EQ(chunk.total_bytes(), static_cast<int64_t>(file.str().size()));
+    EXPECT_LE(chunk.data().size(), static_cast<size_t>(kModelChunkBytes));
+    bytes += chunk.data();
+    ++chunks;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(chunks, 2);
+  EXPECT_EQ(bytes, file.str());
 }
 
 }  // namespace
