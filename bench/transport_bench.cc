@@ -21,8 +21,8 @@
 //
 //   transport_bench [--model_mb=100] [--reps=7] [--tune_malloc=true]
 //
-// Prints the median over --reps rounds (after one warm-up) for each, and the
-// ratios. See docs/BENCHMARKS.md "## Transport".
+// Runs the variants round-robin (one warm-up each, then --reps rounds) so that
+// load from other processes hits them alike; prints medians and ratios. See docs/BENCHMARKS.md "## Transport".
 #include <arpa/inet.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -77,16 +77,28 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Runs `round` once to warm up, then `reps` times; the median seconds.
-double TimeRounds(int reps, const std::function<bool()>& round) {
-  if (!round()) return -1;
+// One variant: a name and a round (push + pull of the model); false on error.
+struct Variant {
+  Variant(std::string name, std::function<bool()> round)
+      : name(std::move(name)), round(std::move(round)) {}
+  std::string name;
+  std::function<bool()> round;
   std::vector<double> seconds;
+  bool failed = false;
+};
+
+// Warms every variant up once, then runs them round-robin `reps` times, so
+// that load from other processes on the machine hits all of them alike.
+void TimeInterleaved(int reps, std::vector<Variant>* variants) {
+  for (Variant& v : *variants) v.failed = !v.round();
   for (int i = 0; i < reps; ++i) {
-    const absl::Time start = absl::Now();
-    if (!round()) return -1;
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    for (Variant& v : *variants) {
+      if (v.failed) continue;
+      const absl::Time start = absl::Now();
+      v.failed = !v.round();
+      v.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
   }
-  return Median(seconds);
 }
 
 // ---------------------------------------------------------------------------
@@ -116,93 +128,111 @@ v1::JobSpec SquareModelJob(int n) {
   return job;
 }
 
-struct PstrainResult {
-  double sequential_s = -1, pipelined_s = -1;
-  int64_t model_bytes = 0;
-  size_t chunks = 0;
-};
+// A ParameterShard behind ShardServices on 127.0.0.1, and a PsClient.
+class PstrainBench {
+ public:
+  // `tune_allocator`: see ShardServices::Options.
+  explicit PstrainBench(bool tune_allocator)
+      : services_(&shard_, ShardServices::Options{.tune_allocator = tune_allocator}) {}
 
-absl::StatusOr<PstrainResult> RunPstrain(int n, int reps) {
-  const v1::JobSpec job = SquareModelJob(n);
-  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(job.model()));
-  PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(graph, 1, kDefaultChunkBytes));
-  ParameterShard shard({.shard_index = 0});
-  ShardJobConfig config;
-  config.job_id = kJob;
-  config.spec = job;
-  config.members = {kWorker};
-  std::vector<v1::ChunkValues> initial;
-  for (const ChunkInfo& c : plan.chunks) {
-    v1::ChunkValues v;
-    v.set_chunk_id(c.id);
-    v.mutable_values()->Resize(static_cast<int>(c.count), 0.0f);
-    initial.push_back(std::move(v));
+  absl::Status Start(int n) {
+    const v1::JobSpec job = SquareModelJob(n);
+    PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(job.model()));
+    PSTRAIN_ASSIGN_OR_RETURN(plan_, PlanChunks(graph, 1, kDefaultChunkBytes));
+    ShardJobConfig config;
+    config.job_id = kJob;
+    config.spec = job;
+    config.members = {kWorker};
+    std::vector<v1::ChunkValues> initial;
+    for (const ChunkInfo& c : plan_.chunks) {
+      v1::ChunkValues v;
+      v.set_chunk_id(c.id);
+      v.mutable_values()->Resize(static_cast<int>(c.count), 0.0f);
+      initial.push_back(std::move(v));
+    }
+    PSTRAIN_RETURN_IF_ERROR(shard_.ConfigureJob(config, initial));
+    initial.clear();
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    services_.Register(&builder);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) return absl::InternalError("server did not start");
+
+    PsClient::Options options;
+    options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};
+    options.job_id = kJob;
+    options.worker_id = kWorker;
+    options.generation = 1;
+    PSTRAIN_ASSIGN_OR_RETURN(client_, PsClient::Create(options, plan_));
+
+    // The worker's model: one flat buffer, chunks point into it.
+    params_.resize(static_cast<size_t>(graph.trainable_params + graph.non_trainable_params));
+    pulled_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) params_[i] = static_cast<float>(i % 1000) * 1e-3f;
+    std::vector<int64_t> base(graph.params.size());
+    for (size_t p = 1; p < graph.params.size(); ++p) {
+      base[p] = base[p - 1] + graph.params[p - 1].shape.num_elements();
+    }
+    for (const ChunkInfo& c : plan_.chunks) {
+      refs_.push_back({c.id, params_.data() + base[c.param] + c.offset});
+      dests_.push_back({c.id, pulled_.data() + base[c.param] + c.offset});
+    }
+    return absl::OkStatus();
   }
-  PSTRAIN_RETURN_IF_ERROR(shard.ConfigureJob(config, initial));
-  initial.clear();
-
-  ShardServices services(&shard);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  services.Register(&builder);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) return absl::InternalError("server did not start");
-
-  PsClient::Options options;
-  options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};
-  options.job_id = kJob;
-  options.worker_id = kWorker;
-  options.generation = 1;
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
-
-  // The worker's model: one flat buffer, chunks point into it.
-  std::vector<float> params(static_cast<size_t>(graph.trainable_params + graph.non_trainable_params));
-  std::vector<float> pulled(params.size());
-  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 1000) * 1e-3f;
-  std::vector<int64_t> param_base(graph.params.size());
-  for (size_t p = 1; p < graph.params.size(); ++p) {
-    param_base[p] = param_base[p - 1] + graph.params[p - 1].shape.num_elements();
-  }
-  std::vector<PsClient::ChunkRef> refs;
-  std::vector<PsClient::ChunkDest> dests;
-  for (const ChunkInfo& c : plan.chunks) {
-    refs.push_back({c.id, params.data() + param_base[c.param] + c.offset});
-    dests.push_back({c.id, pulled.data() + param_base[c.param] + c.offset});
+  ~PstrainBench() {
+    if (server_ != nullptr) server_->Shutdown(DeadlineFromNow(absl::Seconds(5)));
   }
 
-  int64_t round = 0;
-  absl::Status failure;
-  auto check = [&](const absl::Status& s) {
-    if (!s.ok() && failure.ok()) failure = s;
+  // Push round r, wait, then pull round r + 1.
+  bool Sequential() {
+    auto push = client_->Push(v1::ChunkHeader::KIND_PARAMETERS, round_, 0, refs_);
+    if (!Check(push->Wait())) return false;
+    auto pull = client_->Pull(v1::ChunkHeader::KIND_PARAMETERS, round_ + 1, 0, dests_);
+    ++round_;
+    return Check(pull->Wait()) && Verify();
+  }
+  // The pull of round r + 1 is issued with the push of round r: each chunk
+  // comes back as soon as its push has been applied.
+  bool Pipelined() {
+    std::fill(pulled_.begin(), pulled_.end(), 0.0f);
+    auto pull = client_->Pull(v1::ChunkHeader::KIND_PARAMETERS, round_ + 1, 0, dests_);
+    auto push = client_->Push(v1::ChunkHeader::KIND_PARAMETERS, round_, 0, refs_);
+    const bool ok = Check(push->Wait()) & Check(pull->Wait());
+    ++round_;
+    return ok && Verify();
+  }
+
+  int64_t model_bytes() const { return static_cast<int64_t>(params_.size() * sizeof(float)); }
+  size_t chunks() const { return plan_.chunks.size(); }
+
+ private:
+  bool Check(const absl::Status& s) {
+    if (!s.ok()) std::fprintf(stderr, "pstrain: %s\n", std::string(s.message()).c_str());
     return s.ok();
-  };
-  auto sequential = [&] {
-    auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, round, 0, refs);
-    if (!check(push->Wait())) return false;
-    auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, round + 1, 0, dests);
-    if (!check(pull->Wait())) return false;
-    ++round;
-    return true;
-  };
-  auto pipelined = [&] {
-    auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, round + 1, 0, dests);
-    auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, round, 0, refs);
-    const bool ok = check(push->Wait()) & check(pull->Wait());
-    ++round;
-    return ok;
-  };
-  PstrainResult result;
-  result.model_bytes = static_cast<int64_t>(params.size() * sizeof(float));
-  result.chunks = plan.chunks.size();
-  result.sequential_s = TimeRounds(reps, sequential);
-  PSTRAIN_RETURN_IF_ERROR(failure);
-  result.pipelined_s = TimeRounds(reps, pipelined);
-  PSTRAIN_RETURN_IF_ERROR(failure);
-  if (pulled != params) return absl::InternalError("pulled model differs from the pushed one");
-  server->Shutdown(DeadlineFromNow(absl::Seconds(5)));
-  return result;
-}
+  }
+  // Spot check (a full compare would add a pass over 100 MB to the timing).
+  bool Verify() const {
+    for (size_t i = 0; i < params_.size(); i += 4099) {
+      if (pulled_[i] != params_[i]) {
+        std::fprintf(stderr, "pstrain: pulled value %zu differs\n", i);
+        return false;
+      }
+    }
+    return pulled_.back() == params_.back();
+  }
+
+  ChunkPlan plan_;
+  ParameterShard shard_{{.shard_index = 0}};
+  ShardServices services_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PsClient> client_;
+  std::vector<float> params_, pulled_;
+  std::vector<PsClient::ChunkRef> refs_;
+  std::vector<PsClient::ChunkDest> dests_;
+  int64_t round_ = 0;
+};
 
 // ---------------------------------------------------------------------------
 // References over plain gRPC: protobuf `bytes` messages, and raw slices.
@@ -396,36 +426,43 @@ class ReferenceCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grp
   absl::Notification done_;
 };
 
-struct ReferenceResult {
-  double proto_s = -1, raw_s = -1;
-};
+// The reference service on its own server, and a generic client.
+class ReferenceBench {
+ public:
+  explicit ReferenceBench(size_t bytes) : service_(bytes), src_(bytes), dst_(bytes) {
+    for (size_t i = 0; i < bytes; ++i) src_[i] = static_cast<char>(i * 131);
+  }
+  bool Start() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    ConfigureServerBuilder(&builder);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) return false;
+    stub_ = std::make_unique<grpc::GenericStub>(CreateChannel("127.0.0.1:" + std::to_string(port)));
+    return true;
+  }
+  ~ReferenceBench() {
+    if (server_ != nullptr) server_->Shutdown(DeadlineFromNow(absl::Seconds(5)));
+  }
 
-ReferenceResult RunGrpcReferences(size_t bytes, int reps) {
-  ReferenceService service(bytes);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  ConfigureServerBuilder(&builder);
-  builder.RegisterCallbackGenericService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ReferenceResult result;
-  if (server == nullptr) return result;
-  auto channel = CreateChannel("127.0.0.1:" + std::to_string(port));
-  grpc::GenericStub stub(channel);
-  std::vector<char> src(bytes), dst(bytes);
-  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<char>(i * 131);
-  auto round = [&](const char* push, const char* pull) {
-    return ReferenceCall::Run(&stub, push, src.data(), nullptr, bytes) &&
-           ReferenceCall::Run(&stub, pull, nullptr, dst.data(), bytes);
-  };
-  result.proto_s = TimeRounds(reps, [&] { return round(kPushProto, kPullProto); });
-  if (dst != src) result.proto_s = -1;
-  std::fill(dst.begin(), dst.end(), 0);
-  result.raw_s = TimeRounds(reps, [&] { return round(kPushRaw, kPullRaw); });
-  if (dst != src) result.raw_s = -1;
-  server->Shutdown(DeadlineFromNow(absl::Seconds(5)));
-  return result;
-}
+  bool Proto() { return Round(kPushProto, kPullProto); }
+  bool Raw() { return Round(kPushRaw, kPullRaw); }
+
+ private:
+  bool Round(const char* push, const char* pull) {
+    dst_[0] = static_cast<char>(~src_[0]);
+    return ReferenceCall::Run(stub_.get(), push, src_.data(), nullptr, src_.size()) &&
+           ReferenceCall::Run(stub_.get(), pull, nullptr, dst_.data(), dst_.size()) &&
+           dst_[0] == src_[0] && dst_.back() == src_.back();
+  }
+
+  ReferenceService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  std::vector<char> src_, dst_;
+};
 
 // ---------------------------------------------------------------------------
 // Raw TCP over 127.0.0.1.
@@ -451,82 +488,99 @@ bool RecvAll(int fd, char* p, size_t n) {
   return true;
 }
 
-double RunTcp(size_t bytes, int reps) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(listener);
-    return -1;
-  }
-  // Echo server: receive the model, send it back, once per round.
-  std::thread echo([&] {
-    const int fd = accept(listener, nullptr, nullptr);
-    if (fd < 0) return;
-    std::vector<char> store(bytes, 1);
-    for (int i = 0; i < reps + 1; ++i) {
-      if (!RecvAll(fd, store.data(), bytes) || !SendAll(fd, store.data(), bytes)) break;
+// A 127.0.0.1 connection to an echo thread: each round sends the model
+// bytes and receives them back.
+class TcpBench {
+ public:
+  explicit TcpBench(size_t bytes) : bytes_(bytes), src_(bytes, 2), dst_(bytes, 0) {}
+  bool Start() {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (listener_ < 0 || bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listener_, 1) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return false;
     }
-    close(fd);
-  });
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  double seconds = -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::vector<char> src(bytes, 2), dst(bytes, 0);
-    seconds = TimeRounds(reps, [&] {
-      return SendAll(fd, src.data(), bytes) && RecvAll(fd, dst.data(), bytes);
+    echo_ = std::thread([this] {
+      const int fd = accept(listener_, nullptr, nullptr);
+      if (fd < 0) return;
+      std::vector<char> store(bytes_, 1);
+      while (RecvAll(fd, store.data(), bytes_) && SendAll(fd, store.data(), bytes_)) {
+      }
+      close(fd);
     });
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    return fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   }
-  close(fd);
-  echo.join();
-  close(listener);
-  return seconds;
-}
+  ~TcpBench() {
+    if (fd_ >= 0) close(fd_);  // Ends the echo loop.
+    if (echo_.joinable()) echo_.join();
+    if (listener_ >= 0) close(listener_);
+  }
+  bool Round() { return SendAll(fd_, src_.data(), bytes_) && RecvAll(fd_, dst_.data(), bytes_); }
+
+ private:
+  const size_t bytes_;
+  std::vector<char> src_, dst_;
+  int listener_ = -1, fd_ = -1;
+  std::thread echo_;
+};
 
 // ---------------------------------------------------------------------------
 
 int Main() {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   if (absl::GetFlag(FLAGS_tune_malloc)) TuneAllocatorForLargeMessages();
-  // n*n + n floats closest to model_mb * 10^6 bytes.
+  // n*n + n floats closest to model_mb * 10^6 bytes from below.
   int n = 1;
   while (4.0 * (double(n + 1) * (n + 1) + n + 1) <= absl::GetFlag(FLAGS_model_mb) * 1e6) ++n;
 
-  absl::StatusOr<PstrainResult> ps = RunPstrain(n, reps);
-  if (!ps.ok()) {
-    std::fprintf(stderr, "pstrain transport failed: %s\n", std::string(ps.status().message()).c_str());
+  PstrainBench ps(absl::GetFlag(FLAGS_tune_malloc));
+  if (absl::Status s = ps.Start(n); !s.ok()) {
+    std::fprintf(stderr, "pstrain setup failed: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  const size_t bytes = static_cast<size_t>(ps->model_bytes);
-  const ReferenceResult ref = RunGrpcReferences(bytes, reps);
-  const double tcp_s = RunTcp(bytes, reps);
+  const size_t bytes = static_cast<size_t>(ps.model_bytes());
+  ReferenceBench ref(bytes);
+  TcpBench tcp(bytes);
+  if (!ref.Start() || !tcp.Start()) {
+    std::fprintf(stderr, "reference setup failed\n");
+    return 1;
+  }
+  std::vector<Variant> variants = {
+      {"pstrain PsClient, push then pull", [&] { return ps.Sequential(); }},
+      {"pstrain PsClient, push + pull pipelined", [&] { return ps.Pipelined(); }},
+      {"plain gRPC, protobuf bytes stream + stream", [&] { return ref.Proto(); }},
+      {"gRPC raw ByteBuffer stream + stream", [&] { return ref.Raw(); }},
+      {"raw TCP send + receive", [&] { return tcp.Round(); }},
+  };
+  TimeInterleaved(reps, &variants);
 
   std::printf("model: %.2f MB (%zu floats) in %zu chunks of <= 1 MiB, 1 shard, loopback; "
-              "median of %d rounds; malloc %s\n",
-              bytes / 1e6, bytes / 4, ps->chunks, reps,
+              "median of %d interleaved rounds; malloc %s\n",
+              bytes / 1e6, bytes / 4, ps.chunks(), reps,
               absl::GetFlag(FLAGS_tune_malloc) ? "tuned" : "default");
-  std::printf("%-44s %12s %14s %10s %10s\n", "variant (push + pull of the model)", "round trip",
+  std::printf("%-44s %12s %12s %9s %9s\n", "variant (push + pull of the model)", "round trip",
               "model GB/s", "/ proto", "/ TCP");
-  auto row = [&](const char* name, double s) {
-    if (s <= 0) {
-      std::printf("%-44s %12s\n", name, "FAILED");
-      return;
+  std::vector<double> median(variants.size(), -1);
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (!variants[i].failed) median[i] = Median(variants[i].seconds);
+  }
+  const double proto_s = median[2], tcp_s = median[4];
+  bool ok = true;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (median[i] <= 0) {
+      std::printf("%-44s %12s\n", variants[i].name.c_str(), "FAILED");
+      ok = false;
+      continue;
     }
-    const double gbps = bytes / s / 1e9;
-    std::printf("%-44s %9.1f ms %14.3f %9.2fx %9.2fx\n", name, s * 1e3, gbps,
-                ref.proto_s > 0 ? ref.proto_s / s : 0.0, tcp_s > 0 ? tcp_s / s : 0.0);
-  };
-  row("pstrain PsClient, push then pull", ps->sequential_s);
-  row("pstrain PsClient, push + pull pipelined", ps->pipelined_s);
-  row("plain gRPC, protobuf bytes stream + stream", ref.proto_s);
-  row("gRPC raw ByteBuffer stream + stream", ref.raw_s);
-  row("raw TCP send + receive", tcp_s);
-  const bool ok = ps->sequential_s > 0 && ps->pipelined_s > 0 && ref.proto_s > 0 &&
-                  ref.raw_s > 0 && tcp_s > 0;
+    std::printf("%-44s %9.1f ms %12.3f %8.2fx %8.2fx\n", variants[i].name.c_str(), median[i] * 1e3,
+                bytes / median[i] / 1e9, proto_s > 0 ? proto_s / median[i] : 0.0,
+                tcp_s > 0 ? tcp_s / median[i] : 0.0);
+  }
   return ok ? 0 : 1;
 }
 

@@ -581,7 +581,9 @@ grpc::ServerGenericBidiReactor* ShardServices::Impl::CreateReactor(
 }
 
 ShardServices::ShardServices(ParameterShard* shard, Options options)
-    : impl_(std::make_unique<Impl>(shard, options)) {}
+    : impl_(std::make_unique<Impl>(shard, options)) {
+  if (options.tune_allocator) TuneAllocatorForLargeMessages();
+}
 
 ShardServices::~ShardServices() = default;
 

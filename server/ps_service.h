@@ -53,6 +53,11 @@ class ShardServices {
     absl::Duration pull_poll_interval = absl::Milliseconds(200);
     // Upper bound on threads applying pushes and waiting for pulls.
     int max_threads = 256;
+    // Calls TuneAllocatorForLargeMessages() (common/rpc/channel.h) on
+    // construction: process-wide glibc settings that keep received frames
+    // from being mapped and unmapped each time (2-3x on a 100 MB push + pull,
+    // docs/BENCHMARKS.md). Off for processes that manage their allocator.
+    bool tune_allocator = true;
   };
 
   // `shard` must outlive this object.
