@@ -36,8 +36,7 @@ enum class Phase {
 };
 
 bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
@@ -114,8 +113,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
 absl::Status MakeDirs(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create directory ", dir, ": ",
-                                                  ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create directory ", dir, ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -164,10 +163,10 @@ struct Coordinator::Job {
   Phase phase = Phase::kQueued;
   std::vector<Member> members;  // Rank order.
   int64_t generation = 0;
-  int start_epoch = 0;              // Epoch the current run started from.
-  bool shards_configured = false;   // The shards hold the job (DropJob when done).
-  bool membership_dirty = false;    // Shards need SetMembers.
-  bool save_on_stop = false;        // Save the model before dropping it (cancel).
+  int start_epoch = 0;             // Epoch the current run started from.
+  bool shards_configured = false;  // The shards hold the job (DropJob when done).
+  bool membership_dirty = false;   // Shards need SetMembers.
+  bool save_on_stop = false;       // Save the model before dropping it (cancel).
   int last_checkpoint_epoch = -1;
   bool has_checkpoint = false;
   int64_t revision = 1;
@@ -287,9 +286,8 @@ absl::Status Coordinator::LoadState() {
     } else if (!graph.ok()) {
       job->phase = Phase::kDone;
       job->status.set_state(v1::JOB_STATE_FAILED);
-      job->status.set_reason(
-          absl::StrCat("server restarted and the saved model spec is invalid: ",
-                       graph.status().message()));
+      job->status.set_reason(absl::StrCat("server restarted and the saved model spec is invalid: ",
+                                          graph.status().message()));
       job->status.set_finished_unix_ms(ToUnixMs(Now()));
       job->revision++;
     } else {
@@ -328,14 +326,14 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
   spec.clear_model_file();
   if (spec.workers() == 0) spec.set_workers(1);
   if (spec.workers() < 0 || spec.workers() > options_.max_workers_per_job) {
-    return absl::InvalidArgumentError(absl::StrCat("workers must be in [1, ",
-                                                   options_.max_workers_per_job, "], got ",
-                                                   spec.workers()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));
   }
   PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
-  PSTRAIN_RETURN_IF_ERROR(PlanChunks(graph, shards_->num_shards(), shards_->chunk_bytes()).status());
+  PSTRAIN_RETURN_IF_ERROR(
+      PlanChunks(graph, shards_->num_shards(), shards_->chunk_bytes()).status());
 
   std::string job_id;
   {
@@ -409,9 +407,8 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   if (!job->has_checkpoint) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job_id, " has no checkpoint yet (state ", StateName(job->status.state()),
-                     ")"));
+    return absl::FailedPreconditionError(absl::StrCat(job_id, " has no checkpoint yet (state ",
+                                                      StateName(job->status.state()), ")"));
   }
   return ModelPath(job_id);
 }
@@ -518,9 +515,9 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
           job->status.spec().epochs(), "] or step ", report.step(), " is negative"));
     }
     if (!report.error().empty()) {
-      Finish(*job, v1::JOB_STATE_FAILED,
-             absl::StrCat(report.worker_id(), " (rank ", member->rank,
-                          ") failed: ", report.error()));
+      Finish(
+          *job, v1::JOB_STATE_FAILED,
+          absl::StrCat(report.worker_id(), " (rank ", member->rank, ") failed: ", report.error()));
       Wake();
     } else {
       if (report.finished()) {
@@ -528,10 +525,10 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
         const int n = eval.num_classes();
         if (n <= 0 || n > job->graph.num_classes ||
             eval.confusion_size() != static_cast<int64_t>(n) * n) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "eval_shard of ", report.worker_id(), ": num_classes ", n, " and ",
-              eval.confusion_size(), " confusion counts do not fit a model with ",
-              job->graph.num_classes, " classes"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("eval_shard of ", report.worker_id(), ": num_classes ", n, " and ",
+                           eval.confusion_size(), " confusion counts do not fit a model with ",
+                           job->graph.num_classes, " classes"));
         }
         int64_t total = 0;
         for (int64_t c : eval.confusion()) {
@@ -542,9 +539,9 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
           total += c;
         }
         if (total != eval.samples()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "eval_shard of ", report.worker_id(), ": the confusion matrix counts ", total,
-              " samples but samples is ", eval.samples()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("eval_shard of ", report.worker_id(), ": the confusion matrix counts ",
+                           total, " samples but samples is ", eval.samples()));
         }
       }
       member->reported = true;
@@ -766,8 +763,8 @@ void Coordinator::DropDeadWorkers() {
   for (auto& [id, w] : workers_) {
     if (!w->alive || now - w->last_heartbeat <= options_.heartbeat_timeout) continue;
     w->alive = false;
-    Log(absl::StrCat(id, ": no heartbeat for ",
-                     absl::FormatDuration(now - w->last_heartbeat), "; marked dead"));
+    Log(absl::StrCat(id, ": no heartbeat for ", absl::FormatDuration(now - w->last_heartbeat),
+                     "; marked dead"));
     if (!w->job_id.empty()) {
       Job* job = FindJob(w->job_id);
       if (job != nullptr && job->phase == Phase::kRunning) {
@@ -901,12 +898,12 @@ void Coordinator::StartQueuedJobs() {
 
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(work.job_id);
-    job.shards_configured = true;  // Possibly partly: DropJob cleans up either way.
+    job.shards_configured = true;                 // Possibly partly: DropJob cleans up either way.
     if (job.phase != Phase::kStarting) continue;  // Cancelled meanwhile.
     if (!status.ok()) {
-      Finish(job, v1::JOB_STATE_FAILED,
-             absl::StrCat(work.resume ? "could not resume: " : "could not start: ",
-                          status.message()));
+      Finish(
+          job, v1::JOB_STATE_FAILED,
+          absl::StrCat(work.resume ? "could not resume: " : "could not start: ", status.message()));
       continue;
     }
     job.phase = Phase::kRunning;
@@ -916,10 +913,9 @@ void Coordinator::StartQueuedJobs() {
     job.status.set_epoch(start_epoch);
     job.status.set_step(0);
     if (job.status.started_unix_ms() == 0) job.status.set_started_unix_ms(ToUnixMs(Now()));
-    job.status.set_reason(absl::StrCat("training on ", job.members.size(), " worker",
-                                       job.members.size() == 1 ? "" : "s",
-                                       start_epoch > 0 ? absl::StrCat(" from epoch ", start_epoch)
-                                                       : std::string()));
+    job.status.set_reason(absl::StrCat(
+        "training on ", job.members.size(), " worker", job.members.size() == 1 ? "" : "s",
+        start_epoch > 0 ? absl::StrCat(" from epoch ", start_epoch) : std::string()));
     RefreshAggregates(job);
     Touch(job);
     Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "),
@@ -948,8 +944,7 @@ void Coordinator::WriteDueCheckpoints() {
         job.phase = Phase::kFinalizing;
         job.status.set_reason("evaluated; writing the final checkpoint");
         Touch(job);
-      } else if (job.phase == Phase::kRunning &&
-                 job.status.epoch() > job.last_checkpoint_epoch &&
+      } else if (job.phase == Phase::kRunning && job.status.epoch() > job.last_checkpoint_epoch &&
                  job.status.epoch() < job.status.spec().epochs()) {
         // (After the last epoch the final checkpoint follows the evaluation.)
         work.kind = CheckpointWork::kEpoch;
@@ -991,7 +986,8 @@ void Coordinator::WriteDueCheckpoints() {
         }
         // Merge every member's test shard.
         int num_classes = 0;
-        for (const Member& m : job.members) num_classes = std::max(num_classes, m.eval.num_classes());
+        for (const Member& m : job.members)
+          num_classes = std::max(num_classes, m.eval.num_classes());
         ConfusionMatrix total(num_classes);
         double loss_sum = 0;
         int64_t samples = 0;
@@ -1040,7 +1036,8 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
     for (auto it = snapshot.optimizer_state.lower_bound(prefix);
          it != snapshot.optimizer_state.end() && absl::StartsWith(it->first, prefix); ++it) {
       if (it->first.find('/', prefix.size()) != std::string::npos) continue;
-      *ckpt.add_optimizer_state() = MakeTensorProto(it->first, info.shape.dims(), it->second.data());
+      *ckpt.add_optimizer_state() =
+          MakeTensorProto(it->first, info.shape.dims(), it->second.data());
     }
   }
   ckpt.set_step(work.step);

@@ -17,8 +17,7 @@ constexpr absl::Duration kStreamPoll = absl::Seconds(1);
 constexpr absl::Duration kWatchKeepalive = absl::Seconds(10);
 
 bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
 grpc::Status Invalid(const std::string& message) {
@@ -42,8 +41,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
 }
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
-                                        const v1::GetJobRequest* request,
-                                        v1::JobStatus* response) {
+                                        const v1::GetJobRequest* request, v1::JobStatus* response) {
   if (request->job_id().empty()) return Invalid("GetJob needs a job_id");
   absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -73,8 +71,8 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
                                           grpc::ServerWriter<v1::JobStatus>* writer) {
   if (request->job_id().empty()) return Invalid("WatchJob needs a job_id");
   if (request->min_interval_ms() < 0) return Invalid("min_interval_ms must be >= 0");
-  const absl::Duration interval = absl::Milliseconds(
-      request->min_interval_ms() == 0 ? 500 : request->min_interval_ms());
+  const absl::Duration interval =
+      absl::Milliseconds(request->min_interval_ms() == 0 ? 500 : request->min_interval_ms());
 
   // The current status first.
   absl::StatusOr<JobUpdate> first =

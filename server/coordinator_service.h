@@ -49,8 +49,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::CancelJobResponse* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobStatus>* writer) override;
-  grpc::Status DownloadModel(grpc::ServerContext* context,
-                             const v1::DownloadModelRequest* request,
+  grpc::Status DownloadModel(grpc::ServerContext* context, const v1::DownloadModelRequest* request,
                              grpc::ServerWriter<v1::ModelChunk>* writer) override;
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,

@@ -14,9 +14,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,8 +25,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -87,30 +87,52 @@ class ServerMetrics {
         coordinator_(coordinator) {
     using prometheus::BuildCounter;
     using prometheus::BuildGauge;
-    pushes_ = &BuildCounter().Name("pstrain_server_pushes_total")
-                   .Help("Chunk pushes received").Register(*registry_).Add({});
-    pulls_ = &BuildCounter().Name("pstrain_server_pulls_total")
-                  .Help("Chunk pulls served").Register(*registry_).Add({});
-    push_bytes_ = &BuildCounter().Name("pstrain_server_push_bytes_total")
-                       .Help("Payload bytes received in pushes").Register(*registry_).Add({});
-    pull_bytes_ = &BuildCounter().Name("pstrain_server_pull_bytes_total")
-                       .Help("Payload bytes sent in pulls").Register(*registry_).Add({});
-    rejected_ = &BuildCounter().Name("pstrain_server_rejected_pushes_total")
-                     .Help("Pushes rejected by validation").Register(*registry_).Add({});
-    updates_ = &BuildCounter().Name("pstrain_server_applied_updates_total")
-                    .Help("Updates applied to the model").Register(*registry_).Add({});
+    pushes_ = &BuildCounter()
+                   .Name("pstrain_server_pushes_total")
+                   .Help("Chunk pushes received")
+                   .Register(*registry_)
+                   .Add({});
+    pulls_ = &BuildCounter()
+                  .Name("pstrain_server_pulls_total")
+                  .Help("Chunk pulls served")
+                  .Register(*registry_)
+                  .Add({});
+    push_bytes_ = &BuildCounter()
+                       .Name("pstrain_server_push_bytes_total")
+                       .Help("Payload bytes received in pushes")
+                       .Register(*registry_)
+                       .Add({});
+    pull_bytes_ = &BuildCounter()
+                       .Name("pstrain_server_pull_bytes_total")
+                       .Help("Payload bytes sent in pulls")
+                       .Register(*registry_)
+                       .Add({});
+    rejected_ = &BuildCounter()
+                     .Name("pstrain_server_rejected_pushes_total")
+                     .Help("Pushes rejected by validation")
+                     .Register(*registry_)
+                     .Add({});
+    updates_ = &BuildCounter()
+                    .Name("pstrain_server_applied_updates_total")
+                    .Help("Updates applied to the model")
+                    .Register(*registry_)
+                    .Add({});
     if (coordinator_ != nullptr) {
-      model_version_ = &BuildGauge().Name("pstrain_server_model_version")
+      model_version_ = &BuildGauge()
+                            .Name("pstrain_server_model_version")
                             .Help("Highest model version seen at a checkpoint")
-                            .Register(*registry_).Add({});
-      auto& jobs = BuildGauge().Name("pstrain_server_jobs").Help("Jobs by state")
-                       .Register(*registry_);
+                            .Register(*registry_)
+                            .Add({});
+      auto& jobs =
+          BuildGauge().Name("pstrain_server_jobs").Help("Jobs by state").Register(*registry_);
       for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) {
         jobs_[state] = &jobs.Add({{"state", state}});
       }
-      workers_ = &BuildGauge().Name("pstrain_server_workers_connected")
+      workers_ = &BuildGauge()
+                      .Name("pstrain_server_workers_connected")
                       .Help("Registered workers with a recent heartbeat")
-                      .Register(*registry_).Add({});
+                      .Register(*registry_)
+                      .Add({});
     }
     exposer_.RegisterCollectable(registry_);
     thread_ = std::thread([this] { Loop(); });

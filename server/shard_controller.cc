@@ -33,7 +33,8 @@ class LocalShardClient final : public ShardClient {
   }
   absl::Status SetMembers(const v1::SetMembersRequest& request) override {
     return shard_->SetMembers(
-        request.job_id(), std::vector<std::string>(request.members().begin(), request.members().end()),
+        request.job_id(),
+        std::vector<std::string>(request.members().begin(), request.members().end()),
         request.generation());
   }
   absl::Status DropJob(const std::string& job_id) override { return shard_->DropJob(job_id); }
@@ -162,17 +163,17 @@ absl::Status ShardController::ConfigureJob(const JobLaunch& launch) {
         const std::string slot = name.substr(pname.size() + 1);
         if (slot.find('/') != std::string::npos) continue;
         if (values.size() != launch.params[p].size()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "job ", launch.job_id, ": optimizer state ", name, " has ", values.size(),
-              " values, its parameter has ", launch.params[p].size()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("job ", launch.job_id, ": optimizer state ", name, " has ",
+                           values.size(), " values, its parameter has ", launch.params[p].size()));
         }
         slots_by_param[static_cast<int>(p)].emplace_back(slot, &values);
         matched = true;
       }
     }
     if (!matched) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job ", launch.job_id, ": optimizer state ", name, " names no parameter of the model"));
+      return absl::InvalidArgumentError(absl::StrCat("job ", launch.job_id, ": optimizer state ",
+                                                     name, " names no parameter of the model"));
     }
   }
 
@@ -252,10 +253,9 @@ absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_
       }
       const ChunkInfo& c = plan.chunks[id];
       if (seen[id] || chunk.values_size() != c.count) {
-        return absl::InternalError(absl::StrCat(shards_[s]->Describe(), " returned chunk ", id,
-                                                " of job ", job_id, " twice or with ",
-                                                chunk.values_size(), " values instead of ",
-                                                c.count));
+        return absl::InternalError(
+            absl::StrCat(shards_[s]->Describe(), " returned chunk ", id, " of job ", job_id,
+                         " twice or with ", chunk.values_size(), " values instead of ", c.count));
       }
       seen[id] = true;
       std::copy(chunk.values().begin(), chunk.values().end(),

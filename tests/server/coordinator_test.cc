@@ -8,11 +8,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <thread>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -428,12 +428,10 @@ TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
   bad.set_finished(true);
   *bad.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}}, 0.1);
   bad.mutable_eval_shard()->set_samples(5);  // The matrix counts 2.
-  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad.mutable_eval_shard()->set_samples(2);
   bad.mutable_eval_shard()->set_num_classes(4);  // The model has 3.
-  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
@@ -655,15 +653,15 @@ TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
   auto first = coordinator_->WaitForJobUpdate(*id, -1, absl::InfinitePast());
   ASSERT_TRUE(first.ok());
   const absl::Time start = absl::Now();
-  auto same = coordinator_->WaitForJobUpdate(*id, first->revision,
-                                             absl::Now() + absl::Milliseconds(50));
+  auto same =
+      coordinator_->WaitForJobUpdate(*id, first->revision, absl::Now() + absl::Milliseconds(50));
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same->revision, first->revision);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
 
   ASSERT_TRUE(coordinator_->CancelJob(*id).ok());
-  auto changed = coordinator_->WaitForJobUpdate(*id, first->revision,
-                                                absl::Now() + absl::Seconds(10));
+  auto changed =
+      coordinator_->WaitForJobUpdate(*id, first->revision, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(changed.ok());
   EXPECT_GT(changed->revision, first->revision);
   EXPECT_EQ(changed->status.state(), v1::JOB_STATE_CANCELLED);
