@@ -22,7 +22,8 @@
 //   transport_bench [--model_mb=100] [--reps=7] [--tune_malloc=true]
 //
 // Runs the variants round-robin (one warm-up each, then --reps rounds) so that
-// load from other processes hits them alike; prints medians and ratios. See docs/BENCHMARKS.md "## Transport".
+// load from other processes hits them alike; prints medians and ratios. See docs/BENCHMARKS.md "##
+// Transport".
 #include <arpa/inet.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -559,10 +560,11 @@ int Main() {
   };
   TimeInterleaved(reps, &variants);
 
-  std::printf("model: %.2f MB (%zu floats) in %zu chunks of <= 1 MiB, 1 shard, loopback; "
-              "median of %d interleaved rounds; malloc %s\n",
-              bytes / 1e6, bytes / 4, ps.chunks(), reps,
-              absl::GetFlag(FLAGS_tune_malloc) ? "tuned" : "default");
+  std::printf(
+      "model: %.2f MB (%zu floats) in %zu chunks of <= 1 MiB, 1 shard, loopback; "
+      "median of %d interleaved rounds; malloc %s\n",
+      bytes / 1e6, bytes / 4, ps.chunks(), reps,
+      absl::GetFlag(FLAGS_tune_malloc) ? "tuned" : "default");
   std::printf("%-44s %12s %12s %9s %9s\n", "variant (push + pull of the model)", "round trip",
               "model GB/s", "/ proto", "/ TCP");
   std::vector<double> median(variants.size(), -1);

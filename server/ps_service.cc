@@ -62,9 +62,7 @@ class Executor {
     }
   }
 
-  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || !tasks_.empty();
-  }
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); }
 
   const int max_threads_;
   absl::Mutex mu_;
@@ -77,8 +75,7 @@ class Executor {
 // The values of a frame's payload as floats: in place for F32 when possible,
 // else converted (F16/BF16) or copied into `scratch`.
 absl::StatusOr<absl::Span<const float>> PayloadFloats(const v1::ChunkHeader& header,
-                                                      PayloadView* payload,
-                                                      PooledBuffer* scratch) {
+                                                      PayloadView* payload, PooledBuffer* scratch) {
   const int64_t n = header.num_elements();
   if (n == 0) return absl::Span<const float>();
   if (header.dtype() == v1::DTYPE_F32) {
@@ -105,8 +102,8 @@ absl::Status CheckPushDtype(const v1::ChunkHeader& header) {
                        v1::ChunkHeader::Kind_Name(header.kind()), " must be DTYPE_F32"));
     default:
       return absl::InvalidArgumentError(absl::StrCat("chunk ", header.chunk_id(),
-                                                      ": unsupported payload dtype ",
-                                                      v1::DType_Name(header.dtype())));
+                                                     ": unsupported payload dtype ",
+                                                     v1::DType_Name(header.dtype())));
   }
 }
 
@@ -285,9 +282,8 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   absl::Status Apply(const grpc::ByteBuffer& frame) {
     ParameterShard* shard = owner_->shard();
     if (frame.Length() > static_cast<size_t>(kMaxFrameBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("oversized stream: a frame of ",
-                                                     frame.Length(), " bytes exceeds ",
-                                                     kMaxFrameBytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "oversized stream: a frame of ", frame.Length(), " bytes exceeds ", kMaxFrameBytes));
     }
     v1::ChunkHeader header;
     PayloadView payload;
@@ -296,17 +292,16 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       job_id_ = header.job_id();
       PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, shard->Plan(job_id_));
       const int index = shard->shard_index();
-      const size_t owned = index < static_cast<int>(plan.by_shard.size())
-                               ? plan.by_shard[index].size()
-                               : 0;
+      const size_t owned =
+          index < static_cast<int>(plan.by_shard.size()) ? plan.by_shard[index].size() : 0;
       max_frames_ = static_cast<int64_t>(owned) * 3 + 1;
     } else if (header.job_id() != job_id_) {
-      return absl::InvalidArgumentError(absl::StrCat("push stream mixes jobs '", job_id_,
-                                                     "' and '", header.job_id(), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("push stream mixes jobs '", job_id_, "' and '", header.job_id(), "'"));
     }
     if (++frames_ > max_frames_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "oversized stream: more than ", max_frames_, " frames for job '", job_id_, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("oversized stream: more than ", max_frames_,
+                                                     " frames for job '", job_id_, "'"));
     }
     PSTRAIN_RETURN_IF_ERROR(CheckPushDtype(header));
     PooledBuffer scratch;
@@ -469,8 +464,8 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
         return absl::NotFoundError(absl::StrCat("job '", header.job_id(), "' has no chunk ", id));
       }
       if (plan.chunks[id].shard != index) {
-        return absl::InvalidArgumentError(absl::StrCat("chunk ", id, " of job '",
-                                                       header.job_id(), "' is owned by shard ",
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", id, " of job '", header.job_id(),
+                                                       "' is owned by shard ",
                                                        plan.chunks[id].shard, ", not ", index));
       }
     }
@@ -565,8 +560,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
 class UnknownMethodReactor final : public grpc::ServerGenericBidiReactor {
  public:
   explicit UnknownMethodReactor(const std::string& method) {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        absl::StrCat("unknown method ", method)));
+    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", method)));
   }
   void OnDone() override { delete this; }
 };

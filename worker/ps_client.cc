@@ -110,13 +110,13 @@ struct ShardChannel {
 
 // Status of a finished call: a call that never reached the server (no
 // initial metadata) and ran out of time reports the shard as unreachable.
-absl::Status CallStatus(const grpc::Status& status, bool reached_server,
-                        const std::string& address, const char* what) {
+absl::Status CallStatus(const grpc::Status& status, bool reached_server, const std::string& address,
+                        const char* what) {
   if (status.ok()) return absl::OkStatus();
   if (!reached_server && (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                           status.error_code() == grpc::StatusCode::UNAVAILABLE)) {
-    return absl::UnavailableError(absl::StrCat(what, " to shard ", address,
-                                               ": shard unreachable: ", status.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat(what, " to shard ", address, ": shard unreachable: ", status.error_message()));
   }
   return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(status.error_code())),
                       absl::StrCat(what, " to shard ", address, ": ", status.error_message()));
@@ -131,8 +131,8 @@ class PushCall final : public GenericReactor {
     int64_t count;
   };
 
-  PushCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op, v1::ChunkHeader header_template,
-           std::vector<Frame> frames, absl::Duration timeout)
+  PushCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
+           v1::ChunkHeader header_template, std::vector<Frame> frames, absl::Duration timeout)
       : shard_(std::move(shard)),
         op_(std::move(op)),
         header_(std::move(header_template)),
@@ -210,8 +210,8 @@ class PullCall final : public GenericReactor {
     int64_t count;
   };
 
-  PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op, v1::ChunkHeader request,
-           std::vector<Dest> dests, absl::Duration timeout)
+  PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
+           v1::ChunkHeader request, std::vector<Dest> dests, absl::Duration timeout)
       : shard_(std::move(shard)), op_(std::move(op)), dests_(std::move(dests)) {
     ctx_.set_deadline(DeadlineFromNow(timeout));
     ctx_.set_wait_for_ready(true);
@@ -248,8 +248,9 @@ class PullCall final : public GenericReactor {
     absl::Status result = error_;
     if (result.ok()) result = CallStatus(status, reached_server_, shard_->address, "pull");
     if (result.ok() && next_ != dests_.size()) {
-      result = absl::InternalError(absl::StrCat("pull from shard ", shard_->address, " ended after ",
-                                                next_, " of ", dests_.size(), " chunks"));
+      result =
+          absl::InternalError(absl::StrCat("pull from shard ", shard_->address, " ended after ",
+                                           next_, " of ", dests_.size(), " chunks"));
     }
     op_->CallDone(result, min_version_);
     delete this;
@@ -260,18 +261,19 @@ class PullCall final : public GenericReactor {
     v1::ChunkHeader header;
     PayloadView payload;
     absl::Status decoded = DecodeFrame(reply_, &header, &payload);
-    if (!decoded.ok()) return absl::InternalError(absl::StrCat("bad pull reply: ", decoded.message()));
+    if (!decoded.ok())
+      return absl::InternalError(absl::StrCat("bad pull reply: ", decoded.message()));
     if (next_ >= dests_.size()) {
-      return absl::InternalError(absl::StrCat("shard ", shard_->address, " sent more than ",
-                                              dests_.size(), " chunks"));
+      return absl::InternalError(
+          absl::StrCat("shard ", shard_->address, " sent more than ", dests_.size(), " chunks"));
     }
     const Dest& d = dests_[next_];
     if (header.chunk_id() != d.chunk_id || header.dtype() != v1::DTYPE_F32 ||
         header.num_elements() != d.count) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", shard_->address, " sent chunk ", header.chunk_id(), " (",
-          header.num_elements(), " x ", v1::DType_Name(header.dtype()), ") where chunk ",
-          d.chunk_id, " (", d.count, " x DTYPE_F32) was expected"));
+      return absl::InternalError(
+          absl::StrCat("shard ", shard_->address, " sent chunk ", header.chunk_id(), " (",
+                       header.num_elements(), " x ", v1::DType_Name(header.dtype()),
+                       ") where chunk ", d.chunk_id, " (", d.count, " x DTYPE_F32) was expected"));
     }
     payload.CopyTo(d.values);
     min_version_ = std::min(min_version_, header.version());
@@ -320,16 +322,15 @@ class GrpcPsClient final : public PsClient {
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
-      calls.push_back(new PushCall(shards_[s], op, header, std::move(by_shard[s]),
-                                   options_.rpc_timeout));
+      calls.push_back(
+          new PushCall(shards_[s], op, header, std::move(by_shard[s]), options_.rpc_timeout));
     }
     for (PushCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
   }
 
-  std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
-                                  int worker_clock, std::vector<ChunkDest> chunks,
-                                  int slot) override {
+  std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version, int worker_clock,
+                                  std::vector<ChunkDest> chunks, int slot) override {
     std::vector<std::vector<PullCall::Dest>> by_shard(shards_.size());
     for (const ChunkDest& c : chunks) {
       absl::Status valid = CheckChunk(c.chunk_id, c.values);
@@ -342,8 +343,8 @@ class GrpcPsClient final : public PsClient {
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
-      calls.push_back(new PullCall(shards_[s], op, request, std::move(by_shard[s]),
-                                   options_.rpc_timeout));
+      calls.push_back(
+          new PullCall(shards_[s], op, request, std::move(by_shard[s]), options_.rpc_timeout));
     }
     for (PullCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
@@ -379,7 +380,8 @@ class GrpcPsClient final : public PsClient {
 
   template <typename T>
   static int CountNonEmpty(const std::vector<std::vector<T>>& v) {
-    return static_cast<int>(std::count_if(v.begin(), v.end(), [](const auto& x) { return !x.empty(); }));
+    return static_cast<int>(
+        std::count_if(v.begin(), v.end(), [](const auto& x) { return !x.empty(); }));
   }
 
   const Options options_;

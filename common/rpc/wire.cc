@@ -22,8 +22,8 @@ void ReleaseKeepAlive(void* user_data) {
 absl::StatusOr<grpc::Slice> HeaderSlice(const v1::ChunkHeader& header) {
   const size_t header_size = header.ByteSizeLong();
   if (header_size > static_cast<size_t>(kMaxFrameHeaderBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk header of ", header_size,
-                                                   " bytes exceeds ", kMaxFrameHeaderBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk header of ", header_size, " bytes exceeds ", kMaxFrameHeaderBytes));
   }
   std::string bytes(4 + header_size, '\0');
   const uint32_t n = static_cast<uint32_t>(header_size);
@@ -39,8 +39,8 @@ absl::StatusOr<grpc::Slice> HeaderSlice(const v1::ChunkHeader& header) {
 
 // Copies `n` bytes starting at (slice, offset) of `slices` to dst; advances
 // the position. The caller has checked that enough bytes remain.
-void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t* slice, size_t* offset,
-                    size_t n, char* dst) {
+void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t* slice, size_t* offset, size_t n,
+                    char* dst) {
   while (n > 0) {
     const grpc::Slice& s = slices[*slice];
     const size_t available = s.size() - *offset;
@@ -140,10 +140,9 @@ absl::Status EncodeFrame(const v1::ChunkHeader& header, const void* payload, siz
     *out = grpc::ByteBuffer(&*head, 1);
     return absl::OkStatus();
   }
-  grpc::Slice slices[2] = {
-      *std::move(head),
-      copy_payload ? grpc::Slice(payload, bytes)
-                   : grpc::Slice(payload, bytes, grpc::Slice::STATIC_SLICE)};
+  grpc::Slice slices[2] = {*std::move(head),
+                           copy_payload ? grpc::Slice(payload, bytes)
+                                        : grpc::Slice(payload, bytes, grpc::Slice::STATIC_SLICE)};
   *out = grpc::ByteBuffer(slices, 2);
   return absl::OkStatus();
 }
@@ -158,15 +157,14 @@ absl::Status EncodeFrame(const v1::ChunkHeader& header, const void* payload, siz
   }
   auto* holder = new std::shared_ptr<const void>(std::move(keep_alive));
   grpc::Slice slices[2] = {
-      *std::move(head),
-      grpc::Slice(const_cast<void*>(payload), bytes, &ReleaseKeepAlive, holder)};
+      *std::move(head), grpc::Slice(const_cast<void*>(payload), bytes, &ReleaseKeepAlive, holder)};
   *out = grpc::ByteBuffer(slices, 2);
   return absl::OkStatus();
 }
 
 bool PayloadView::in_place() const {
-  return size_ == 0 || (first_slice_ < slices_.size() &&
-                        slices_[first_slice_].size() - first_offset_ >= size_);
+  return size_ == 0 ||
+         (first_slice_ < slices_.size() && slices_[first_slice_].size() - first_offset_ >= size_);
 }
 
 void PayloadView::CopyTo(void* dst) const {
@@ -192,8 +190,8 @@ absl::Status DecodeFrame(const grpc::ByteBuffer& buffer, v1::ChunkHeader* header
   *payload = PayloadView();
   const size_t total = buffer.Length();
   if (total < 4) {
-    return absl::InvalidArgumentError(absl::StrCat("frame of ", total,
-                                                   " bytes is shorter than its 4-byte prefix"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame of ", total, " bytes is shorter than its 4-byte prefix"));
   }
   std::vector<grpc::Slice>& slices = payload->slices_;
   grpc::Status dumped = buffer.Dump(&slices);
@@ -231,8 +229,8 @@ absl::Status DecodeFrame(const grpc::ByteBuffer& buffer, v1::ChunkHeader* header
   }
   const size_t width = static_cast<size_t>(DTypeWidth(header->dtype()));
   if (width == 0 && (payload_bytes > 0 || header->num_elements() > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported payload dtype ",
-                                                   v1::DType_Name(header->dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported payload dtype ", v1::DType_Name(header->dtype())));
   }
   const uint64_t expected = static_cast<uint64_t>(header->num_elements()) * width;
   if (payload_bytes != expected) {

@@ -296,8 +296,9 @@ TEST(PsClientTest, BadArgumentsFailWithoutACall) {
   Cluster cluster(v1::CONSISTENCY_ASYNC, 1, {"w0"});
   auto client = cluster.Client("w0");
   std::vector<float> buffer(4);
-  EXPECT_EQ(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, {{999, buffer.data()}})->Wait().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, {{999, buffer.data()}})->Wait().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {{0, nullptr}})->Wait().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {})->Wait().ok());

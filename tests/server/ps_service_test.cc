@@ -390,11 +390,9 @@ TEST_F(PsServiceTest, NonFiniteIsInvalidArgument) {
   const int id = FirstChunkOf(0);
   std::vector<float> g = Ones(id);
   g[3] = std::nanf("");
-  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT,
-                 "not finite");
+  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT, "not finite");
   g[3] = INFINITY;
-  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT,
-                 "not finite");
+  ExpectRejected(0, {Frame(PushHeader(id), g)}, grpc::StatusCode::INVALID_ARGUMENT, "not finite");
 }
 
 TEST_F(PsServiceTest, UnknownJobIsNotFound) {
@@ -445,8 +443,8 @@ TEST_F(PsServiceTest, OversizedFrameIsInvalidArgument) {
   v1::ChunkHeader h = PushHeader(id);
   const int64_t count = (kMaxFrameBytes / 4) + 1;
   h.set_num_elements(count);
-  ExpectRejected(0, {Frame(h, std::vector<float>(count, 1.0f))},
-                 grpc::StatusCode::INVALID_ARGUMENT, "oversized stream");
+  ExpectRejected(0, {Frame(h, std::vector<float>(count, 1.0f))}, grpc::StatusCode::INVALID_ARGUMENT,
+                 "oversized stream");
 }
 
 TEST_F(PsServiceTest, TooManyFramesIsInvalidArgumentAndLaterFramesAreNotApplied) {
@@ -484,9 +482,9 @@ TEST_F(PsServiceTest, FramesBeforeABadOneAreAppliedNothingAfter) {
   nan[0] = std::nanf("");
   std::vector<std::vector<float>> before;
   ASSERT_TRUE(Pull(0, ids, 0, &before, nullptr).ok());
-  grpc::Status status = Push(0, {Frame(PushHeader(ids[0]), Ones(ids[0])),
-                                 Frame(PushHeader(ids[1]), nan),
-                                 Frame(PushHeader(ids[2]), Ones(ids[2]))});
+  grpc::Status status =
+      Push(0, {Frame(PushHeader(ids[0]), Ones(ids[0])), Frame(PushHeader(ids[1]), nan),
+               Frame(PushHeader(ids[2]), Ones(ids[2]))});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   std::vector<std::vector<float>> after;
   ASSERT_TRUE(Pull(0, ids, 0, &after, nullptr).ok());
@@ -499,8 +497,7 @@ TEST_F(PsServiceTest, PullThatCannotBeSatisfiedEndsAtItsDeadline) {
   StartJob(v1::CONSISTENCY_SYNC);
   const absl::Time start = absl::Now();
   std::vector<std::vector<float>> values;
-  grpc::Status status =
-      Pull(0, {FirstChunkOf(0)}, 100, &values, nullptr, absl::Milliseconds(500));
+  grpc::Status status = Pull(0, {FirstChunkOf(0)}, 100, &values, nullptr, absl::Milliseconds(500));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
   EXPECT_TRUE(values.empty());
@@ -585,9 +582,8 @@ TEST_F(PsServiceTest, SetMembersAndDropJobThroughShardControl) {
 TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
   StartJob(v1::CONSISTENCY_SYNC);
   grpc::Status status;
-  std::thread puller([&] {
-    status = Pull(0, {FirstChunkOf(0)}, 100, nullptr, nullptr, absl::Seconds(60));
-  });
+  std::thread puller(
+      [&] { status = Pull(0, {FirstChunkOf(0)}, 100, nullptr, nullptr, absl::Seconds(60)); });
   absl::SleepFor(absl::Milliseconds(200));
   const absl::Time start = absl::Now();
   servers_.clear();  // Shuts both servers down.

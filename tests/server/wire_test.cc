@@ -40,7 +40,8 @@ grpc::ByteBuffer Recut(const grpc::ByteBuffer& frame, size_t piece) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(frame.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   std::vector<grpc::Slice> pieces;
   for (size_t at = 0; at < bytes.size(); at += piece) {
     pieces.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
@@ -99,9 +100,9 @@ TEST(WireTest, KeepAliveIsReleasedWithTheFrame) {
   std::weak_ptr<std::vector<float>> watch = values;
   {
     grpc::ByteBuffer frame;
-    ASSERT_TRUE(EncodeFrame(Header(64), values->data(), 256,
-                            std::shared_ptr<const void>(values), &frame)
-                    .ok());
+    ASSERT_TRUE(
+        EncodeFrame(Header(64), values->data(), 256, std::shared_ptr<const void>(values), &frame)
+            .ok());
     values.reset();
     EXPECT_FALSE(watch.expired());  // The frame holds it.
     v1::ChunkHeader header;
@@ -168,8 +169,9 @@ TEST(WireTest, DecodeErrorsAreInvalidArgument) {
   v1::ChunkHeader negative = Header(-1);
   cases.push_back({Prefixed(negative.ByteSizeLong(), negative.SerializeAsString()), ">= 0"});
   v1::ChunkHeader unknown = Header(2, static_cast<v1::DType>(99));
-  cases.push_back({Prefixed(unknown.ByteSizeLong(), unknown.SerializeAsString() + std::string(8, '\0')),
-                   "unsupported payload dtype"});
+  cases.push_back(
+      {Prefixed(unknown.ByteSizeLong(), unknown.SerializeAsString() + std::string(8, '\0')),
+       "unsupported payload dtype"});
   for (const Case& c : cases) {
     v1::ChunkHeader header;
     PayloadView payload;
@@ -217,7 +219,7 @@ TEST(WireTest, HalfConversionsAreExactWhereRepresentable) {
   EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
   EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
   EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);    // Rounds to infinity.
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // Rounds to infinity.
   EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
   EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // Tie to even.
   EXPECT_EQ(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
