@@ -521,7 +521,7 @@ absl::StatusOr<v1::JobStatus> Cli::Follow(const std::string& job_id, bool quiet)
     std::unique_ptr<grpc::ClientReader<v1::JobStatus>> reader = stub().WatchJob(&ctx, request);
     {
       IdleWatchdog watchdog(env_.watch_silence_warning, [this, &job_id] {
-        err_ << "\npstrain watch: no update about " << job_id << " from " << server_ << " for "
+        err_ << (env_.stdout_is_tty ? "\n" : "") << "pstrain watch: no update about " << job_id << " from " << server_ << " for "
              << absl::FormatDuration(env_.watch_silence_warning) << " (still waiting)"
              << std::endl;
       });

@@ -1,9 +1,19 @@
-// pstrain-worker: trains a job on this machine.
+// pstrain-worker: trains a job on this machine, or serves a coordinator.
 //
 //   pstrain-worker --standalone examples/fashion-mnist.json --device cpu
 //   pstrain-worker --evaluate model.ckpt --data /usr/share/datasets/fashion-mnist
+//   pstrain-worker --server 127.0.0.1:7070 --metrics-port 9101 --device cpu --threads 1
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -11,6 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
+#include "common/rpc/channel.h"
+#include "prometheus/registry.h"
+#include "worker/daemon.h"
 #include "worker/standalone.h"
 
 ABSL_FLAG(std::string, standalone, "", "Train the job in this JSON file on this machine, no server");
@@ -22,6 +35,15 @@ ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
 ABSL_FLAG(int64_t, limit, 0, "Train on only the first N samples (0 = all)");
 ABSL_FLAG(std::string, checkpoint, "",
           "Where to save the final checkpoint (default: <job name>.ckpt; 'none' to skip)");
+ABSL_FLAG(std::string, server, "",
+          "Daemon mode: the coordinator (pstrain-server 0) at HOST:PORT; register, take "
+          "assignments and train them until SIGINT/SIGTERM");
+ABSL_FLAG(int, metrics_port, 0,
+          "Daemon mode: serve Prometheus /metrics on 127.0.0.1:PORT (0 = off)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Daemon mode: address /metrics binds to");
+ABSL_FLAG(int, threads, 0,
+          "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
+          "network and data threads on small machines");
 
 namespace {
 
@@ -30,15 +52,100 @@ int Fail(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+// libgomp reads OMP_WAIT_POLICY once, when it loads: a daemon that shares
+// its cores with the network threads (and other processes) must not spin at
+// every barrier (kernels/cpu/cpu_backend.h). When it is unset, set it to
+// passive and re-execute this binary once so the runtime sees it.
+void EnsurePassiveOpenMpWait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: go on with the policy the runtime already has.
+}
+
+// Abseil flags are spelled with underscores; accept the documented dashes
+// too ("--metrics-port 9101" == "--metrics_port 9101").
+std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage) {
+  storage->reserve(argc);
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (i > 0 && arg.size() > 2 && arg.compare(0, 2, "--") == 0) {
+      const size_t end = std::min(arg.find('='), arg.size());
+      for (size_t k = 2; k < end; ++k) {
+        if (arg[k] == '-') arg[k] = '_';
+      }
+    }
+    storage->push_back(std::move(arg));
+  }
+  std::vector<char*> out;
+  for (std::string& s : *storage) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+bool DaemonMode(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--server") == 0 || std::strncmp(argv[i], "--server=", 9) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int RunDaemon() {
+  pstrain::TuneAllocatorForLargeMessages();
+  pstrain::WorkerDaemon::Options options;
+  options.coordinator_address = absl::GetFlag(FLAGS_server);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.num_threads = absl::GetFlag(FLAGS_threads);
+  std::unique_ptr<pstrain::MetricsEndpoint> metrics;
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port > 0) {
+    options.registry = std::make_shared<prometheus::Registry>();
+    auto endpoint = pstrain::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_host),
+                                                    metrics_port, options.registry);
+    if (!endpoint.ok()) return Fail(endpoint.status());
+    metrics = *std::move(endpoint);
+    options.metrics_address =
+        absl::GetFlag(FLAGS_metrics_host) + ":" + std::to_string(metrics->port());
+    std::cout << "metrics on http://" << options.metrics_address << "/metrics" << std::endl;
+  }
+  // SIGINT and SIGTERM are taken by a thread that shuts the daemon down.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto daemon = pstrain::WorkerDaemon::Create(options);
+  if (!daemon.ok()) return Fail(daemon.status());
+  std::thread signal_thread([&signals, d = daemon->get()] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    if (signal != 0) d->Shutdown();
+  });
+  absl::Status status = (*daemon)->Run();
+  // Wake the signal thread if Run() returned on its own.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (!status.ok()) return Fail(status);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (DaemonMode(argc, argv)) EnsurePassiveOpenMpWait(argv);
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
       "[--device auto|cpu|cuda[:N]] [--checkpoint FILE]\n"
-      "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]");
-  absl::ParseCommandLine(argc, argv);
+      "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
+      "  pstrain-worker --server HOST:PORT [--metrics-port P] [--device D] [--threads N]");
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagSpelling(argc, argv, &storage);
+  absl::ParseCommandLine(argc, args.data());
+
+  if (!absl::GetFlag(FLAGS_server).empty()) return RunDaemon();
 
   if (!absl::GetFlag(FLAGS_evaluate).empty()) {
     std::string device;
@@ -58,8 +165,8 @@ int main(int argc, char** argv) {
 
   const std::string job_path = absl::GetFlag(FLAGS_standalone);
   if (job_path.empty()) {
-    std::cerr << "pstrain-worker: nothing to do: pass --standalone JOB.json or --evaluate CKPT "
-                 "(see --help)"
+    std::cerr << "pstrain-worker: nothing to do: pass --standalone JOB.json, --evaluate CKPT "
+                 "or --server HOST:PORT (see --help)"
               << std::endl;
     return 2;
   }

@@ -1,0 +1,705 @@
+#include "worker/daemon.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/chunking.h"
+#include "common/data/dataset.h"
+#include "common/metrics.h"
+#include "common/rpc/channel.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "worker/evaluation.h"
+#include "worker/model.h"
+#include "worker/ps_client.h"
+#include "worker/remote_updater.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+
+// pstrain_worker_* metrics; every member is null when there is no registry.
+struct WorkerDaemon::Metrics {
+  prometheus::Gauge* samples_per_second = nullptr;
+  prometheus::Gauge* loss = nullptr;
+  prometheus::Gauge* train_accuracy = nullptr;
+  prometheus::Counter* steps = nullptr;
+  prometheus::Counter* resyncs = nullptr;
+  prometheus::Histogram* pull_wait = nullptr;
+  prometheus::Histogram* compute = nullptr;
+  prometheus::Histogram* push_wait = nullptr;
+  prometheus::Histogram* total = nullptr;
+
+  explicit Metrics(prometheus::Registry* registry) {
+    if (registry == nullptr) return;
+    samples_per_second = &prometheus::BuildGauge()
+                              .Name("pstrain_worker_samples_per_second")
+                              .Help("Training throughput of this worker over its current epoch")
+                              .Register(*registry)
+                              .Add({});
+    loss = &prometheus::BuildGauge()
+                .Name("pstrain_worker_loss")
+                .Help("Mean training loss of this worker over its current epoch")
+                .Register(*registry)
+                .Add({});
+    train_accuracy = &prometheus::BuildGauge()
+                          .Name("pstrain_worker_train_accuracy_ratio")
+                          .Help("Training accuracy of this worker over its current epoch")
+                          .Register(*registry)
+                          .Add({});
+    steps = &prometheus::BuildCounter()
+                 .Name("pstrain_worker_steps_total")
+                 .Help("Training steps completed by this worker")
+                 .Register(*registry)
+                 .Add({});
+    resyncs = &prometheus::BuildCounter()
+                   .Name("pstrain_worker_resyncs_total")
+                   .Help("Times the worker re-pulled every chunk after an ABORTED or "
+                         "UNAVAILABLE parameter-server call")
+                   .Register(*registry)
+                   .Add({});
+    auto& phases = prometheus::BuildHistogram()
+                       .Name("pstrain_worker_step_seconds")
+                       .Help("Time of each training step by phase: pull_wait (waiting for "
+                             "parameters), compute (forward and backward), push_wait (waiting "
+                             "for the gradients to be accepted), total")
+                       .Register(*registry);
+    const prometheus::Histogram::BucketBoundaries buckets = {
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+    pull_wait = &phases.Add({{"phase", "pull_wait"}}, buckets);
+    compute = &phases.Add({{"phase", "compute"}}, buckets);
+    push_wait = &phases.Add({{"phase", "push_wait"}}, buckets);
+    total = &phases.Add({{"phase", "total"}}, buckets);
+  }
+
+  void ObserveStep(const StepTimings& t) {
+    if (steps == nullptr) return;
+    steps->Increment();
+    pull_wait->Observe(t.pull_wait_seconds);
+    compute->Observe(t.compute_seconds);
+    push_wait->Observe(t.push_wait_seconds);
+    total->Observe(t.total_seconds);
+  }
+  void ObserveProgress(const StepProgress& p) {
+    if (loss == nullptr) return;
+    samples_per_second->Set(p.samples_per_sec);
+    loss->Set(p.mean_loss);
+    train_accuracy->Set(p.train_accuracy);
+  }
+};
+
+// One assignment being trained, on its own thread. The heartbeat thread
+// updates the assignment (new generation, rank, world size) and stops it.
+struct WorkerDaemon::Runner {
+  explicit Runner(const v1::Assignment& a) : job_id(a.job_id()), assignment(a) {}
+
+  const std::string job_id;  // Constant.
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> done{false};
+  std::atomic<bool> report_in_flight{false};
+
+  absl::Mutex mu;
+  v1::Assignment assignment ABSL_GUARDED_BY(mu);  // The latest one.
+  RemoteUpdater* updater ABSL_GUARDED_BY(mu) = nullptr;  // While training.
+  PsClient* client ABSL_GUARDED_BY(mu) = nullptr;
+
+  void Cancel() {
+    stop.store(true);
+    absl::MutexLock lock(&mu);
+    if (updater != nullptr) updater->Cancel();
+  }
+  v1::Assignment Snapshot() {
+    absl::MutexLock lock(&mu);
+    return assignment;
+  }
+  // A new generation of the same job: pushes carry it from now on.
+  void Update(const v1::Assignment& a) {
+    absl::MutexLock lock(&mu);
+    assignment = a;
+    if (client != nullptr) client->SetGeneration(a.generation());
+    if (updater != nullptr) updater->SetRank(a.rank());
+  }
+  void Attach(RemoteUpdater* u, PsClient* c) {
+    absl::MutexLock lock(&mu);
+    updater = u;
+    client = c;
+    // The generation may have moved while the client was being created.
+    if (client != nullptr) client->SetGeneration(assignment.generation());
+    if (updater != nullptr) {
+      updater->SetRank(assignment.rank());
+      if (stop.load()) updater->Cancel();
+    }
+  }
+};
+
+namespace {
+
+std::string Hostname() {
+  char buffer[256] = {};
+  if (gethostname(buffer, sizeof(buffer) - 1) != 0) return "unknown";
+  return buffer;
+}
+
+bool Transient(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(const std::string& device, int threads) {
+  PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec spec, ParseDeviceSpec(device));
+  const bool cpu = spec.automatic ? !CudaAvailable() : spec.type == DeviceType::kCpu;
+  if (cpu) {
+    CpuBackendOptions options;
+    options.num_threads = threads;
+    return CreateCpuBackend(options);
+  }
+  return CreateBackend(spec);
+}
+
+v1::EvalMetrics EvalShardProto(const EvaluationShard& shard) {
+  ClassificationMetrics m = shard.confusion.Compute();
+  v1::EvalMetrics proto;
+  proto.set_accuracy(m.accuracy);
+  proto.set_precision(m.macro_precision);
+  proto.set_recall(m.macro_recall);
+  proto.set_f1(m.macro_f1);
+  proto.set_loss(shard.samples > 0 ? shard.loss_sum / shard.samples : 0);
+  proto.set_samples(shard.samples);
+  proto.set_num_classes(shard.confusion.num_classes());
+  for (int64_t c : shard.confusion.counts()) proto.add_confusion(c);
+  return proto;
+}
+
+}  // namespace
+
+// --- MetricsEndpoint ---------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+  if (registry == nullptr) return absl::InvalidArgumentError("MetricsEndpoint: null registry");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", host,
+                                                   "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", error));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return std::unique_ptr<MetricsEndpoint>(
+      new MetricsEndpoint(fd, ntohs(addr.sin_port), std::move(registry)));
+}
+
+MetricsEndpoint::MetricsEndpoint(int fd, int port, std::shared_ptr<prometheus::Registry> registry)
+    : fd_(fd), port_(port), registry_(std::move(registry)) {
+  thread_ = std::thread([this] { Serve(); });
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  stop_.store(true);
+  thread_.join();
+  close(fd_);
+}
+
+void MetricsEndpoint::Serve() {
+  while (!stop_.load()) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, /*timeout_ms=*/200) <= 0) continue;
+    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) continue;
+    Answer(connection);
+    close(connection);
+  }
+}
+
+void MetricsEndpoint::Answer(int connection) {
+  timeval timeout{1, 0};  // A client that sends nothing does not hold the endpoint.
+  setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  std::string request;
+  char buffer[1024];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+    const ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    request.append(buffer, static_cast<size_t>(n));
+  }
+  std::string status = "200 OK", body;
+  if (request.rfind("GET /metrics", 0) == 0) {
+    std::ostringstream text;
+    prometheus::TextSerializer().Serialize(text, registry_->Collect());
+    body = text.str();
+  } else {
+    status = "404 Not Found";
+    body = "only /metrics is served here\n";
+  }
+  const std::string response =
+      absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: text/plain; version=0.0.4\r\n",
+                   "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
+  size_t sent = 0;
+  while (sent < response.size()) {
+    const ssize_t n = send(connection, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+// --- WorkerDaemon ------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options options) {
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("the coordinator address is empty (--server HOST:PORT)");
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0, got ", options.num_threads));
+  }
+  PSTRAIN_RETURN_IF_ERROR(ParseDeviceSpec(options.device).status());
+  std::unique_ptr<WorkerDaemon> daemon(new WorkerDaemon(std::move(options)));
+  // Describe this machine once (the backend is opened again per job).
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                           OpenBackend(daemon->options_.device, daemon->options_.num_threads));
+  daemon->info_.set_hostname(daemon->options_.hostname.empty() ? Hostname()
+                                                               : daemon->options_.hostname);
+  daemon->info_.set_backend(backend->type() == DeviceType::kCuda ? "cuda" : "cpu");
+  daemon->info_.set_device_info(backend->Describe());
+  daemon->info_.set_gpus(CudaDeviceCount());
+  daemon->info_.set_metrics_address(daemon->options_.metrics_address);
+  return daemon;
+}
+
+WorkerDaemon::WorkerDaemon(Options options)
+    : options_(std::move(options)),
+      stub_(v1::Coordinator::NewStub(CreateChannel(options_.coordinator_address))),
+      metrics_(std::make_unique<Metrics>(options_.registry.get())),
+      heartbeat_interval_(options_.heartbeat_interval) {}
+
+WorkerDaemon::~WorkerDaemon() {
+  Shutdown();
+  std::shared_ptr<Runner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    runner = std::move(runner_);
+  }
+  if (runner != nullptr) {
+    if (runner->thread.joinable()) runner->thread.join();
+    // An asynchronous progress report may still hold the stub.
+    while (runner->report_in_flight.load()) absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+void WorkerDaemon::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+    return;
+  }
+  std::cerr << absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::LocalTimeZone())
+            << " pstrain-worker: " << line << std::endl;
+}
+
+std::string WorkerDaemon::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+std::string WorkerDaemon::current_job() const {
+  absl::MutexLock lock(&mu_);
+  return runner_ != nullptr && !runner_->done.load() ? runner_->job_id : "";
+}
+
+int WorkerDaemon::jobs_finished() const {
+  absl::MutexLock lock(&mu_);
+  return jobs_finished_;
+}
+
+void WorkerDaemon::Shutdown() {
+  std::shared_ptr<Runner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    runner = runner_;
+  }
+  if (runner != nullptr) runner->Cancel();
+}
+
+void WorkerDaemon::SleepFor(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&shutdown_), d);
+}
+
+// --- Heartbeat loop -------------------------------------------------------------
+
+absl::Status WorkerDaemon::Register() {
+  v1::RegisterWorkerRequest request;
+  *request.mutable_info() = info_;
+  v1::RegisterWorkerResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
+  grpc::Status status = stub_->RegisterWorker(&ctx, request, &response);
+  if (!status.ok()) return ToAbslStatus(status);
+  absl::MutexLock lock(&mu_);
+  worker_id_ = response.worker_id();
+  shards_.assign(response.shards().begin(), response.shards().end());
+  if (shards_.empty()) shards_.push_back(options_.coordinator_address);
+  if (response.heartbeat_interval_ms() > 0) {
+    heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+  }
+  Log(absl::StrCat("registered as ", worker_id_, " (", info_.device_info(), "); ",
+                   shards_.size(), " parameter shard(s)"));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::Run() {
+  Log(absl::StrCat("coordinator ", options_.coordinator_address, ", device ",
+                   info_.device_info()));
+  absl::Duration backoff = absl::Milliseconds(100);
+  std::string last_problem;  // What failed and its code: logged once per change.
+  auto trouble = [&](const std::string& what, absl::StatusCode code, const std::string& detail) {
+    const std::string problem = absl::StrCat(what, " ", absl::StatusCodeToString(code));
+    if (problem != last_problem) {
+      Log(absl::StrCat("cannot ", what, " ", options_.coordinator_address, ": ", detail,
+                       "; retrying with backoff"));
+    }
+    last_problem = problem;
+    SleepFor(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  };
+  for (;;) {
+    std::string worker_id;
+    absl::Duration interval;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) break;
+      worker_id = worker_id_;
+      interval = heartbeat_interval_;
+    }
+    if (worker_id.empty()) {
+      absl::Status status = Register();
+      if (!status.ok()) {
+        trouble("register with", status.code(), std::string(status.message()));
+        continue;
+      }
+      continue;
+    }
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    request.set_job_id(current_job());
+    v1::HeartbeatResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
+    grpc::Status status = stub_->Heartbeat(&ctx, request, &response);
+    if (!status.ok()) {
+      trouble("heartbeat to", static_cast<absl::StatusCode>(status.error_code()),
+              status.error_message());
+      continue;
+    }
+    if (!last_problem.empty()) Log("coordinator reachable again");
+    last_problem.clear();
+    backoff = absl::Milliseconds(100);
+    HandleHeartbeat(response);
+    SleepFor(interval);
+  }
+  StopRunner("shutting down");
+  Log("stopped");
+  return absl::OkStatus();
+}
+
+void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
+  std::shared_ptr<Runner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    runner = runner_;
+  }
+  // A runner that ended is joined here, on the heartbeat thread.
+  if (runner != nullptr && runner->done.load()) {
+    if (runner->thread.joinable()) runner->thread.join();
+    absl::MutexLock lock(&mu_);
+    if (runner_ == runner) runner_.reset();
+    runner.reset();
+  }
+  switch (response.action()) {
+    case v1::HeartbeatResponse::ACTION_REREGISTER: {
+      StopRunner("the coordinator does not know this worker");
+      absl::MutexLock lock(&mu_);
+      worker_id_.clear();
+      return;
+    }
+    case v1::HeartbeatResponse::ACTION_STOP:
+      StopRunner("the coordinator asked to stop");
+      return;
+    case v1::HeartbeatResponse::ACTION_RUN:
+      break;
+    default:
+      return;
+  }
+  const v1::Assignment& a = response.assignment();
+  {
+    absl::MutexLock lock(&mu_);
+    if (a.job_id() == done_job_) return;  // Already finished (or failed) here.
+  }
+  if (runner != nullptr && runner->job_id == a.job_id() && !runner->done.load()) {
+    const v1::Assignment current = runner->Snapshot();
+    if (current.generation() != a.generation()) {
+      Log(absl::StrCat(a.job_id(), ": generation ", a.generation(), ", rank ", a.rank(), " of ",
+                       a.world_size(), " (was ", current.rank(), " of ", current.world_size(),
+                       ")"));
+      runner->Update(a);
+    }
+    return;
+  }
+  StopRunner(absl::StrCat("assigned to ", a.job_id()));
+  StartRunner(a);
+}
+
+void WorkerDaemon::StartRunner(const v1::Assignment& assignment) {
+  auto runner = std::make_shared<Runner>(assignment);
+  Log(absl::StrCat(assignment.job_id(), ": rank ", assignment.rank(), " of ",
+                   assignment.world_size(), ", generation ", assignment.generation(),
+                   ", from epoch ", assignment.start_epoch()));
+  absl::MutexLock lock(&mu_);
+  runner_ = runner;
+  runner->thread = std::thread([this, runner] { RunAssignment(runner.get()); });
+}
+
+void WorkerDaemon::StopRunner(const std::string& why) {
+  std::shared_ptr<Runner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    runner = std::move(runner_);
+  }
+  if (runner == nullptr) return;
+  if (!runner->done.load()) Log(absl::StrCat(runner->job_id, ": stopping (", why, ")"));
+  runner->Cancel();
+  if (runner->thread.joinable()) runner->thread.join();
+}
+
+// --- Running an assignment --------------------------------------------------------
+
+void WorkerDaemon::RunAssignment(Runner* runner) {
+  absl::Status status = Train(runner);
+  if (status.ok()) {
+    Log(absl::StrCat(runner->job_id, ": finished"));
+    absl::MutexLock lock(&mu_);
+    done_job_ = runner->job_id;
+    ++jobs_finished_;
+  } else if (runner->stop.load()) {
+    Log(absl::StrCat(runner->job_id, ": stopped"));
+  } else {
+    Log(absl::StrCat(runner->job_id, ": failed: ", status.ToString()));
+    v1::Assignment a = runner->Snapshot();
+    v1::ReportProgressRequest report;
+    report.set_job_id(runner->job_id);
+    report.set_generation(a.generation());
+    report.set_error(absl::StrCat(info_.hostname(), ": ", status.ToString()));
+    SendFinalReport(runner, report);
+    absl::MutexLock lock(&mu_);
+    done_job_ = runner->job_id;
+  }
+  runner->done.store(true);
+}
+
+absl::Status WorkerDaemon::Train(Runner* runner) {
+  v1::Assignment a = runner->Snapshot();
+  const v1::JobSpec job = a.spec();  // A copy: `a` is reassigned below.
+  std::string worker_id;
+  std::vector<std::string> shards;
+  {
+    absl::MutexLock lock(&mu_);
+    worker_id = worker_id_;
+    shards = shards_;
+  }
+
+  // Phase: OpenBackend, LoadData, BuildModel.
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                           OpenBackend(options_.device, options_.num_threads));
+  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+  PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
+                           data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
+  PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
+
+  // Phase: Connect to every shard and pull the current model.
+  PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan,
+                           PlanChunks(model->graph(), static_cast<int>(shards.size())));
+  PsClient::Options client_options;
+  client_options.shard_addresses = shards;
+  client_options.job_id = a.job_id();
+  client_options.worker_id = worker_id;
+  client_options.generation = a.generation();
+  client_options.rpc_timeout = options_.ps_rpc_timeout;
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                           PsClient::Create(client_options, std::move(plan)));
+  RemoteUpdaterOptions updater_options = RemoteUpdaterOptionsFromJob(job, a.rank());
+  Metrics* metrics = metrics_.get();
+  int resyncs_seen = 0;
+  RemoteUpdater* updater_ptr = nullptr;
+  updater_options.on_step = [metrics, &resyncs_seen, &updater_ptr](const StepTimings& t) {
+    metrics->ObserveStep(t);
+    if (updater_ptr != nullptr && metrics->resyncs != nullptr &&
+        updater_ptr->resyncs() > resyncs_seen) {
+      metrics->resyncs->Increment(updater_ptr->resyncs() - resyncs_seen);
+      resyncs_seen = updater_ptr->resyncs();
+    }
+  };
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<RemoteUpdater> updater,
+                           RemoteUpdater::Create(updater_options, model.get(), client.get()));
+  updater_ptr = updater.get();
+  runner->Attach(updater.get(), client.get());
+  struct Detach {
+    Runner* runner;
+    ~Detach() { runner->Attach(nullptr, nullptr); }
+  } detach{runner};
+  PSTRAIN_RETURN_IF_ERROR(updater->Start());
+
+  // Phase: Train, epoch by epoch; a new rank or world size applies from the
+  // next epoch on.
+  TrainerOptions trainer_options;
+  trainer_options.batch_size = job.batch_size();
+  trainer_options.seed = job.seed();
+  trainer_options.augment = job.dataset().augmentation().random_flip() ||
+                            job.dataset().augmentation().crop_padding() > 0;
+  trainer_options.prefetch_batches =
+      job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
+  trainer_options.loader_threads =
+      job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
+  std::unique_ptr<Trainer> trainer;
+  int64_t global_step = -1;
+  for (int epoch = a.start_epoch(); epoch < job.epochs(); ++epoch) {
+    const v1::Assignment latest = runner->Snapshot();
+    if (trainer == nullptr || latest.rank() != trainer_options.rank ||
+        latest.world_size() != trainer_options.world_size) {
+      trainer_options.rank = latest.rank();
+      trainer_options.world_size = std::max(1, latest.world_size());
+      trainer.reset();
+      PSTRAIN_ASSIGN_OR_RETURN(trainer, Trainer::Create(model.get(), updater.get(), &splits.train,
+                                                        preprocess, trainer_options));
+      if (global_step < 0) global_step = epoch * trainer->steps_per_epoch();
+      trainer->set_global_step(global_step);
+    }
+    a = latest;
+    auto progress = [&](const StepProgress& p) {
+      metrics_->ObserveProgress(p);
+      v1::ReportProgressRequest report;
+      report.set_job_id(runner->job_id);
+      report.set_generation(runner->Snapshot().generation());
+      report.set_epoch(p.step_in_epoch >= p.steps_in_epoch ? p.epoch + 1 : p.epoch);
+      report.set_step(p.global_step);
+      report.set_loss(p.mean_loss);
+      report.set_train_accuracy(p.train_accuracy);
+      report.set_samples_per_sec(p.samples_per_sec);
+      ReportProgressAsync(runner, std::move(report));
+    };
+    PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats,
+                             trainer->RunEpoch(epoch, progress, options_.progress_every_steps));
+    global_step = trainer->global_step();
+    Log(absl::StrFormat("%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s",
+                        runner->job_id, epoch + 1, job.epochs(), stats.mean_loss,
+                        stats.train_accuracy, stats.samples_per_sec, stats.seconds));
+  }
+  trainer.reset();
+
+  // Phase: Finish (the server's final model into ours), then Evaluate this
+  // rank's shard of the test set.
+  PSTRAIN_RETURN_IF_ERROR(updater->Finish());
+  if (runner->stop.load()) return absl::CancelledError("the job was stopped");
+  a = runner->Snapshot();
+  EvaluateOptions eval;
+  eval.batch_size = std::max(job.batch_size(), 256);
+  eval.rank = a.rank();
+  eval.world_size = std::max(1, a.world_size());
+  PSTRAIN_ASSIGN_OR_RETURN(EvaluationShard shard,
+                           EvaluateShard(*model, splits.test, preprocess, eval));
+  v1::ReportProgressRequest report;
+  report.set_job_id(runner->job_id);
+  report.set_generation(a.generation());
+  report.set_epoch(job.epochs());
+  report.set_step(global_step < 0 ? 0 : global_step);
+  *report.mutable_eval_shard() = EvalShardProto(shard);
+  report.set_finished(true);
+  Log(absl::StrFormat("%s: test shard %d/%d: accuracy %.4f on %d samples", runner->job_id,
+                      eval.rank, eval.world_size, report.eval_shard().accuracy(), shard.samples));
+  SendFinalReport(runner, report);
+  return absl::OkStatus();
+}
+
+void WorkerDaemon::ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request) {
+  if (runner->report_in_flight.exchange(true)) return;  // One at a time; this one is dropped.
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::ReportProgressRequest request;
+    v1::ReportProgressResponse response;
+  };
+  auto* call = new Call;
+  call->request = std::move(request);
+  call->request.set_worker_id(worker_id());
+  call->ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
+  stub_->async()->ReportProgress(&call->ctx, &call->request, &call->response,
+                                 [this, runner, call](grpc::Status status) {
+                                   if (status.ok() && call->response.stop()) {
+                                     Log(absl::StrCat(runner->job_id,
+                                                      ": the coordinator says stop"));
+                                     runner->Cancel();
+                                   }
+                                   delete call;
+                                   runner->report_in_flight.store(false);
+                                 });
+}
+
+void WorkerDaemon::SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request_in) {
+  // Wait for a periodic report still in flight, so that the final one is last.
+  while (runner->report_in_flight.load()) absl::SleepFor(absl::Milliseconds(5));
+  v1::ReportProgressRequest request = request_in;
+  request.set_worker_id(worker_id());
+  absl::Duration backoff = absl::Milliseconds(100);
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  for (;;) {
+    v1::ReportProgressResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
+    grpc::Status status = stub_->ReportProgress(&ctx, request, &response);
+    if (status.ok()) return;
+    if (!Transient(status) || absl::Now() + backoff > give_up) {
+      Log(absl::StrCat(runner->job_id, ": final report not delivered: ", status.error_message()));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+}  // namespace pstrain

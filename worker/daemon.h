@@ -1,0 +1,160 @@
+// WorkerDaemon: `pstrain-worker --server HOST:PORT`. Registers with the
+// coordinator, heartbeats, runs the jobs it is assigned with the engine and a
+// RemoteUpdater, reports progress and its share of the final evaluation, and
+// goes back to the pool when the job ends.
+//
+//   WorkerDaemon::Options options;
+//   options.coordinator_address = "127.0.0.1:7070";
+//   options.device = "cpu";
+//   options.num_threads = 1;
+//   PSTRAIN_ASSIGN_OR_RETURN(auto daemon, WorkerDaemon::Create(options));
+//   std::thread stopper([&] { WaitForSignal(); daemon->Shutdown(); });
+//   absl::Status status = daemon->Run();  // Until Shutdown().
+//
+// Life of an assignment (one job, one generation):
+//   RegisterWorker (WorkerInfo: host, backend, device, GPUs) ▸ Heartbeat
+//   every heartbeat_interval_ms ▸ ACTION_RUN: a runner thread loads the data,
+//   builds the model, connects a PsClient to every shard, pulls the model and
+//   trains epoch by epoch from Assignment.start_epoch, reporting progress every
+//   `progress_every_steps` steps and at each epoch's end ▸ after the last
+//   epoch it evaluates its rank's shard of the test set and reports
+//   `finished` with it ▸ idle again.
+// A new generation of the same job (a member was lost) changes the push
+// generation at once; the new rank and world size take effect from the next
+// epoch (this epoch's remaining samples of the lost worker are skipped).
+// ACTION_STOP, a progress answer `stop`, or Shutdown() stop the runner
+// within one step. ACTION_REREGISTER registers again. A coordinator that does
+// not answer is retried with exponential backoff (capped at 5 s) forever,
+// with one log line per change of state.
+//
+// Threads: Run() blocks the calling thread (the heartbeat loop); one runner
+// thread per assignment; Shutdown() may be called from any thread (and from
+// nowhere else but a signal-handling thread, not a signal handler).
+#ifndef PSTRAIN_WORKER_DAEMON_H_
+#define PSTRAIN_WORKER_DAEMON_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pstrain/v1/service.grpc.pb.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace pstrain {
+
+// Serves `GET /metrics` (Prometheus text format) of a registry over plain
+// HTTP/1.0 on host:port, one connection at a time on its own thread.
+// prometheus-cpp's Exposer (civetweb) cannot start its threads in a process
+// that has loaded cuBLAS 13 ("Cannot create threads"), and the worker links
+// cuBLAS; this endpoint uses prometheus-cpp's registry and TextSerializer
+// without civetweb.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(auto endpoint, MetricsEndpoint::Start("127.0.0.1", 9101, registry));
+//
+// Threads: Start and the destructor from one thread; the endpoint's thread
+// only reads the registry (thread-safe).
+class MetricsEndpoint {
+ public:
+  // port 0 picks a free port (see port()). UNAVAILABLE when it cannot bind.
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsEndpoint();  // Stops serving and joins the thread.
+  int port() const { return port_; }
+
+ private:
+  MetricsEndpoint(int fd, int port, std::shared_ptr<prometheus::Registry> registry);
+  void Serve();
+  void Answer(int connection);
+
+  // Constant after construction.
+  const int fd_;
+  const int port_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class WorkerDaemon {
+ public:
+  struct Options {
+    std::string coordinator_address = "127.0.0.1:7070";
+    std::string device = "auto";  // auto | cpu | cuda | cuda:N
+    int num_threads = 0;          // CPU backend OpenMP threads; 0 = the backend's default.
+    // Deadline of every coordinator call.
+    absl::Duration rpc_timeout = absl::Seconds(10);
+    // Deadline of every parameter-server call (a sync pull waits for the
+    // slowest worker, or for a dead one to be dropped).
+    absl::Duration ps_rpc_timeout = absl::Seconds(120);
+    // Used until the coordinator sends its own interval.
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    absl::Duration max_backoff = absl::Seconds(5);
+    int progress_every_steps = 20;
+    std::string metrics_address;  // Advertised in WorkerInfo ("" = none).
+    std::string hostname;         // "" = gethostname().
+    // Metrics go here when set (pstrain_worker_*); owned by the caller.
+    std::shared_ptr<prometheus::Registry> registry;
+    // Log lines (default: stderr with a timestamp).
+    std::function<void(const std::string&)> log;
+  };
+
+  static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);
+  ~WorkerDaemon();  // Shutdown() and joins the runner.
+  WorkerDaemon(const WorkerDaemon&) = delete;
+  WorkerDaemon& operator=(const WorkerDaemon&) = delete;
+
+  // The heartbeat loop; returns OK after Shutdown().
+  absl::Status Run();
+  // Stops the runner (within one step) and makes Run() return.
+  void Shutdown();
+
+  // For tests and logs.
+  std::string worker_id() const;
+  std::string current_job() const;
+  int jobs_finished() const;
+
+ private:
+  struct Metrics;
+  struct Runner;
+
+  explicit WorkerDaemon(Options options);
+  void Log(const std::string& line) const;
+  absl::Status Register();
+  void HandleHeartbeat(const v1::HeartbeatResponse& response);
+  void StartRunner(const v1::Assignment& assignment);
+  void StopRunner(const std::string& why);
+  void RunAssignment(Runner* runner);
+  absl::Status Train(Runner* runner);
+  void SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request);
+  void ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request);
+  void SleepFor(absl::Duration d);
+
+  // Constant after construction.
+  const Options options_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<Metrics> metrics_;
+  v1::WorkerInfo info_;
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> shards_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Runner> runner_ ABSL_GUARDED_BY(mu_);
+  std::string done_job_ ABSL_GUARDED_BY(mu_);  // Finished or failed here: not rerun.
+  int jobs_finished_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_DAEMON_H_
