@@ -94,6 +94,13 @@ bool DaemonMode(int argc, char** argv) {
 
 int RunDaemon() {
   pstrain::TuneAllocatorForLargeMessages();
+  // SIGINT and SIGTERM are taken by a thread that shuts the daemon down;
+  // blocked before any other thread starts, so that every thread inherits it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   pstrain::WorkerDaemon::Options options;
   options.coordinator_address = absl::GetFlag(FLAGS_server);
   options.device = absl::GetFlag(FLAGS_device);
@@ -110,12 +117,6 @@ int RunDaemon() {
         absl::GetFlag(FLAGS_metrics_host) + ":" + std::to_string(metrics->port());
     std::cout << "metrics on http://" << options.metrics_address << "/metrics" << std::endl;
   }
-  // SIGINT and SIGTERM are taken by a thread that shuts the daemon down.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto daemon = pstrain::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(daemon.status());
   std::thread signal_thread([&signals, d = daemon->get()] {
