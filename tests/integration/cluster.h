@@ -1,0 +1,144 @@
+// LocalCluster: pstrain-server shard(s) and pstrain-worker daemons as real
+// processes on 127.0.0.1 with random free ports, for integration tests.
+//
+//   LocalCluster cluster({.workers = 2});
+//   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+//   CommandResult r = cluster.Cli({"submit", job, "--workers", "2", "--watch", "--json"});
+//   auto json = ParseJson(r.LastLine());
+#ifndef PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
+#define PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/integration/process_util.h"
+
+namespace pstrain::testing {
+
+struct ClusterOptions {
+  int shards = 1;
+  int workers = 2;
+  int heartbeat_timeout_ms = 2000;
+  int heartbeat_interval_ms = 250;
+};
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(ClusterOptions options) : options_(options) {
+    static int counter = 0;
+    state_root_ = absl::StrCat(::testing::TempDir(), "/pstrain-cluster-", getpid(), "-", counter++);
+    std::filesystem::create_directories(state_root_);
+    for (int s = 0; s < options_.shards; ++s) shard_ports_.push_back(FreePort());
+  }
+
+  std::string coordinator() const { return Address(shard_ports_[0]); }
+  const std::string& state_root() const { return state_root_; }
+
+  // Starts every shard, then the workers; true once all are serving.
+  bool Start() {
+    std::vector<std::string> addresses;
+    for (int port : shard_ports_) addresses.push_back(Address(port));
+    for (int s = 0; s < options_.shards; ++s) {
+      std::vector<std::string> argv = {
+          BinPath("pstrain-server"), "--listen", addresses[s], "--metrics-port",
+          absl::StrCat(FreePort()), "--state-dir", absl::StrCat(state_root_, "/shard", s),
+          "--heartbeat-timeout-ms", absl::StrCat(options_.heartbeat_timeout_ms),
+          "--heartbeat-interval-ms", absl::StrCat(options_.heartbeat_interval_ms)};
+      if (options_.shards > 1) {
+        argv.insert(argv.end(), {"--shard-index", absl::StrCat(s), "--shards",
+                                 absl::StrJoin(addresses, ",")});
+      }
+      servers_.push_back(std::make_unique<ChildProcess>(argv));
+      if (!servers_.back()->WaitForOutput("listening on", absl::Seconds(60))) return false;
+    }
+    for (int w = 0; w < options_.workers; ++w) {
+      if (!AddWorker()) return false;
+    }
+    return true;
+  }
+
+  bool AddWorker() {
+    workers_.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        BinPath("pstrain-worker"), "--server", coordinator(), "--metrics-port",
+        absl::StrCat(FreePort()), "--device", "cpu", "--threads", "1"}));
+    return workers_.back()->WaitForOutput("registered", absl::Seconds(60));
+  }
+
+  ChildProcess& worker(int i) { return *workers_[i]; }
+  ChildProcess& server(int i) { return *servers_[i]; }
+
+  CommandResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Minutes(10)) {
+    std::vector<std::string> argv = {BinPath("pstrain"), "--server", coordinator()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, timeout);
+  }
+
+  // Everything the processes printed, for failure messages.
+  std::string Logs() const {
+    std::string out;
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      absl::StrAppend(&out, "---- server ", i, " ----\n", servers_[i]->output());
+    }
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      absl::StrAppend(&out, "---- worker ", i, " ----\n", workers_[i]->output());
+    }
+    return out;
+  }
+
+ private:
+  ClusterOptions options_;
+  std::string state_root_;
+  std::vector<int> shard_ports_;
+  std::vector<std::unique_ptr<ChildProcess>> servers_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+};
+
+// A Fashion-MNIST job small enough for CI: `train` samples, `test` samples.
+inline std::string WriteFashionMnistJob(const std::string& dir, int64_t train, int64_t test,
+                                        int epochs, const std::string& extra = "") {
+  std::string path = dir + "/job.json";
+  std::ofstream(path) << "{\"name\": \"it-fmnist\", \"model_file\": \""
+                      << SourcePath("examples/models/fmnist-cnn.json") << "\", "
+                      << "\"dataset\": {\"format\": \"DATASET_FORMAT_IDX\", "
+                      << "\"path\": \"/usr/share/datasets/fashion-mnist\", "
+                      << "\"mean\": [0.2860], \"std\": [0.3530], "
+                      << "\"train_limit\": " << train << ", \"test_limit\": " << test << "}, "
+                      << "\"optimizer\": {\"type\": \"OPTIMIZER_SGD\", \"learning_rate\": 0.01, "
+                      << "\"momentum\": 0.9}, \"epochs\": " << epochs
+                      << ", \"batch_size\": 64, \"seed\": 1" << extra << "}";
+  return path;
+}
+
+inline bool HaveFashionMnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+// Parses one JSON object (e.g. the last line of `--json` output).
+inline google::protobuf::Struct ParseJson(const std::string& text) {
+  google::protobuf::Struct out;
+  auto status = google::protobuf::util::JsonStringToMessage(text, &out);
+  EXPECT_TRUE(status.ok()) << "not JSON: " << text;
+  return out;
+}
+
+inline std::string StringField(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? "" : it->second.string_value();
+}
+
+inline double NumberField(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? -1 : it->second.number_value();
+}
+
+}  // namespace pstrain::testing
+
+#endif  // PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_

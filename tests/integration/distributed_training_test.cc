@@ -1,0 +1,168 @@
+// One or two pstrain-server shards and pstrain-worker daemons as real
+// processes on 127.0.0.1 (random free ports), driven through the pstrain CLI,
+// training fmnist-cnn on a subset of the real Fashion-MNIST files.
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+
+namespace pstrain::testing {
+namespace {
+
+class DistributedTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    dir_ = absl::StrCat(::testing::TempDir(), "/it-", getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  std::string dir_;
+};
+
+// Submits with --watch --json and returns the final JSON object.
+google::protobuf::Struct SubmitAndWatch(LocalCluster& cluster, const std::string& job,
+                                        const std::string& mode, int workers, int* exit_code,
+                                        std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"submit", job, "--workers", absl::StrCat(workers), "--mode",
+                                   mode, "--watch", "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  CommandResult r = cluster.Cli(args);
+  *exit_code = r.exit_code;
+  EXPECT_EQ(r.exit_code, 0) << r.output << "\n" << cluster.Logs();
+  return ParseJson(r.LastLine());
+}
+
+TEST_F(DistributedTrainingTest, SyncTwoWorkersReachesAccuracyFloor) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
+  int code = 0;
+  auto result = SubmitAndWatch(cluster, job, "sync", 2, &code);
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
+  EXPECT_GT(NumberField(result, "test_accuracy"), 0.70) << cluster.Logs();
+
+  // status --json has the metrics the acceptance checks read.
+  CommandResult status = cluster.Cli({"status", StringField(result, "job_id"), "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  auto s = ParseJson(status.LastLine());
+  for (const char* key : {"job_id", "state", "test_accuracy", "precision", "recall", "f1", "step",
+                          "epoch"}) {
+    EXPECT_TRUE(s.fields().contains(key)) << key << " missing in " << status.output;
+  }
+  EXPECT_EQ(NumberField(s, "epoch"), 2);
+  EXPECT_DOUBLE_EQ(NumberField(s, "test_accuracy"), NumberField(result, "test_accuracy"));
+
+  // The trained model downloads as a valid checkpoint.
+  std::string model = dir_ + "/model.ckpt";
+  CommandResult download = cluster.Cli({"download", StringField(result, "job_id"), "-o", model});
+  ASSERT_EQ(download.exit_code, 0) << download.output;
+  CommandResult eval = RunCommand({BinPath("pstrain-worker"), "--evaluate", model, "--device", "cpu"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  auto evaluated = ParseJson(eval.LastLine());
+  // The server's model evaluated on the whole 2000-sample test subset matches
+  // the accuracy merged from the workers' shards.
+  EXPECT_NEAR(NumberField(evaluated, "test_accuracy"), NumberField(result, "test_accuracy"), 1e-9);
+}
+
+TEST_F(DistributedTrainingTest, AsyncTwoWorkersReachesAccuracyFloor) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
+  int code = 0;
+  auto result = SubmitAndWatch(cluster, job, "async", 2, &code);
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
+  EXPECT_GT(NumberField(result, "test_accuracy"), 0.65) << cluster.Logs();
+}
+
+TEST_F(DistributedTrainingTest, AverageModeWithKFiveReachesAccuracyFloor) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
+  int code = 0;
+  auto result =
+      SubmitAndWatch(cluster, job, "average", 2, &code, {"--averaging-frequency", "5"});
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
+  EXPECT_GT(NumberField(result, "test_accuracy"), 0.65) << cluster.Logs();
+}
+
+TEST_F(DistributedTrainingTest, TwoServerShards) {
+  LocalCluster cluster({.shards = 2, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 3200, 1000, 2);
+  int code = 0;
+  auto result = SubmitAndWatch(cluster, job, "sync", 2, &code);
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
+  EXPECT_GT(NumberField(result, "test_accuracy"), 0.60) << cluster.Logs();
+}
+
+TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
+  LocalCluster cluster({.shards = 1, .workers = 2, .heartbeat_timeout_ms = 2000});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 3);
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
+  std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  ASSERT_FALSE(job_id.empty()) << submit.output;
+
+  // Wait until training is under way, then kill -9 one worker.
+  absl::Time deadline = absl::Now() + absl::Minutes(3);
+  double step = 0;
+  while (absl::Now() < deadline) {
+    CommandResult s = cluster.Cli({"status", job_id, "--json"});
+    step = NumberField(ParseJson(s.LastLine()), "step");
+    if (step >= 20) break;
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  ASSERT_GE(step, 20) << cluster.Logs();
+  cluster.worker(1).Kill(SIGKILL);
+
+  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
+  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  auto s = ParseJson(status.LastLine());
+  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  EXPECT_GT(NumberField(s, "test_accuracy"), 0.55);
+}
+
+TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 60000, 1000, 20);
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output;
+  std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  absl::SleepFor(absl::Seconds(3));
+  CommandResult cancel = cluster.Cli({"cancel", job_id});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  EXPECT_EQ(StringField(ParseJson(status.LastLine()), "state"), "CANCELLED") << status.output;
+
+  // The workers return to the pool: a second job runs to completion.
+  std::string small = WriteFashionMnistJob(dir_, 1280, 500, 1);
+  int code = 0;
+  auto result = SubmitAndWatch(cluster, small, "sync", 2, &code);
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED") << cluster.Logs();
+}
+
+TEST_F(DistributedTrainingTest, BadSpecIsRejectedAtSubmit) {
+  LocalCluster cluster({.shards = 1, .workers = 0});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string path = dir_ + "/bad.json";
+  std::ofstream(path) << R"({"name": "bad", "model": {"input_shape": [1, 28, 28], "num_classes": 10,
+      "layers": [{"name": "fc", "dense": {"units": 7}}, {"name": "loss", "softmax_cross_entropy": {}}]},
+      "dataset": {"format": "DATASET_FORMAT_IDX", "path": "/usr/share/datasets/fashion-mnist"},
+      "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.01}, "epochs": 1, "batch_size": 64})";
+  CommandResult r = cluster.Cli({"submit", path, "--workers", "1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.output, "layer 'loss'")) << r.output;
+  CommandResult list = cluster.Cli({"list"});
+  EXPECT_EQ(list.exit_code, 0);
+  EXPECT_FALSE(absl::StrContains(list.output, "bad")) << list.output;
+}
+
+}  // namespace
+}  // namespace pstrain::testing
