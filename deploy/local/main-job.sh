@@ -1,14 +1,80 @@
 #!/usr/bin/env bash
-# The README's main-job command: installs what it needs, builds, and trains
-# fmnist-cnn on Fashion-MNIST (examples/fashion-mnist.json) with the
-# standalone engine, on the GPU when one is present, else on the CPU. Extra
-# arguments go to pstrain-worker (e.g. --device cpu, --epochs 2).
+# The README's main-job command. On a fresh machine it installs what it needs
+# and builds, then starts one pstrain-server and two pstrain-worker daemons on
+# 127.0.0.1, submits the Fashion-MNIST job (examples/fashion-mnist.json) in
+# sync mode, shows the progress bar and the final metrics, and stops
+# everything cleanly (Ctrl-C included). Workers train on the GPU when one is
+# present, else on the CPU.
 #
-# The distributed version (one server, two workers on 127.0.0.1) replaces this
-# body when pstrain-server lands; the engine and the job file stay the same.
+# Environment: PSTRAIN_PORT (server port, default: a free one),
+# PSTRAIN_STATE_DIR (default: a temporary directory), PSTRAIN_EPOCHS (override
+# the job's epochs), PSTRAIN_MODE (sync|async|ssp|average, default sync).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
 deploy/local/install-deps.sh
-deploy/local/build.sh >/dev/null
-exec build/bin/pstrain-worker --standalone examples/fashion-mnist.json --device auto \
-  --checkpoint fashion-mnist.ckpt "$@"
+echo "main-job: building (build/)..."
+deploy/local/build.sh >/tmp/pstrain-build.log 2>&1 || { tail -30 /tmp/pstrain-build.log; exit 1; }
+BIN="$ROOT/build/bin"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+PORT=${PSTRAIN_PORT:-$(free_port)}
+STATE_DIR=${PSTRAIN_STATE_DIR:-$(mktemp -d /tmp/pstrain-state.XXXXXX)}
+LOG_DIR="$STATE_DIR/logs"
+mkdir -p "$LOG_DIR"
+SERVER="127.0.0.1:$PORT"
+
+PIDS=()
+cleanup() {
+  trap - INT TERM EXIT
+  if ((${#PIDS[@]})); then
+    echo "main-job: stopping server and workers..."
+    kill -TERM "${PIDS[@]}" 2>/dev/null || true
+    for _ in $(seq 50); do
+      alive=0
+      for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+      ((alive)) || break
+      sleep 0.1
+    done
+    kill -KILL "${PIDS[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+  fi
+  echo "main-job: logs and checkpoints are in $STATE_DIR"
+}
+trap cleanup EXIT
+trap 'echo; echo "main-job: interrupted"; exit 130' INT TERM
+
+wait_for() {  # wait_for FILE PATTERN SECONDS
+  for _ in $(seq $(( $3 * 10 ))); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "main-job: timed out waiting for '$2' in $1:"; tail -20 "$1"; return 1
+}
+
+"$BIN/pstrain-server" --listen "$SERVER" --metrics-port "$(free_port)" --state-dir "$STATE_DIR" \
+  >"$LOG_DIR/server.log" 2>&1 &
+PIDS+=($!)
+wait_for "$LOG_DIR/server.log" "listening on" 60
+
+NPROC=$(nproc)
+THREADS=$(( NPROC / 2 > 0 ? NPROC / 2 : 1 ))
+for w in 1 2; do
+  "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "$(free_port)" --device auto \
+    --threads "$THREADS" >"$LOG_DIR/worker$w.log" 2>&1 &
+  PIDS+=($!)
+done
+wait_for "$LOG_DIR/worker1.log" "registered" 60
+wait_for "$LOG_DIR/worker2.log" "registered" 60
+echo "main-job: server $SERVER, 2 workers registered; logs in $LOG_DIR"
+
+EXTRA=()
+[[ -n "${PSTRAIN_EPOCHS:-}" ]] && EXTRA+=(--epochs "$PSTRAIN_EPOCHS")
+set +e
+"$BIN/pstrain" --server "$SERVER" submit examples/fashion-mnist.json --workers 2 \
+  --mode "${PSTRAIN_MODE:-sync}" --watch "${EXTRA[@]}" "$@"
+status=$?
+set -e
+exit $status
