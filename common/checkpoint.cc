@@ -149,6 +149,25 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 }  // namespace
 
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: empty path");
+  const std::string tmp_path = TempPathFor(path);
+  PSTRAIN_RETURN_IF_ERROR(WriteDurably(tmp_path, bytes));
+  if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    absl::Status status = ErrnoError(errno, "cannot rename into place at", path);
+    std::remove(tmp_path.c_str());
+    return status;
+  }
+  absl::Status synced = SyncDirectory(DirectoryOf(path));
+  if (!synced.ok()) {
+    return absl::Status(synced.code(), absl::StrCat(path,
+                                                    " was renamed into place but may not survive "
+                                                    "a crash: ",
+                                                    synced.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& ckpt) {
   if (path.empty()) return absl::InvalidArgumentError("WriteCheckpointFile: empty path");
   if (absl::Status valid = ValidateCheckpointTensors(ckpt); !valid.ok()) {
@@ -184,21 +203,7 @@ absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& 
   }
   envelope.Clear();
 
-  const std::string tmp_path = TempPathFor(path);
-  PSTRAIN_RETURN_IF_ERROR(WriteDurably(tmp_path, bytes));
-  if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    absl::Status status = ErrnoError(errno, "cannot rename checkpoint into place at", path);
-    std::remove(tmp_path.c_str());
-    return status;
-  }
-  absl::Status synced = SyncDirectory(DirectoryOf(path));
-  if (!synced.ok()) {
-    return absl::Status(synced.code(), absl::StrCat("checkpoint ", path,
-                                                    " was renamed into place but may not survive "
-                                                    "a crash: ",
-                                                    synced.message()));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, bytes);
 }
 
 absl::StatusOr<v1::Checkpoint> ReadCheckpointFile(const std::string& path) {

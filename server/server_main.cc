@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "common/daemon_util.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
@@ -61,21 +62,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-// The shard's optimizer runs OpenMP loops; spinning OpenMP threads collapse
-// throughput when several processes share few cores. The policy must be set
-// before the runtime starts, so set it and re-execute once.
-void EnsurePassiveOpenMpWait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  // Exec the binary's real path so that the process keeps its name.
-  char path[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return;
-  path[n] = '\0';
-  ::execv(path, argv);
-  // execv only returns on failure: carry on with the policy set for later
-  // runtimes (it is read when OpenMP initialises, which has not happened yet).
-}
 
 // /metrics: counters and gauges refreshed from the shard and the coordinator.
 class ServerMetrics {
@@ -183,32 +169,13 @@ class ServerMetrics {
   std::thread thread_;
 };
 
-// Abseil flags are spelled with underscores; accept the documented dashes
-// too ("--metrics-port 9100" == "--metrics_port 9100").
-std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->reserve(argc);
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i > 0 && arg.size() > 2 && arg.compare(0, 2, "--") == 0) {
-      const size_t end = std::min(arg.find('='), arg.size());
-      for (size_t k = 2; k < end; ++k) {
-        if (arg[k] == '-') arg[k] = '_';
-      }
-    }
-    storage->push_back(std::move(arg));
-  }
-  std::vector<char*> out;
-  for (std::string& s : *storage) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  EnsurePassiveOpenMpWait(argv);
+  pstrain::EnsurePassiveOpenMpWait(argv);
   std::vector<std::string> arg_storage;
-  std::vector<char*> args = NormalizeFlagSpelling(argc, argv, &arg_storage);
+  std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &arg_storage);
   absl::SetProgramUsageMessage(
       "parameter-server shard; shard 0 is also the coordinator.\n"
       "  pstrain-server --listen 127.0.0.1:7070 [--metrics-port P] [--state-dir DIR]\n"

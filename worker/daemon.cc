@@ -584,15 +584,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
 
   // Phase: Train, epoch by epoch; a new rank or world size applies from the
   // next epoch on.
-  TrainerOptions trainer_options;
-  trainer_options.batch_size = job.batch_size();
-  trainer_options.seed = job.seed();
-  trainer_options.augment = job.dataset().augmentation().random_flip() ||
-                            job.dataset().augmentation().crop_padding() > 0;
-  trainer_options.prefetch_batches =
-      job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
-  trainer_options.loader_threads =
-      job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
+  TrainerOptions trainer_options = TrainerOptionsFromJob(job);
   std::unique_ptr<Trainer> trainer;
   int64_t global_step = -1;
   for (int epoch = a.start_epoch(); epoch < job.epochs(); ++epoch) {

@@ -65,15 +65,7 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalUpdater> updater,
                            LocalUpdater::Create(job.optimizer(), model.get()));
-  TrainerOptions trainer_options;
-  trainer_options.batch_size = job.batch_size();
-  trainer_options.seed = job.seed();
-  trainer_options.augment = job.dataset().augmentation().random_flip() ||
-                            job.dataset().augmentation().crop_padding() > 0;
-  trainer_options.prefetch_batches =
-      job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
-  trainer_options.loader_threads =
-      job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
+  TrainerOptions trainer_options = TrainerOptionsFromJob(job);
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                            Trainer::Create(model.get(), updater.get(), &splits.train, preprocess,
                                            trainer_options));

@@ -39,6 +39,18 @@ absl::Status LocalUpdater::ApplyUpdate(int64_t step, Model& model) {
 
 // --- Trainer --------------------------------------------------------------------
 
+TrainerOptions TrainerOptionsFromJob(const v1::JobSpec& job) {
+  TrainerOptions options;
+  options.batch_size = job.batch_size();
+  options.seed = job.seed();
+  options.augment = job.dataset().augmentation().random_flip() ||
+                    job.dataset().augmentation().crop_padding() > 0;
+  options.prefetch_batches =
+      job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
+  options.loader_threads = job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, ParameterUpdater* updater,
                                                          const data::ImageDataset* train,
                                                          data::Preprocess preprocess,

@@ -74,6 +74,10 @@ struct TrainerOptions {
   int loader_threads = 1;
 };
 
+// Batch size, seed, augmentation and prefetch settings of `job` (rank and
+// world size stay 0 and 1).
+TrainerOptions TrainerOptionsFromJob(const v1::JobSpec& job);
+
 struct EpochStats {
   int epoch = 0;
   int64_t steps = 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "common/daemon_util.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
@@ -52,36 +53,7 @@ int Fail(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-// libgomp reads OMP_WAIT_POLICY once, when it loads: a daemon that shares
-// its cores with the network threads (and other processes) must not spin at
-// every barrier (kernels/cpu/cpu_backend.h). When it is unset, set it to
-// passive and re-execute this binary once so the runtime sees it.
-void EnsurePassiveOpenMpWait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed: go on with the policy the runtime already has.
-}
 
-// Abseil flags are spelled with underscores; accept the documented dashes
-// too ("--metrics-port 9101" == "--metrics_port 9101").
-std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->reserve(argc);
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i > 0 && arg.size() > 2 && arg.compare(0, 2, "--") == 0) {
-      const size_t end = std::min(arg.find('='), arg.size());
-      for (size_t k = 2; k < end; ++k) {
-        if (arg[k] == '-') arg[k] = '_';
-      }
-    }
-    storage->push_back(std::move(arg));
-  }
-  std::vector<char*> out;
-  for (std::string& s : *storage) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
 
 bool DaemonMode(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -135,7 +107,7 @@ int RunDaemon() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (DaemonMode(argc, argv)) EnsurePassiveOpenMpWait(argv);
+  if (DaemonMode(argc, argv)) pstrain::EnsurePassiveOpenMpWait(argv);
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
@@ -143,7 +115,7 @@ int main(int argc, char** argv) {
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
       "  pstrain-worker --server HOST:PORT [--metrics-port P] [--device D] [--threads N]");
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagSpelling(argc, argv, &storage);
+  std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
   absl::ParseCommandLine(argc, args.data());
 
   if (!absl::GetFlag(FLAGS_server).empty()) return RunDaemon();

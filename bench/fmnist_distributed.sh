@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Fashion-MNIST acceptance runs of the distributed service on this machine,
+# each beside the standalone engine measured in the same session:
+#   1. accuracy: examples/fashion-mnist.json (10 epochs) with one server and two
+#      CPU workers in sync, async and average (K=5) modes, and standalone with
+#      batch 128 (= the sync run's global batch, 2 x 64) for the comparison;
+#   2. time to 0.90 test accuracy: constant learning rate (no schedule), epochs
+#      E = 1, 2, ... until the test accuracy reaches 0.90, standalone (batch 64)
+#      and two workers (sync, 2 x 64); the figure is the wall time of the first
+#      run that reached it.
+# Usage: bench/fmnist_distributed.sh [accuracy|tta|all]   (build/ must exist)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BIN="$ROOT/build/bin"
+WHAT=${1:-all}
+OUT=${PSTRAIN_BENCH_OUT:-/tmp/pstrain-fmnist-distributed}
+mkdir -p "$OUT"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+json_field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+
+PIDS=()
+stop_cluster() {
+  if ((${#PIDS[@]})); then kill -TERM "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; fi
+  PIDS=()
+}
+trap stop_cluster EXIT
+start_cluster() {
+  stop_cluster
+  PORT=$(free_port)
+  STATE=$(mktemp -d "$OUT/state.XXXXXX")
+  "$BIN/pstrain-server" --listen "127.0.0.1:$PORT" --state-dir "$STATE" >"$STATE/server.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 300); do grep -q "listening on" "$STATE/server.log" && break; sleep 0.1; done
+  for w in 1 2; do
+    "$BIN/pstrain-worker" --server "127.0.0.1:$PORT" --device cpu --threads 1 >"$STATE/worker$w.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for w in 1 2; do for _ in $(seq 300); do grep -q "registered" "$STATE/worker$w.log" && break; sleep 0.1; done; done
+}
+
+# distributed JOB MODE EPOCHS [extra submit args] -> "accuracy seconds"
+distributed() {
+  local job=$1 mode=$2 epochs=$3; shift 3
+  start_cluster
+  local t0 t1 out
+  t0=$(date +%s.%N)
+  out=$("$BIN/pstrain" --server "127.0.0.1:$PORT" --timeout-ms 30000 submit "$job" --workers 2 \
+        --mode "$mode" --epochs "$epochs" --watch --json "$@" 2>&1 | tail -1)
+  t1=$(date +%s.%N)
+  stop_cluster
+  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))")"
+}
+
+# standalone JOB EPOCHS BATCH -> "accuracy seconds"
+standalone() {
+  local t0 t1 out
+  t0=$(date +%s.%N)
+  out=$("$BIN/pstrain-worker" --standalone "$1" --device cpu --epochs "$2" --batch "$3" --checkpoint none)
+  t1=$(date +%s.%N)
+  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))")"
+}
+
+report() { echo "$*" | tee -a "$OUT/results.txt"; }
+
+if [[ $WHAT == accuracy || $WHAT == all ]]; then
+  JOB=examples/fashion-mnist.json
+  report "== accuracy, $JOB, 10 epochs, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  report "sync 2 workers (2x64):        $(distributed $JOB sync 10)   (test_accuracy seconds)"
+  report "standalone batch 128:         $(standalone $JOB 10 128)"
+  report "async 2 workers:              $(distributed $JOB async 10)"
+  report "average K=5 2 workers:        $(distributed $JOB average 10 --averaging-frequency 5)"
+fi
+
+if [[ $WHAT == tta || $WHAT == all ]]; then
+  TTA_JOB="$OUT/fmnist-constant-lr.json"
+  python3 - "$ROOT/examples/fashion-mnist.json" "$TTA_JOB" <<'PY'
+import json, os, sys
+job = json.load(open(sys.argv[1]))
+job["optimizer"].pop("schedule", None)
+job["model_file"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), job["model_file"])
+json.dump(job, open(sys.argv[2], "w"), indent=1)
+PY
+  report "== time to 0.90 test accuracy, constant lr 0.01 momentum 0.9, $(date -u +%FT%TZ)"
+  for e in 1 2 3 4 5 6 7 8; do
+    r=$(standalone "$TTA_JOB" $e 64); report "standalone b64 epochs $e: $r"
+    awk -v a="${r% *}" 'BEGIN{exit !(a >= 0.90)}' && break
+  done
+  for e in 1 2 3 4 5 6 7 8; do
+    r=$(distributed "$TTA_JOB" sync $e); report "sync 2 workers epochs $e: $r"
+    awk -v a="${r% *}" 'BEGIN{exit !(a >= 0.90)}' && break
+  done
+fi

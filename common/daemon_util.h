@@ -1,0 +1,31 @@
+// Start-up helpers shared by the daemons' main() functions.
+//
+//   int main(int argc, char** argv) {
+//     pstrain::EnsurePassiveOpenMpWait(argv);   // first: may re-execute
+//     std::vector<std::string> storage;
+//     std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
+//     absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
+#ifndef PSTRAIN_COMMON_DAEMON_UTIL_H_
+#define PSTRAIN_COMMON_DAEMON_UTIL_H_
+
+#include <string>
+#include <vector>
+
+namespace pstrain {
+
+// libgomp reads OMP_WAIT_POLICY once, when it loads. A daemon that shares its
+// cores with network threads and other processes must not spin at every
+// barrier (two spinning processes on two cores ran 20x slower: see
+// kernels/cpu/cpu_backend.h). When the variable is unset, sets it to passive
+// and re-executes the binary (by its real path, so the process keeps its
+// name) once. Returns only if nothing had to change or exec failed.
+void EnsurePassiveOpenMpWait(char** argv);
+
+// Abseil flags are spelled with underscores; this accepts the documented
+// dashes too ("--metrics-port 9100" == "--metrics_port 9100"). Returns an
+// argv-style vector (nullptr-terminated) pointing into `storage`.
+std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_DAEMON_UTIL_H_
