@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/daemon_util.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
@@ -31,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/daemon_util.h"
 #include "common/rpc/channel.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -61,7 +61,6 @@ int Fail(const std::string& message) {
   std::cerr << "pstrain-server: error: " << message << std::endl;
   return 1;
 }
-
 
 // /metrics: counters and gauges refreshed from the shard and the coordinator.
 class ServerMetrics {
@@ -168,7 +167,6 @@ class ServerMetrics {
   absl::Notification stop_;
   std::thread thread_;
 };
-
 
 }  // namespace
 

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/daemon_util.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "common/daemon_util.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
@@ -27,7 +27,8 @@
 #include "worker/daemon.h"
 #include "worker/standalone.h"
 
-ABSL_FLAG(std::string, standalone, "", "Train the job in this JSON file on this machine, no server");
+ABSL_FLAG(std::string, standalone, "",
+          "Train the job in this JSON file on this machine, no server");
 ABSL_FLAG(std::string, evaluate, "", "Evaluate this checkpoint on the test split and exit");
 ABSL_FLAG(std::string, data, "", "With --evaluate: dataset directory (default: the checkpoint's)");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
@@ -52,8 +53,6 @@ int Fail(const absl::Status& status) {
   std::cerr << "pstrain-worker: error: " << status.message() << std::endl;
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
-
-
 
 bool DaemonMode(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -81,8 +80,8 @@ int RunDaemon() {
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port > 0) {
     options.registry = std::make_shared<prometheus::Registry>();
-    auto endpoint = pstrain::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_host),
-                                                    metrics_port, options.registry);
+    auto endpoint = pstrain::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_host), metrics_port,
+                                                    options.registry);
     if (!endpoint.ok()) return Fail(endpoint.status());
     metrics = *std::move(endpoint);
     options.metrics_address =
@@ -122,9 +121,9 @@ int main(int argc, char** argv) {
 
   if (!absl::GetFlag(FLAGS_evaluate).empty()) {
     std::string device;
-    auto metrics = pstrain::EvaluateCheckpoint(absl::GetFlag(FLAGS_evaluate),
-                                               absl::GetFlag(FLAGS_data),
-                                               absl::GetFlag(FLAGS_device), &device);
+    auto metrics =
+        pstrain::EvaluateCheckpoint(absl::GetFlag(FLAGS_evaluate), absl::GetFlag(FLAGS_data),
+                                    absl::GetFlag(FLAGS_device), &device);
     if (!metrics.ok()) return Fail(metrics.status());
     std::cout << pstrain::FormatConfusionMatrix(*metrics);
     std::cout << absl::StrFormat(
