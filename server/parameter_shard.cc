@@ -839,6 +839,7 @@ absl::Status ParameterShard::DropJob(const std::string& job_id) {
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
     job = std::move(it->second);
     jobs_.erase(it);
+    stats_.model_version_by_job.erase(job_id);
   }
   job->Drop();
   return absl::OkStatus();
@@ -865,6 +866,10 @@ absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<co
   }
   ++stats_.pushes;
   stats_.push_bytes += static_cast<int64_t>(values.size() * sizeof(float));
+  if (jobs_.count(args.job_id) != 0) {
+    int64_t& model_version = stats_.model_version_by_job[args.job_id];
+    model_version = std::max(model_version, *version);
+  }
   if (outcome.staleness >= 0) {
     const int64_t last = static_cast<int64_t>(stats_.staleness_counts.size()) - 1;
     ++stats_.staleness_counts[std::min(outcome.staleness, last)];
@@ -884,6 +889,10 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
   absl::MutexLock lock(&mu_);
   ++stats_.pulls;
   stats_.pull_bytes += static_cast<int64_t>(pulled.values->size() * sizeof(float));
+  if (jobs_.count(args.job_id) != 0) {
+    int64_t& model_version = stats_.model_version_by_job[args.job_id];
+    model_version = std::max(model_version, pulled.version);
+  }
   return pulled;
 }
 

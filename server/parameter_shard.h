@@ -88,6 +88,9 @@ struct ShardStats {
   int64_t rejected_pushes = 0;
   int64_t applied_updates = 0;
   std::vector<int64_t> staleness_counts;  // [s] = pushes with staleness s (last bucket: >=).
+  // Highest chunk version a push or pull of each configured job has seen
+  // (its live model version); a job leaves the map when it is dropped.
+  std::map<std::string, int64_t> model_version_by_job;
 };
 
 struct PushArgs {

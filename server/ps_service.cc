@@ -267,7 +267,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
         if (finish) DoFinish(*finish);
         return;
       }
+      const absl::Time apply_start = absl::Now();
       absl::Status status = Apply(frame);
+      if (status.ok() && owner_->options().on_push_frame) {
+        owner_->options().on_push_frame(absl::Now() - apply_start);
+      }
       if (!status.ok()) {
         absl::MutexLock lock(&mu_);
         if (!stopped_) {
@@ -430,7 +434,11 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
 
  private:
   void Produce() {
+    const absl::Time start = absl::Now();
     absl::Status status = ProduceFrames();
+    if (status.ok() && owner_->options().on_pull_call) {
+      owner_->options().on_pull_call(absl::Now() - start);
+    }
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);

@@ -38,6 +38,7 @@
 
 #include <grpcpp/server_builder.h>
 
+#include <functional>
 #include <memory>
 
 #include "absl/time/time.h"
@@ -58,6 +59,13 @@ class ShardServices {
     // from being mapped and unmapped each time (2-3x on a 100 MB push + pull,
     // docs/BENCHMARKS.md). Off for processes that manage their allocator.
     bool tune_allocator = true;
+    // Latency hooks for /metrics, called on this object's threads (they must
+    // be thread-safe and must not block); empty = not measured. on_push_frame:
+    // one accepted push frame's decode, validation and apply. on_pull_call:
+    // one successful pull from its request to its last frame queued for
+    // sending (includes waiting for the requested version).
+    std::function<void(absl::Duration)> on_push_frame;
+    std::function<void(absl::Duration)> on_pull_call;
   };
 
   // `shard` must outlive this object.

@@ -14,7 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <exception>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -31,10 +31,13 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/daemon_util.h"
+#include "common/metrics_http.h"
 #include "common/rpc/channel.h"
+#include "common/status_macros.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
@@ -62,52 +65,78 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-// /metrics: counters and gauges refreshed from the shard and the coordinator.
+// /metrics (pstrain_server_*): counters and gauges copied from the shard's and
+// the coordinator's stats once a second, latency histograms observed by the
+// ShardServices hooks as calls happen. Served by common/metrics_http.h.
+//
+// Threads: the latency observers run on ShardServices threads (prometheus
+// histograms are thread-safe); Refresh runs on the owned thread only.
 class ServerMetrics {
  public:
-  ServerMetrics(int port, pstrain::ParameterShard* shard, pstrain::Coordinator* coordinator)
-      : exposer_(absl::StrCat("127.0.0.1:", port)),
-        registry_(std::make_shared<prometheus::Registry>()),
-        shard_(shard),
-        coordinator_(coordinator) {
+  // Histograms exist from construction so that the hooks can be installed
+  // before the shard services are created; Start begins refreshing.
+  ServerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
     using prometheus::BuildCounter;
     using prometheus::BuildGauge;
-    pushes_ = &BuildCounter()
-                   .Name("pstrain_server_pushes_total")
-                   .Help("Chunk pushes received")
-                   .Register(*registry_)
-                   .Add({});
-    pulls_ = &BuildCounter()
-                  .Name("pstrain_server_pulls_total")
-                  .Help("Chunk pulls served")
-                  .Register(*registry_)
-                  .Add({});
-    push_bytes_ = &BuildCounter()
-                       .Name("pstrain_server_push_bytes_total")
-                       .Help("Payload bytes received in pushes")
-                       .Register(*registry_)
-                       .Add({});
-    pull_bytes_ = &BuildCounter()
-                       .Name("pstrain_server_pull_bytes_total")
-                       .Help("Payload bytes sent in pulls")
-                       .Register(*registry_)
-                       .Add({});
-    rejected_ = &BuildCounter()
-                     .Name("pstrain_server_rejected_pushes_total")
-                     .Help("Pushes rejected by validation")
-                     .Register(*registry_)
-                     .Add({});
-    updates_ = &BuildCounter()
-                    .Name("pstrain_server_applied_updates_total")
-                    .Help("Updates applied to the model")
-                    .Register(*registry_)
-                    .Add({});
+    using prometheus::BuildHistogram;
+    auto counter = [this](const char* name, const char* help) {
+      return &BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
+    };
+    pushes_ = counter("pstrain_server_pushes_total", "Chunk pushes accepted");
+    pulls_ = counter("pstrain_server_pulls_total", "Chunk pulls served");
+    push_bytes_ = counter("pstrain_server_push_bytes_total", "Payload bytes received in pushes");
+    pull_bytes_ = counter("pstrain_server_pull_bytes_total", "Payload bytes sent in pulls");
+    rejected_ = counter("pstrain_server_rejected_pushes_total", "Pushes rejected by validation");
+    updates_ = counter("pstrain_server_applied_updates_total", "Updates applied to the model");
+    const prometheus::Histogram::BucketBoundaries latency_buckets = {
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+        0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+    push_latency_ =
+        &BuildHistogram()
+             .Name("pstrain_server_push_latency_seconds")
+             .Help("Time to decode, validate and apply one pushed chunk frame on this shard")
+             .Register(*registry_)
+             .Add({}, latency_buckets);
+    pull_latency_ = &BuildHistogram()
+                         .Name("pstrain_server_pull_latency_seconds")
+                         .Help(
+                             "Time of one pull call on this shard, from its request to its "
+                             "last chunk queued (includes waiting for the asked version)")
+                         .Register(*registry_)
+                         .Add({}, latency_buckets);
+    staleness_family_ = &BuildHistogram()
+                             .Name("pstrain_server_staleness")
+                             .Help(
+                                 "Staleness of async/ssp gradients in model versions (server "
+                                 "version minus the version the gradient was computed from)")
+                             .Register(*registry_);
+    model_version_ = &BuildGauge()
+                          .Name("pstrain_server_model_version")
+                          .Help(
+                              "Live model version of each job on this shard (highest chunk "
+                              "version pushed or pulled; the series goes when the job does)")
+                          .Register(*registry_);
+  }
+  ~ServerMetrics() {
+    stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::function<void(absl::Duration)> PushObserver() {
+    return [h = push_latency_](absl::Duration d) { h->Observe(absl::ToDoubleSeconds(d)); };
+  }
+  std::function<void(absl::Duration)> PullObserver() {
+    return [h = pull_latency_](absl::Duration d) { h->Observe(absl::ToDoubleSeconds(d)); };
+  }
+
+  // Serves /metrics on 127.0.0.1:port and refreshes every second. `shard`
+  // (and `coordinator`, null on shards other than 0) must outlive this.
+  absl::Status Start(int port, pstrain::ParameterShard* shard, pstrain::Coordinator* coordinator) {
+    shard_ = shard;
+    coordinator_ = coordinator;
     if (coordinator_ != nullptr) {
-      model_version_ = &BuildGauge()
-                            .Name("pstrain_server_model_version")
-                            .Help("Highest model version seen at a checkpoint")
-                            .Register(*registry_)
-                            .Add({});
+      using prometheus::BuildCounter;
+      using prometheus::BuildGauge;
       auto& jobs =
           BuildGauge().Name("pstrain_server_jobs").Help("Jobs by state").Register(*registry_);
       for (const char* state : {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}) {
@@ -118,19 +147,25 @@ class ServerMetrics {
                       .Help("Registered workers with a recent heartbeat")
                       .Register(*registry_)
                       .Add({});
+      workers_lost_ = &BuildCounter()
+                           .Name("pstrain_server_workers_lost_total")
+                           .Help(
+                               "Workers dropped from a job (missed heartbeats or errors), "
+                               "summed over the jobs this coordinator knows")
+                           .Register(*registry_)
+                           .Add({});
     }
-    exposer_.RegisterCollectable(registry_);
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~ServerMetrics() {
-    stop_.Notify();
-    thread_.join();
+    Refresh();
+    PSTRAIN_ASSIGN_OR_RETURN(
+        endpoint_,
+        pstrain::MetricsHttpServer::Start("127.0.0.1", port, pstrain::PrometheusTextOf(registry_)));
+    thread_ = std::thread([this] {
+      while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) Refresh();
+    });
+    return absl::OkStatus();
   }
 
  private:
-  void Loop() {
-    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) Refresh();
-  }
   void Refresh() {
     const pstrain::ShardStats s = shard_->stats();
     Advance(pushes_, s.pushes, last_.pushes);
@@ -139,31 +174,91 @@ class ServerMetrics {
     Advance(pull_bytes_, s.pull_bytes, last_.pull_bytes);
     Advance(rejected_, s.rejected_pushes, last_.rejected_pushes);
     Advance(updates_, s.applied_updates, last_.applied_updates);
+    RefreshStaleness(s.staleness_counts);
+    RefreshModelVersions(s.model_version_by_job);
     last_ = s;
     if (coordinator_ == nullptr) return;
     const pstrain::CoordinatorStats c = coordinator_->Stats();
-    model_version_->Set(static_cast<double>(c.max_model_version));
     workers_->Set(c.workers_alive);
+    std::map<std::string, int> counts;
     for (const auto& [state, count] : c.jobs_by_state) {
       std::string name = pstrain::v1::JobState_Name(state);
-      name = name.substr(std::string("JOB_STATE_").size());
-      auto it = jobs_.find(name);
-      if (it != jobs_.end()) it->second->Set(count);
+      counts[name.substr(std::string("JOB_STATE_").size())] += count;
+    }
+    for (auto& [state, gauge] : jobs_) gauge->Set(counts[state]);
+    int64_t lost = 0;
+    for (const pstrain::v1::JobStatus& job : coordinator_->ListJobs()) lost += job.workers_lost();
+    Advance(workers_lost_, lost, last_workers_lost_);
+    last_workers_lost_ = std::max(lost, last_workers_lost_);
+  }
+
+  // staleness_counts[s] counts pushes of staleness s (the last bucket: >= s):
+  // buckets le="0", le="1", ... and +Inf for the last one.
+  void RefreshStaleness(const std::vector<int64_t>& counts) {
+    if (counts.empty()) return;
+    if (staleness_ == nullptr) {
+      prometheus::Histogram::BucketBoundaries bounds;
+      for (size_t i = 0; i + 1 < counts.size(); ++i) bounds.push_back(static_cast<double>(i));
+      staleness_ = &staleness_family_->Add({}, bounds);
+      staleness_seen_.assign(counts.size(), 0);
+    }
+    if (counts.size() != staleness_seen_.size()) return;  // Fixed per shard; never happens.
+    std::vector<double> increments(counts.size(), 0);
+    double sum = 0;
+    bool any = false;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const int64_t delta = counts[i] - staleness_seen_[i];
+      if (delta <= 0) continue;
+      increments[i] = static_cast<double>(delta);
+      sum += static_cast<double>(delta) * static_cast<double>(i);
+      any = true;
+    }
+    if (any) staleness_->ObserveMultiple(increments, sum);
+    staleness_seen_ = counts;
+  }
+
+  // One series per live job; a dropped job's series is removed.
+  void RefreshModelVersions(const std::map<std::string, int64_t>& versions) {
+    for (auto it = model_version_by_job_.begin(); it != model_version_by_job_.end();) {
+      if (versions.count(it->first) == 0) {
+        model_version_->Remove(it->second);
+        it = model_version_by_job_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [job, version] : versions) {
+      prometheus::Gauge*& gauge = model_version_by_job_[job];
+      if (gauge == nullptr) gauge = &model_version_->Add({{"job", job}});
+      gauge->Set(static_cast<double>(version));
     }
   }
+
   static void Advance(prometheus::Counter* counter, int64_t now, int64_t before) {
     if (now > before) counter->Increment(static_cast<double>(now - before));
   }
 
-  prometheus::Exposer exposer_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  pstrain::ParameterShard* const shard_;
-  pstrain::Coordinator* const coordinator_;
+  // Constant after construction (Start sets shard_, coordinator_ and the
+  // coordinator series before the thread starts).
+  const std::shared_ptr<prometheus::Registry> registry_;
+  pstrain::ParameterShard* shard_ = nullptr;
+  pstrain::Coordinator* coordinator_ = nullptr;
   prometheus::Counter *pushes_, *pulls_, *push_bytes_, *pull_bytes_, *rejected_, *updates_;
-  prometheus::Gauge* model_version_ = nullptr;
+  prometheus::Histogram *push_latency_, *pull_latency_;
+  prometheus::Family<prometheus::Histogram>* staleness_family_;
+  prometheus::Family<prometheus::Gauge>* model_version_;
   prometheus::Gauge* workers_ = nullptr;
+  prometheus::Counter* workers_lost_ = nullptr;
   std::map<std::string, prometheus::Gauge*> jobs_;
-  pstrain::ShardStats last_;  // Only touched by thread_.
+
+  // Only touched by Refresh (Start's thread, then thread_).
+  pstrain::ShardStats last_;
+  int64_t last_workers_lost_ = 0;
+  prometheus::Histogram* staleness_ = nullptr;
+  std::vector<int64_t> staleness_seen_;
+  std::map<std::string, prometheus::Gauge*> model_version_by_job_;
+
+  std::unique_ptr<pstrain::MetricsHttpServer> endpoint_;
   absl::Notification stop_;
   std::thread thread_;
 };
@@ -214,7 +309,15 @@ int main(int argc, char** argv) {
   pstrain::TuneAllocatorForLargeMessages();
 
   pstrain::ParameterShard shard({.shard_index = shard_index});
-  pstrain::ShardServices shard_services(&shard);
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  std::unique_ptr<ServerMetrics> metrics;
+  pstrain::ShardServices::Options service_options;
+  if (metrics_port > 0) {
+    metrics = std::make_unique<ServerMetrics>();
+    service_options.on_push_frame = metrics->PushObserver();
+    service_options.on_pull_call = metrics->PullObserver();
+  }
+  pstrain::ShardServices shard_services(&shard, service_options);
 
   // Server 0: the coordinator and its control path to every shard.
   std::unique_ptr<pstrain::ShardController> controller;
@@ -243,17 +346,9 @@ int main(int argc, char** argv) {
     coordinator_service = std::make_unique<pstrain::CoordinatorService>(coordinator.get());
   }
 
-  std::unique_ptr<ServerMetrics> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    // prometheus-cpp reports a failed bind by throwing; this is the one place
-    // where an exception can reach us.
-    try {
-      metrics = std::make_unique<ServerMetrics>(absl::GetFlag(FLAGS_metrics_port), &shard,
-                                                coordinator.get());
-    } catch (const std::exception& e) {
-      return Fail(absl::StrCat("cannot serve /metrics on 127.0.0.1:",
-                               absl::GetFlag(FLAGS_metrics_port), ": ", e.what()));
-    }
+  if (metrics != nullptr) {
+    absl::Status started = metrics->Start(metrics_port, &shard, coordinator.get());
+    if (!started.ok()) return Fail(std::string(started.message()));
   }
 
   grpc::ServerBuilder builder;

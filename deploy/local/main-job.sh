@@ -54,21 +54,57 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
   echo "main-job: timed out waiting for '$2' in $1:"; tail -20 "$1"; return 1
 }
 
-"$BIN/pstrain-server" --listen "$SERVER" --metrics-port "$(free_port)" --state-dir "$STATE_DIR" \
+SERVER_METRICS_PORT=$(free_port)
+"$BIN/pstrain-server" --listen "$SERVER" --metrics-port "$SERVER_METRICS_PORT" --state-dir "$STATE_DIR" \
   >"$LOG_DIR/server.log" 2>&1 &
 PIDS+=($!)
 wait_for "$LOG_DIR/server.log" "listening on" 60
 
 NPROC=$(nproc)
 THREADS=$(( NPROC / 2 > 0 ? NPROC / 2 : 1 ))
+WORKER_METRICS_PORTS=()
 for w in 1 2; do
-  "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "$(free_port)" --device auto \
+  WORKER_METRICS_PORTS+=("$(free_port)")
+  "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "${WORKER_METRICS_PORTS[-1]}" --device auto \
     --threads "$THREADS" >"$LOG_DIR/worker$w.log" 2>&1 &
   PIDS+=($!)
 done
 wait_for "$LOG_DIR/worker1.log" "registered" 60
 wait_for "$LOG_DIR/worker2.log" "registered" 60
 echo "main-job: server $SERVER, 2 workers registered; logs in $LOG_DIR"
+
+# Prometheus, when installed: deploy/prometheus's rules and console dashboard,
+# with a scrape config generated for this run's metrics ports.
+if command -v prometheus >/dev/null; then
+  PROM_DIR="$STATE_DIR/prometheus"
+  PROM_PORT=${PSTRAIN_PROMETHEUS_PORT:-$(free_port)}
+  mkdir -p "$PROM_DIR"
+  worker_targets=$(printf '"127.0.0.1:%s", ' "${WORKER_METRICS_PORTS[@]}")
+  cat >"$PROM_DIR/prometheus.yml" <<YAML
+global: {scrape_interval: 2s, evaluation_interval: 2s, external_labels: {system: pstrain}}
+rule_files: ["$ROOT/deploy/prometheus/rules.yml"]
+scrape_configs:
+  - job_name: pstrain-server
+    static_configs: [{targets: ["127.0.0.1:$SERVER_METRICS_PORT"]}]
+    metric_relabel_configs:
+      - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}
+  - job_name: pstrain-worker
+    static_configs: [{targets: [${worker_targets%, }]}]
+    metric_relabel_configs:
+      - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}
+YAML
+  prometheus --config.file "$PROM_DIR/prometheus.yml" --storage.tsdb.path "$PROM_DIR/data" \
+    --web.listen-address "127.0.0.1:$PROM_PORT" \
+    --web.console.templates "$ROOT/deploy/prometheus/consoles" \
+    --web.console.libraries /usr/share/prometheus/console_libraries \
+    >"$LOG_DIR/prometheus.log" 2>&1 &
+  PIDS+=($!)
+  if wait_for "$LOG_DIR/prometheus.log" "Server is ready to receive web requests" 60; then
+    echo "main-job: dashboard: http://127.0.0.1:$PROM_PORT/consoles/pstrain.html"
+  fi
+else
+  echo "main-job: Prometheus is not installed (apt-get install prometheus): no dashboard"
+fi
 
 EXTRA=()
 [[ -n "${PSTRAIN_EPOCHS:-}" ]] && EXTRA+=(--epochs "$PSTRAIN_EPOCHS")
