@@ -12,6 +12,10 @@ PACKAGES=(
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
   dataset-fashion-mnist
 )
+if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
+  # Test-only tools: promtool and a real Prometheus (tests/tools/prometheus_test.sh).
+  PACKAGES+=(prometheus curl)
+fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/
 fi

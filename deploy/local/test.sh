@@ -4,7 +4,7 @@
 # tests skip themselves when no GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-deploy/local/install-deps.sh
+PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=ON
