@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
 #include "common/status_macros.h"
+#include "common/tfevents.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "prometheus/counter.h"
@@ -582,6 +584,36 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   } detach{runner};
   PSTRAIN_RETURN_IF_ERROR(updater->Start());
 
+  // Phase: OpenTensorBoard (optional; a failure only costs the scalars).
+  std::unique_ptr<TfEventsWriter> tensorboard;
+  // The job id names a directory: one path component, never a way out.
+  const bool job_id_is_a_name = !runner->job_id.empty() && runner->job_id != "." &&
+                                runner->job_id != ".." &&
+                                runner->job_id.find('/') == std::string::npos;
+  if (!options_.tensorboard_dir.empty() && !job_id_is_a_name) {
+    Log(absl::StrCat(runner->job_id, ": no TensorBoard output: the job id is not a file name"));
+  } else if (!options_.tensorboard_dir.empty()) {
+    const std::string dir = (std::filesystem::path(options_.tensorboard_dir) / runner->job_id /
+                             absl::StrCat("worker-", a.rank()))
+                                .string();
+    absl::StatusOr<std::unique_ptr<TfEventsWriter>> writer = TfEventsWriter::Create(dir);
+    if (writer.ok()) {
+      tensorboard = *std::move(writer);
+    } else {
+      Log(absl::StrCat(runner->job_id, ": no TensorBoard output: ", writer.status().message()));
+    }
+  }
+  // Flushed at every write: progress reports are tens of steps apart.
+  auto write_scalars = [this, &tensorboard, runner](int64_t step, std::vector<TfScalar> scalars) {
+    if (tensorboard == nullptr) return;
+    absl::Status status = tensorboard->WriteScalars(step, scalars);
+    if (status.ok()) status = tensorboard->Flush();
+    if (!status.ok()) {
+      Log(absl::StrCat(runner->job_id, ": no more TensorBoard output: ", status.message()));
+      tensorboard.reset();
+    }
+  };
+
   // Phase: Train, epoch by epoch; a new rank or world size applies from the
   // next epoch on.
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
@@ -611,6 +643,9 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       report.set_train_accuracy(p.train_accuracy);
       report.set_samples_per_sec(p.samples_per_sec);
       ReportProgressAsync(runner, std::move(report));
+      write_scalars(p.global_step, {{"train/loss", p.mean_loss},
+                                    {"train/accuracy", p.train_accuracy},
+                                    {"train/samples_per_sec", p.samples_per_sec}});
     };
     PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats,
                              trainer->RunEpoch(epoch, progress, options_.progress_every_steps));
@@ -639,6 +674,8 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   report.set_step(global_step < 0 ? 0 : global_step);
   *report.mutable_eval_shard() = EvalShardProto(shard);
   report.set_finished(true);
+  write_scalars(report.step(), {{"test/shard_accuracy", report.eval_shard().accuracy()},
+                                {"test/shard_loss", report.eval_shard().loss()}});
   Log(absl::StrFormat("%s: test shard %d/%d: accuracy %.4f on %d samples", runner->job_id,
                       eval.rank, eval.world_size, report.eval_shard().accuracy(), shard.samples));
   SendFinalReport(runner, report);

@@ -100,6 +100,11 @@ class WorkerDaemon {
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration max_backoff = absl::Seconds(5);
     int progress_every_steps = 20;
+    // TensorBoard scalars ("" = none): each assignment writes under
+    // <tensorboard_dir>/<job id>/worker-<rank at start> the train/* scalars of
+    // every progress report and this rank's test/shard_* figures at the end.
+    // A directory that cannot be written is logged and skipped, not an error.
+    std::string tensorboard_dir;
     std::string metrics_address;  // Advertised in WorkerInfo ("" = none).
     std::string hostname;         // "" = gethostname().
     // Metrics go here when set (pstrain_worker_*); owned by the caller.

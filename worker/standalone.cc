@@ -9,6 +9,7 @@
 #include "common/data/dataset.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
+#include "common/tfevents.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
 #include "worker/evaluation.h"
@@ -83,6 +84,23 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
         << std::endl;
   }
 
+  // Phase: OpenTensorBoard. Its scalars are flushed after every write, so
+  // that TensorBoard shows each epoch as it ends.
+  std::unique_ptr<TfEventsWriter> tensorboard;
+  if (!options.tensorboard_dir.empty()) {
+    PSTRAIN_ASSIGN_OR_RETURN(tensorboard, TfEventsWriter::Create(options.tensorboard_dir));
+    if (options.progress) out << "tensorboard: " << tensorboard->path() << std::endl;
+  }
+  auto write_scalars = [&tensorboard, &out](int64_t step, std::vector<TfScalar> scalars) {
+    if (tensorboard == nullptr) return;
+    absl::Status status = tensorboard->WriteScalars(step, scalars);
+    if (status.ok()) status = tensorboard->Flush();
+    if (!status.ok()) {
+      out << "tensorboard: " << status.message() << "; no more TensorBoard output" << std::endl;
+      tensorboard.reset();
+    }
+  };
+
   // Phase: Train.
   int64_t samples = 0;
   for (int epoch = 0; epoch < job.epochs(); ++epoch) {
@@ -92,6 +110,9 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
     if (epoch == 0) result.first_epoch_loss = stats.mean_loss;
     result.final_train_loss = stats.mean_loss;
     result.final_train_accuracy = stats.train_accuracy;
+    write_scalars(trainer->global_step(), {{"train/loss", stats.mean_loss},
+                                           {"train/accuracy", stats.train_accuracy},
+                                           {"train/samples_per_sec", stats.samples_per_sec}});
     if (options.progress) {
       out << absl::StrFormat(
                  "epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s  (data wait "
@@ -109,6 +130,13 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   EvaluateOptions eval;
   eval.batch_size = std::max(job.batch_size(), 256);
   PSTRAIN_ASSIGN_OR_RETURN(result.test, Evaluate(*model, splits.test, preprocess, eval));
+  write_scalars(result.steps,
+                {{"test/accuracy", result.test.accuracy}, {"test/loss", result.test.loss}});
+  if (tensorboard != nullptr) {
+    if (absl::Status status = tensorboard->Close(); !status.ok()) {
+      out << "tensorboard: " << status.message() << std::endl;
+    }
+  }
   if (options.progress) {
     out << absl::StrFormat(
                "test: accuracy %.4f  loss %.4f  precision %.4f  recall %.4f  f1 %.4f  (%d "

@@ -24,6 +24,10 @@ struct StandaloneOptions {
   int64_t limit = 0;             // > 0 trains on only the first `limit` samples.
   std::string checkpoint_path;   // Where to save the final checkpoint ("" = none).
   bool progress = true;          // Per-epoch progress lines on `out`.
+  // TensorBoard log directory ("" = none): per epoch train/loss,
+  // train/accuracy and train/samples_per_sec at the global step, then
+  // test/accuracy and test/loss at the last step (common/tfevents.h).
+  std::string tensorboard_dir;
 };
 
 struct StandaloneResult {
@@ -40,7 +44,9 @@ struct StandaloneResult {
 };
 
 // Validates the job, loads the data, trains, evaluates on the test split and
-// saves a checkpoint. Progress lines go to `out`.
+// saves a checkpoint. Progress lines go to `out`. A TensorBoard directory
+// that cannot be created fails the run before training; a later write error
+// is reported on `out` and ends the TensorBoard output, not the training.
 absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job,
                                                const StandaloneOptions& options,
                                                std::ostream& out);

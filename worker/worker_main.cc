@@ -37,6 +37,9 @@ ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
 ABSL_FLAG(int64_t, limit, 0, "Train on only the first N samples (0 = all)");
 ABSL_FLAG(std::string, checkpoint, "",
           "Where to save the final checkpoint (default: <job name>.ckpt; 'none' to skip)");
+ABSL_FLAG(std::string, tensorboard_dir, "",
+          "Write TensorBoard scalars (loss, accuracy, samples/s) under this directory; "
+          "daemon mode: DIR/<job id>/worker-<rank> (\"\" = none)");
 ABSL_FLAG(std::string, server, "",
           "Daemon mode: the coordinator (pstrain-server 0) at HOST:PORT; register, take "
           "assignments and train them until SIGINT/SIGTERM");
@@ -76,6 +79,7 @@ int RunDaemon() {
   options.coordinator_address = absl::GetFlag(FLAGS_server);
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   std::unique_ptr<pstrain::MetricsEndpoint> metrics;
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port > 0) {
@@ -110,9 +114,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
-      "[--device auto|cpu|cuda[:N]] [--checkpoint FILE]\n"
+      "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
-      "  pstrain-worker --server HOST:PORT [--metrics-port P] [--device D] [--threads N]");
+      "  pstrain-worker --server HOST:PORT [--metrics-port P] [--device D] [--threads N] "
+      "[--tensorboard-dir DIR]");
   std::vector<std::string> storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
   absl::ParseCommandLine(argc, args.data());
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
   options.batch_size = absl::GetFlag(FLAGS_batch);
   options.limit = absl::GetFlag(FLAGS_limit);
   options.checkpoint_path = absl::GetFlag(FLAGS_checkpoint);
+  options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   if (options.checkpoint_path.empty()) {
     options.checkpoint_path = (job->name().empty() ? std::string("model") : job->name()) + ".ckpt";
   } else if (options.checkpoint_path == "none") {

@@ -15,6 +15,8 @@ PACKAGES=(
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   # Test-only tools: promtool and a real Prometheus (tests/tools/prometheus_test.sh).
   PACKAGES+=(prometheus curl)
+  # deploy/local/test.sh's venv of PyPI test tools (tensorboard).
+  PACKAGES+=(python3 python3-venv)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/
