@@ -17,6 +17,8 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(prometheus curl)
   # deploy/local/test.sh's venv of PyPI test tools (tensorboard).
   PACKAGES+=(python3 python3-venv)
+  # tests/deploy/: compose validation and the console screenshot.
+  PACKAGES+=(docker-compose chromium)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/

