@@ -52,6 +52,8 @@ struct WorkerDaemon::Metrics {
   prometheus::Histogram* compute = nullptr;
   prometheus::Histogram* push_wait = nullptr;
   prometheus::Histogram* total = nullptr;
+  prometheus::Counter* data_wait_seconds = nullptr;
+  prometheus::Counter* samples = nullptr;
 
   explicit Metrics(prometheus::Registry* registry) {
     if (registry == nullptr) return;
@@ -77,21 +79,33 @@ struct WorkerDaemon::Metrics {
                  .Add({});
     resyncs = &prometheus::BuildCounter()
                    .Name("pstrain_worker_resyncs_total")
-                   .Help("Times the worker re-pulled every chunk after an ABORTED or "
-                         "UNAVAILABLE parameter-server call")
+                   .Help(
+                       "Times the worker re-pulled every chunk after an ABORTED or "
+                       "UNAVAILABLE parameter-server call")
+                   .Register(*registry)
+                   .Add({});
+    data_wait_seconds = &prometheus::BuildCounter()
+                             .Name("pstrain_worker_data_wait_seconds_total")
+                             .Help("Time the training loop waited for the data prefetcher")
+                             .Register(*registry)
+                             .Add({});
+    samples = &prometheus::BuildCounter()
+                   .Name("pstrain_worker_samples_total")
+                   .Help("Training samples processed by this worker (at each progress report)")
                    .Register(*registry)
                    .Add({});
     auto& phases = prometheus::BuildHistogram()
-                       .Name("pstrain_worker_step_seconds")
-                       .Help("Time of each training step by phase: pull_wait (waiting for "
-                             "parameters), compute (forward and backward), push_wait (waiting "
-                             "for the gradients to be accepted), total")
+                       .Name("pstrain_worker_step_phase_seconds")
+                       .Help(
+                           "Time of each training step by phase: pull (waiting for the "
+                           "step's parameters), compute (forward and backward), push "
+                           "(waiting for the gradients to be accepted), total")
                        .Register(*registry);
     const prometheus::Histogram::BucketBoundaries buckets = {
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-    pull_wait = &phases.Add({{"phase", "pull_wait"}}, buckets);
+    pull_wait = &phases.Add({{"phase", "pull"}}, buckets);
     compute = &phases.Add({{"phase", "compute"}}, buckets);
-    push_wait = &phases.Add({{"phase", "push_wait"}}, buckets);
+    push_wait = &phases.Add({{"phase", "push"}}, buckets);
     total = &phases.Add({{"phase", "total"}}, buckets);
   }
 
@@ -109,6 +123,11 @@ struct WorkerDaemon::Metrics {
     loss->Set(p.mean_loss);
     train_accuracy->Set(p.train_accuracy);
   }
+  void ObserveEpoch(const EpochStats& stats) {
+    if (data_wait_seconds == nullptr) return;
+    data_wait_seconds->Increment(std::max(stats.data_wait_seconds, 0.0));
+    samples->Increment(static_cast<double>(std::max<int64_t>(stats.samples, 0)));
+  }
 };
 
 // One assignment being trained, on its own thread. The heartbeat thread
@@ -123,7 +142,7 @@ struct WorkerDaemon::Runner {
   std::atomic<bool> report_in_flight{false};
 
   absl::Mutex mu;
-  v1::Assignment assignment ABSL_GUARDED_BY(mu);  // The latest one.
+  v1::Assignment assignment ABSL_GUARDED_BY(mu);         // The latest one.
   RemoteUpdater* updater ABSL_GUARDED_BY(mu) = nullptr;  // While training.
   PsClient* client ABSL_GUARDED_BY(mu) = nullptr;
 
@@ -198,83 +217,10 @@ v1::EvalMetrics EvalShardProto(const EvaluationShard& shard) {
 
 // --- MetricsEndpoint ---------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsEndpoint::Start(
     const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
   if (registry == nullptr) return absl::InvalidArgumentError("MetricsEndpoint: null registry");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address '", host,
-                                                   "' is not an IPv4 address"));
-  }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", error));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return std::unique_ptr<MetricsEndpoint>(
-      new MetricsEndpoint(fd, ntohs(addr.sin_port), std::move(registry)));
-}
-
-MetricsEndpoint::MetricsEndpoint(int fd, int port, std::shared_ptr<prometheus::Registry> registry)
-    : fd_(fd), port_(port), registry_(std::move(registry)) {
-  thread_ = std::thread([this] { Serve(); });
-}
-
-MetricsEndpoint::~MetricsEndpoint() {
-  stop_.store(true);
-  thread_.join();
-  close(fd_);
-}
-
-void MetricsEndpoint::Serve() {
-  while (!stop_.load()) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, /*timeout_ms=*/200) <= 0) continue;
-    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (connection < 0) continue;
-    Answer(connection);
-    close(connection);
-  }
-}
-
-void MetricsEndpoint::Answer(int connection) {
-  timeval timeout{1, 0};  // A client that sends nothing does not hold the endpoint.
-  setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  std::string request;
-  char buffer[1024];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-    const ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    request.append(buffer, static_cast<size_t>(n));
-  }
-  std::string status = "200 OK", body;
-  if (request.rfind("GET /metrics", 0) == 0) {
-    std::ostringstream text;
-    prometheus::TextSerializer().Serialize(text, registry_->Collect());
-    body = text.str();
-  } else {
-    status = "404 Not Found";
-    body = "only /metrics is served here\n";
-  }
-  const std::string response =
-      absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: text/plain; version=0.0.4\r\n",
-                   "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
-  size_t sent = 0;
-  while (sent < response.size()) {
-    const ssize_t n = send(connection, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  return MetricsHttpServer::Start(host, port, PrometheusTextOf(std::move(registry)));
 }
 
 // --- WorkerDaemon ------------------------------------------------------------------
@@ -377,14 +323,13 @@ absl::Status WorkerDaemon::Register() {
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
   }
-  Log(absl::StrCat("registered as ", worker_id_, " (", info_.device_info(), "); ",
-                   shards_.size(), " parameter shard(s)"));
+  Log(absl::StrCat("registered as ", worker_id_, " (", info_.device_info(), "); ", shards_.size(),
+                   " parameter shard(s)"));
   return absl::OkStatus();
 }
 
 absl::Status WorkerDaemon::Run() {
-  Log(absl::StrCat("coordinator ", options_.coordinator_address, ", device ",
-                   info_.device_info()));
+  Log(absl::StrCat("coordinator ", options_.coordinator_address, ", device ", info_.device_info()));
   absl::Duration backoff = absl::Milliseconds(100);
   std::string last_problem;  // What failed and its code: logged once per change.
   auto trouble = [&](const std::string& what, absl::StatusCode code, const std::string& detail) {
@@ -650,6 +595,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
     PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats,
                              trainer->RunEpoch(epoch, progress, options_.progress_every_steps));
     global_step = trainer->global_step();
+    metrics_->ObserveEpoch(stats);
     Log(absl::StrFormat("%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s",
                         runner->job_id, epoch + 1, job.epochs(), stats.mean_loss,
                         stats.train_accuracy, stats.samples_per_sec, stats.seconds));
@@ -693,16 +639,15 @@ void WorkerDaemon::ReportProgressAsync(Runner* runner, v1::ReportProgressRequest
   call->request = std::move(request);
   call->request.set_worker_id(worker_id());
   call->ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
-  stub_->async()->ReportProgress(&call->ctx, &call->request, &call->response,
-                                 [this, runner, call](grpc::Status status) {
-                                   if (status.ok() && call->response.stop()) {
-                                     Log(absl::StrCat(runner->job_id,
-                                                      ": the coordinator says stop"));
-                                     runner->Cancel();
-                                   }
-                                   delete call;
-                                   runner->report_in_flight.store(false);
-                                 });
+  stub_->async()->ReportProgress(
+      &call->ctx, &call->request, &call->response, [this, runner, call](grpc::Status status) {
+        if (status.ok() && call->response.stop()) {
+          Log(absl::StrCat(runner->job_id, ": the coordinator says stop"));
+          runner->Cancel();
+        }
+        delete call;
+        runner->report_in_flight.store(false);
+      });
 }
 
 void WorkerDaemon::SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request_in) {

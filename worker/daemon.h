@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics_http.h"
 #include "pstrain/v1/service.grpc.pb.h"
 
 namespace prometheus {
@@ -53,36 +54,15 @@ class Registry;
 
 namespace pstrain {
 
-// Serves `GET /metrics` (Prometheus text format) of a registry over plain
-// HTTP/1.0 on host:port, one connection at a time on its own thread.
-// prometheus-cpp's Exposer (civetweb) cannot start its threads in a process
-// that has loaded cuBLAS 13 ("Cannot create threads"), and the worker links
-// cuBLAS; this endpoint uses prometheus-cpp's registry and TextSerializer
-// without civetweb.
+// The worker's /metrics endpoint: common/metrics_http.h serving `registry`
+// (the same endpoint pstrain-server uses; see there for why not civetweb).
 //
 //   PSTRAIN_ASSIGN_OR_RETURN(auto endpoint, MetricsEndpoint::Start("127.0.0.1", 9101, registry));
-//
-// Threads: Start and the destructor from one thread; the endpoint's thread
-// only reads the registry (thread-safe).
-class MetricsEndpoint {
- public:
-  // port 0 picks a free port (see port()). UNAVAILABLE when it cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+struct MetricsEndpoint {
+  // port 0 picks a free port (see port()). UNAVAILABLE when it cannot bind;
+  // INVALID_ARGUMENT for a null registry or a host that is not IPv4.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
-  ~MetricsEndpoint();  // Stops serving and joins the thread.
-  int port() const { return port_; }
-
- private:
-  MetricsEndpoint(int fd, int port, std::shared_ptr<prometheus::Registry> registry);
-  void Serve();
-  void Answer(int connection);
-
-  // Constant after construction.
-  const int fd_;
-  const int port_;
-  const std::shared_ptr<prometheus::Registry> registry_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 class WorkerDaemon {

@@ -25,6 +25,7 @@
 #include "common/rpc/channel.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
+#include "worker/gpu_monitor.h"
 #include "worker/standalone.h"
 
 ABSL_FLAG(std::string, standalone, "",
@@ -80,10 +81,19 @@ int RunDaemon() {
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
-  std::unique_ptr<pstrain::MetricsEndpoint> metrics;
+  std::unique_ptr<pstrain::MetricsHttpServer> metrics;
+  std::unique_ptr<pstrain::GpuMetricsExporter> gpu_metrics;
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port > 0) {
     options.registry = std::make_shared<prometheus::Registry>();
+    // Per-GPU gauges through NVML, loaded at run time: without a driver they
+    // say "no GPU" (pstrain_worker_gpus 0, pstrain_worker_gpu_available 0).
+    gpu_metrics = std::make_unique<pstrain::GpuMetricsExporter>(
+        pstrain::GpuMonitor::Open(), options.registry.get(), absl::Seconds(1));
+    if (!gpu_metrics->monitor().available()) {
+      std::cerr << "pstrain-worker: no GPU metrics: " << gpu_metrics->monitor().unavailable_reason()
+                << std::endl;
+    }
     auto endpoint = pstrain::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_host), metrics_port,
                                                     options.registry);
     if (!endpoint.ok()) return Fail(endpoint.status());

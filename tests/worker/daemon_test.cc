@@ -230,8 +230,9 @@ TEST(MetricsEndpointTest, ServesTheRegistryInTextFormat) {
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   std::string response = HttpGet((*endpoint)->port(), "/metrics");
   EXPECT_THAT(response, HasSubstr("200 OK"));
-  for (const char* name : {"pstrain_worker_samples_per_second", "pstrain_worker_loss",
-                           "pstrain_worker_steps_total", "pstrain_worker_step_seconds_bucket"}) {
+  for (const char* name :
+       {"pstrain_worker_samples_per_second", "pstrain_worker_loss", "pstrain_worker_steps_total",
+        "pstrain_worker_step_phase_seconds_bucket", "pstrain_worker_data_wait_seconds_total"}) {
     EXPECT_THAT(response, HasSubstr(name));
   }
   EXPECT_THAT(response, HasSubstr("phase=\"compute\""));
