@@ -131,10 +131,16 @@ v1::JobSpec SquareModelJob(int n) {
 
 // A ParameterShard behind ShardServices on 127.0.0.1, and a PsClient.
 class PstrainBench {
+  static ShardServices::Options ServicesOptions(bool tune_allocator) {
+    ShardServices::Options options;
+    options.tune_allocator = tune_allocator;
+    return options;
+  }
+
  public:
   // `tune_allocator`: see ShardServices::Options.
   explicit PstrainBench(bool tune_allocator)
-      : services_(&shard_, ShardServices::Options{.tune_allocator = tune_allocator}) {}
+      : services_(&shard_, ServicesOptions(tune_allocator)) {}
 
   absl::Status Start(int n) {
     const v1::JobSpec job = SquareModelJob(n);

@@ -47,7 +47,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on (port 0 picks a free port). Without TLS keep it on loopback");
-ABSL_FLAG(int, metrics_port, 0, "Serve Prometheus /metrics on 127.0.0.1:PORT (0 = off)");
+ABSL_FLAG(int, metrics_port, 0, "Serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "Address /metrics binds to (0.0.0.0 in containers, for the Prometheus scraper)");
 ABSL_FLAG(std::string, state_dir, "pstrain-state",
           "Directory for job statuses and checkpoints (created if missing)");
 ABSL_FLAG(int, shard_index, 0, "This server's index in --shards; 0 is also the coordinator");
@@ -131,7 +133,8 @@ class ServerMetrics {
 
   // Serves /metrics on 127.0.0.1:port and refreshes every second. `shard`
   // (and `coordinator`, null on shards other than 0) must outlive this.
-  absl::Status Start(int port, pstrain::ParameterShard* shard, pstrain::Coordinator* coordinator) {
+  absl::Status Start(const std::string& host, int port, pstrain::ParameterShard* shard,
+                     pstrain::Coordinator* coordinator) {
     shard_ = shard;
     coordinator_ = coordinator;
     if (coordinator_ != nullptr) {
@@ -156,9 +159,8 @@ class ServerMetrics {
                            .Add({});
     }
     Refresh();
-    PSTRAIN_ASSIGN_OR_RETURN(
-        endpoint_,
-        pstrain::MetricsHttpServer::Start("127.0.0.1", port, pstrain::PrometheusTextOf(registry_)));
+    PSTRAIN_ASSIGN_OR_RETURN(endpoint_, pstrain::MetricsHttpServer::Start(
+                                            host, port, pstrain::PrometheusTextOf(registry_)));
     thread_ = std::thread([this] {
       while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) Refresh();
     });
@@ -347,7 +349,8 @@ int main(int argc, char** argv) {
   }
 
   if (metrics != nullptr) {
-    absl::Status started = metrics->Start(metrics_port, &shard, coordinator.get());
+    absl::Status started =
+        metrics->Start(absl::GetFlag(FLAGS_metrics_host), metrics_port, &shard, coordinator.get());
     if (!started.ok()) return Fail(std::string(started.message()));
   }
 

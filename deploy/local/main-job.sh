@@ -77,6 +77,9 @@ echo "main-job: server $SERVER, 2 workers registered; logs in $LOG_DIR"
 # with a scrape config generated for this run's metrics ports.
 if command -v prometheus >/dev/null; then
   PROM_DIR="$STATE_DIR/prometheus"
+  # Debian ships the console libraries with the examples.
+  CONSOLE_LIBS=/usr/share/prometheus/console_libraries
+  [[ -d $CONSOLE_LIBS ]] || CONSOLE_LIBS=/usr/share/doc/prometheus/examples/console_libraries
   PROM_PORT=${PSTRAIN_PROMETHEUS_PORT:-$(free_port)}
   mkdir -p "$PROM_DIR"
   worker_targets=$(printf '"127.0.0.1:%s", ' "${WORKER_METRICS_PORTS[@]}")
@@ -96,7 +99,7 @@ YAML
   prometheus --config.file "$PROM_DIR/prometheus.yml" --storage.tsdb.path "$PROM_DIR/data" \
     --web.listen-address "127.0.0.1:$PROM_PORT" \
     --web.console.templates "$ROOT/deploy/prometheus/consoles" \
-    --web.console.libraries /usr/share/prometheus/console_libraries \
+    --web.console.libraries "$CONSOLE_LIBS" \
     >"$LOG_DIR/prometheus.log" 2>&1 &
   PIDS+=($!)
   if wait_for "$LOG_DIR/prometheus.log" "Server is ready to receive web requests" 60; then
