@@ -54,6 +54,8 @@ struct WorkerDaemon::Metrics {
   prometheus::Histogram* total = nullptr;
   prometheus::Counter* data_wait_seconds = nullptr;
   prometheus::Counter* samples = nullptr;
+  prometheus::Histogram* data_wait = nullptr;
+  prometheus::Gauge* prefetch_queue_depth = nullptr;
 
   explicit Metrics(prometheus::Registry* registry) {
     if (registry == nullptr) return;
@@ -97,9 +99,10 @@ struct WorkerDaemon::Metrics {
     auto& phases = prometheus::BuildHistogram()
                        .Name("pstrain_worker_step_phase_seconds")
                        .Help(
-                           "Time of each training step by phase: pull (waiting for the "
-                           "step's parameters), compute (forward and backward), push "
-                           "(waiting for the gradients to be accepted), total")
+                           "Time of each training step by phase: data_wait (waiting for "
+                           "the prefetched batch), pull (waiting for the step's parameters), "
+                           "compute (forward and backward), push (waiting for the gradients "
+                           "to be accepted), total")
                        .Register(*registry);
     const prometheus::Histogram::BucketBoundaries buckets = {
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -107,6 +110,18 @@ struct WorkerDaemon::Metrics {
     compute = &phases.Add({{"phase", "compute"}}, buckets);
     push_wait = &phases.Add({{"phase", "push"}}, buckets);
     total = &phases.Add({{"phase", "total"}}, buckets);
+    data_wait = &phases.Add({{"phase", "data_wait"}}, buckets);
+    prefetch_queue_depth = &prometheus::BuildGauge()
+                                .Name("pstrain_worker_prefetch_queue_depth")
+                                .Help("Batches ready in the data prefetcher after the last step")
+                                .Register(*registry)
+                                .Add({});
+  }
+
+  void ObserveData(double wait_seconds, int queue_depth) {
+    if (data_wait == nullptr) return;
+    data_wait->Observe(std::max(wait_seconds, 0.0));
+    prefetch_queue_depth->Set(queue_depth);
   }
 
   void ObserveStep(const StepTimings& t) {
@@ -511,8 +526,14 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   Metrics* metrics = metrics_.get();
   int resyncs_seen = 0;
   RemoteUpdater* updater_ptr = nullptr;
-  updater_options.on_step = [metrics, &resyncs_seen, &updater_ptr](const StepTimings& t) {
+  Trainer* trainer_ptr = nullptr;  // Set whenever the trainer is (re)built below.
+  updater_options.on_step = [metrics, &resyncs_seen, &updater_ptr,
+                             &trainer_ptr](const StepTimings& t) {
     metrics->ObserveStep(t);
+    if (trainer_ptr != nullptr) {
+      metrics->ObserveData(trainer_ptr->last_data_wait_seconds(),
+                           trainer_ptr->prefetch_queue_depth());
+    }
     if (updater_ptr != nullptr && metrics->resyncs != nullptr &&
         updater_ptr->resyncs() > resyncs_seen) {
       metrics->resyncs->Increment(updater_ptr->resyncs() - resyncs_seen);
@@ -570,9 +591,11 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
         latest.world_size() != trainer_options.world_size) {
       trainer_options.rank = latest.rank();
       trainer_options.world_size = std::max(1, latest.world_size());
+      trainer_ptr = nullptr;
       trainer.reset();
       PSTRAIN_ASSIGN_OR_RETURN(trainer, Trainer::Create(model.get(), updater.get(), &splits.train,
                                                         preprocess, trainer_options));
+      trainer_ptr = trainer.get();
       if (global_step < 0) global_step = epoch * trainer->steps_per_epoch();
       trainer->set_global_step(global_step);
     }

@@ -191,7 +191,8 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
   for (int64_t s = 0; s < steps; ++s) {
     // NextBatch: already assembled in the background and copied to the device.
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBatch batch, prefetcher_->Next());
-    stats.data_wait_seconds += prefetcher_->last_wait_seconds();
+    last_data_wait_seconds_ = prefetcher_->last_wait_seconds();
+    stats.data_wait_seconds += last_data_wait_seconds_;
     if (batch.n == 0) {
       return absl::InternalError(absl::StrCat("data ran out after ", s, " of ", steps, " steps"));
     }

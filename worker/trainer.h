@@ -108,6 +108,11 @@ class Trainer {
   absl::StatusOr<EpochStats> RunEpoch(int epoch, const ProgressFn& progress,
                                       int64_t progress_every = 100);
 
+  // How long the current step waited for its batch, and how many batches are
+  // ready in the prefetcher now (for step metrics; trainer thread only).
+  double last_data_wait_seconds() const { return last_data_wait_seconds_; }
+  int prefetch_queue_depth() const { return prefetcher_->queue_depth(); }
+
   int64_t global_step() const { return global_step_; }
   void set_global_step(int64_t step) { global_step_ = step; }
   // Equal on every rank of a job (see Create).
@@ -129,6 +134,7 @@ class Trainer {
   std::unique_ptr<DataPrefetcher> prefetcher_;
   int64_t steps_per_epoch_ = 0;
   int64_t global_step_ = 0;
+  double last_data_wait_seconds_ = 0;
   // Double-buffered host copies for the one-step-late statistics.
   std::vector<PinnedBuffer> stats_host_;
   std::vector<std::unique_ptr<Event>> stats_event_;
