@@ -96,6 +96,7 @@ struct Coordinator::Member {
   bool reported = false;
   int epoch = 0;
   int64_t step = 0;
+  int64_t steps_per_epoch = 0;  // As last reported; 0 = unknown.
   double loss = 0, train_accuracy = 0, samples_per_sec = 0;
   bool finished = false;
   v1::EvalMetrics eval;
@@ -501,6 +502,7 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
         member->loss = report.loss();
         member->train_accuracy = report.train_accuracy();
         member->samples_per_sec = report.samples_per_sec();
+        if (report.steps_per_epoch() > 0) member->steps_per_epoch = report.steps_per_epoch();
       }
       if (report.finished()) {
         member->finished = true;
@@ -619,9 +621,22 @@ void Coordinator::RefreshAggregates(Job& job) {
     job.status.set_train_accuracy(accuracy / reported);
   }
   job.status.set_samples_per_sec(samples_per_sec);
-  // Steps per epoch, from the slowest member once it completed an epoch.
+  // Steps per epoch: as the members report it (the slowest one's), else
+  // estimated from the slowest member once it completed an epoch.
+  int64_t reported_per_epoch = 0;
+  for (const Member& m : job.members) {
+    if (m.steps_per_epoch > 0 &&
+        (reported_per_epoch == 0 || m.steps_per_epoch < reported_per_epoch)) {
+      reported_per_epoch = m.steps_per_epoch;
+    }
+  }
   const int epochs_done = epoch - job.start_epoch;
-  if (epochs_done > 0) {
+  if (reported_per_epoch > 0) {
+    // Global steps count from the job's start at epoch * steps_per_epoch,
+    // so the total is epochs * steps_per_epoch (it moves only when a
+    // membership change alters the steps per epoch).
+    job.status.set_total_steps(std::max(step, job.status.spec().epochs() * reported_per_epoch));
+  } else if (epochs_done > 0) {
     const int64_t per_epoch = step / epochs_done;
     // Membership changes alter the steps per epoch: never below the steps done.
     job.status.set_total_steps(

@@ -610,6 +610,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       report.set_loss(p.mean_loss);
       report.set_train_accuracy(p.train_accuracy);
       report.set_samples_per_sec(p.samples_per_sec);
+      report.set_steps_per_epoch(p.steps_in_epoch);
       ReportProgressAsync(runner, std::move(report));
       write_scalars(p.global_step, {{"train/loss", p.mean_loss},
                                     {"train/accuracy", p.train_accuracy},

@@ -434,6 +434,21 @@ TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
   EXPECT_EQ(coordinator_->ReportProgress(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Regression: total_steps was estimated as step / epochs_done, which counts
+// the partial current epoch and overshot (4780 for a 4680-step job).
+TEST_F(CoordinatorTest, TotalStepsComeFromTheReportedStepsPerEpoch) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);  // 2 epochs.
+  v1::ReportProgressRequest a = Progress(w[0], job, 1, 14, 0.5, 0.8, 100);
+  a.set_steps_per_epoch(10);
+  v1::ReportProgressRequest b = Progress(w[1], job, 1, 13, 0.5, 0.8, 100);
+  b.set_steps_per_epoch(10);
+  ASSERT_TRUE(coordinator_->ReportProgress(a).ok());
+  ASSERT_TRUE(coordinator_->ReportProgress(b).ok());
+  EXPECT_EQ(Status(job).step(), 13);
+  EXPECT_EQ(Status(job).total_steps(), 20);  // Not 13 / 1 x 2 = 26.
+}
+
 TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   {
     absl::MutexLock lock(&fakes_[0]->mu);
