@@ -67,6 +67,24 @@ namespace {
 constexpr char kJob[] = "bench";
 constexpr char kWorker[] = "w0";
 constexpr size_t kRefChunkBytes = size_t{1} << 20;
+
+// One chunk of a reference stream: a protobuf ModelChunk whose `bytes` field
+// holds the data (the plain-gRPC variant), or a raw slice pointing at it.
+void EncodeReferenceChunk(bool proto, const char* data, size_t offset, size_t n, size_t total,
+                          grpc::ByteBuffer* out) {
+  if (proto) {
+    v1::ModelChunk chunk;
+    chunk.set_data(data + offset, n);
+    chunk.set_offset(static_cast<int64_t>(offset));
+    chunk.set_total_bytes(static_cast<int64_t>(total));
+    bool own = false;
+    out->Clear();
+    (void)grpc::SerializationTraits<v1::ModelChunk>::Serialize(chunk, out, &own);
+  } else {
+    grpc::Slice slice(data + offset, n, grpc::Slice::STATIC_SLICE);
+    *out = grpc::ByteBuffer(&slice, 1);
+  }
+}
 constexpr char kPushProto[] = "/bench.Reference/PushProto";
 constexpr char kPullProto[] = "/bench.Reference/PullProto";
 constexpr char kPushRaw[] = "/bench.Reference/PushRaw";
@@ -320,18 +338,7 @@ class ReferenceService final : public grpc::CallbackGenericService {
         return;
       }
       const size_t n = std::min(kRefChunkBytes, bytes_ - offset_);
-      if (proto_) {
-        v1::ModelChunk chunk;
-        chunk.set_data(store_ + offset_, n);
-        chunk.set_offset(static_cast<int64_t>(offset_));
-        chunk.set_total_bytes(static_cast<int64_t>(bytes_));
-        bool own = false;
-        buffer_.Clear();
-        (void)grpc::SerializationTraits<v1::ModelChunk>::Serialize(chunk, &buffer_, &own);
-      } else {
-        grpc::Slice slice(store_ + offset_, n, grpc::Slice::STATIC_SLICE);
-        buffer_ = grpc::ByteBuffer(&slice, 1);
-      }
+      EncodeReferenceChunk(proto_, store_, offset_, n, bytes_, &buffer_);
       offset_ += n;
       StartWrite(&buffer_);
     }
@@ -406,18 +413,7 @@ class ReferenceCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grp
       return;
     }
     const size_t n = std::min(kRefChunkBytes, bytes_ - offset_);
-    if (proto_) {
-      v1::ModelChunk chunk;
-      chunk.set_data(src_ + offset_, n);
-      chunk.set_offset(static_cast<int64_t>(offset_));
-      chunk.set_total_bytes(static_cast<int64_t>(bytes_));
-      bool own = false;
-      buffer_.Clear();
-      (void)grpc::SerializationTraits<v1::ModelChunk>::Serialize(chunk, &buffer_, &own);
-    } else {
-      grpc::Slice slice(src_ + offset_, n, grpc::Slice::STATIC_SLICE);
-      buffer_ = grpc::ByteBuffer(&slice, 1);
-    }
+    EncodeReferenceChunk(proto_, src_, offset_, n, bytes_, &buffer_);
     offset_ += n;
     StartWrite(&buffer_);
   }
