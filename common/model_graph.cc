@@ -19,20 +19,34 @@ using v1::LayerSpec;
 
 absl::StatusOr<LayerType> TypeOf(const LayerSpec& layer) {
   switch (layer.kind_case()) {
-    case LayerSpec::kConv2D: return LayerType::kConv2d;
-    case LayerSpec::kMaxPool: return LayerType::kMaxPool;
-    case LayerSpec::kAvgPool: return LayerType::kAvgPool;
-    case LayerSpec::kDense: return LayerType::kDense;
-    case LayerSpec::kRelu: return LayerType::kRelu;
-    case LayerSpec::kLeakyRelu: return LayerType::kLeakyRelu;
-    case LayerSpec::kTanh: return LayerType::kTanh;
-    case LayerSpec::kSigmoid: return LayerType::kSigmoid;
-    case LayerSpec::kDropout: return LayerType::kDropout;
-    case LayerSpec::kBatchNorm: return LayerType::kBatchNorm;
-    case LayerSpec::kFlatten: return LayerType::kFlatten;
-    case LayerSpec::kAdd: return LayerType::kAdd;
-    case LayerSpec::kSoftmaxCrossEntropy: return LayerType::kSoftmaxCrossEntropy;
-    case LayerSpec::KIND_NOT_SET: break;
+    case LayerSpec::kConv2D:
+      return LayerType::kConv2d;
+    case LayerSpec::kMaxPool:
+      return LayerType::kMaxPool;
+    case LayerSpec::kAvgPool:
+      return LayerType::kAvgPool;
+    case LayerSpec::kDense:
+      return LayerType::kDense;
+    case LayerSpec::kRelu:
+      return LayerType::kRelu;
+    case LayerSpec::kLeakyRelu:
+      return LayerType::kLeakyRelu;
+    case LayerSpec::kTanh:
+      return LayerType::kTanh;
+    case LayerSpec::kSigmoid:
+      return LayerType::kSigmoid;
+    case LayerSpec::kDropout:
+      return LayerType::kDropout;
+    case LayerSpec::kBatchNorm:
+      return LayerType::kBatchNorm;
+    case LayerSpec::kFlatten:
+      return LayerType::kFlatten;
+    case LayerSpec::kAdd:
+      return LayerType::kAdd;
+    case LayerSpec::kSoftmaxCrossEntropy:
+      return LayerType::kSoftmaxCrossEntropy;
+    case LayerSpec::KIND_NOT_SET:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "layer '", layer.name(),
@@ -117,20 +131,22 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
       int64_t oh = WindowOutput(in[1], kh, stride, c.padding());
       int64_t ow = WindowOutput(in[2], kw, stride, c.padding());
       if (oh <= 0 || ow <= 0) {
-        return error("kernel ", kh, "x", kw, " with padding ", c.padding(),
-                     " does not fit input ", in.ToString());
+        return error("kernel ", kh, "x", kw, " with padding ", c.padding(), " does not fit input ",
+                     in.ToString());
       }
       layer.output_shape = Shape{c.filters(), oh, ow};
       int64_t fan_in = in[0] * kh * kw;
       int64_t fan_out = c.filters() * kh * kw;
-      AddParam(graph, layer, index, "weight", ParamRole::kWeight,
-               Shape{c.filters(), in[0], kh, kw}, true, fan_in, fan_out);
-      if (!c.no_bias()) AddParam(graph, layer, index, "bias", ParamRole::kBias, Shape{c.filters()}, true);
+      AddParam(graph, layer, index, "weight", ParamRole::kWeight, Shape{c.filters(), in[0], kh, kw},
+               true, fan_in, fan_out);
+      if (!c.no_bias())
+        AddParam(graph, layer, index, "bias", ParamRole::kBias, Shape{c.filters()}, true);
       return absl::OkStatus();
     }
     case LayerType::kMaxPool:
     case LayerType::kAvgPool: {
-      const v1::Pool2dLayer& p = layer.type == LayerType::kMaxPool ? spec.max_pool() : spec.avg_pool();
+      const v1::Pool2dLayer& p =
+          layer.type == LayerType::kMaxPool ? spec.max_pool() : spec.avg_pool();
       if (in.rank() != 3) return error("needs a [C, H, W] input, got ", in.ToString());
       if (p.pool_size() <= 0) return error("pool_size must be > 0, got ", p.pool_size());
       int64_t stride = p.stride() == 0 ? p.pool_size() : p.stride();
@@ -153,7 +169,8 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
       layer.output_shape = Shape{d.units()};
       AddParam(graph, layer, index, "weight", ParamRole::kWeight, Shape{d.units(), features}, true,
                features, d.units());
-      if (!d.no_bias()) AddParam(graph, layer, index, "bias", ParamRole::kBias, Shape{d.units()}, true);
+      if (!d.no_bias())
+        AddParam(graph, layer, index, "bias", ParamRole::kBias, Shape{d.units()}, true);
       return absl::OkStatus();
     }
     case LayerType::kLeakyRelu:
@@ -225,19 +242,32 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
 
 const char* LayerTypeName(LayerType type) {
   switch (type) {
-    case LayerType::kConv2d: return "conv2d";
-    case LayerType::kMaxPool: return "max_pool";
-    case LayerType::kAvgPool: return "avg_pool";
-    case LayerType::kDense: return "dense";
-    case LayerType::kRelu: return "relu";
-    case LayerType::kLeakyRelu: return "leaky_relu";
-    case LayerType::kTanh: return "tanh";
-    case LayerType::kSigmoid: return "sigmoid";
-    case LayerType::kDropout: return "dropout";
-    case LayerType::kBatchNorm: return "batch_norm";
-    case LayerType::kFlatten: return "flatten";
-    case LayerType::kAdd: return "add";
-    case LayerType::kSoftmaxCrossEntropy: return "softmax_cross_entropy";
+    case LayerType::kConv2d:
+      return "conv2d";
+    case LayerType::kMaxPool:
+      return "max_pool";
+    case LayerType::kAvgPool:
+      return "avg_pool";
+    case LayerType::kDense:
+      return "dense";
+    case LayerType::kRelu:
+      return "relu";
+    case LayerType::kLeakyRelu:
+      return "leaky_relu";
+    case LayerType::kTanh:
+      return "tanh";
+    case LayerType::kSigmoid:
+      return "sigmoid";
+    case LayerType::kDropout:
+      return "dropout";
+    case LayerType::kBatchNorm:
+      return "batch_norm";
+    case LayerType::kFlatten:
+      return "flatten";
+    case LayerType::kAdd:
+      return "add";
+    case LayerType::kSoftmaxCrossEntropy:
+      return "softmax_cross_entropy";
   }
   return "unknown";
 }
@@ -270,9 +300,8 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
   for (int i = 0; i < spec.layers_size(); ++i) {
     const LayerSpec& ls = spec.layers(i);
     if (!ValidName(ls.name())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer #", i, " has invalid name '", ls.name(),
-          "' (1-128 characters of [A-Za-z0-9_.-])"));
+      return absl::InvalidArgumentError(absl::StrCat("layer #", i, " has invalid name '", ls.name(),
+                                                     "' (1-128 characters of [A-Za-z0-9_.-])"));
     }
     if (ls.name() == "input") {
       return absl::InvalidArgumentError("layer name 'input' is reserved for the model input");
@@ -304,6 +333,11 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
       }
     }
     for (int producer : info.inputs) {
+      if (std::count(info.inputs.begin(), info.inputs.end(), producer) > 2) {
+        return error("reads input '",
+                     producer < 0 ? std::string("input") : graph.layers[producer].name,
+                     "' more than twice (add it in two steps)");
+      }
       if (producer >= 0 && graph.layers[producer].type == LayerType::kSoftmaxCrossEntropy) {
         return error("cannot read the output of the loss layer");
       }
@@ -331,9 +365,9 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
   }
   for (int i = 0; i + 1 < static_cast<int>(graph.layers.size()); ++i) {
     if (graph.layers[i].consumers.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer '", graph.layers[i].name, "' (", LayerTypeName(graph.layers[i].type),
-          "): its output is never used; every layer must lead to the loss"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer '", graph.layers[i].name, "' (", LayerTypeName(graph.layers[i].type),
+                       "): its output is never used; every layer must lead to the loss"));
     }
   }
   return graph;
@@ -388,8 +422,9 @@ std::string FormatModelSummary(const ModelGraph& graph) {
     std::string layer, shape, params, inputs;
   };
   std::vector<Row> rows;
-  rows.push_back({absl::StrCat("input (input)"), absl::StrCat("(None, ",
-                  absl::StrJoin(graph.input_shape.dims(), ", "), ")"), "0", ""});
+  rows.push_back({absl::StrCat("input (input)"),
+                  absl::StrCat("(None, ", absl::StrJoin(graph.input_shape.dims(), ", "), ")"), "0",
+                  ""});
   for (const LayerInfo& layer : graph.layers) {
     Row row;
     row.layer = absl::StrCat(layer.name, " (", LayerTypeName(layer.type), ")");
@@ -408,13 +443,11 @@ std::string FormatModelSummary(const ModelGraph& graph) {
     w1 = std::max(w1, r.shape.size() + 2);
     w2 = std::max(w2, r.params.size() + 2);
   }
-  auto line = [&](char c) {
-    return std::string(w0 + w1 + w2 + 20, c) + "\n";
-  };
+  auto line = [&](char c) { return std::string(w0 + w1 + w2 + 20, c) + "\n"; };
   std::string out = absl::StrCat("Model: \"", graph.name, "\"\n");
   out += line('_');
-  out += absl::StrFormat("%-*s%-*s%-*s%s\n", w0, "Layer (type)", w1, "Output Shape", w2,
-                         "Param #", "Inputs");
+  out += absl::StrFormat("%-*s%-*s%-*s%s\n", w0, "Layer (type)", w1, "Output Shape", w2, "Param #",
+                         "Inputs");
   out += line('=');
   for (size_t i = 0; i < rows.size(); ++i) {
     out += absl::StrFormat("%-*s%-*s%-*s%s\n", w0, rows[i].layer, w1, rows[i].shape, w2,

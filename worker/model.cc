@@ -132,9 +132,9 @@ absl::Status Model::Backward() {
         accumulate.push_back(static_cast<int>(slot));
       }
     }
-    if (accumulate.size() > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "layer '", info.name, "' reads one producer three or more times; unsupported"));
+    if (accumulate.size() > 1) {  // BuildModelGraph rejects such graphs.
+      return absl::InternalError(
+          absl::StrCat("layer '", info.name, "' reads one producer more than twice"));
     }
     for (int p : info.params) {
       args.params.push_back(params_[p].data());

@@ -119,6 +119,8 @@ TEST(ModelGraphTest, RejectsInvalidSpecsWithMessages) {
       {R"({"input_shape":[4],"num_classes":1,"layers":[{"name":"l","softmax_cross_entropy":{}}]})",
        "num_classes must be >= 2"},
       {R"({"input_shape":[4],"num_classes":2,"layers":[]})", "model has no layers"},
+      {R"({"input_shape":[4],"num_classes":2,"layers":[{"name":"d","dense":{"units":2}},{"name":"a","add":{},"inputs":["d","d","d"]},{"name":"l","softmax_cross_entropy":{}}]})",
+       "layer 'a' (add): reads input 'd' more than twice"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(Error(c.json), HasSubstr(c.message)) << c.json;
