@@ -45,7 +45,7 @@ ABSL_FLAG(std::string, server, "",
           "Daemon mode: the coordinator (pstrain-server 0) at HOST:PORT; register, take "
           "assignments and train them until SIGINT/SIGTERM");
 ABSL_FLAG(int, metrics_port, 0,
-          "Daemon mode: serve Prometheus /metrics on 127.0.0.1:PORT (0 = off)");
+          "Daemon mode: serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Daemon mode: address /metrics binds to");
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "

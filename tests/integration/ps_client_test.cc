@@ -22,6 +22,7 @@
 #include "common/rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/shard_fixtures.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 
@@ -33,26 +34,7 @@ constexpr int64_t kChunkBytes = 4096;  // 1024 floats.
 
 // input [300] -> dense 50 -> softmax cross-entropy: 15050 parameters, 16 chunks.
 v1::JobSpec SmallJob(v1::ConsistencyMode mode) {
-  v1::JobSpec job;
-  job.set_name("small");
-  v1::ModelSpec* model = job.mutable_model();
-  model->set_name("small");
-  model->add_input_shape(300);
-  model->set_num_classes(50);
-  model->set_init_seed(11);
-  v1::LayerSpec* fc = model->add_layers();
-  fc->set_name("fc1");
-  fc->mutable_dense()->set_units(50);
-  model->add_layers()->set_name("loss");
-  model->mutable_layers(1)->mutable_softmax_cross_entropy();
-  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
-  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
-  job.mutable_optimizer()->set_learning_rate(0.5f);
-  job.set_epochs(1);
-  job.set_batch_size(1);
-  job.set_mode(mode);
-  if (mode == v1::CONSISTENCY_AVERAGE) job.set_averaging_frequency(1);
-  return job;
+  return ::pstrain::testing::DenseJob("small", 300, 50, 11, mode);
 }
 
 class Cluster {
@@ -78,16 +60,8 @@ class Cluster {
       config.chunk_bytes = kChunkBytes;
       config.members = members;
       config.generation = 1;
-      std::vector<v1::ChunkValues> chunks;
-      for (int id : plan_.by_shard[s]) {
-        const ChunkInfo& c = plan_.chunks[id];
-        v1::ChunkValues v;
-        v.set_chunk_id(id);
-        v.mutable_values()->Add(initial_[c.param].begin() + c.offset,
-                                initial_[c.param].begin() + c.offset + c.count);
-        chunks.push_back(std::move(v));
-      }
-      EXPECT_TRUE(shard->ConfigureJob(config, chunks).ok());
+      EXPECT_TRUE(
+          shard->ConfigureJob(config, ::pstrain::testing::InitialChunks(graph_, plan_, s)).ok());
       shards_.push_back(std::move(shard));
       services_.push_back(std::move(services));
     }

@@ -22,6 +22,7 @@
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/shard_fixtures.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "server/parameter_shard.h"
 
@@ -37,44 +38,10 @@ constexpr int64_t kChunkBytes = 256;  // 64 floats: fc1/weight spans 10 chunks.
 
 // input [64] -> dense 10 -> softmax cross-entropy: 650 parameters.
 v1::JobSpec TinyJob(v1::ConsistencyMode mode) {
-  v1::JobSpec job;
-  job.set_name("tiny");
-  v1::ModelSpec* model = job.mutable_model();
-  model->set_name("tiny");
-  model->add_input_shape(64);
-  model->set_num_classes(10);
-  model->set_init_seed(7);
-  v1::LayerSpec* fc = model->add_layers();
-  fc->set_name("fc1");
-  fc->mutable_dense()->set_units(10);
-  v1::LayerSpec* loss = model->add_layers();
-  loss->set_name("loss");
-  loss->mutable_softmax_cross_entropy();
-  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
-  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
-  job.mutable_optimizer()->set_learning_rate(0.5f);
-  job.set_epochs(1);
-  job.set_batch_size(1);
-  job.set_mode(mode);
-  if (mode == v1::CONSISTENCY_AVERAGE) job.set_averaging_frequency(1);
-  return job;
+  return ::pstrain::testing::DenseJob("tiny", 64, 10, 7, mode);
 }
 
-// The initial values of the chunks `shard` owns, in by_shard order.
-std::vector<v1::ChunkValues> InitialChunks(const ModelGraph& graph, const ChunkPlan& plan,
-                                           int shard) {
-  const std::vector<std::vector<float>> params = InitialParameterValues(graph);
-  std::vector<v1::ChunkValues> out;
-  for (int id : plan.by_shard[shard]) {
-    const ChunkInfo& c = plan.chunks[id];
-    v1::ChunkValues v;
-    v.set_chunk_id(id);
-    const float* begin = params[c.param].data() + c.offset;
-    v.mutable_values()->Add(begin, begin + c.count);
-    out.push_back(std::move(v));
-  }
-  return out;
-}
+using ::pstrain::testing::InitialChunks;
 
 // Runs one generic streaming call: writes every request, half-closes, reads
 // every reply. Blocks until the call ends.

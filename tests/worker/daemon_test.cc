@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/http_get.h"
 #include "prometheus/registry.h"
 
 namespace pstrain {
@@ -200,25 +201,7 @@ TEST(WorkerDaemonTest, CreateRejectsBadOptions) {
   EXPECT_TRUE(absl::IsInvalidArgument(WorkerDaemon::Create(options).status()));
 }
 
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
-  send(fd, request.data(), request.size(), 0);
-  std::string response;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
-  close(fd);
-  return response;
-}
+using ::pstrain::testing::HttpGet;
 
 TEST(MetricsEndpointTest, ServesTheRegistryInTextFormat) {
   auto registry = std::make_shared<prometheus::Registry>();
