@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/build_info.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
@@ -46,6 +47,7 @@ constexpr char kUsage[] =
     "  download JOB -o FILE          save the job's latest checkpoint\n"
     "  workers                       list the registered workers\n"
     "  summary JOB.json              print the model's layers and parameter counts\n"
+    "  version                       print the build (version, git commit)\n"
     "\n"
     "--server defaults to $PSTRAIN_SERVER, else 127.0.0.1:7070. --timeout-ms (default\n"
     "10000) is the deadline of every call. Exit codes: 0 success, 1 failed job or RPC\n"
@@ -322,6 +324,10 @@ int Cli::Run(std::vector<std::string> args) {
     out_ << kUsage;
     return kExitOk;
   }
+  if (command == "version" || command == "--version") {
+    out_ << BuildId() << "\n";
+    return kExitOk;
+  }
   if (command == "submit") return Submit(rest);
   if (command == "status") return Status(rest);
   if (command == "list") return List(rest);
@@ -342,7 +348,9 @@ constexpr char kSubmitUsage[] =
     "                      [--watch] [--json]\n"
     "  Validates the job locally, submits it and prints its id. With --watch, follows\n"
     "  it like `pstrain watch` and exits 0 only if it SUCCEEDED. With --json the last\n"
-    "  line is a JSON object (job_id, state, test_accuracy, ...).\n";
+    "  line is a JSON object (job_id, state, test_accuracy, ...).\n"
+    "  --mode average averages the workers' parameters every K local steps\n"
+    "  (--averaging-frequency K; default 5, DL4J's default averaging frequency).\n";
 
 int Cli::Submit(const std::vector<std::string>& args) {
   ParsedArgs parsed = ParseArgs(

@@ -4,6 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/flags/usage_config.h"
+#include "common/build_info.h"
 
 namespace pstrain {
 
@@ -36,6 +41,16 @@ std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std:
   for (std::string& s : *storage) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
+}
+
+void InstallVersionFlag(std::function<std::string()> extra) {
+  absl::FlagsUsageConfig config;
+  config.version_string = [extra = std::move(extra)] {
+    std::string text = std::string(BuildId()) + "\n";
+    if (extra) text += extra();
+    return text;
+  };
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace pstrain

@@ -3,11 +3,13 @@
 //   int main(int argc, char** argv) {
 //     pstrain::EnsurePassiveOpenMpWait(argv);   // first: may re-execute
 //     std::vector<std::string> storage;
+//     pstrain::InstallVersionFlag();               // --version prints the build id
 //     std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
 //     absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
 #ifndef PSTRAIN_COMMON_DAEMON_UTIL_H_
 #define PSTRAIN_COMMON_DAEMON_UTIL_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,11 @@ void EnsurePassiveOpenMpWait(char** argv);
 // dashes too ("--metrics-port 9100" == "--metrics_port 9100"). Returns an
 // argv-style vector (nullptr-terminated) pointing into `storage`.
 std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std::string>* storage);
+
+// Makes Abseil's built-in --version print this build's identity
+// (common/build_info.h) followed by `extra` (e.g. what the worker found of
+// the CUDA module), then exit 0. Call before absl::ParseCommandLine.
+void InstallVersionFlag(std::function<std::string()> extra = nullptr);
 
 }  // namespace pstrain
 

@@ -132,10 +132,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   }
   if (job.workers() < 0) return absl::InvalidArgumentError("workers must be >= 0");
   if (job.staleness() < 0) return absl::InvalidArgumentError("staleness must be >= 0");
-  if (job.mode() == v1::CONSISTENCY_AVERAGE && job.averaging_frequency() <= 0) {
-    return absl::InvalidArgumentError("mode average needs averaging_frequency > 0");
+  if (job.averaging_frequency() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "averaging_frequency must be >= 0 (0 = the default, ", kDefaultAveragingFrequency,
+        " local steps), got ", job.averaging_frequency()));
   }
   return absl::OkStatus();
+}
+
+void ApplyJobDefaults(v1::JobSpec* job) {
+  if (job->workers() == 0) job->set_workers(1);
+  if (job->mode() == v1::CONSISTENCY_AVERAGE && job->averaging_frequency() == 0) {
+    job->set_averaging_frequency(kDefaultAveragingFrequency);
+  }
 }
 
 std::string JobSpecToJson(const v1::JobSpec& job) {

@@ -35,6 +35,15 @@ absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 // call as well. INVALID_ARGUMENT with a message naming the field.
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
 
+// Average mode's K when a job leaves averaging_frequency at 0: DL4J's
+// default averaging frequency.
+inline constexpr int kDefaultAveragingFrequency = 5;
+
+// Fills the fields whose 0 means "the default": workers (1) and, in average
+// mode, averaging_frequency (kDefaultAveragingFrequency). The coordinator
+// applies it to every submitted job, so the stored spec says what runs.
+void ApplyJobDefaults(v1::JobSpec* job);
+
 // Serialises a job back to JSON (for logs and checkpoints).
 std::string JobSpecToJson(const v1::JobSpec& job);
 

@@ -5,10 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-
-#if defined(PSTRAIN_WITH_CUDA)
-#include "kernels/cuda/cuda_backend.h"
-#endif
+#include "kernels/backend_loader.h"
 
 namespace pstrain {
 
@@ -39,9 +36,7 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(std::string_view text_view) {
       absl::StrCat("bad device '", text, "': expected auto, cpu, cuda or cuda:N"));
 }
 
-#if !defined(PSTRAIN_WITH_CUDA)
-int CudaDeviceCount() { return 0; }
-#endif
+int CudaDeviceCount() { return CudaModule().device_count; }
 
 bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
@@ -52,22 +47,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec) {
     resolved.ordinal = 0;
   }
   if (resolved.type == DeviceType::kCpu) return CreateCpuBackend();
-#if defined(PSTRAIN_WITH_CUDA)
-  int count = CudaDeviceCount();
-  if (count == 0) {
+  const CudaModuleStatus& cuda = CudaModule();
+  if (cuda.device_count == 0) {
     return absl::FailedPreconditionError(
-        "device cuda requested but no CUDA device is visible (no GPU or no driver); use --device cpu");
+        absl::StrCat("device cuda requested but ", cuda.Summary(), "; use --device cpu"));
   }
-  if (resolved.ordinal >= count) {
+  if (resolved.ordinal >= cuda.device_count) {
     return absl::FailedPreconditionError(absl::StrCat("device cuda:", resolved.ordinal,
-                                                      " requested but only ", count,
+                                                      " requested but only ", cuda.device_count,
                                                       " CUDA device(s) are visible"));
   }
-  return CreateCudaBackend(resolved.ordinal);
-#else
-  return absl::FailedPreconditionError(
-      "device cuda requested but this build has no CUDA backend (PSTRAIN_WITH_CUDA=OFF)");
-#endif
+  return cuda.module->CreateBackend(resolved.ordinal);
 }
 
 }  // namespace pstrain

@@ -9,8 +9,10 @@
 //   PSTRAIN_RETURN_IF_ERROR(backend->Synchronize());
 //
 // Adding a backend: implement every pure virtual below in kernels/<dev>/,
-// add a case to CreateBackend() in backend.cc, and add the device to the
-// parity tests in tests/kernels/, which run every op against the CPU backend.
+// build it as a module (kernels/backend_module.h, as kernels/cuda/ does) or
+// into pstrain_kernels, add a case to CreateBackend() in backend.cc, and add
+// the device to the parity tests in tests/kernels/, which run every op
+// against the CPU backend.
 //
 // Conventions for every op:
 //  * Pointers are device pointers obtained from this backend (AllocateTensor,
@@ -352,12 +354,15 @@ inline absl::StatusOr<Tensor> Backend::AllocateTensor(const Shape& shape) {
 // The CPU backend; never fails to construct.
 std::unique_ptr<Backend> CreateCpuBackend();
 
-// True when this build has the CUDA backend and a CUDA device is visible.
+// True when the CUDA module (libpstrain_cuda.so, kernels/backend_loader.h)
+// loaded and sees at least one device; CudaDeviceCount() is that count (0
+// without module, CUDA libraries, driver or GPU). Looked up once per process.
 bool CudaAvailable();
 int CudaDeviceCount();
 
 // Resolves "auto" (CUDA device 0 when CudaAvailable(), else CPU) and creates
-// the backend. Asking for cuda without a usable device is FAILED_PRECONDITION.
+// the backend. Asking for cuda without a usable device is FAILED_PRECONDITION
+// with a message that says which of module, library or device is missing.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec);
 
 }  // namespace pstrain

@@ -269,7 +269,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
                            "' is resolved by the client"));
   }
   spec.clear_model_file();
-  if (spec.workers() == 0) spec.set_workers(1);
+  ApplyJobDefaults(&spec);
   if (spec.workers() < 0 || spec.workers() > options_.max_workers_per_job) {
     return absl::InvalidArgumentError(absl::StrCat(
         "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));

@@ -33,6 +33,7 @@
 #include "common/daemon_util.h"
 #include "common/metrics_http.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/health.h"
 #include "common/status_macros.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -269,6 +270,7 @@ class ServerMetrics {
 
 int main(int argc, char** argv) {
   pstrain::EnsurePassiveOpenMpWait(argv);
+  pstrain::InstallVersionFlag();
   std::vector<std::string> arg_storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &arg_storage);
   absl::SetProgramUsageMessage(
@@ -354,6 +356,9 @@ int main(int argc, char** argv) {
     if (!started.ok()) return Fail(std::string(started.message()));
   }
 
+  // grpc.health.v1.Health and reflection: each service below is SERVING once
+  // the server listens, and every one NOT_SERVING from the shutdown signal on.
+  pstrain::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -364,6 +369,9 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   // With --listen HOST:0 and no --shards, workers learn the chosen port.
   if (coordinator != nullptr && !shards_given) coordinator->SetShardAddresses({address});
+  std::vector<std::string> services = {"pstrain.v1.ParameterService", "pstrain.v1.ShardControl"};
+  if (coordinator_service != nullptr) services.push_back("pstrain.v1.Coordinator");
+  pstrain::SetServing(server.get(), services, true);
   std::cout << "pstrain-server listening on " << address << " (shard " << shard_index << " of "
             << shard_addresses.size() << (shard_index == 0 ? ", coordinator" : "") << ")"
             << std::endl;
@@ -372,6 +380,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal_number);
   std::cerr << "pstrain-server: " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM")
             << ", shutting down" << std::endl;
+  pstrain::SetServing(server.get(), {}, false);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   server->Wait();
   metrics.reset();

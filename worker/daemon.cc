@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "common/status_macros.h"
 #include "common/tfevents.h"
 #include "kernels/backend.h"
+#include "kernels/backend_loader.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -345,9 +347,19 @@ absl::Status WorkerDaemon::Register() {
 
 absl::Status WorkerDaemon::Run() {
   Log(absl::StrCat("coordinator ", options_.coordinator_address, ", device ", info_.device_info()));
+  if (info_.backend() == "cpu" && options_.device == "auto") {
+    Log(absl::StrCat("training on the CPU: ", CudaModule().Summary()));
+  }
   absl::Duration backoff = absl::Milliseconds(100);
   std::string last_problem;  // What failed and its code: logged once per change.
+  std::optional<bool> connected;  // Last state given to on_coordinator_state.
+  auto set_connected = [&](bool now) {
+    if (connected == now) return;
+    connected = now;
+    if (options_.on_coordinator_state) options_.on_coordinator_state(now);
+  };
   auto trouble = [&](const std::string& what, absl::StatusCode code, const std::string& detail) {
+    set_connected(false);
     const std::string problem = absl::StrCat(what, " ", absl::StatusCodeToString(code));
     if (problem != last_problem) {
       Log(absl::StrCat("cannot ", what, " ", options_.coordinator_address, ": ", detail,
@@ -388,6 +400,7 @@ absl::Status WorkerDaemon::Run() {
     }
     if (!last_problem.empty()) Log("coordinator reachable again");
     last_problem.clear();
+    set_connected(true);
     backoff = absl::Milliseconds(100);
     HandleHeartbeat(response);
     SleepFor(interval);

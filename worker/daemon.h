@@ -91,6 +91,10 @@ class WorkerDaemon {
     std::shared_ptr<prometheus::Registry> registry;
     // Log lines (default: stderr with a timestamp).
     std::function<void(const std::string&)> log;
+    // Called from Run()'s thread whenever the coordinator becomes reachable
+    // (registered and heartbeating: true) or stops being so (false); first
+    // call with the first outcome. Feeds the worker's health status.
+    std::function<void(bool connected)> on_coordinator_state;
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);

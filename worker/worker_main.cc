@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -23,6 +24,8 @@
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/health.h"
+#include "kernels/backend_loader.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
 #include "worker/gpu_monitor.h"
@@ -32,7 +35,11 @@ ABSL_FLAG(std::string, standalone, "",
           "Train the job in this JSON file on this machine, no server");
 ABSL_FLAG(std::string, evaluate, "", "Evaluate this checkpoint on the test split and exit");
 ABSL_FLAG(std::string, data, "", "With --evaluate: dataset directory (default: the checkpoint's)");
-ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
+ABSL_FLAG(std::string, device, "auto",
+          "auto | cpu | cuda | cuda:N. auto trains on CUDA device 0 when the CUDA module "
+          "(libpstrain_cuda.so beside this binary in ../lib/pstrain/, or $PSTRAIN_CUDA_MODULE) "
+          "loads and a GPU is visible, else on the CPU; cuda fails with the reason when either "
+          "is missing (--version shows what was found)");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0 = keep)");
 ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
 ABSL_FLAG(int64_t, limit, 0, "Train on only the first N samples (0 = all)");
@@ -47,11 +54,19 @@ ABSL_FLAG(std::string, server, "",
 ABSL_FLAG(int, metrics_port, 0,
           "Daemon mode: serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Daemon mode: address /metrics binds to");
+ABSL_FLAG(int, health_port, 0,
+          "Daemon mode: serve gRPC health (grpc.health.v1.Health) and reflection on "
+          "HEALTH_HOST:PORT (0 = off). Service \"\" is SERVING while the process runs; "
+          "\"pstrain-worker\" is SERVING while the coordinator is reachable (readiness)");
+ABSL_FLAG(std::string, health_host, "127.0.0.1", "Daemon mode: address the health service binds to");
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
 
 namespace {
+
+// The worker's readiness service name in grpc.health.v1.Health.
+constexpr char kWorkerHealthService[] = "pstrain-worker";
 
 int Fail(const absl::Status& status) {
   std::cerr << "pstrain-worker: error: " << status.message() << std::endl;
@@ -102,6 +117,19 @@ int RunDaemon() {
         absl::GetFlag(FLAGS_metrics_host) + ":" + std::to_string(metrics->port());
     std::cout << "metrics on http://" << options.metrics_address << "/metrics" << std::endl;
   }
+  pstrain::HealthServer health;
+  if (const int health_port = absl::GetFlag(FLAGS_health_port); health_port > 0) {
+    auto started = pstrain::StartHealthServer(absl::GetFlag(FLAGS_health_host) + ":" +
+                                              std::to_string(health_port));
+    if (!started.ok()) return Fail(started.status());
+    health = *std::move(started);
+    pstrain::SetServing(health.server.get(), {kWorkerHealthService}, false);
+    options.on_coordinator_state = [server = health.server.get()](bool connected) {
+      pstrain::SetServing(server, {kWorkerHealthService}, connected);
+    };
+    std::cout << "health on " << absl::GetFlag(FLAGS_health_host) << ":" << health.port
+              << " (grpc.health.v1.Health)" << std::endl;
+  }
   auto daemon = pstrain::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(daemon.status());
   std::thread signal_thread([&signals, d = daemon->get()] {
@@ -113,6 +141,10 @@ int RunDaemon() {
   // Wake the signal thread if Run() returned on its own.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  if (health.server != nullptr) {
+    pstrain::SetServing(health.server.get(), {}, false);
+    health.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
   if (!status.ok()) return Fail(status);
   return 0;
 }
@@ -126,8 +158,9 @@ int main(int argc, char** argv) {
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
       "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
-      "  pstrain-worker --server HOST:PORT [--metrics-port P] [--device D] [--threads N] "
-      "[--tensorboard-dir DIR]");
+      "  pstrain-worker --server HOST:PORT [--metrics-port P] [--health-port P] [--device D] "
+      "[--threads N] [--tensorboard-dir DIR]");
+  pstrain::InstallVersionFlag([] { return pstrain::CudaModule().Summary() + "\n"; });
   std::vector<std::string> storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
   absl::ParseCommandLine(argc, args.data());

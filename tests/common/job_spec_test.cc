@@ -64,9 +64,9 @@ TEST(JobSpecTest, ValidationNamesTheField) {
        "model: layer 'conv1' (conv2d): filters must be > 0"},
       {[](v1::JobSpec& j) {
          j.set_mode(v1::CONSISTENCY_AVERAGE);
-         j.set_averaging_frequency(0);
+         j.set_averaging_frequency(-1);
        },
-       "averaging_frequency"},
+       "averaging_frequency must be >= 0"},
   };
   for (const Case& c : cases) {
     v1::JobSpec job = *base;
@@ -75,6 +75,24 @@ TEST(JobSpecTest, ValidationNamesTheField) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.message;
     EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
   }
+}
+
+// Regression: `PSTRAIN_MODE=average deploy/local/main-job.sh` failed with
+// "mode average needs averaging_frequency > 0"; 0 now means DL4J's K = 5.
+TEST(JobSpecTest, AverageModeDefaultsToFiveLocalSteps) {
+  v1::JobSpec job;
+  job.set_mode(v1::CONSISTENCY_AVERAGE);
+  ApplyJobDefaults(&job);
+  EXPECT_EQ(job.averaging_frequency(), kDefaultAveragingFrequency);
+  EXPECT_EQ(job.averaging_frequency(), 5);
+  EXPECT_EQ(job.workers(), 1);
+  job.set_averaging_frequency(3);
+  ApplyJobDefaults(&job);
+  EXPECT_EQ(job.averaging_frequency(), 3);  // An explicit K is kept.
+  v1::JobSpec sync;
+  sync.set_mode(v1::CONSISTENCY_SYNC);
+  ApplyJobDefaults(&sync);
+  EXPECT_EQ(sync.averaging_frequency(), 0);  // Other modes have no K.
 }
 
 TEST(JobSpecTest, RelativeDatasetPathIsResolvedAgainstTheJobDirectory) {

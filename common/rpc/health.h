@@ -1,0 +1,46 @@
+// The standard gRPC health service (grpc.health.v1.Health) and server
+// reflection on every pstrain daemon, so that clients we did not write
+// (grpc_health_probe, Kubernetes' `grpc:` probes, grpcurl) can ask whether a
+// daemon serves and what it serves.
+//
+//   pstrain::EnableHealthAndReflection();         // before building any server
+//   grpc::ServerBuilder builder;  ...  auto server = builder.BuildAndStart();
+//   pstrain::SetServing(server.get(), {"pstrain.v1.Coordinator"}, true);
+//   ...
+//   pstrain::SetServing(server.get(), {}, false);  // at shutdown: all NOT_SERVING
+//
+// The overall status (service "") is SERVING once a server is built; each
+// named service is NOT_FOUND until SetServing names it. Threads: any thread.
+#ifndef PSTRAIN_COMMON_RPC_HEALTH_H_
+#define PSTRAIN_COMMON_RPC_HEALTH_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+
+namespace pstrain {
+
+// Turns on gRPC's built-in health service and the reflection plugin for every
+// server built afterwards in this process. Idempotent.
+void EnableHealthAndReflection();
+
+// Sets each of `services` to SERVING or NOT_SERVING. With serving == false
+// and no services, the whole health service shuts down: every service,
+// "" included, reports NOT_SERVING from then on (a draining daemon).
+void SetServing(grpc::Server* server, const std::vector<std::string>& services, bool serving);
+
+// A gRPC server that serves only health and reflection, for daemons that
+// serve no other gRPC service (pstrain-worker). Binds `address`
+// ("HOST:PORT"; port 0 picks one).
+struct HealthServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+absl::StatusOr<HealthServer> StartHealthServer(const std::string& address);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_RPC_HEALTH_H_
