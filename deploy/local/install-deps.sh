@@ -8,7 +8,9 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libdnnl-dev libopenblas-dev
+  # ocl-icd-opencl-dev: oneDNN's CMake config looks for OpenCL (a Recommends
+  # of libdnnl-dev, which --no-install-recommends skips).
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
   dataset-fashion-mnist
 )
