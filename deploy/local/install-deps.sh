@@ -21,6 +21,9 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(python3 python3-venv)
   # tests/deploy/: compose validation and the console screenshot.
   PACKAGES+=(docker-compose chromium)
+  # tests/deploy/containers_test.sh: a Docker engine and client, and the
+  # local Debian base image (deploy/docker/base-image.sh).
+  PACKAGES+=(docker.io mmdebstrap iproute2)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/
