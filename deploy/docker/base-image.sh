@@ -45,10 +45,24 @@ DPKG_OPTS+=(--dpkgopt="path-include=/usr/share/doc/*/copyright")
 SUDO=""
 [[ $(id -u) -ne 0 ]] && SUDO=sudo
 TARBALL=$(mktemp /tmp/pstrain-base.XXXXXX.tar)
-trap 'rm -f "$TARBALL"' EXIT
+# mmdebstrap merges /usr with usrmerge, which brings perl along: about 50 MB
+# that debian:bookworm-slim does not carry. Once /usr is merged,
+# usr-is-merged stands in for it and perl can go (perl-base stays).
+DROP_PERL=$(mktemp /tmp/pstrain-base-hook.XXXXXX)
+trap 'rm -f "$TARBALL" "$DROP_PERL"' EXIT
+cat >"$DROP_PERL" <<'HOOK'
+#!/bin/sh
+set -e
+root=$1
+perl=$(chroot "$root" dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n' perl 'perl-modules-*' \
+  'libperl5*' 'lib*-perl' 2>/dev/null | awk '$1 == "ii" {print $2}')
+chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q usrmerge $perl >/dev/null
+HOOK
+chmod +x "$DROP_PERL"
 echo "base-image: building $TAG from $SOURCES"
 # Into a file first: a failed mmdebstrap must not leave a half image behind.
-$SUDO mmdebstrap --quiet --variant=minbase --format=tar "${DPKG_OPTS[@]}" "${HOOKS[@]}" \
+$SUDO mmdebstrap --quiet --variant=minbase --format=tar --include=usr-is-merged \
+  "${DPKG_OPTS[@]}" "${HOOKS[@]}" --customize-hook="$DROP_PERL" \
   --customize-hook='rm -f "$1"/etc/hostname "$1"/etc/resolv.conf' \
   bookworm - "$SOURCES" >"$TARBALL"
 "$DOCKER" import \
