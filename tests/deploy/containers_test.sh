@@ -108,6 +108,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # ctest's timeout, Ctrl-C: clean up all the same
 
 # ---- 1. engine ----------------------------------------------------------------
 phase engine
@@ -141,7 +142,7 @@ if [[ -z "$CLIENT" ]]; then
   done
   if [[ -z "$CLIENT" ]]; then
     tail -5 "$WORK/logs/dockerd.log" >&2
-    skip "no Docker engine can run here: dockerd did not come up within 60s (log above)"
+    skip "no Docker engine can run here: dockerd exited or did not answer within 60s (its log above)"
   fi
   echo "started dockerd (pid $DOCKERD_PID) at $DOCKER_HOST"
 fi
