@@ -8,6 +8,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  # ocl-icd-opencl-dev: oneDNN's CMake config looks for OpenCL (a Recommends
+  # of libdnnl-dev, which --no-install-recommends skips).
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
   dataset-fashion-mnist
@@ -19,6 +21,9 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(python3 python3-venv)
   # tests/deploy/: compose validation and the console screenshot.
   PACKAGES+=(docker-compose chromium)
+  # tests/deploy/containers_test.sh: a Docker engine and client, and the
+  # local Debian base image (deploy/docker/base-image.sh).
+  PACKAGES+=(docker.io mmdebstrap iproute2)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/
@@ -33,5 +38,15 @@ if ((${#missing[@]})); then
   SUDO=""
   [[ $(id -u) -ne 0 ]] && SUDO=sudo
   $SUDO apt-get update -q
+  # Packages must not start services here: docker.io's own dockerd would make
+  # a bridge network (the container test starts an engine of its own, host
+  # networking only). policy-rc.d tells invoke-rc.d and deb-systemd-invoke
+  # not to start anything; one already there is left alone.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    trap '$SUDO rm -f "$policy"' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
