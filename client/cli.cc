@@ -24,6 +24,7 @@
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/health.h"
 #include "pstrain/v1/service.grpc.pb.h"
 
 namespace pstrain {
@@ -47,6 +48,7 @@ constexpr char kUsage[] =
     "  download JOB -o FILE          save the job's latest checkpoint\n"
     "  workers                       list the registered workers\n"
     "  summary JOB.json              print the model's layers and parameter counts\n"
+    "  health [ADDRESS] [--service S] ask a daemon's grpc.health.v1.Health (exit 0 if SERVING)\n"
     "  version                       print the build (version, git commit)\n"
     "\n"
     "--server defaults to $PSTRAIN_SERVER, else 127.0.0.1:7070. --timeout-ms (default\n"
@@ -237,6 +239,7 @@ class Cli {
   int Download(const std::vector<std::string>& args);
   int Workers(const std::vector<std::string>& args);
   int Summary(const std::vector<std::string>& args);
+  int Health(const std::vector<std::string>& args);
 
   // Follows the job to its end; returns its last status (or the error).
   absl::StatusOr<v1::JobStatus> Follow(const std::string& job_id, bool quiet);
@@ -336,6 +339,7 @@ int Cli::Run(std::vector<std::string> args) {
   if (command == "download") return Download(rest);
   if (command == "workers") return Workers(rest);
   if (command == "summary") return Summary(rest);
+  if (command == "health") return Health(rest);
   err_ << "pstrain: unknown command '" << command << "'\n\n" << kUsage;
   return kExitUsage;
 }
@@ -766,6 +770,35 @@ int Cli::Summary(const std::vector<std::string>& args) {
   }
   out_ << *table << std::flush;
   return kExitOk;
+}
+
+// health ------------------------------------------------------------------------
+
+int Cli::Health(const std::vector<std::string>& args) {
+  static constexpr char kHealthUsage[] =
+      "usage: pstrain health [ADDRESS] [--service NAME]\n"
+      "  Asks the gRPC health service (grpc.health.v1.Health/Check) of a pstrain-server\n"
+      "  (ADDRESS defaults to --server) or of a pstrain-worker's --health-port, and prints\n"
+      "  the status. --service: \"\" (default) is the whole daemon; pstrain.v1.Coordinator,\n"
+      "  pstrain.v1.ParameterService and pstrain.v1.ShardControl on a server;\n"
+      "  pstrain-worker (coordinator reachable) on a worker. Exit 0 if SERVING, else 1.\n"
+      "  Container health checks use it.\n";
+  ParsedArgs parsed = ParseArgs(args, {"--service"}, {});
+  if (parsed.help) return Usage("health", kHealthUsage, "");
+  if (!parsed.error.empty()) return Usage("health", kHealthUsage, parsed.error);
+  if (parsed.positional.size() > 1) return Usage("health", kHealthUsage, "expected one address");
+  const std::string address = parsed.positional.empty() ? server_ : parsed.positional[0];
+  const std::string service = parsed.values.count("--service") ? parsed.values["--service"] : "";
+  absl::StatusOr<ServingStatus> status =
+      CheckHealth(CreateChannel(address), service, absl::Milliseconds(timeout_ms_));
+  if (!status.ok()) {
+    err_ << "pstrain health: " << address << (service.empty() ? "" : " " + service) << ": "
+         << absl::StatusCodeToString(status.status().code()) << ": " << status.status().message()
+         << std::endl;
+    return kExitFailed;
+  }
+  out_ << ServingStatusName(*status) << std::endl;
+  return *status == ServingStatus::kServing ? kExitOk : kExitFailed;
 }
 
 }  // namespace

@@ -6,6 +6,11 @@
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -44,6 +49,78 @@ absl::StatusOr<HealthServer> StartHealthServer(const std::string& address) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (health service)"));
   }
   return result;
+}
+
+const char* ServingStatusName(ServingStatus status) {
+  switch (status) {
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown:
+      break;
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                          const std::string& service, absl::Duration timeout) {
+  if (service.size() > 4096) return absl::InvalidArgumentError("health: service name too long");
+  // HealthCheckRequest { string service = 1; }: tag 0x0a, varint length, bytes.
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');
+    for (size_t n = service.size(); ; n >>= 7) {
+      if (n < 0x80) {
+        request.push_back(static_cast<char>(n));
+        break;
+      }
+      request.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    }
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::GenericStub stub(channel);
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status rpc_status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                 &response_buffer, [&](grpc::Status status) {
+                   absl::MutexLock lock(&mu);
+                   rpc_status = std::move(status);
+                   done = true;
+                 });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));  // The deadline above bounds the wait.
+  }
+  if (!rpc_status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(rpc_status.error_code()),
+                        rpc_status.error_message());
+  }
+  std::vector<grpc::Slice> slices;
+  if (!response_buffer.Dump(&slices).ok()) {
+    return absl::DataLossError("health: unreadable response");
+  }
+  std::string response;
+  for (const grpc::Slice& s : slices) {
+    response.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  // HealthCheckResponse { ServingStatus status = 1; }: tag 0x08, varint. An
+  // empty message is the default, UNKNOWN; other fields are not expected.
+  if (response.empty()) return ServingStatus::kUnknown;
+  if (response.size() < 2 || response[0] != '\x08' || (response[1] & 0x80) != 0) {
+    return absl::DataLossError("health: malformed HealthCheckResponse");
+  }
+  const int value = response[1];
+  if (value < 0 || value > 3) return absl::DataLossError("health: unknown serving status");
+  return static_cast<ServingStatus>(value);
 }
 
 }  // namespace pstrain

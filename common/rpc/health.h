@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/server.h"
 
 namespace pstrain {
@@ -40,6 +42,17 @@ struct HealthServer {
   int port = 0;
 };
 absl::StatusOr<HealthServer> StartHealthServer(const std::string& address);
+
+// grpc.health.v1.HealthCheckResponse.ServingStatus.
+enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
+const char* ServingStatusName(ServingStatus status);
+
+// Asks `channel`'s grpc.health.v1.Health/Check for `service` ("" = the whole
+// server) within `timeout`. The RPC's error (NOT_FOUND for an unknown
+// service, UNAVAILABLE, DEADLINE_EXCEEDED) comes back as the Status. The two
+// messages are encoded by hand: no health proto is compiled into pstrain.
+absl::StatusOr<ServingStatus> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                          const std::string& service, absl::Duration timeout);
 
 }  // namespace pstrain
 

@@ -17,8 +17,20 @@ echo "main-job: building (build/)..."
 deploy/local/build.sh >/tmp/pstrain-build.log 2>&1 || { tail -30 /tmp/pstrain-build.log; exit 1; }
 BIN="$ROOT/build/bin"
 
+# A 127.0.0.1 port nothing listens on (bash only: the main job needs no
+# Python). A port taken between this check and the daemon's bind makes the
+# daemon fail with "cannot listen on", and the run stops there.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+  local port
+  for _ in $(seq 200); do
+    port=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "main-job: found no free port on 127.0.0.1" >&2
+  return 1
 }
 PORT=${PSTRAIN_PORT:-$(free_port)}
 STATE_DIR=${PSTRAIN_STATE_DIR:-$(mktemp -d /tmp/pstrain-state.XXXXXX)}

@@ -205,6 +205,7 @@ free_port() {
 }
 export PSTRAIN_GRPC_PORT=$(free_port) PSTRAIN_SERVER_METRICS_PORT=$(free_port)
 export PSTRAIN_WORKER1_METRICS_PORT=$(free_port) PSTRAIN_WORKER2_METRICS_PORT=$(free_port)
+export PSTRAIN_WORKER1_HEALTH_PORT=$(free_port) PSTRAIN_WORKER2_HEALTH_PORT=$(free_port)
 export PSTRAIN_PROMETHEUS_PORT=$(free_port)
 export PSTRAIN_SERVER_IMAGE=$SERVER_IMAGE PSTRAIN_WORKER_IMAGE=$WORKER_IMAGE
 export PSTRAIN_PROMETHEUS_IMAGE=$PROM_IMAGE PSTRAIN_WORKER_THREADS=1
@@ -245,7 +246,8 @@ done
 echo "all containers healthy"
 # Every port the stack listens on is bound to 127.0.0.1 and nothing wider.
 for port in "$PSTRAIN_GRPC_PORT" "$PSTRAIN_SERVER_METRICS_PORT" "$PSTRAIN_WORKER1_METRICS_PORT" \
-  "$PSTRAIN_WORKER2_METRICS_PORT" "$PSTRAIN_PROMETHEUS_PORT"; do
+  "$PSTRAIN_WORKER2_METRICS_PORT" "$PSTRAIN_WORKER1_HEALTH_PORT" "$PSTRAIN_WORKER2_HEALTH_PORT" \
+  "$PSTRAIN_PROMETHEUS_PORT"; do
   addrs=$(ss -Hltn "sport = :$port" | awk '{print $4}' | sort -u | tr '\n' ' ')
   [[ -n "$addrs" ]] || fail "nothing listens on port $port"
   # gRPC listens on an IPv6 socket bound to the v4-mapped 127.0.0.1.

@@ -16,7 +16,7 @@ reflection through grpcio-reflection, against real processes:
 * a server on SIGTERM: NOT_SERVING before it stops (read through Watch).
 
   grpc_health_test.py --server build/bin/pstrain-server --worker build/bin/pstrain-worker \\
-      [--python build/venv-tools/bin/python3]
+      --cli build/bin/pstrain [--python build/venv-tools/bin/python3]
 
 The PyPI tools live in <build>/venv-tools (deploy/local/test.sh); when this
 interpreter lacks them the script re-runs itself with --python, and fails
@@ -40,6 +40,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", required=True, help="the pstrain-server binary")
     parser.add_argument("--worker", required=True, help="the pstrain-worker binary")
+    parser.add_argument("--cli", required=True, help="the pstrain CLI (its `health` command)")
     parser.add_argument("--python", default="", help="an interpreter with the grpcio tools")
     return parser.parse_args()
 
@@ -164,6 +165,16 @@ def main():
                 if status != serving:
                     fail(f"server health of {service} is {status}, wanted SERVING")
                 print(f"{service}: SERVING")
+            # Our own client, `pstrain health`, agrees with PyPI's.
+            for argv, want_rc, want_out in (
+                    ([address], 0, "SERVING"),
+                    ([address, "--service", "pstrain.v1.Coordinator"], 0, "SERVING"),
+                    ([address, "--service", "pstrain.v1.NoSuchService"], 1, "NOT_FOUND")):
+                run = subprocess.run([args.cli, "health"] + argv, capture_output=True, text=True,
+                                     timeout=30)
+                if run.returncode != want_rc or want_out not in run.stdout + run.stderr:
+                    fail(f"pstrain health {argv}: exit {run.returncode}, {run.stdout}{run.stderr}")
+                print(f"pstrain health {' '.join(argv)}: {(run.stdout + run.stderr).strip()}")
             status = check(address, "pstrain.v1.NoSuchService")
             if status != grpc.StatusCode.NOT_FOUND:
                 fail(f"an unknown service gave {status}, wanted NOT_FOUND")
@@ -204,6 +215,10 @@ def main():
             server.send_signal(signal.SIGKILL)
             server.wait(timeout=30)
             wait_for(health, "pstrain-worker", not_serving, 20, "server killed")
+            run = subprocess.run([args.cli, "health", health, "--service", "pstrain-worker"],
+                                 capture_output=True, text=True, timeout=30)
+            if run.returncode != 1 or "NOT_SERVING" not in run.stdout:
+                fail(f"pstrain health on the worker: exit {run.returncode}, {run.stdout}{run.stderr}")
             if check(health, "") != serving:
                 fail("the worker's liveness went down with the server")
             print("server killed: 'pstrain-worker' NOT_SERVING, '' still SERVING")
