@@ -153,7 +153,9 @@ grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
 grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* request,
                                                 v1::RegisterWorkerResponse* response) {
-  *response = coordinator_->RegisterWorker(request->info());
+  absl::StatusOr<v1::RegisterWorkerResponse> r = coordinator_->RegisterWorker(request->info());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
   return grpc::Status::OK;
 }
 
