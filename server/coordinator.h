@@ -115,7 +115,7 @@ class Coordinator {
     std::vector<std::string> shard_addresses;
     int max_workers_per_job = 64;
     // --- Limits (docs/ARCHITECTURE.md, "Limits"; flags of pstrain-server).
-    JobLimits job_limits;
+    JobLimits job_limits = {};
     int max_queued_jobs = 1000;
     int max_workers = 10000;
     absl::Duration forget_dead_workers_after = absl::Minutes(10);
