@@ -28,10 +28,13 @@
 //
 // Threads: gRPC callbacks never block. Push frames are decoded and applied in
 // arrival order on threads this object owns (reading the next frame overlaps
-// applying the current one); each Pull waits for its chunks on one of these
-// threads, in slices of Options::pull_poll_interval so that a cancelled call
-// or a server shutdown frees it promptly. The thread pool grows on demand up to
-// Options::max_threads (then work queues). Register is called once, before the
+// applying the current one); a Pull sends the chunks whose version is there
+// from the same pool, which never waits for a version, so pushes and ready
+// pulls are always served. A pull that must wait moves to a second pool with
+// one thread per waiting pull (at most Options::max_waiting_pulls; one more
+// is RESOURCE_EXHAUSTED) and waits in slices of Options::pull_poll_interval
+// so that a cancelled call or a server shutdown frees it promptly. Both pools
+// grow on demand up to their bound. Register is called once, before the
 // server starts; the object must outlive the server.
 #ifndef PSTRAIN_SERVER_PS_SERVICE_H_
 #define PSTRAIN_SERVER_PS_SERVICE_H_
@@ -52,8 +55,12 @@ class ShardServices {
     // Longest uninterrupted wait of a pull inside ParameterShard::Pull before
     // it checks for cancellation; bounds shutdown latency.
     absl::Duration pull_poll_interval = absl::Milliseconds(200);
-    // Upper bound on threads applying pushes and waiting for pulls.
+    // Upper bound on threads applying pushes and sending ready pulls (work
+    // beyond it queues; none of it waits for a version).
     int max_threads = 256;
+    // Pulls that may wait for a version at the same time, each on its own
+    // thread of a separate pool; one more fails with RESOURCE_EXHAUSTED.
+    int max_waiting_pulls = 1024;
     // Calls TuneAllocatorForLargeMessages() (common/rpc/channel.h) on
     // construction: process-wide glibc settings that keep received frames
     // from being mapped and unmapped each time (2-3x on a 100 MB push + pull,
