@@ -22,13 +22,13 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   for (const ParamInfo& p : graph.params) {
     std::optional<int64_t> n = p.shape.CheckedNumElements();
     if (!n) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, " ",
-                                                     p.shape.ToString(), " is too large"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.name, " ", p.shape.ToString(), " is too large"));
     }
     const int64_t chunks = *n / per_chunk + (*n % per_chunk != 0 ? 1 : 0);
     if (chunks > kMaxChunks || (num_chunks += chunks) > kMaxChunks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the model needs more than ", kMaxChunks, " chunks of ", chunk_bytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("the model needs more than ", kMaxChunks,
+                                                     " chunks of ", chunk_bytes, " bytes"));
     }
   }
   ChunkPlan plan;

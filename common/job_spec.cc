@@ -113,7 +113,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         "CONSISTENCY_AVERAGE)"));
   }
   const v1::DatasetSpec& data = job.dataset();
-  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED || !v1::DatasetFormat_IsValid(data.format())) {
+  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED ||
+      !v1::DatasetFormat_IsValid(data.format())) {
     return absl::InvalidArgumentError(
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
         "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC");
@@ -166,19 +167,18 @@ absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
   // products below overflows.
   const int64_t parameters = graph.trainable_params + graph.non_trainable_params;
   if (parameters > limits.max_parameters) {
-    return absl::InvalidArgumentError(absl::StrCat("the model has ", parameters,
-                                                   " parameters; a job may have at most ",
-                                                   limits.max_parameters,
-                                                   " (--max-job-parameters)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model has ", parameters, " parameters; a job may have at most ",
+                     limits.max_parameters, " (--max-job-parameters)"));
   }
   const int64_t bytes =
       (parameters + graph.trainable_params * OptimizerStateCopies(job.optimizer())) *
       static_cast<int64_t>(sizeof(float));
   if (bytes > limits.max_parameter_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's parameters and optimizer state take ", bytes,
-        " bytes on the servers; a job may take at most ", limits.max_parameter_bytes,
-        " (--max-job-bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's parameters and optimizer state take ", bytes,
+                     " bytes on the servers; a job may take at most ", limits.max_parameter_bytes,
+                     " (--max-job-bytes)"));
   }
   return absl::OkStatus();
 }

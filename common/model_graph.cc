@@ -84,8 +84,7 @@ class LayerError {
 absl::Status CheckTensorSize(const LayerError& error, const char* what, const Shape& shape) {
   std::optional<int64_t> n = shape.CheckedNumElements();
   if (!n || *n > kMaxGraphElements) {
-    return error(what, " ", shape.ToString(), " has more than ", kMaxGraphElements,
-                 " elements");
+    return error(what, " ", shape.ToString(), " has more than ", kMaxGraphElements, " elements");
   }
   return absl::OkStatus();
 }
@@ -147,8 +146,7 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
                      in.ToString());
       }
       layer.output_shape = Shape{c.filters(), oh, ow};
-      PSTRAIN_RETURN_IF_ERROR(
-          CheckTensorSize(error, "weight", Shape{c.filters(), in[0], kh, kw}));
+      PSTRAIN_RETURN_IF_ERROR(CheckTensorSize(error, "weight", Shape{c.filters(), in[0], kh, kw}));
       int64_t fan_in = in[0] * kh * kw;
       int64_t fan_out = c.filters() * kh * kw;
       AddParam(graph, layer, index, "weight", ParamRole::kWeight, Shape{c.filters(), in[0], kh, kw},
@@ -368,8 +366,7 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
     index_of[info.name] = i;
     graph.layers.push_back(std::move(info));
     PSTRAIN_RETURN_IF_ERROR(AnalyseLayer(graph, i));
-    PSTRAIN_RETURN_IF_ERROR(
-        CheckTensorSize(error, "output shape", graph.layers[i].output_shape));
+    PSTRAIN_RETURN_IF_ERROR(CheckTensorSize(error, "output shape", graph.layers[i].output_shape));
     // Every parameter is <= kMaxGraphElements, so this sum cannot overflow.
     if (graph.trainable_params + graph.non_trainable_params > kMaxGraphElements) {
       return error("the model has more than ", kMaxGraphElements, " parameters");

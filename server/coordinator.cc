@@ -294,7 +294,8 @@ absl::StatusOr<ModelGraph> Coordinator::ValidateJob(const v1::JobSpec& spec) con
 
 absl::Status Coordinator::CheckId(const char* what, const std::string& id) const {
   if (static_cast<int64_t>(id.size()) > options_.max_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(), " bytes; ids have at most ",
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
+                                                   " bytes; ids have at most ",
                                                    options_.max_id_bytes, " (--max-id-bytes)"));
   }
   return absl::OkStatus();
@@ -319,8 +320,9 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
     for (const auto& [id, job] : jobs_) queued += job->phase == Phase::kQueued ? 1 : 0;
     if (queued >= options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(queued, " jobs are queued, the most this server takes (--max-queued-jobs); "
-                               "submit again once some have started"));
+          absl::StrCat(queued,
+                       " jobs are queued, the most this server takes (--max-queued-jobs); "
+                       "submit again once some have started"));
     }
     job_id = absl::StrCat("job-", next_job_++);
     auto job = std::make_unique<Job>();
@@ -405,20 +407,19 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 // Workers
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::WorkerInfo& info) {
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::WorkerInfo& info) {
   if (const size_t bytes = info.ByteSizeLong();
       bytes > static_cast<size_t>(options_.max_worker_info_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("worker info has ", bytes, " bytes; at most ",
-                                                   options_.max_worker_info_bytes,
-                                                   " are allowed"));
+                                                   options_.max_worker_info_bytes, " are allowed"));
   }
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) ForgetDeadWorkers();
   if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(workers_.size(), " workers are registered, the most this server takes "
-                                      "(--max-workers)"));
+        absl::StrCat(workers_.size(),
+                     " workers are registered, the most this server takes "
+                     "(--max-workers)"));
   }
   auto worker = std::make_unique<Worker>();
   worker->id = absl::StrCat("worker-", next_worker_++);
@@ -520,10 +521,9 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
           job->status.spec().epochs(), "] or step ", report.step(), " is negative"));
     }
     if (!report.error().empty()) {
-      Finish(
-          *job, v1::JOB_STATE_FAILED,
-          absl::StrCat(report.worker_id(), " (rank ", member->rank,
-                       ") failed: ", Truncated(report.error(), options_.max_reason_bytes)));
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat(report.worker_id(), " (rank ", member->rank,
+                          ") failed: ", Truncated(report.error(), options_.max_reason_bytes)));
       Wake();
     } else {
       if (report.finished()) PSTRAIN_RETURN_IF_ERROR(CheckEvalShard(*job, report));
@@ -565,12 +565,10 @@ absl::Status Coordinator::CheckEvalShard(const Job& job,
                                          const v1::ReportProgressRequest& report) const {
   const v1::EvalMetrics& eval = report.eval_shard();
   const int n = eval.num_classes();
-  if (n <= 0 || n > job.graph.num_classes ||
-      eval.confusion_size() != static_cast<int64_t>(n) * n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eval_shard of ", report.worker_id(), ": num_classes ", n, " and ",
-                     eval.confusion_size(), " confusion counts do not fit a model with ",
-                     job.graph.num_classes, " classes"));
+  if (n <= 0 || n > job.graph.num_classes || eval.confusion_size() != static_cast<int64_t>(n) * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_shard of ", report.worker_id(), ": num_classes ", n, " and ", eval.confusion_size(),
+        " confusion counts do not fit a model with ", job.graph.num_classes, " classes"));
   }
   // The members' shards are disjoint parts of one test set: together they
   // cannot hold more samples than it does.
@@ -586,27 +584,27 @@ absl::Status Coordinator::CheckEvalShard(const Job& job,
           absl::StrCat("eval_shard of ", report.worker_id(), ": negative count ", c));
     }
     if (c > allowed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "eval_shard of ", report.worker_id(), ": a count of ", c, " exceeds the ",
-          std::max<int64_t>(allowed, 0), " test samples left for this shard (",
-          test_set ? absl::StrCat("the test set holds ", *test_set)
-                   : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval_shard of ", report.worker_id(), ": a count of ", c, " exceeds the ",
+                       std::max<int64_t>(allowed, 0), " test samples left for this shard (",
+                       test_set ? absl::StrCat("the test set holds ", *test_set)
+                                : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
+                       ")"));
     }
     total += c;
   }
   if (total != eval.samples()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eval_shard of ", report.worker_id(), ": the confusion matrix counts ", total,
-                     " samples but samples is ", eval.samples()));
+    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", report.worker_id(),
+                                                   ": the confusion matrix counts ", total,
+                                                   " samples but samples is ", eval.samples()));
   }
   if (total > allowed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "eval_shard of ", report.worker_id(), ": ", total, " samples exceed the ",
-        std::max<int64_t>(allowed, 0), " test samples left for this shard (",
-        test_set ? absl::StrCat("the test set holds ", *test_set)
-                 : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_shard of ", report.worker_id(), ": ", total, " samples exceed the ",
+                     std::max<int64_t>(allowed, 0), " test samples left for this shard (",
+                     test_set ? absl::StrCat("the test set holds ", *test_set)
+                              : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
+                     ")"));
   }
   return absl::OkStatus();
 }

@@ -241,8 +241,7 @@ class JobState {
   JobState& operator=(const JobState&) = delete;
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
-                    const JobLimits& limits,
-                    int shard_index);
+                    const JobLimits& limits, int shard_index);
   absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation);
   void Drop();
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
@@ -567,9 +566,9 @@ absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
   // anything is written.
   if (!barrier.contributors.empty() && SumOverflows(barrier.sum, values)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the push of ", KindName(args.kind), " to ", Describe(chunk), " by worker ",
-        args.worker_id, " overflows float when added to the other members' values for version ",
-        args.version, "; values this large cannot be averaged"));
+        "the push of ", KindName(args.kind), " to ", Describe(chunk), " by worker ", args.worker_id,
+        " overflows float when added to the other members' values for version ", args.version,
+        "; values this large cannot be averaged"));
   }
   const Contribution contribution{&barrier, &args.worker_id, values};
   if (BarrierReady(chunk, &contribution)) return CompleteBarrier(chunk, &contribution, outcome);

@@ -24,11 +24,11 @@
 #include "common/model_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/status_matchers.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "server/coordinator_service.h"
 #include "server/parameter_shard.h"
 #include "server/shard_controller.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -569,7 +569,8 @@ TEST_F(CoordinatorTest, EvalShardOf2To40SamplesIsRejectedAndMergingAddsCounts) {
   // 7 samples from w0 leave 3 for w1.
   v1::ReportProgressRequest done = Progress(w0, job, 2, 10, 0.3, 0.9, 10);
   done.set_finished(true);
-  *done.mutable_eval_shard() = EvalShard({{0, 0}, {0, 0}, {1, 1}, {1, 1}, {2, 2}, {2, 2}, {2, 0}}, 0.5);
+  *done.mutable_eval_shard() =
+      EvalShard({{0, 0}, {0, 0}, {1, 1}, {1, 1}, {2, 2}, {2, 2}, {2, 0}}, 0.5);
   EXPECT_OK(coordinator_->ReportProgress(done));
   done = Progress(w1, job, 2, 10, 0.3, 0.9, 10);
   done.set_finished(true);

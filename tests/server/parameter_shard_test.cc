@@ -26,10 +26,10 @@
 #include "common/model_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/status_matchers.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/optimizer.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -410,7 +410,7 @@ TEST(ParameterShardSyncTest, GradientsWhoseSumOverflowsAreRejectedAndTheModelIsU
       const std::string before = ModelBytes(shard, job.config.job_id);
       const int chunk = job.ChunkOf("fc/bias");
       const auto kind = mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
-                                                         : v1::ChunkHeader::KIND_GRADIENT;
+                                                        : v1::ChunkHeader::KIND_GRADIENT;
       const std::vector<float> big(job.Count(chunk), -3e38f);
       ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0, kind), big));
       EXPECT_THAT(shard.Push(job.Args("worker-b", chunk, 0, kind), big),

@@ -560,9 +560,8 @@ TEST_F(PsServiceTest, PullsWaitingForAVersionThatNeverComesDoNotStarvePushesOrRe
   std::vector<grpc::Status> parked(kParked);
   std::vector<std::thread> pullers;
   for (int i = 0; i < kParked; ++i) {
-    pullers.emplace_back([&, i] {
-      parked[i] = Pull(0, {id}, 1000, nullptr, nullptr, absl::Seconds(60));
-    });
+    pullers.emplace_back(
+        [&, i] { parked[i] = Pull(0, {id}, 1000, nullptr, nullptr, absl::Seconds(60)); });
   }
   // Once all of them wait, one more waiting pull is RESOURCE_EXHAUSTED (until
   // then it ends at its short deadline; bounded by 100 tries).
