@@ -120,12 +120,12 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
         options_(options),
         executor_(options.max_threads),
         waiting_executor_(options.max_waiting_pulls),
-        control_(shard) {}
+        control_(shard, options.max_control_message_bytes) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
   void Register(grpc::ServerBuilder* builder) {
-    ConfigureServerBuilder(builder);
+    ConfigureServerBuilder(builder, options_.max_receive_message_bytes);
     builder->RegisterCallbackGenericService(this);
     builder->RegisterService(&control_);
   }
@@ -154,10 +154,12 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
   // on gRPC's sync-server threads, which may block).
   class Control final : public v1::ShardControl::Service {
    public:
-    explicit Control(ParameterShard* shard) : shard_(shard) {}
+    Control(ParameterShard* shard, int max_message_bytes)
+        : shard_(shard), max_message_bytes_(max_message_bytes) {}
 
     grpc::Status ConfigureJob(grpc::ServerContext*, const v1::ConfigureJobRequest* request,
                               v1::ConfigureJobResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       if (request->shard_index() != shard_->shard_index()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("ConfigureJob for shard ", request->shard_index(),
@@ -176,17 +178,20 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
 
     grpc::Status SetMembers(grpc::ServerContext*, const v1::SetMembersRequest* request,
                             v1::SetMembersResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       std::vector<std::string> members(request->members().begin(), request->members().end());
       return ToGrpcStatus(shard_->SetMembers(request->job_id(), members, request->generation()));
     }
 
     grpc::Status DropJob(grpc::ServerContext*, const v1::DropJobRequest* request,
                          v1::DropJobResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       return ToGrpcStatus(shard_->DropJob(request->job_id()));
     }
 
     grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
                             grpc::ServerWriter<v1::ChunkValues>* writer) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard_->ReadChunks(request->job_id());
       if (!chunks.ok()) return ToGrpcStatus(chunks.status());
       for (const v1::ChunkValues& c : *chunks) {
@@ -199,7 +204,13 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
     }
 
    private:
+    grpc::Status CheckSize(const google::protobuf::Message& request) const {
+      return CheckMessageSize(request, max_message_bytes_, "ShardControl",
+                              "--max-shard-control-message-bytes");
+    }
+
     ParameterShard* const shard_;
+    const int max_message_bytes_;
   };
 
   ParameterShard* const shard_;

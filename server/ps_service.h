@@ -21,10 +21,11 @@
 // count, bad header), a dtype other than F32 (F16/BF16 are accepted for
 // gradients and converted to F32), or an oversized stream (a frame above
 // kMaxFrameBytes, or more frames than 3 x the chunks this shard owns + 1) ->
-// INVALID_ARGUMENT; everything the shard rejects (unknown job or worker,
-// chunk not owned, stale generation, non-finite values, future versions)
-// keeps the shard's code. The first bad frame ends a Push; frames before it
-// were applied, nothing from it or after it is.
+// INVALID_ARGUMENT; a ShardControl request above
+// Options::max_control_message_bytes -> RESOURCE_EXHAUSTED; everything the shard rejects (unknown
+// job or worker, chunk not owned, stale generation, non-finite values, future versions) keeps the
+// shard's code. The first bad frame ends a Push; frames before it were applied, nothing from it or
+// after it is.
 //
 // Threads: gRPC callbacks never block. Push frames are decoded and applied in
 // arrival order on threads this object owns (reading the next frame overlaps
@@ -61,6 +62,13 @@ class ShardServices {
     // Pulls that may wait for a version at the same time, each on its own
     // thread of a separate pool; one more fails with RESOURCE_EXHAUSTED.
     int max_waiting_pulls = 1024;
+    // ShardControl requests above this are RESOURCE_EXHAUSTED. ConfigureJob
+    // carries this shard's share of a job's parameters and optimizer state,
+    // so the default is gRPC's largest (just under 2 GiB).
+    int max_control_message_bytes = 2047 << 20;
+    // The gRPC server's receive limit that Register sets (-1: unlimited).
+    // pstrain-server passes the largest of its services' limits.
+    int max_receive_message_bytes = -1;
     // Calls TuneAllocatorForLargeMessages() (common/rpc/channel.h) on
     // construction: process-wide glibc settings that keep received frames
     // from being mapped and unmapped each time (2-3x on a 100 MB push + pull,

@@ -22,6 +22,7 @@
 #include "common/chunking.h"
 #include "common/metrics.h"
 #include "common/model_graph.h"
+#include "common/rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.grpc.pb.h"
@@ -971,6 +972,42 @@ class CoordinatorServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
+
+// Regression (issue 8): message size was unlimited on every service; a
+// 65 MiB job name was accepted. Over real gRPC: the service's own limit
+// (1 MiB here) and the server's receive limit (8 MiB) both answer
+// RESOURCE_EXHAUSTED, and the server keeps serving.
+TEST_F(CoordinatorServiceTest, OversizedRequestsAreResourceExhaustedAndTheServerKeepsServing) {
+  CoordinatorService limited(coordinator_.get(), {.max_message_bytes = 1 << 20});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  ConfigureServerBuilder(&builder, 8 << 20);
+  builder.RegisterService(&limited);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Coordinator::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port)));
+  auto submit = [&](size_t name_bytes) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = TinyJob(1);
+    request.mutable_spec()->set_name(std::string(name_bytes, 'n'));
+    v1::SubmitJobResponse response;
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    return stub->SubmitJob(&ctx, request, &response);
+  };
+  grpc::Status status = submit(2 << 20);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--max-coordinator-message-bytes"));
+  status = submit(65 << 20);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  status = submit(300);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--max-name-bytes"));
+  EXPECT_TRUE(submit(10).ok());
+  EXPECT_EQ(coordinator_->ListJobs().size(), 1u);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
 
 TEST_F(CoordinatorServiceTest, SubmitMapsValidationErrorsAndUnknownJobs) {
   v1::SubmitJobRequest request;

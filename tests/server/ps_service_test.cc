@@ -596,6 +596,28 @@ TEST_F(PsServiceTest, PullsWaitingForAVersionThatNeverComesDoNotStarvePushesOrRe
   for (const grpc::Status& s : parked) EXPECT_FALSE(s.ok());
 }
 
+// Regression (issue 8): ShardControl took messages of any size.
+TEST_F(PsServiceTest, OversizedShardControlRequestsAreResourceExhausted) {
+  service_options_.max_control_message_bytes = 1 << 20;
+  service_options_.max_receive_message_bytes = 8 << 20;
+  StartJob(v1::CONSISTENCY_SYNC);
+  for (int megabytes : {2, 16}) {
+    v1::SetMembersRequest request;
+    request.set_job_id(kJob);
+    request.add_members(std::string(megabytes << 20, 'w'));
+    request.set_generation(2);
+    v1::SetMembersResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    grpc::Status status = servers_[0]->control()->SetMembers(&ctx, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  // Still serving, and the job is unchanged.
+  std::vector<std::vector<float>> values;
+  grpc::Status pulled = Pull(0, {FirstChunkOf(0)}, 0, &values, nullptr);
+  EXPECT_TRUE(pulled.ok()) << pulled.error_message();
+}
+
 TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
   StartJob(v1::CONSISTENCY_SYNC);
   grpc::Status status;
