@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,7 +17,22 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
         absl::StrCat("chunk_bytes must be in [4, ", kMaxChunkBytes, "], got ", chunk_bytes));
   }
   const int64_t per_chunk = chunk_bytes / 4;
+  // Count first, so that a huge model is refused before the plan grows.
+  int64_t num_chunks = 0;
+  for (const ParamInfo& p : graph.params) {
+    std::optional<int64_t> n = p.shape.CheckedNumElements();
+    if (!n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p.name, " ", p.shape.ToString(), " is too large"));
+    }
+    const int64_t chunks = *n / per_chunk + (*n % per_chunk != 0 ? 1 : 0);
+    if (chunks > kMaxChunks || (num_chunks += chunks) > kMaxChunks) {
+      return absl::InvalidArgumentError(absl::StrCat("the model needs more than ", kMaxChunks,
+                                                     " chunks of ", chunk_bytes, " bytes"));
+    }
+  }
   ChunkPlan plan;
+  plan.chunks.reserve(static_cast<size_t>(num_chunks));
   plan.num_shards = num_shards;
   plan.by_param.resize(graph.params.size());
   for (size_t p = 0; p < graph.params.size(); ++p) {

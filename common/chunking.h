@@ -20,6 +20,9 @@ namespace pstrain {
 // limits. Chunks never exceed kMaxChunkBytes (4 MiB).
 inline constexpr int64_t kDefaultChunkBytes = int64_t{1} << 20;
 inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
+// Most chunks one plan may hold (1 TiB of parameters at the default chunk
+// size); a plan's memory is ~40 bytes per chunk.
+inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
 
 struct ChunkInfo {
   int id = 0;          // Index in ChunkPlan::chunks.
@@ -41,7 +44,9 @@ struct ChunkPlan {
 // chunk_bytes (small parameters are not merged: a chunk never spans two
 // parameters), then assigns chunks to shards greedily by bytes, largest
 // first, so that shard loads differ by at most one chunk. Deterministic.
-// INVALID_ARGUMENT for num_shards < 1 or chunk_bytes outside [4, kMaxChunkBytes].
+// INVALID_ARGUMENT for num_shards < 1, chunk_bytes outside [4, kMaxChunkBytes],
+// or more than kMaxChunks chunks (counted, overflow-checked, before anything
+// is allocated).
 absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
                                      int64_t chunk_bytes = kDefaultChunkBytes);
 

@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -101,8 +102,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         absl::StrCat("batch_size must be in [1, 65536], got ", job.batch_size()));
   }
   if (!job.has_optimizer()) return absl::InvalidArgumentError("job has no optimizer");
+  if (!v1::OptimizerType_IsValid(job.optimizer().type())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.type ", job.optimizer().type(), " is not a known OptimizerType"));
+  }
+  if (!v1::ConsistencyMode_IsValid(job.mode())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode ", job.mode(),
+        " is not a known ConsistencyMode (CONSISTENCY_SYNC, CONSISTENCY_ASYNC, CONSISTENCY_SSP, "
+        "CONSISTENCY_AVERAGE)"));
+  }
   const v1::DatasetSpec& data = job.dataset();
-  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED) {
+  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED ||
+      !v1::DatasetFormat_IsValid(data.format())) {
     return absl::InvalidArgumentError(
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
         "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC");
@@ -138,6 +150,60 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         " local steps), got ", job.averaging_frequency()));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
+                            const JobLimits& limits) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"name", &job.name()},
+        {"model.name", &job.model().name()}}) {
+    if (static_cast<int64_t>(value->size()) > limits.max_name_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " has ", value->size(),
+                                                     " bytes; at most ", limits.max_name_bytes,
+                                                     " are allowed (--max-name-bytes)"));
+    }
+  }
+  // BuildModelGraph keeps every count <= kMaxGraphElements, so none of the
+  // products below overflows.
+  const int64_t parameters = graph.trainable_params + graph.non_trainable_params;
+  if (parameters > limits.max_parameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model has ", parameters, " parameters; a job may have at most ",
+                     limits.max_parameters, " (--max-job-parameters)"));
+  }
+  const int64_t bytes =
+      (parameters + graph.trainable_params * OptimizerStateCopies(job.optimizer())) *
+      static_cast<int64_t>(sizeof(float));
+  if (bytes > limits.max_parameter_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's parameters and optimizer state take ", bytes,
+                     " bytes on the servers; a job may take at most ", limits.max_parameter_bytes,
+                     " (--max-job-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+int OptimizerStateCopies(const v1::OptimizerSpec& optimizer) {
+  switch (optimizer.type()) {
+    case v1::OPTIMIZER_SGD:
+      return optimizer.momentum() > 0.f ? 1 : 0;
+    case v1::OPTIMIZER_ADAM:
+    case v1::OPTIMIZER_ADAMW:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+std::optional<int64_t> TestSetBound(const v1::JobSpec& job) {
+  const v1::DatasetSpec& data = job.dataset();
+  std::optional<int64_t> bound;
+  if (data.format() == v1::DATASET_FORMAT_SYNTHETIC && data.synthetic().test_samples() > 0) {
+    bound = data.synthetic().test_samples();
+  }
+  if (data.format() == v1::DATASET_FORMAT_CIFAR10) bound = 10000;  // test_batch.bin.
+  if (data.test_limit() > 0) bound = std::min(bound.value_or(data.test_limit()), data.test_limit());
+  return bound;
 }
 
 void ApplyJobDefaults(v1::JobSpec* job) {

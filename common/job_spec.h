@@ -6,11 +6,14 @@
 #ifndef PSTRAIN_COMMON_JOB_SPEC_H_
 #define PSTRAIN_COMMON_JOB_SPEC_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 
 namespace pstrain {
@@ -32,8 +35,37 @@ absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 // model graph (see BuildModelGraph), epochs, batch size, dataset fields,
 // consistency-mode fields. Optimizer fields are checked by
 // ValidateOptimizerSpec (kernels/optimizer.h), which the worker and server
-// call as well. INVALID_ARGUMENT with a message naming the field.
+// call as well. INVALID_ARGUMENT with a message naming the field; enum
+// fields holding a value this build does not know (proto3 keeps them) are
+// INVALID_ARGUMENT too, never a silent default.
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
+
+// What one job may make a server hold. The server's defaults are flags of
+// pstrain-server (docs/ARCHITECTURE.md, "Limits").
+struct JobLimits {
+  // Parameter values (fp32, running statistics included) over the model.
+  int64_t max_parameters = int64_t{1} << 28;  // 268,435,456 (1 GiB of fp32).
+  // Bytes of parameters plus the server-side optimizer state (SGD momentum:
+  // one copy, Adam/AdamW: two).
+  int64_t max_parameter_bytes = int64_t{2} << 30;  // 2 GiB.
+  // JobSpec.name and ModelSpec.name.
+  int max_name_bytes = 256;
+};
+
+// INVALID_ARGUMENT when the job's model exceeds `limits` (the message names
+// the limit, the model's figure and the flag that raises it) or a name is
+// too long. `graph` is BuildModelGraph(job.model()).
+absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
+                            const JobLimits& limits);
+
+// Optimizer-state copies of every trainable parameter the server keeps for
+// `optimizer` (0 plain SGD, 1 SGD with momentum, 2 Adam/AdamW).
+int OptimizerStateCopies(const v1::OptimizerSpec& optimizer);
+
+// The most test samples the job's dataset can hold, when the spec says it
+// (test_limit, a synthetic set's test_samples, CIFAR-10's 10,000); nullopt
+// when only the files know.
+std::optional<int64_t> TestSetBound(const v1::JobSpec& job);
 
 // Average mode's K when a job leaves averaging_frequency at 0: DL4J's
 // default averaging frequency.

@@ -22,6 +22,15 @@ void ConfusionMatrix::Add(int true_label, int predicted) {
   ++counts_[static_cast<size_t>(true_label) * num_classes_ + predicted];
 }
 
+void ConfusionMatrix::Add(int true_label, int predicted, int64_t count) {
+  if (count <= 0) return;
+  if (true_label < 0 || true_label >= num_classes_ || predicted < 0 || predicted >= num_classes_) {
+    rejected_ += count;
+    return;
+  }
+  counts_[static_cast<size_t>(true_label) * num_classes_ + predicted] += count;
+}
+
 void ConfusionMatrix::Merge(const ConfusionMatrix& other) {
   if (other.num_classes_ > num_classes_) {
     const int grown = other.num_classes_;

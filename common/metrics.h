@@ -47,6 +47,9 @@ class ConfusionMatrix {
   // outside [0, num_classes) is not counted in the matrix; it is counted in
   // rejected() instead, so that callers can report bad labels.
   void Add(int true_label, int predicted);
+  // Counts `count` (>= 0) such pairs at once: O(1) whatever the count, so
+  // that merging a shard's counts never loops per sample.
+  void Add(int true_label, int predicted, int64_t count);
 
   // Adds `other`'s counts to this matrix (aggregating workers' shards). When
   // the sizes differ the result has the larger size, each count staying at

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,16 @@ class LayerError {
   std::string prefix_;
 };
 
+// INVALID_ARGUMENT unless `shape` has at most kMaxGraphElements elements
+// (checked arithmetic: the product may overflow int64_t).
+absl::Status CheckTensorSize(const LayerError& error, const char* what, const Shape& shape) {
+  std::optional<int64_t> n = shape.CheckedNumElements();
+  if (!n || *n > kMaxGraphElements) {
+    return error(what, " ", shape.ToString(), " has more than ", kMaxGraphElements, " elements");
+  }
+  return absl::OkStatus();
+}
+
 // Output side of a convolution or pooling window, or -1 if it does not fit.
 int64_t WindowOutput(int64_t in, int64_t window, int64_t stride, int64_t pad) {
   int64_t span = in + 2 * pad - window;
@@ -135,6 +146,7 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
                      in.ToString());
       }
       layer.output_shape = Shape{c.filters(), oh, ow};
+      PSTRAIN_RETURN_IF_ERROR(CheckTensorSize(error, "weight", Shape{c.filters(), in[0], kh, kw}));
       int64_t fan_in = in[0] * kh * kw;
       int64_t fan_out = c.filters() * kh * kw;
       AddParam(graph, layer, index, "weight", ParamRole::kWeight, Shape{c.filters(), in[0], kh, kw},
@@ -165,8 +177,9 @@ absl::Status AnalyseLayer(ModelGraph& graph, int index) {
     case LayerType::kDense: {
       const v1::DenseLayer& d = spec.dense();
       if (d.units() <= 0) return error("units must be > 0, got ", d.units());
-      int64_t features = in.num_elements();
+      int64_t features = in.num_elements();  // <= kMaxGraphElements (checked before).
       layer.output_shape = Shape{d.units()};
+      PSTRAIN_RETURN_IF_ERROR(CheckTensorSize(error, "weight", Shape{d.units(), features}));
       AddParam(graph, layer, index, "weight", ParamRole::kWeight, Shape{d.units(), features}, true,
                features, d.units());
       if (!d.no_bias())
@@ -289,6 +302,12 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
     dims.push_back(d);
   }
   graph.input_shape = Shape(dims);
+  if (std::optional<int64_t> n = graph.input_shape.CheckedNumElements();
+      !n || *n > kMaxGraphElements) {
+    return absl::InvalidArgumentError(absl::StrCat("model.input_shape ",
+                                                   graph.input_shape.ToString(), " has more than ",
+                                                   kMaxGraphElements, " elements"));
+  }
   if (spec.num_classes() < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.num_classes must be >= 2, got ", spec.num_classes()));
@@ -347,6 +366,11 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {
     index_of[info.name] = i;
     graph.layers.push_back(std::move(info));
     PSTRAIN_RETURN_IF_ERROR(AnalyseLayer(graph, i));
+    PSTRAIN_RETURN_IF_ERROR(CheckTensorSize(error, "output shape", graph.layers[i].output_shape));
+    // Every parameter is <= kMaxGraphElements, so this sum cannot overflow.
+    if (graph.trainable_params + graph.non_trainable_params > kMaxGraphElements) {
+      return error("the model has more than ", kMaxGraphElements, " parameters");
+    }
     for (int producer : graph.layers[i].inputs) {
       if (producer >= 0) graph.layers[producer].consumers.push_back(i);
     }

@@ -76,9 +76,17 @@ struct ModelGraph {
   int logits_layer = -1;  // Its input: the [num_classes] logits.
 };
 
+// Hard ceiling on the elements of any one tensor (a parameter, or one
+// sample's activation) and on a model's parameters in total, so that every
+// size derived from a graph (bytes, times a batch of up to 65536) fits in
+// int64_t. Jobs are held to much lower, configurable limits (JobLimits in
+// common/job_spec.h); this one only makes the shape arithmetic safe.
+inline constexpr int64_t kMaxGraphElements = int64_t{1} << 40;
+
 // Validates `spec` and infers every shape. Errors are INVALID_ARGUMENT and
 // name the layer, e.g. "layer 'add1' (add): input 'conv3' has shape
-// [64, 8, 8] but input 'pool1' has shape [32, 8, 8]".
+// [64, 8, 8] but input 'pool1' has shape [32, 8, 8]". Shape arithmetic is
+// overflow-checked: a tensor above kMaxGraphElements is INVALID_ARGUMENT.
 absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec);
 
 // Keras-style table: layer (type), output shape, parameter count, inputs,

@@ -8,10 +8,24 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace pstrain {
+
+// Overflow-checked int64 arithmetic for sizes: the result, or nullopt when
+// it does not fit in int64_t.
+inline std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+inline std::optional<int64_t> CheckedAdd(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_add_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
 
 // Dimensions outermost first (NCHW for images). A value type; thread-compatible.
 class Shape {
@@ -29,6 +43,18 @@ class Shape {
   int64_t num_elements() const {
     int64_t n = 1;
     for (int64_t d : dims_) n *= d;
+    return n;
+  }
+  // num_elements(), or nullopt when a dimension is negative or the product
+  // overflows int64_t. Use it on shapes that come from input (specs, wire).
+  std::optional<int64_t> CheckedNumElements() const {
+    int64_t n = 1;
+    for (int64_t d : dims_) {
+      if (d < 0) return std::nullopt;
+      std::optional<int64_t> next = CheckedMul(n, d);
+      if (!next) return std::nullopt;
+      n = *next;
+    }
     return n;
   }
   // Product of all dimensions but the first (features per sample).

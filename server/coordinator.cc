@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -62,17 +63,21 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-// A ConfusionMatrix holding `eval`'s counts.
+// A ConfusionMatrix holding `eval`'s counts (added, not counted one by one).
 ConfusionMatrix MatrixFromEval(const v1::EvalMetrics& eval) {
   ConfusionMatrix cm(eval.num_classes());
   const int n = eval.num_classes();
   for (int t = 0; t < n; ++t) {
-    for (int p = 0; p < n; ++p) {
-      const int64_t count = eval.confusion(t * n + p);
-      for (int64_t i = 0; i < count; ++i) cm.Add(t, p);
-    }
+    for (int p = 0; p < n; ++p) cm.Add(t, p, eval.confusion(t * n + p));
   }
   return cm;
+}
+
+// `text` cut to at most `max_bytes` (a note says so).
+std::string Truncated(const std::string& text, int max_bytes) {
+  if (static_cast<int64_t>(text.size()) <= max_bytes) return text;
+  return absl::StrCat(text.substr(0, static_cast<size_t>(max_bytes)), "... (",
+                      text.size() - static_cast<size_t>(max_bytes), " more bytes cut)");
 }
 
 }  // namespace
@@ -153,6 +158,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
   if (options.max_workers_per_job < 1) {
     return absl::InvalidArgumentError("max_workers_per_job must be >= 1");
   }
+  if (options.max_queued_jobs < 1 || options.max_workers < 1 || options.max_id_bytes < 16 ||
+      options.max_worker_info_bytes < 1 || options.max_reason_bytes < 1 ||
+      options.max_eval_samples < 1 || options.job_limits.max_parameters < 1 ||
+      options.job_limits.max_parameter_bytes < 4 || options.job_limits.max_name_bytes < 1 ||
+      options.forget_dead_workers_after <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "coordinator limits must be >= 1 (max_id_bytes >= 16, forget_dead_workers_after > 0)");
+  }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   const bool start_thread = options.start_background_thread;
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), shards));
@@ -223,15 +236,20 @@ absl::Status Coordinator::LoadState() {
     }
     job->has_checkpoint = fs::exists(ModelPath(id));
     job->persisted_revision = job->revision;
-    absl::StatusOr<ModelGraph> graph = BuildModelGraph(job->status.spec().model());
-    if (graph.ok()) job->graph = *std::move(graph);
     const v1::JobState state = job->status.state();
+    // A job that would run again is checked like a new one (this server's
+    // limits may be lower than those it was accepted under), so that a job
+    // that cannot run fails here instead of taking the server down.
+    absl::StatusOr<ModelGraph> graph = IsTerminal(state)
+                                           ? BuildModelGraph(job->status.spec().model())
+                                           : ValidateJob(job->status.spec());
+    if (graph.ok()) job->graph = *std::move(graph);
     if (IsTerminal(state)) {
       job->phase = Phase::kDone;
     } else if (!graph.ok()) {
       job->phase = Phase::kDone;
       job->status.set_state(v1::JOB_STATE_FAILED);
-      job->status.set_reason(absl::StrCat("server restarted and the saved model spec is invalid: ",
+      job->status.set_reason(absl::StrCat("server restarted and the saved job is invalid: ",
                                           graph.status().message()));
       job->status.set_finished_unix_ms(ToUnixMs(Now()));
       job->revision++;
@@ -260,6 +278,29 @@ absl::Status Coordinator::LoadState() {
 // Jobs
 // ---------------------------------------------------------------------------
 
+absl::StatusOr<ModelGraph> Coordinator::ValidateJob(const v1::JobSpec& spec) const {
+  if (spec.workers() < 0 || spec.workers() > options_.max_workers_per_job) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));
+  }
+  PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
+  PSTRAIN_RETURN_IF_ERROR(CheckJobLimits(spec, graph, options_.job_limits));
+  PSTRAIN_RETURN_IF_ERROR(
+      PlanChunks(graph, shards_->num_shards(), shards_->chunk_bytes()).status());
+  return graph;
+}
+
+absl::Status Coordinator::CheckId(const char* what, const std::string& id) const {
+  if (static_cast<int64_t>(id.size()) > options_.max_id_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
+                                                   " bytes; ids have at most ",
+                                                   options_.max_id_bytes, " (--max-id-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
   if (spec.model().layers_size() == 0) {
     return absl::InvalidArgumentError(
@@ -270,19 +311,19 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
   }
   spec.clear_model_file();
   ApplyJobDefaults(&spec);
-  if (spec.workers() < 0 || spec.workers() > options_.max_workers_per_job) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));
-  }
-  PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
-  PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
-  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
-  PSTRAIN_RETURN_IF_ERROR(
-      PlanChunks(graph, shards_->num_shards(), shards_->chunk_bytes()).status());
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, ValidateJob(spec));
 
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
+    int queued = 0;
+    for (const auto& [id, job] : jobs_) queued += job->phase == Phase::kQueued ? 1 : 0;
+    if (queued >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(queued,
+                       " jobs are queued, the most this server takes (--max-queued-jobs); "
+                       "submit again once some have started"));
+    }
     job_id = absl::StrCat("job-", next_job_++);
     auto job = std::make_unique<Job>();
     job->graph = std::move(graph);
@@ -302,6 +343,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
 }
 
 absl::StatusOr<v1::JobStatus> Coordinator::GetJob(const std::string& job_id) const {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
@@ -318,6 +360,7 @@ std::vector<v1::JobStatus> Coordinator::ListJobs() const {
 }
 
 absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   v1::JobStatus status;
   {
     absl::MutexLock lock(&mu_);
@@ -338,6 +381,7 @@ absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) 
 absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_id,
                                                         int64_t after_revision,
                                                         absl::Time deadline) const {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
@@ -348,6 +392,7 @@ absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_i
 }
 
 absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_id) const {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
@@ -362,8 +407,20 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 // Workers
 // ---------------------------------------------------------------------------
 
-v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::WorkerInfo& info) {
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::WorkerInfo& info) {
+  if (const size_t bytes = info.ByteSizeLong();
+      bytes > static_cast<size_t>(options_.max_worker_info_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("worker info has ", bytes, " bytes; at most ",
+                                                   options_.max_worker_info_bytes, " are allowed"));
+  }
   absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) ForgetDeadWorkers();
+  if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(workers_.size(),
+                     " workers are registered, the most this server takes "
+                     "(--max-workers)"));
+  }
   auto worker = std::make_unique<Worker>();
   worker->id = absl::StrCat("worker-", next_worker_++);
   worker->info = info;
@@ -382,6 +439,8 @@ v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::WorkerInfo& inf
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& worker_id,
                                                              const std::string& job_id) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", worker_id));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   v1::HeartbeatResponse response;
   auto it = workers_.find(worker_id);
@@ -430,6 +489,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
 }
 
 absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest& report) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", report.worker_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", report.job_id()));
   {
     absl::MutexLock lock(&mu_);
     auto wit = workers_.find(report.worker_id());
@@ -460,35 +521,12 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
           job->status.spec().epochs(), "] or step ", report.step(), " is negative"));
     }
     if (!report.error().empty()) {
-      Finish(
-          *job, v1::JOB_STATE_FAILED,
-          absl::StrCat(report.worker_id(), " (rank ", member->rank, ") failed: ", report.error()));
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat(report.worker_id(), " (rank ", member->rank,
+                          ") failed: ", Truncated(report.error(), options_.max_reason_bytes)));
       Wake();
     } else {
-      if (report.finished()) {
-        const v1::EvalMetrics& eval = report.eval_shard();
-        const int n = eval.num_classes();
-        if (n <= 0 || n > job->graph.num_classes ||
-            eval.confusion_size() != static_cast<int64_t>(n) * n) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("eval_shard of ", report.worker_id(), ": num_classes ", n, " and ",
-                           eval.confusion_size(), " confusion counts do not fit a model with ",
-                           job->graph.num_classes, " classes"));
-        }
-        int64_t total = 0;
-        for (int64_t c : eval.confusion()) {
-          if (c < 0) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("eval_shard of ", report.worker_id(), ": negative count ", c));
-          }
-          total += c;
-        }
-        if (total != eval.samples()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("eval_shard of ", report.worker_id(), ": the confusion matrix counts ",
-                           total, " samples but samples is ", eval.samples()));
-        }
-      }
+      if (report.finished()) PSTRAIN_RETURN_IF_ERROR(CheckEvalShard(*job, report));
       member->reported = true;
       if (report.finished()) {
         // Done means every epoch: the final report's training figures are
@@ -521,6 +559,54 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     if (job->phase == Phase::kDone) return true;
   }
   return false;
+}
+
+absl::Status Coordinator::CheckEvalShard(const Job& job,
+                                         const v1::ReportProgressRequest& report) const {
+  const v1::EvalMetrics& eval = report.eval_shard();
+  const int n = eval.num_classes();
+  if (n <= 0 || n > job.graph.num_classes || eval.confusion_size() != static_cast<int64_t>(n) * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_shard of ", report.worker_id(), ": num_classes ", n, " and ", eval.confusion_size(),
+        " confusion counts do not fit a model with ", job.graph.num_classes, " classes"));
+  }
+  // The members' shards are disjoint parts of one test set: together they
+  // cannot hold more samples than it does.
+  const std::optional<int64_t> test_set = TestSetBound(job.status.spec());
+  int64_t allowed = test_set.value_or(options_.max_eval_samples);
+  for (const Member& m : job.members) {
+    if (m.finished && m.worker_id != report.worker_id()) allowed -= m.eval.samples();
+  }
+  int64_t total = 0;  // <= n * n * max(allowed, 0): no overflow.
+  for (int64_t c : eval.confusion()) {
+    if (c < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval_shard of ", report.worker_id(), ": negative count ", c));
+    }
+    if (c > allowed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval_shard of ", report.worker_id(), ": a count of ", c, " exceeds the ",
+                       std::max<int64_t>(allowed, 0), " test samples left for this shard (",
+                       test_set ? absl::StrCat("the test set holds ", *test_set)
+                                : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
+                       ")"));
+    }
+    total += c;
+  }
+  if (total != eval.samples()) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", report.worker_id(),
+                                                   ": the confusion matrix counts ", total,
+                                                   " samples but samples is ", eval.samples()));
+  }
+  if (total > allowed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_shard of ", report.worker_id(), ": ", total, " samples exceed the ",
+                     std::max<int64_t>(allowed, 0), " test samples left for this shard (",
+                     test_set ? absl::StrCat("the test set holds ", *test_set)
+                              : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
+                     ")"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
@@ -575,6 +661,21 @@ int Coordinator::IdleLiveWorkers() const {
     if (w->alive && w->job_id.empty()) ++n;
   }
   return n;
+}
+
+void Coordinator::ForgetDeadWorkers() {
+  const absl::Time now = Now();
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const Worker& w = *it->second;
+    if (!w.alive && w.job_id.empty() &&
+        now - w.last_heartbeat > options_.forget_dead_workers_after) {
+      Log(absl::StrCat(it->first, ": forgotten (no heartbeat for ",
+                       absl::FormatDuration(now - w.last_heartbeat), ")"));
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Coordinator::RefreshQueueReasons() {
@@ -732,6 +833,7 @@ void Coordinator::DropDeadWorkers() {
       w->job_id.clear();
     }
   }
+  ForgetDeadWorkers();
   RefreshQueueReasons();
 }
 

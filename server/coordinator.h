@@ -6,7 +6,8 @@
 //   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
 //                            Coordinator::Create({.state_dir = "/var/lib/pstrain"}, &shards));
 //   PSTRAIN_ASSIGN_OR_RETURN(std::string job_id, coordinator->SubmitJob(spec));  // "job-1"
-//   v1::RegisterWorkerResponse w = coordinator->RegisterWorker(info);           // "worker-1"
+//   PSTRAIN_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse w,
+//                            coordinator->RegisterWorker(info));                // "worker-1"
 //   PSTRAIN_ASSIGN_OR_RETURN(v1::HeartbeatResponse hb,
 //                            coordinator->Heartbeat(w.worker_id(), ""));        // ACTION_RUN
 //
@@ -33,6 +34,18 @@
 // survivors get new ranks 0..n-2 and world size n-1 on their next heartbeat.
 // A job that loses every worker goes back to the queue and resumes from its
 // last checkpoint. A dead worker that heartbeats again is alive and idle.
+// A worker dead and idle for Options::forget_dead_workers_after is forgotten
+// (its next heartbeat gets ACTION_REREGISTER).
+//
+// Limits (each an Options field; INVALID_ARGUMENT for a request beyond a
+// size limit, RESOURCE_EXHAUSTED for a full registry; nothing changes): the
+// model's parameters and bytes and the names of a job (job_limits), ids in
+// requests (max_id_bytes), WorkerInfo (max_worker_info_bytes), queued jobs
+// (max_queued_jobs), registered workers (max_workers, after forgetting dead
+// ones), test samples claimed by a job's eval shards together (the test
+// set's size when the spec states it, else max_eval_samples); a worker's
+// error message is cut to max_reason_bytes. Saved jobs beyond the limits
+// fail when they are loaded instead of being queued again.
 //
 // Persistence: every change of a job is saved to <state_dir>/jobs/<id>/
 // status.pb (written to a temporary file, fsync'ed and renamed). Create()
@@ -67,6 +80,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/chunking.h"
+#include "common/job_spec.h"
 #include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
@@ -100,6 +114,17 @@ class Coordinator {
     // Every shard's ParameterService address, index = shard (sent to workers).
     std::vector<std::string> shard_addresses;
     int max_workers_per_job = 64;
+    // --- Limits (docs/ARCHITECTURE.md, "Limits"; flags of pstrain-server).
+    JobLimits job_limits = {};
+    int max_queued_jobs = 1000;
+    int max_workers = 10000;
+    absl::Duration forget_dead_workers_after = absl::Minutes(10);
+    int max_id_bytes = 128;
+    int max_worker_info_bytes = 4096;
+    int max_reason_bytes = 4096;
+    // Test samples a job's eval shards may claim in total when the spec
+    // does not say how large the test set is (TestSetBound).
+    int64_t max_eval_samples = 100'000'000;
     // The clock; tests inject their own.
     std::function<absl::Time()> clock = [] { return absl::Now(); };
     // Run Tick() on an owned thread every tick_interval (and at once after
@@ -123,8 +148,9 @@ class Coordinator {
 
   // --- Jobs ---------------------------------------------------------------
   // Validates `spec` (model inline, ValidateJobSpec, ValidateOptimizerSpec,
-  // 1 <= workers <= max_workers_per_job; workers 0 means 1) and queues it.
-  // Returns the new job id.
+  // 1 <= workers <= max_workers_per_job; workers 0 means 1; job_limits; a
+  // chunk plan) and queues it. Returns the new job id. RESOURCE_EXHAUSTED
+  // when max_queued_jobs are queued.
   absl::StatusOr<std::string> SubmitJob(v1::JobSpec spec);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
@@ -142,7 +168,10 @@ class Coordinator {
   absl::StatusOr<std::string> CheckpointPath(const std::string& job_id) const;
 
   // --- Workers ------------------------------------------------------------
-  v1::RegisterWorkerResponse RegisterWorker(const v1::WorkerInfo& info);
+  // INVALID_ARGUMENT when `info` exceeds max_worker_info_bytes;
+  // RESOURCE_EXHAUSTED when max_workers are registered and none can be
+  // forgotten.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::WorkerInfo& info);
   // Records the heartbeat and says what the worker must do. An unknown
   // worker id gets ACTION_REREGISTER (not an error).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
@@ -150,7 +179,8 @@ class Coordinator {
   // Records a worker's progress, test shard or error. Returns true when the
   // worker must stop (job cancelled, failed or the worker is no longer a
   // member). NOT_FOUND for an unknown worker or job; INVALID_ARGUMENT for
-  // a malformed eval shard.
+  // a malformed eval shard (counts that do not add up, or more samples than
+  // the test set holds, counting the other members' shards).
   absl::StatusOr<bool> ReportProgress(const v1::ReportProgressRequest& report);
   std::vector<v1::WorkerStatus> ListWorkers() const;
 
@@ -177,6 +207,13 @@ class Coordinator {
 
   Coordinator(Options options, ShardController* shards);
   absl::Status LoadState();
+  // Everything SubmitJob checks of a spec (defaults applied); the graph.
+  absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
+  absl::Status CheckId(const char* what, const std::string& id) const;
+  absl::Status CheckEvalShard(const Job& job, const v1::ReportProgressRequest& report) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes workers dead and idle for forget_dead_workers_after.
+  void ForgetDeadWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BackgroundLoop();
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
   void Log(const std::string& line) const;

@@ -30,9 +30,15 @@ grpc::Status Cancelled() {
 
 }  // namespace
 
+grpc::Status CoordinatorService::CheckSize(const google::protobuf::Message& request) const {
+  return CheckMessageSize(request, options_.max_message_bytes, "Coordinator",
+                          "--max-coordinator-message-bytes");
+}
+
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                            const v1::SubmitJobRequest* request,
                                            v1::SubmitJobResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (!request->has_spec()) return Invalid("SubmitJob needs a spec");
   absl::StatusOr<std::string> id = coordinator_->SubmitJob(request->spec());
   if (!id.ok()) return ToGrpcStatus(id.status());
@@ -42,6 +48,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const v1::GetJobRequest* request, v1::JobStatus* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("GetJob needs a job_id");
   absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -52,6 +59,7 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest* request,
                                           v1::ListJobsResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   for (v1::JobStatus& s : coordinator_->ListJobs()) *response->add_jobs() = std::move(s);
   return grpc::Status::OK;
 }
@@ -59,6 +67,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
 grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
                                            const v1::CancelJobRequest* request,
                                            v1::CancelJobResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("CancelJob needs a job_id");
   absl::StatusOr<v1::JobStatus> status = coordinator_->CancelJob(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -69,6 +78,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
                                           const v1::WatchJobRequest* request,
                                           grpc::ServerWriter<v1::JobStatus>* writer) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("WatchJob needs a job_id");
   if (request->min_interval_ms() < 0) return Invalid("min_interval_ms must be >= 0");
   const absl::Duration interval =
@@ -119,6 +129,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
                                                const v1::DownloadModelRequest* request,
                                                grpc::ServerWriter<v1::ModelChunk>* writer) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("DownloadModel needs a job_id");
   absl::StatusOr<std::string> path = coordinator_->CheckpointPath(request->job_id());
   if (!path.ok()) return ToGrpcStatus(path.status());
@@ -153,13 +164,17 @@ grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
 grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* request,
                                                 v1::RegisterWorkerResponse* response) {
-  *response = coordinator_->RegisterWorker(request->info());
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  absl::StatusOr<v1::RegisterWorkerResponse> r = coordinator_->RegisterWorker(request->info());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->worker_id().empty()) return Invalid("Heartbeat needs a worker_id");
   absl::StatusOr<v1::HeartbeatResponse> r =
       coordinator_->Heartbeat(request->worker_id(), request->job_id());
@@ -171,6 +186,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
                                                 const v1::ReportProgressRequest* request,
                                                 v1::ReportProgressResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   if (request->worker_id().empty() || request->job_id().empty()) {
     return Invalid("ReportProgress needs a worker_id and a job_id");
   }
@@ -183,6 +199,7 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* request,
                                              v1::ListWorkersResponse* response) {
+  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
   for (v1::WorkerStatus& w : coordinator_->ListWorkers()) *response->add_workers() = std::move(w);
   return grpc::Status::OK;
 }

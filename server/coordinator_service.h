@@ -16,6 +16,10 @@
 // from a lost connection), and ends after a terminal state has been sent. DownloadModel streams the
 // latest checkpoint file in ModelChunk messages of at most 1 MiB.
 //
+// A request above Options::max_message_bytes is RESOURCE_EXHAUSTED before
+// the Coordinator sees it (the server's own receive limit may be higher, as
+// other services on it may need more).
+//
 // Threads: gRPC's synchronous API; handlers run on gRPC's thread pool.
 // The two streaming handlers hold their thread while they stream but wake at
 // least every second to notice a cancelled call or a server shutdown, so no
@@ -37,7 +41,13 @@ inline constexpr int64_t kModelChunkBytes = int64_t{1} << 20;
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+  struct Options {
+    int64_t max_message_bytes = int64_t{64} << 20;
+  };
+  explicit CoordinatorService(Coordinator* coordinator)
+      : CoordinatorService(coordinator, Options()) {}
+  CoordinatorService(Coordinator* coordinator, Options options)
+      : coordinator_(coordinator), options_(options) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -63,7 +73,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                            v1::ListWorkersResponse* response) override;
 
  private:
+  grpc::Status CheckSize(const google::protobuf::Message& request) const;
+
   Coordinator* const coordinator_;  // Not owned.
+  const Options options_;
 };
 
 }  // namespace pstrain

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -120,6 +121,20 @@ struct Accumulator {
     contributors.insert(worker_id);
   }
 };
+
+// True when adding `values` to `sum` element-wise would turn two finite
+// floats into an infinity (|a + b| > FLT_MAX). One branch-free pass.
+bool SumOverflows(const std::vector<float>& sum, absl::Span<const float> values) {
+  const float* a = sum.data();
+  const float* b = values.data();
+  const size_t n = std::min(sum.size(), values.size());
+  constexpr float kMax = std::numeric_limits<float>::max();
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    any |= std::fabs(a[i] + b[i]) > kMax && std::fabs(a[i]) <= kMax && std::fabs(b[i]) <= kMax;
+  }
+  return any;
+}
 
 // A push that has been validated but not yet added to `target`: the push
 // that may complete a barrier is folded into the mean directly (one pass
@@ -226,7 +241,7 @@ class JobState {
   JobState& operator=(const JobState&) = delete;
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
-                    int shard_index);
+                    const JobLimits& limits, int shard_index);
   absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation);
   void Drop();
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
@@ -290,7 +305,8 @@ class JobState {
 };
 
 absl::Status JobState::Init(const ShardJobConfig& config,
-                            const std::vector<v1::ChunkValues>& initial, int shard_index) {
+                            const std::vector<v1::ChunkValues>& initial, const JobLimits& limits,
+                            int shard_index) {
   if (config.job_id.empty()) return absl::InvalidArgumentError("ConfigureJob: empty job_id");
   job_id_ = config.job_id;
   const std::string where = absl::StrCat("ConfigureJob(", job_id_, "): ");
@@ -310,6 +326,9 @@ absl::Status JobState::Init(const ShardJobConfig& config,
   }
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(config.spec.model());
   if (!graph.ok()) return absl::InvalidArgumentError(absl::StrCat(where, graph.status().message()));
+  if (absl::Status s = CheckJobLimits(config.spec, *graph, limits); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
+  }
   absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, config.num_shards, config.chunk_bytes);
   if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(where, plan.status().message()));
   plan_ = *std::move(plan);
@@ -541,6 +560,15 @@ absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
         "duplicate push: worker ", args.worker_id, " already pushed ", KindName(args.kind),
         args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE ? absl::StrCat(" slot ", args.slot) : "",
         " for version ", args.version, " of ", Describe(chunk)));
+  }
+  // The mean is (sum + values) / n: refuse a push whose addition would
+  // overflow to Inf (two finite gradients of 3e38 averaged to -Inf), before
+  // anything is written.
+  if (!barrier.contributors.empty() && SumOverflows(barrier.sum, values)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the push of ", KindName(args.kind), " to ", Describe(chunk), " by worker ", args.worker_id,
+        " overflows float when added to the other members' values for version ", args.version,
+        "; values this large cannot be averaged"));
   }
   const Contribution contribution{&barrier, &args.worker_id, values};
   if (BarrierReady(chunk, &contribution)) return CompleteBarrier(chunk, &contribution, outcome);
@@ -803,7 +831,9 @@ ParameterShard::~ParameterShard() = default;
 absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
                                           const std::vector<v1::ChunkValues>& chunks) {
   auto job = std::make_shared<Job>();
-  PSTRAIN_RETURN_IF_ERROR(job->Init(config, chunks, options_.shard_index));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job id", config.job_id));
+  for (const std::string& id : config.members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
+  PSTRAIN_RETURN_IF_ERROR(job->Init(config, chunks, options_.job_limits, options_.shard_index));
   std::shared_ptr<Job> replaced;
   {
     absl::MutexLock lock(&mu_);
@@ -815,9 +845,19 @@ absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
   return absl::OkStatus();
 }
 
+absl::Status ParameterShard::CheckId(const char* what, const std::string& id) const {
+  if (static_cast<int64_t>(id.size()) > options_.max_id_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
+                                                   " bytes; ids have at most ",
+                                                   options_.max_id_bytes, " (--max-id-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterShard::SetMembers(const std::string& job_id,
                                         const std::vector<std::string>& members,
                                         int64_t generation) {
+  for (const std::string& id : members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);

@@ -29,8 +29,9 @@
 //
 // Every push is validated before anything is touched (unknown job or worker,
 // stale generation, chunk not owned here, wrong element count or kind for the
-// mode, non-finite values when rejected, version from the future); on error
-// the model is unchanged.
+// mode, non-finite values when rejected, version from the future, values
+// whose sum with the other members' overflows float in sync and average
+// modes); on error the model is unchanged.
 //
 // Membership (SetMembers):
 //  * A removed member's push already in a pending barrier stays in its mean
@@ -66,6 +67,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunking.h"
+#include "common/job_spec.h"
 #include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
@@ -129,6 +131,10 @@ class ParameterShard {
     // Pushes more than this many versions ahead are "from the future".
     int64_t max_version_lead = 0;
     int staleness_buckets = 16;
+    // ConfigureJob refuses a job beyond these (INVALID_ARGUMENT), and ids
+    // (job, members) longer than max_id_bytes.
+    JobLimits job_limits = {};
+    int max_id_bytes = 128;
   };
   explicit ParameterShard(Options options);
   ~ParameterShard();
@@ -164,6 +170,8 @@ class ParameterShard {
 
  private:
   struct Job;  // Defined in parameter_shard.cc.
+
+  absl::Status CheckId(const char* what, const std::string& id) const;
 
   const Options options_;  // Constant after construction.
   mutable absl::Mutex mu_;

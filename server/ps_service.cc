@@ -24,8 +24,8 @@ namespace pstrain {
 namespace {
 
 // A thread pool that grows on demand (a task never waits for a thread while
-// fewer than max_threads exist) because pull tasks block for long. Threads
-// live until destruction. Thread-safe.
+// fewer than max_threads exist). Threads live until destruction.
+// Thread-safe.
 class Executor {
  public:
   explicit Executor(int max_threads) : max_threads_(std::max(1, max_threads)) {}
@@ -116,29 +116,50 @@ absl::Status CheckPushDtype(const v1::ChunkHeader& header) {
 class ShardServices::Impl final : public grpc::CallbackGenericService {
  public:
   Impl(ParameterShard* shard, Options options)
-      : shard_(shard), options_(options), executor_(options.max_threads), control_(shard) {}
+      : shard_(shard),
+        options_(options),
+        executor_(options.max_threads),
+        waiting_executor_(options.max_waiting_pulls),
+        control_(shard, options.max_control_message_bytes) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
   void Register(grpc::ServerBuilder* builder) {
-    ConfigureServerBuilder(builder);
+    ConfigureServerBuilder(builder, options_.max_receive_message_bytes);
     builder->RegisterCallbackGenericService(this);
     builder->RegisterService(&control_);
   }
 
   ParameterShard* shard() const { return shard_; }
   const Options& options() const { return options_; }
+  // Pushes and pulls that do not wait: never blocks on a version.
   Executor* executor() { return &executor_; }
+  // Pulls waiting for a version, one thread each (at most max_waiting_pulls
+  // at a time, so that a waiting pull never queues behind the others).
+  Executor* waiting_executor() { return &waiting_executor_; }
+  // Takes one of the max_waiting_pulls places; false when all are taken.
+  bool ReserveWaitingPull() {
+    absl::MutexLock lock(&waiting_mu_);
+    if (waiting_pulls_ >= options_.max_waiting_pulls) return false;
+    ++waiting_pulls_;
+    return true;
+  }
+  void ReleaseWaitingPull() {
+    absl::MutexLock lock(&waiting_mu_);
+    --waiting_pulls_;
+  }
 
  private:
   // ShardControl: control path, protobuf messages, sync handlers (they run
   // on gRPC's sync-server threads, which may block).
   class Control final : public v1::ShardControl::Service {
    public:
-    explicit Control(ParameterShard* shard) : shard_(shard) {}
+    Control(ParameterShard* shard, int max_message_bytes)
+        : shard_(shard), max_message_bytes_(max_message_bytes) {}
 
     grpc::Status ConfigureJob(grpc::ServerContext*, const v1::ConfigureJobRequest* request,
                               v1::ConfigureJobResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       if (request->shard_index() != shard_->shard_index()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("ConfigureJob for shard ", request->shard_index(),
@@ -157,17 +178,20 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
 
     grpc::Status SetMembers(grpc::ServerContext*, const v1::SetMembersRequest* request,
                             v1::SetMembersResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       std::vector<std::string> members(request->members().begin(), request->members().end());
       return ToGrpcStatus(shard_->SetMembers(request->job_id(), members, request->generation()));
     }
 
     grpc::Status DropJob(grpc::ServerContext*, const v1::DropJobRequest* request,
                          v1::DropJobResponse*) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       return ToGrpcStatus(shard_->DropJob(request->job_id()));
     }
 
     grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
                             grpc::ServerWriter<v1::ChunkValues>* writer) override {
+      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
       absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard_->ReadChunks(request->job_id());
       if (!chunks.ok()) return ToGrpcStatus(chunks.status());
       for (const v1::ChunkValues& c : *chunks) {
@@ -180,12 +204,22 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
     }
 
    private:
+    grpc::Status CheckSize(const google::protobuf::Message& request) const {
+      return CheckMessageSize(request, max_message_bytes_, "ShardControl",
+                              "--max-shard-control-message-bytes");
+    }
+
     ParameterShard* const shard_;
+    const int max_message_bytes_;
   };
 
   ParameterShard* const shard_;
   const Options options_;
+  absl::Mutex waiting_mu_;
+  int waiting_pulls_ ABSL_GUARDED_BY(waiting_mu_) = 0;
+  // Declared after waiting_mu_: joined (destroyed) first.
   Executor executor_;
+  Executor waiting_executor_;
   Control control_;
 };
 
@@ -374,9 +408,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
 };
 
 // Pull: one request frame, then a reply frame per chunk in request order.
-// A producer task on the executor waits for each chunk's version and queues
-// its frame (referencing the shard's immutable snapshot); writes go out one
-// at a time from the queue.
+// A producer task on the executor queues the frame of each chunk whose
+// version is there (referencing the shard's immutable snapshot); at the
+// first chunk that is not, it moves to the waiting pool (or fails with
+// RESOURCE_EXHAUSTED when max_waiting_pulls already wait) and waits there
+// for it and the rest. Writes go out one at a time from the queue.
 class PullReactor final : public grpc::ServerGenericBidiReactor {
  public:
   PullReactor(ShardServices::Impl* owner, grpc::GenericCallbackServerContext* ctx)
@@ -433,11 +469,36 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
   void OnDone() override { delete this; }
 
  private:
+  // On the executor: decodes the request and sends what is ready.
   void Produce() {
-    const absl::Time start = absl::Now();
-    absl::Status status = ProduceFrames();
+    start_ = absl::Now();
+    absl::Status status = DecodeRequest();
+    if (status.ok()) {
+      absl::StatusOr<bool> done = ProduceFrames(/*may_wait=*/false);
+      if (done.ok() && !*done) {
+        if (owner_->ReserveWaitingPull()) {
+          owner_->waiting_executor()->Schedule([this] { ProduceWaiting(); });
+          return;
+        }
+        done = absl::ResourceExhaustedError(absl::StrCat(
+            owner_->options().max_waiting_pulls,
+            " pulls already wait for versions on this shard (--max-waiting-pulls); retry later"));
+      }
+      status = done.status();
+    }
+    Complete(status);
+  }
+
+  // On the waiting pool: waits for the remaining chunks.
+  void ProduceWaiting() {
+    absl::Status status = ProduceFrames(/*may_wait=*/true).status();
+    owner_->ReleaseWaitingPull();
+    Complete(status);
+  }
+
+  void Complete(const absl::Status& status) {
     if (status.ok() && owner_->options().on_pull_call) {
-      owner_->options().on_pull_call(absl::Now() - start);
+      owner_->options().on_pull_call(absl::Now() - start_);
     }
     std::optional<grpc::Status> finish;
     {
@@ -453,7 +514,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
     if (finish) Finish(*finish);  // Last touch of `this` by this thread.
   }
 
-  absl::Status ProduceFrames() {
+  absl::Status DecodeRequest() {
     ParameterShard* shard = owner_->shard();
     v1::ChunkHeader header;
     PayloadView payload;
@@ -477,19 +538,33 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
                                                        plan.chunks[id].shard, ", not ", index));
       }
     }
-    PullArgs args;
-    args.job_id = header.job_id();
-    args.worker_id = header.worker_id();
-    args.generation = header.generation();
-    args.min_version = header.version();
-    args.kind = header.kind() == v1::ChunkHeader::KIND_UNSPECIFIED
-                    ? v1::ChunkHeader::KIND_PARAMETERS
-                    : header.kind();
-    args.slot = header.slot();
-    args.worker_clock = header.worker_clock();
-    for (int id : chunk_ids) {
+    args_.job_id = header.job_id();
+    args_.worker_id = header.worker_id();
+    args_.generation = header.generation();
+    args_.min_version = header.version();
+    args_.kind = header.kind() == v1::ChunkHeader::KIND_UNSPECIFIED
+                     ? v1::ChunkHeader::KIND_PARAMETERS
+                     : header.kind();
+    args_.slot = header.slot();
+    args_.worker_clock = header.worker_clock();
+    chunk_ids_ = std::move(chunk_ids);
+    return absl::OkStatus();
+  }
+
+  // Queues the frames of chunk_ids_[next_chunk_...]. Without may_wait it
+  // stops at the first chunk whose version is not there and returns false;
+  // true once every frame is queued (or the call stopped).
+  absl::StatusOr<bool> ProduceFrames(bool may_wait) {
+    PullArgs& args = args_;
+    for (; next_chunk_ < chunk_ids_.size(); ++next_chunk_) {
+      const int id = chunk_ids_[next_chunk_];
       args.chunk_id = id;
-      PSTRAIN_ASSIGN_OR_RETURN(PulledChunk chunk, WaitForChunk(args));
+      absl::StatusOr<PulledChunk> pulled =
+          may_wait ? WaitForChunk(args) : owner_->shard()->Pull(args, absl::InfinitePast());
+      if (!may_wait && pulled.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        return false;  // Not there yet (a past deadline only checks).
+      }
+      PSTRAIN_ASSIGN_OR_RETURN(PulledChunk chunk, std::move(pulled));
       v1::ChunkHeader reply;
       reply.set_chunk_id(id);
       reply.set_version(chunk.version);
@@ -504,14 +579,14 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
       bool write_now = false;
       {
         absl::MutexLock lock(&mu_);
-        if (stopped_) return absl::OkStatus();
+        if (stopped_) return true;
         queue_.emplace_back();
         queue_.back().Swap(&frame);
         write_now = StartNextWriteLocked();
       }
       if (write_now) StartWrite(&current_);
     }
-    return absl::OkStatus();
+    return true;
   }
 
   // ParameterShard::Pull in slices of pull_poll_interval, so that a cancelled
@@ -551,6 +626,12 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
 
   ShardServices::Impl* const owner_;
   const absl::Time deadline_;
+  // Touched by one producer task at a time (the executor's, then the
+  // waiting pool's, handed over by Schedule).
+  absl::Time start_;
+  PullArgs args_;
+  std::vector<int> chunk_ids_;
+  size_t next_chunk_ = 0;
   grpc::ByteBuffer request_;  // Written by the read, then read by Produce.
   grpc::ByteBuffer current_;  // The frame being written.
 

@@ -21,17 +21,21 @@
 // count, bad header), a dtype other than F32 (F16/BF16 are accepted for
 // gradients and converted to F32), or an oversized stream (a frame above
 // kMaxFrameBytes, or more frames than 3 x the chunks this shard owns + 1) ->
-// INVALID_ARGUMENT; everything the shard rejects (unknown job or worker,
-// chunk not owned, stale generation, non-finite values, future versions)
-// keeps the shard's code. The first bad frame ends a Push; frames before it
-// were applied, nothing from it or after it is.
+// INVALID_ARGUMENT; a ShardControl request above
+// Options::max_control_message_bytes -> RESOURCE_EXHAUSTED; everything the shard rejects (unknown
+// job or worker, chunk not owned, stale generation, non-finite values, future versions) keeps the
+// shard's code. The first bad frame ends a Push; frames before it were applied, nothing from it or
+// after it is.
 //
 // Threads: gRPC callbacks never block. Push frames are decoded and applied in
 // arrival order on threads this object owns (reading the next frame overlaps
-// applying the current one); each Pull waits for its chunks on one of these
-// threads, in slices of Options::pull_poll_interval so that a cancelled call
-// or a server shutdown frees it promptly. The thread pool grows on demand up to
-// Options::max_threads (then work queues). Register is called once, before the
+// applying the current one); a Pull sends the chunks whose version is there
+// from the same pool, which never waits for a version, so pushes and ready
+// pulls are always served. A pull that must wait moves to a second pool with
+// one thread per waiting pull (at most Options::max_waiting_pulls; one more
+// is RESOURCE_EXHAUSTED) and waits in slices of Options::pull_poll_interval
+// so that a cancelled call or a server shutdown frees it promptly. Both pools
+// grow on demand up to their bound. Register is called once, before the
 // server starts; the object must outlive the server.
 #ifndef PSTRAIN_SERVER_PS_SERVICE_H_
 #define PSTRAIN_SERVER_PS_SERVICE_H_
@@ -52,8 +56,19 @@ class ShardServices {
     // Longest uninterrupted wait of a pull inside ParameterShard::Pull before
     // it checks for cancellation; bounds shutdown latency.
     absl::Duration pull_poll_interval = absl::Milliseconds(200);
-    // Upper bound on threads applying pushes and waiting for pulls.
+    // Upper bound on threads applying pushes and sending ready pulls (work
+    // beyond it queues; none of it waits for a version).
     int max_threads = 256;
+    // Pulls that may wait for a version at the same time, each on its own
+    // thread of a separate pool; one more fails with RESOURCE_EXHAUSTED.
+    int max_waiting_pulls = 1024;
+    // ShardControl requests above this are RESOURCE_EXHAUSTED. ConfigureJob
+    // carries this shard's share of a job's parameters and optimizer state,
+    // so the default is gRPC's largest (just under 2 GiB).
+    int max_control_message_bytes = 2047 << 20;
+    // The gRPC server's receive limit that Register sets (-1: unlimited).
+    // pstrain-server passes the largest of its services' limits.
+    int max_receive_message_bytes = -1;
     // Calls TuneAllocatorForLargeMessages() (common/rpc/channel.h) on
     // construction: process-wide glibc settings that keep received frames
     // from being mapped and unmapped each time (2-3x on a 100 MB push + pull,

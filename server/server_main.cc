@@ -34,6 +34,7 @@
 #include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
+#include "common/rpc/wire.h"
 #include "common/status_macros.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -60,6 +61,35 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 10000,
           "A worker silent this long is dropped from its job and its shard reassigned");
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "How often workers are told to heartbeat");
 ABSL_FLAG(int, shard_rpc_timeout_ms, 60000, "Deadline of the coordinator's calls to shards");
+
+// Limits: what one request or client can make this server hold
+// (docs/ARCHITECTURE.md, "Limits"). Beyond a size limit a request is
+// INVALID_ARGUMENT, beyond a count RESOURCE_EXHAUSTED; nothing changes.
+ABSL_FLAG(int64_t, max_job_parameters, int64_t{1} << 28,
+          "Most parameter values (fp32) a job's model may have");
+ABSL_FLAG(int64_t, max_job_bytes, int64_t{2} << 30,
+          "Most bytes of parameters plus server-side optimizer state a job may take");
+ABSL_FLAG(int, max_name_bytes, 256, "Longest job and model name, in bytes");
+ABSL_FLAG(int, max_id_bytes, 128, "Longest job or worker id accepted in a request, in bytes");
+ABSL_FLAG(int, max_queued_jobs, 1000, "Most jobs waiting in the queue; SubmitJob beyond it fails");
+ABSL_FLAG(int, max_workers, 10000,
+          "Most registered workers (after forgetting dead ones); RegisterWorker beyond it fails");
+ABSL_FLAG(int, forget_dead_workers_after_s, 600,
+          "A worker dead and idle this long is forgotten (it must register again)");
+ABSL_FLAG(int, max_worker_info_bytes, 4096, "Largest WorkerInfo a worker may register with");
+ABSL_FLAG(int, max_reason_bytes, 4096, "A worker's error message is cut to this many bytes");
+ABSL_FLAG(int64_t, max_eval_samples, 100000000,
+          "Most test samples a job's eval shards may claim together, when the job spec does not "
+          "state the test set's size");
+ABSL_FLAG(int, max_waiting_pulls, 1024,
+          "Most pulls waiting for a version at once (one thread each); one more fails");
+ABSL_FLAG(int, max_coordinator_message_bytes, 64 << 20,
+          "Largest Coordinator request (SubmitJob, RegisterWorker, ...)");
+ABSL_FLAG(int, max_shard_control_message_bytes, 2047 << 20,
+          "Largest ShardControl request (ConfigureJob carries a shard's share of a job's "
+          "parameters and optimizer state). The server's gRPC receive limit is the larger of "
+          "this and --max-coordinator-message-bytes; ParameterService frames keep their own "
+          "bound of 4 MiB + 64 KiB");
 
 namespace {
 
@@ -277,7 +307,9 @@ int main(int argc, char** argv) {
       "parameter-server shard; shard 0 is also the coordinator.\n"
       "  pstrain-server --listen 127.0.0.1:7070 [--metrics-port P] [--state-dir DIR]\n"
       "                 [--shard-index I --shards HOST:PORT,...]\n"
-      "                 [--heartbeat-timeout-ms MS] [--heartbeat-interval-ms MS]");
+      "                 [--heartbeat-timeout-ms MS] [--heartbeat-interval-ms MS]\n"
+      "                 [--max-job-parameters N] [--max-job-bytes B] [--max-queued-jobs N]\n"
+      "                 [--max-workers N] [--max-waiting-pulls N] ... (limits: see --help)");
   absl::ParseCommandLine(argc, args.data());
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -302,6 +334,21 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0) {
     return Fail("--heartbeat-timeout-ms and --heartbeat-interval-ms must be > 0");
   }
+  pstrain::JobLimits job_limits;
+  job_limits.max_parameters = absl::GetFlag(FLAGS_max_job_parameters);
+  job_limits.max_parameter_bytes = absl::GetFlag(FLAGS_max_job_bytes);
+  job_limits.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);
+  const int max_coordinator_message_bytes = absl::GetFlag(FLAGS_max_coordinator_message_bytes);
+  const int max_shard_control_message_bytes = absl::GetFlag(FLAGS_max_shard_control_message_bytes);
+  if (job_limits.max_parameters < 1 || job_limits.max_parameter_bytes < 4 ||
+      job_limits.max_name_bytes < 1 || absl::GetFlag(FLAGS_max_id_bytes) < 16 ||
+      absl::GetFlag(FLAGS_max_queued_jobs) < 1 || absl::GetFlag(FLAGS_max_workers) < 1 ||
+      absl::GetFlag(FLAGS_forget_dead_workers_after_s) < 1 ||
+      absl::GetFlag(FLAGS_max_worker_info_bytes) < 1 || absl::GetFlag(FLAGS_max_reason_bytes) < 1 ||
+      absl::GetFlag(FLAGS_max_eval_samples) < 1 || absl::GetFlag(FLAGS_max_waiting_pulls) < 1 ||
+      max_coordinator_message_bytes < (1 << 20) || max_shard_control_message_bytes < (1 << 20)) {
+    return Fail("limits must be >= 1 (--max-id-bytes >= 16, message sizes >= 1 MiB); see --help");
+  }
 
   // SIGINT/SIGTERM are taken by sigwait below; block them before any thread
   // starts so that every thread inherits the mask.
@@ -312,10 +359,21 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   pstrain::TuneAllocatorForLargeMessages();
 
-  pstrain::ParameterShard shard({.shard_index = shard_index});
+  pstrain::ParameterShard::Options shard_options;
+  shard_options.shard_index = shard_index;
+  shard_options.job_limits = job_limits;
+  shard_options.max_id_bytes = absl::GetFlag(FLAGS_max_id_bytes);
+  pstrain::ParameterShard shard(shard_options);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   std::unique_ptr<ServerMetrics> metrics;
   pstrain::ShardServices::Options service_options;
+  service_options.max_waiting_pulls = absl::GetFlag(FLAGS_max_waiting_pulls);
+  service_options.max_control_message_bytes = max_shard_control_message_bytes;
+  // One receive limit for the whole server: the largest service's. Each
+  // service checks its own; ParameterService frames are bounded per frame.
+  service_options.max_receive_message_bytes =
+      std::max({max_coordinator_message_bytes, max_shard_control_message_bytes,
+                static_cast<int>(pstrain::kMaxFrameBytes)});
   if (metrics_port > 0) {
     metrics = std::make_unique<ServerMetrics>();
     service_options.on_push_frame = metrics->PushObserver();
@@ -344,10 +402,21 @@ int main(int argc, char** argv) {
     options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
     options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
     options.shard_addresses = shard_addresses;
+    options.job_limits = job_limits;
+    options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+    options.max_workers = absl::GetFlag(FLAGS_max_workers);
+    options.forget_dead_workers_after =
+        absl::Seconds(absl::GetFlag(FLAGS_forget_dead_workers_after_s));
+    options.max_id_bytes = absl::GetFlag(FLAGS_max_id_bytes);
+    options.max_worker_info_bytes = absl::GetFlag(FLAGS_max_worker_info_bytes);
+    options.max_reason_bytes = absl::GetFlag(FLAGS_max_reason_bytes);
+    options.max_eval_samples = absl::GetFlag(FLAGS_max_eval_samples);
     auto created = pstrain::Coordinator::Create(std::move(options), controller.get());
     if (!created.ok()) return Fail(std::string(created.status().message()));
     coordinator = *std::move(created);
-    coordinator_service = std::make_unique<pstrain::CoordinatorService>(coordinator.get());
+    coordinator_service = std::make_unique<pstrain::CoordinatorService>(
+        coordinator.get(),
+        pstrain::CoordinatorService::Options{.max_message_bytes = max_coordinator_message_bytes});
   }
 
   if (metrics != nullptr) {

@@ -8,6 +8,8 @@
 
 #include <climits>
 
+#include "absl/strings/str_cat.h"
+
 namespace pstrain {
 namespace {
 
@@ -39,12 +41,21 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
   return grpc::CreateCustomChannel(address, credentials, DefaultChannelArguments(options));
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
-  builder->SetMaxReceiveMessageSize(-1);
+void ConfigureServerBuilder(grpc::ServerBuilder* builder, int max_receive_message_bytes) {
+  builder->SetMaxReceiveMessageSize(max_receive_message_bytes);
   builder->SetMaxSendMessageSize(-1);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+grpc::Status CheckMessageSize(const google::protobuf::Message& request, int64_t max_bytes,
+                              const char* service, const char* flag) {
+  const size_t bytes = request.ByteSizeLong();
+  if (static_cast<int64_t>(bytes) <= max_bytes) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat(service, " request of ", bytes, " bytes exceeds the ", max_bytes,
+                                   "-byte limit (", flag, ")"));
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

@@ -23,11 +23,13 @@
 #include <grpcpp/support/status.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "google/protobuf/message.h"
 
 namespace pstrain {
 
@@ -49,10 +51,17 @@ grpc::ChannelArguments DefaultChannelArguments(const ChannelOptions& options = {
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
                                              const ChannelOptions& options = {});
 
-// Lifts the server's message-size limits and accepts the clients' keepalive
-// pings (every 10 s or slower, also without data in flight). Call once per
-// builder before BuildAndStart().
-void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+// Sets the server's receive limit to max_receive_message_bytes (-1:
+// unlimited, for tests; daemons pass the largest of their services' limits,
+// each service checking its own) and accepts the clients' keepalive pings
+// (every 10 s or slower, also without data in flight). Call once per builder
+// before BuildAndStart().
+void ConfigureServerBuilder(grpc::ServerBuilder* builder, int max_receive_message_bytes = -1);
+
+// RESOURCE_EXHAUSTED naming `service` and `flag` when `request` serialises
+// to more than max_bytes (a service's own limit, below the server's).
+grpc::Status CheckMessageSize(const google::protobuf::Message& request, int64_t max_bytes,
+                              const char* service, const char* flag);
 
 // absl -> gRPC and back; codes are numerically identical, messages kept.
 grpc::Status ToGrpcStatus(const absl::Status& status);

@@ -66,5 +66,26 @@ TEST(ChunkingTest, DeterministicAndValidated) {
   EXPECT_FALSE(PlanChunks(graph, 1, kMaxChunkBytes + 1).ok());
 }
 
+// Regression (issue 8): a dense layer of 2^31-1 units grew the plan past
+// 3 GiB at submit. The chunks are counted before anything is allocated.
+TEST(ChunkingTest, ADenseLayerOf2To31UnitsIsRefusedBeforeThePlanGrows) {
+  v1::ModelSpec model;
+  model.add_input_shape(400);
+  model.set_num_classes(2);
+  model.add_layers()->set_name("fc1");
+  model.mutable_layers(0)->mutable_dense()->set_units(2147483647);
+  model.add_layers()->set_name("fc2");
+  model.mutable_layers(1)->mutable_dense()->set_units(2);
+  model.add_layers()->set_name("loss");
+  model.mutable_layers(2)->mutable_softmax_cross_entropy();
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, 1);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("more than 1048576 chunks"), std::string::npos)
+      << plan.status();
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -4,12 +4,15 @@
 #include <fstream>
 #include <string>
 
+#include "common/model_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
 
+using ::pstrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 const std::string kSource = PSTRAIN_SOURCE_DIR;
@@ -99,6 +102,101 @@ TEST(JobSpecTest, RelativeDatasetPathIsResolvedAgainstTheJobDirectory) {
   auto job = ParseJobSpec(R"({"dataset": {"path": "data/x"}})", "/jobs/team", "j.json");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->dataset().path(), "/jobs/team/data/x");
+}
+
+// Regression (security review, issue 8): mode 42 passed validation and ran
+// as async; an unknown dataset format or optimizer type was accepted too.
+TEST(JobSpecTest, UnknownEnumValuesAreInvalidArgument) {
+  ASSERT_OK_AND_ASSIGN(v1::JobSpec base, LoadJobSpec(kSource + "/examples/fashion-mnist.json"));
+  EXPECT_OK(ValidateJobSpec(base));
+  v1::JobSpec job = base;
+  job.set_mode(static_cast<v1::ConsistencyMode>(42));
+  EXPECT_THAT(ValidateJobSpec(job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mode 42 is not a known")));
+  job = base;
+  job.mutable_dataset()->set_format(static_cast<v1::DatasetFormat>(42));
+  EXPECT_THAT(ValidateJobSpec(job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dataset.format")));
+  job = base;
+  job.mutable_optimizer()->set_type(static_cast<v1::OptimizerType>(42));
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("optimizer.type 42 is not a known")));
+}
+
+// A job whose model is `input [1, 28, 28] -> conv(filters) -> flatten ->
+// dense 10 -> loss`, trained with `optimizer`.
+v1::JobSpec ConvJob(int filters, v1::OptimizerType optimizer) {
+  v1::JobSpec job;
+  job.set_name("conv");
+  v1::ModelSpec* m = job.mutable_model();
+  m->add_input_shape(1);
+  m->add_input_shape(28);
+  m->add_input_shape(28);
+  m->set_num_classes(10);
+  v1::LayerSpec* conv = m->add_layers();
+  conv->set_name("conv1");
+  conv->mutable_conv2d()->set_filters(filters);
+  conv->mutable_conv2d()->set_kernel_size(28);
+  m->add_layers()->set_name("flat");
+  m->mutable_layers(1)->mutable_flatten();
+  v1::LayerSpec* fc = m->add_layers();
+  fc->set_name("fc");
+  fc->mutable_dense()->set_units(10);
+  m->add_layers()->set_name("loss");
+  m->mutable_layers(3)->mutable_softmax_cross_entropy();
+  job.mutable_optimizer()->set_type(optimizer);
+  return job;
+}
+
+// Regression (issue 8): a job with 1e9 conv filters passed SubmitJob and the
+// server died with bad_alloc once a worker was idle.
+TEST(JobSpecTest, JobLimitsRefuseAModelWithABillionConvFilters) {
+  v1::JobSpec job = ConvJob(1000000000, v1::OPTIMIZER_SGD);
+  ASSERT_OK_AND_ASSIGN(ModelGraph graph, BuildModelGraph(job.model()));
+  EXPECT_THAT(CheckJobLimits(job, graph, JobLimits()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a job may have at most 268435456 (--max-job-parameters)")));
+
+  // 25,600 filters: 20.5M parameters; Adam keeps two more copies.
+  job = ConvJob(25600, v1::OPTIMIZER_ADAM);
+  ASSERT_OK_AND_ASSIGN(graph, BuildModelGraph(job.model()));
+  EXPECT_OK(CheckJobLimits(job, graph, JobLimits()));
+  JobLimits small;
+  small.max_parameter_bytes = 200 << 20;
+  EXPECT_THAT(CheckJobLimits(job, graph, small),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(--max-job-bytes)")));
+  job.mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
+  EXPECT_OK(CheckJobLimits(job, graph, small));  // 82 MB without optimizer state.
+}
+
+TEST(JobSpecTest, JobLimitsBoundNames) {
+  v1::JobSpec job = ConvJob(4, v1::OPTIMIZER_SGD);
+  ASSERT_OK_AND_ASSIGN(ModelGraph graph, BuildModelGraph(job.model()));
+  job.set_name(std::string(256, 'j'));
+  EXPECT_OK(CheckJobLimits(job, graph, JobLimits()));
+  job.set_name(std::string(257, 'j'));
+  EXPECT_THAT(CheckJobLimits(job, graph, JobLimits()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name has 257 bytes")));
+  job.set_name("ok");
+  job.mutable_model()->set_name(std::string(1000, 'm'));
+  EXPECT_THAT(CheckJobLimits(job, graph, JobLimits()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.name")));
+}
+
+TEST(JobSpecTest, TestSetBoundComesFromTheSpecWhenItKnowsIt) {
+  v1::JobSpec job;
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
+  EXPECT_EQ(TestSetBound(job), std::nullopt);
+  job.mutable_dataset()->set_test_limit(500);
+  EXPECT_EQ(TestSetBound(job), 500);
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_CIFAR10);
+  job.mutable_dataset()->set_test_limit(0);
+  EXPECT_EQ(TestSetBound(job), 10000);
+  job.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  job.mutable_dataset()->mutable_synthetic()->set_test_samples(64);
+  EXPECT_EQ(TestSetBound(job), 64);
+  job.mutable_dataset()->set_test_limit(32);
+  EXPECT_EQ(TestSetBound(job), 32);
 }
 
 }  // namespace

@@ -176,5 +176,17 @@ TEST(FormatConfusionMatrixTest, EmptyForNoClasses) {
   EXPECT_EQ(FormatConfusionMatrix(ClassificationMetrics{}), "");
 }
 
+// Merging eval shards adds counts: 2^40 samples cost one addition, not 2^40.
+TEST(ConfusionMatrixTest, AddingACountIsOneStepAndOutOfRangeCountsAreRejected) {
+  ConfusionMatrix m(2);
+  m.Add(1, 0, int64_t{1} << 40);
+  m.Add(0, 0, 3);
+  m.Add(0, 0, 0);
+  m.Add(0, 0, -5);  // Ignored.
+  m.Add(2, 0, 7);   // Out of range: rejected.
+  EXPECT_EQ(m.counts(), (std::vector<int64_t>{3, 0, int64_t{1} << 40, 0}));
+  EXPECT_EQ(m.rejected(), 7);
+}
+
 }  // namespace
 }  // namespace pstrain

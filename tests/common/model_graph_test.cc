@@ -127,5 +127,27 @@ TEST(ModelGraphTest, RejectsInvalidSpecsWithMessages) {
   }
 }
 
+// Regression (issue 8): an int64-overflowing dense fan-in passed validation
+// (the weight's element count wrapped around) and crashed the server later.
+TEST(ModelGraphTest, ShapeArithmeticThatOverflowsIsRejected) {
+  EXPECT_THAT(Error(R"({"input_shape": [2000000000, 2000000000, 2000000000], "num_classes": 2,
+      "layers": [{"name": "flat", "flatten": {}}, {"name": "fc", "dense": {"units": 2}},
+                 {"name": "loss", "softmax_cross_entropy": {}}]})"),
+              HasSubstr("model.input_shape [2000000000, 2000000000, 2000000000] has more than"));
+  // 1e6 x 1e6 activations are fine per se; a dense layer of 2^31-1 units
+  // reading them would need 2^31 * 1e12 weights (overflows int64).
+  EXPECT_THAT(Error(R"({"input_shape": [1, 1000000, 1000000], "num_classes": 2,
+      "layers": [{"name": "flat", "flatten": {}}, {"name": "fc1", "dense": {"units": 2147483647}},
+                 {"name": "fc2", "dense": {"units": 2}},
+                 {"name": "loss", "softmax_cross_entropy": {}}]})"),
+              HasSubstr("layer 'fc1' (dense): weight [2147483647, 1000000000000] has more than "
+                        "1099511627776 elements"));
+  EXPECT_THAT(Error(R"({"input_shape": [2000000000, 1, 1], "num_classes": 2,
+      "layers": [{"name": "c", "conv2d": {"filters": 2000000000, "kernel_size": 1}},
+                 {"name": "flat", "flatten": {}}, {"name": "fc", "dense": {"units": 2}},
+                 {"name": "loss", "softmax_cross_entropy": {}}]})"),
+              HasSubstr("layer 'c' (conv2d): weight [2000000000, 2000000000, 1, 1] has more than"));
+}
+
 }  // namespace
 }  // namespace pstrain

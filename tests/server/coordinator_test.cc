@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -21,17 +22,20 @@
 #include "common/chunking.h"
 #include "common/metrics.h"
 #include "common/model_graph.h"
+#include "common/rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "server/coordinator_service.h"
 #include "server/parameter_shard.h"
 #include "server/shard_controller.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::pstrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -190,6 +194,7 @@ class CoordinatorTest : public ::testing::Test {
     options.clock = [this] { return now_; };
     options.start_background_thread = false;
     options.log = [this](const std::string& line) { log_.push_back(line); };
+    if (tweak_options_) tweak_options_(&options);
     auto c = Coordinator::Create(std::move(options), controller_.get());
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = *std::move(c);
@@ -199,7 +204,7 @@ class CoordinatorTest : public ::testing::Test {
     v1::WorkerInfo info;
     info.set_hostname(host);
     info.set_backend("cpu");
-    return coordinator_->RegisterWorker(info).worker_id();
+    return coordinator_->RegisterWorker(info)->worker_id();
   }
 
   v1::HeartbeatResponse Beat(const std::string& worker, const std::string& job = "") {
@@ -228,6 +233,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::string state_dir_;
+  std::function<void(Coordinator::Options*)> tweak_options_;  // Applied by Restart().
   std::vector<std::string> log_;
   absl::Time now_;
   std::vector<std::unique_ptr<FakeShard>> fakes_;
@@ -536,6 +542,150 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   EXPECT_TRUE(fakes_[0]->jobs.empty());
 }
 
+// Regression (issue 8): a confusion count of 2^40 made the merge loop one
+// sample at a time under the coordinator's lock, so every call timed out.
+// Shards cannot claim more samples than the test set holds (together), and
+// the merge adds counts.
+TEST_F(CoordinatorTest, EvalShardOf2To40SamplesIsRejectedAndMergingAddsCounts) {
+  v1::JobSpec spec = TinyJob(2);
+  spec.mutable_dataset()->mutable_synthetic()->set_test_samples(10);
+  ASSERT_OK_AND_ASSIGN(const std::string job, coordinator_->SubmitJob(spec));
+  Register();
+  Register();
+  coordinator_->Tick();
+  const v1::JobStatus running = Status(job);
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  const std::string w0 = running.workers(0), w1 = running.workers(1);
+
+  v1::ReportProgressRequest huge = Progress(w0, job, 2, 10, 0.3, 0.9, 10);
+  huge.set_finished(true);
+  *huge.mutable_eval_shard() = EvalShard({{0, 0}}, 0.1);
+  huge.mutable_eval_shard()->set_confusion(0, int64_t{1} << 40);
+  huge.mutable_eval_shard()->set_samples(int64_t{1} << 40);
+  EXPECT_THAT(coordinator_->ReportProgress(huge),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("exceeds the 10 test samples left for this shard (the test set "
+                                 "holds 10)")));
+
+  // 7 samples from w0 leave 3 for w1.
+  v1::ReportProgressRequest done = Progress(w0, job, 2, 10, 0.3, 0.9, 10);
+  done.set_finished(true);
+  *done.mutable_eval_shard() =
+      EvalShard({{0, 0}, {0, 0}, {1, 1}, {1, 1}, {2, 2}, {2, 2}, {2, 0}}, 0.5);
+  EXPECT_OK(coordinator_->ReportProgress(done));
+  done = Progress(w1, job, 2, 10, 0.3, 0.9, 10);
+  done.set_finished(true);
+  *done.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}, {2, 2}, {2, 2}}, 0.5);
+  EXPECT_THAT(coordinator_->ReportProgress(done),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("4 samples exceed the 3 test samples left")));
+  *done.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}, {2, 2}}, 0.5);
+  EXPECT_OK(coordinator_->ReportProgress(done));
+  coordinator_->Tick();
+  const v1::JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.reason();
+  EXPECT_EQ(s.test().samples(), 10);
+  EXPECT_THAT(s.test().confusion(), ElementsAre(3, 0, 0, 0, 3, 0, 1, 0, 3));
+}
+
+TEST_F(CoordinatorTest, EvalShardsWithoutAStatedTestSetAreBoundedByMaxEvalSamples) {
+  tweak_options_ = [](Coordinator::Options* o) { o->max_eval_samples = 4; };
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  v1::ReportProgressRequest done = Progress(w[0], job, 2, 10, 0.3, 0.9, 10);
+  done.set_finished(true);
+  *done.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}, {2, 2}, {2, 2}, {1, 1}}, 0.5);
+  EXPECT_THAT(coordinator_->ReportProgress(done),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-eval-samples is 4")));
+}
+
+// Regression (issue 8): a job with 1e9 conv filters passed SubmitJob; the
+// server then died with bad_alloc as soon as a worker was idle and, the job
+// being saved as QUEUED, again after every restart.
+TEST_F(CoordinatorTest, AJobBeyondTheLimitsIsRefusedAndASavedOneFailsInsteadOfCrashLooping) {
+  v1::JobSpec huge = TinyJob(1);
+  v1::ModelSpec* model = huge.mutable_model();
+  model->clear_input_shape();
+  for (int d : {1, 28, 28}) model->add_input_shape(d);
+  *model->mutable_layers(0) = v1::LayerSpec();
+  model->mutable_layers(0)->set_name("conv");
+  model->mutable_layers(0)->mutable_conv2d()->set_filters(1000000000);
+  model->mutable_layers(0)->mutable_conv2d()->set_kernel_size(28);
+  v1::LayerSpec loss = model->layers(1);
+  model->mutable_layers()->RemoveLast();
+  model->add_layers()->set_name("flat");
+  model->mutable_layers(1)->mutable_flatten();
+  model->add_layers()->set_name("fc");
+  model->mutable_layers(2)->mutable_dense()->set_units(3);
+  *model->add_layers() = loss;
+  EXPECT_THAT(coordinator_->SubmitJob(huge),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-job-parameters")));
+  EXPECT_TRUE(coordinator_->ListJobs().empty());
+
+  // A status saved by a server without the limit: loaded as FAILED.
+  v1::JobStatus saved;
+  saved.set_job_id("job-7");
+  saved.set_state(v1::JOB_STATE_QUEUED);
+  *saved.mutable_spec() = huge;
+  fs::create_directories(state_dir_ + "/jobs/job-7");
+  std::ofstream(state_dir_ + "/jobs/job-7/status.pb", std::ios::binary)
+      << saved.SerializeAsString();
+  Restart();
+  const v1::JobStatus loaded = Status("job-7");
+  EXPECT_EQ(loaded.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(loaded.reason(), HasSubstr("saved job is invalid"));
+  EXPECT_THAT(loaded.reason(), HasSubstr("--max-job-parameters"));
+  Register();
+  coordinator_->Tick();  // An idle worker starts nothing.
+  absl::MutexLock lock(&fakes_[0]->mu);
+  EXPECT_TRUE(fakes_[0]->jobs.empty());
+}
+
+// Regression (issue 8): the job and worker registries only grew; a 65 MiB
+// job name stayed in memory and on disk for good.
+TEST_F(CoordinatorTest, NamesIdsQueuedJobsAndWorkersAreBounded) {
+  tweak_options_ = [](Coordinator::Options* o) {
+    o->max_queued_jobs = 2;
+    o->max_workers = 2;
+    o->forget_dead_workers_after = absl::Seconds(60);
+  };
+  Restart();
+  v1::JobSpec named = TinyJob(5);
+  named.set_name(std::string(65 << 20, 'n'));
+  EXPECT_THAT(coordinator_->SubmitJob(named),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(--max-name-bytes)")));
+  EXPECT_OK(coordinator_->SubmitJob(TinyJob(5)));
+  EXPECT_OK(coordinator_->SubmitJob(TinyJob(5)));
+  EXPECT_THAT(coordinator_->SubmitJob(TinyJob(5)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-queued-jobs")));
+  EXPECT_EQ(coordinator_->ListJobs().size(), 2u);
+
+  const std::string long_id(129, 'x');
+  EXPECT_THAT(coordinator_->GetJob(long_id),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(--max-id-bytes)")));
+  EXPECT_THAT(coordinator_->Heartbeat(long_id, ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(--max-id-bytes)")));
+  v1::WorkerInfo fat;
+  fat.set_hostname(std::string(5000, 'h'));
+  EXPECT_THAT(coordinator_->RegisterWorker(fat),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("worker info has")));
+
+  const std::string a = Register();
+  Register();
+  EXPECT_THAT(coordinator_->RegisterWorker(v1::WorkerInfo()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-workers")));
+  // Both go silent: dead after the heartbeat timeout, forgotten a minute later.
+  now_ += absl::Seconds(3);
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->ListWorkers().size(), 2u);
+  now_ += absl::Seconds(61);
+  coordinator_->Tick();
+  EXPECT_TRUE(coordinator_->ListWorkers().empty());
+  EXPECT_EQ(Beat(a).action(), v1::HeartbeatResponse::ACTION_REREGISTER);
+  EXPECT_OK(coordinator_->RegisterWorker(v1::WorkerInfo()));
+}
+
 TEST_F(CoordinatorTest, CancelStopsWorkersKeepsTheModelAndIsIdempotent) {
   std::vector<std::string> w;
   const std::string job = StartJob(2, &w);
@@ -737,7 +887,7 @@ TEST(CoordinatorWithParameterShardTest, StartsAJobAndCheckpointsTheShardsModel) 
   spec.mutable_optimizer()->set_momentum(0.9f);
   auto job = c.SubmitJob(spec);
   ASSERT_TRUE(job.ok());
-  const std::string worker = c.RegisterWorker(v1::WorkerInfo()).worker_id();
+  const std::string worker = c.RegisterWorker(v1::WorkerInfo())->worker_id();
   c.Tick();
   ASSERT_EQ(c.GetJob(*job)->state(), v1::JOB_STATE_RUNNING) << c.GetJob(*job)->reason();
   auto plan = shard.Plan(*job);
@@ -822,6 +972,42 @@ class CoordinatorServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
+
+// Regression (issue 8): message size was unlimited on every service; a
+// 65 MiB job name was accepted. Over real gRPC: the service's own limit
+// (1 MiB here) and the server's receive limit (8 MiB) both answer
+// RESOURCE_EXHAUSTED, and the server keeps serving.
+TEST_F(CoordinatorServiceTest, OversizedRequestsAreResourceExhaustedAndTheServerKeepsServing) {
+  CoordinatorService limited(coordinator_.get(), {.max_message_bytes = 1 << 20});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  ConfigureServerBuilder(&builder, 8 << 20);
+  builder.RegisterService(&limited);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Coordinator::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port)));
+  auto submit = [&](size_t name_bytes) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = TinyJob(1);
+    request.mutable_spec()->set_name(std::string(name_bytes, 'n'));
+    v1::SubmitJobResponse response;
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    return stub->SubmitJob(&ctx, request, &response);
+  };
+  grpc::Status status = submit(2 << 20);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--max-coordinator-message-bytes"));
+  status = submit(65 << 20);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  status = submit(300);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--max-name-bytes"));
+  EXPECT_TRUE(submit(10).ok());
+  EXPECT_EQ(coordinator_->ListJobs().size(), 1u);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
 
 TEST_F(CoordinatorServiceTest, SubmitMapsValidationErrorsAndUnknownJobs) {
   v1::SubmitJobRequest request;

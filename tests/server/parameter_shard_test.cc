@@ -29,10 +29,12 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/optimizer.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
 
+using ::pstrain::testing::StatusIs;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -389,6 +391,41 @@ TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
   EXPECT_EQ(shard.stats().rejected_pushes, 1);
+}
+
+// Regression (issue 8): two finite gradients of 3e38 averaged to -Inf inside
+// the model, because the sum overflowed before the division. The push that
+// would overflow is refused before anything is written, whether it is added
+// to the sum (three members) or folded into the mean (two), in sync and in
+// average mode.
+TEST(ParameterShardSyncTest, GradientsWhoseSumOverflowsAreRejectedAndTheModelIsUntouched) {
+  for (v1::ConsistencyMode mode : {v1::CONSISTENCY_SYNC, v1::CONSISTENCY_AVERAGE}) {
+    for (int members : {2, 3}) {
+      SCOPED_TRACE(absl::StrCat(v1::ConsistencyMode_Name(mode), ", ", members, " members"));
+      std::vector<std::string> ids = {"worker-a", "worker-b", "worker-c"};
+      ids.resize(members);
+      TestJob job = MakeJob(mode, Sgd(0.1f), ids);
+      ParameterShard shard({});
+      ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+      const std::string before = ModelBytes(shard, job.config.job_id);
+      const int chunk = job.ChunkOf("fc/bias");
+      const auto kind = mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
+                                                        : v1::ChunkHeader::KIND_GRADIENT;
+      const std::vector<float> big(job.Count(chunk), -3e38f);
+      ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0, kind), big));
+      EXPECT_THAT(shard.Push(job.Args("worker-b", chunk, 0, kind), big),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overflows float")));
+      EXPECT_EQ(ModelBytes(shard, job.config.job_id), before);
+      // The barrier still holds worker-a's values alone: finite pushes
+      // complete it with the exact mean.
+      std::vector<float> small(job.Count(chunk), 1e38f);
+      ASSERT_OK(shard.Push(job.Args("worker-b", chunk, 0, kind), small));
+      if (members == 3) ASSERT_OK(shard.Push(job.Args("worker-c", chunk, 0, kind), small));
+      ASSERT_OK_AND_ASSIGN(PulledChunk pulled,
+                           shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now()));
+      for (float v : Values(pulled)) EXPECT_TRUE(std::isfinite(v)) << v;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1004,6 +1041,30 @@ TEST(ParameterShardPlanTest, EachShardOwnsItsChunksAndRejectsTheOthers) {
     EXPECT_EQ((*read)[i].chunk_id(), job.plan.by_shard[1][i]);
     EXPECT_EQ((*read)[i].version(), 1);
   }
+}
+
+// Regression (issue 8): ShardControl.ConfigureJob took any model and any
+// id; the shard holds a job to the same limits as the coordinator.
+TEST(ParameterShardPlanTest, ConfigureJobEnforcesTheJobLimitsAndIdLengths) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  ParameterShard::Options options;
+  options.job_limits.max_parameters = job.graph.trainable_params - 1;
+  ParameterShard limited(options);
+  EXPECT_THAT(limited.ConfigureJob(job.config, job.InitialChunks(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-job-parameters")));
+  ParameterShard shard({});
+  ShardJobConfig long_id = job.config;
+  long_id.job_id = std::string(129, 'j');
+  EXPECT_THAT(shard.ConfigureJob(long_id, job.InitialChunks(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-id-bytes")));
+  ShardJobConfig long_member = job.config;
+  long_member.members = {std::string(129, 'w')};
+  EXPECT_THAT(shard.ConfigureJob(long_member, job.InitialChunks(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-id-bytes")));
+  ShardJobConfig bad_mode = job.config;
+  bad_mode.spec.set_mode(static_cast<v1::ConsistencyMode>(42));
+  EXPECT_THAT(shard.ConfigureJob(bad_mode, job.InitialChunks(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mode 42")));
 }
 
 TEST(ParameterShardPlanTest, ConfigureJobRejectsChunksThatDoNotMatchThePlan) {

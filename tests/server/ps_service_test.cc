@@ -144,7 +144,7 @@ class PsServiceTest : public ::testing::Test {
     ASSERT_TRUE(plan.ok()) << plan.status();
     plan_ = *plan;
     for (int s = 0; s < 2; ++s) {
-      servers_.push_back(std::make_unique<ShardServer>(s));
+      servers_.push_back(std::make_unique<ShardServer>(s, service_options_));
       ASSERT_TRUE(servers_.back()->started());
       v1::ConfigureJobRequest request;
       request.set_job_id(kJob);
@@ -239,6 +239,7 @@ class PsServiceTest : public ::testing::Test {
     EXPECT_EQ(Snapshot(1), before1);
   }
 
+  ShardServices::Options service_options_;  // For the servers StartJob makes.
   v1::JobSpec spec_;
   ModelGraph graph_;
   ChunkPlan plan_;
@@ -544,6 +545,77 @@ TEST_F(PsServiceTest, SetMembersAndDropJobThroughShardControl) {
     ASSERT_TRUE(servers_[0]->control()->DropJob(&ctx, request, &response).ok());
   }
   EXPECT_EQ(Push(0, {Frame(h, Ones(id))}).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Regression (issue 8): 300 pulls waiting for a version that never comes
+// took every thread of the 256-thread pool, and pushes and pulls of ready
+// versions were no longer served. Here with a pool of 4 threads and 12
+// parked pulls; a 13th waiting pull is refused.
+TEST_F(PsServiceTest, PullsWaitingForAVersionThatNeverComesDoNotStarvePushesOrReadyPulls) {
+  constexpr int kParked = 12;
+  service_options_.max_threads = 4;
+  service_options_.max_waiting_pulls = kParked;
+  StartJob(v1::CONSISTENCY_SYNC, {kWorkerA, kWorkerB});
+  const int id = FirstChunkOf(0);
+  std::vector<grpc::Status> parked(kParked);
+  std::vector<std::thread> pullers;
+  for (int i = 0; i < kParked; ++i) {
+    pullers.emplace_back(
+        [&, i] { parked[i] = Pull(0, {id}, 1000, nullptr, nullptr, absl::Seconds(60)); });
+  }
+  // Once all of them wait, one more waiting pull is RESOURCE_EXHAUSTED (until
+  // then it waits and ends at its deadline; bounded by 30 tries).
+  grpc::Status extra;
+  for (int i = 0; i < 30 && extra.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED; ++i) {
+    extra = Pull(0, {id}, 1000, nullptr, nullptr, absl::Seconds(2));
+  }
+  EXPECT_EQ(extra.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << extra.error_message();
+  EXPECT_THAT(extra.error_message(), HasSubstr("--max-waiting-pulls"));
+
+  // A pull of the version that is there, and a step's pushes, each within a
+  // generous deadline.
+  std::vector<std::vector<float>> values;
+  grpc::Status ready = Pull(0, {id}, 0, &values, nullptr, absl::Seconds(10));
+  EXPECT_TRUE(ready.ok()) << ready.error_message();
+  EXPECT_EQ(values.size(), 1u);
+  grpc::Status pushed = RawCall::Run(servers_[0]->stub(), kPushMethod,
+                                     {Frame(PushHeader(id), Ones(id))}, nullptr, absl::Seconds(10));
+  EXPECT_TRUE(pushed.ok()) << pushed.error_message();
+  v1::ChunkHeader b = PushHeader(id);
+  b.set_worker_id(kWorkerB);
+  pushed = RawCall::Run(servers_[0]->stub(), kPushMethod, {Frame(b, Ones(id))}, nullptr,
+                        absl::Seconds(10));
+  EXPECT_TRUE(pushed.ok()) << pushed.error_message();
+  std::vector<int64_t> versions;
+  ready = Pull(0, {id}, 1, nullptr, &versions, absl::Seconds(10));
+  EXPECT_TRUE(ready.ok()) << ready.error_message();
+  EXPECT_EQ(versions, std::vector<int64_t>{1});
+
+  servers_.clear();  // Releases the parked pulls.
+  for (std::thread& t : pullers) t.join();
+  for (const grpc::Status& s : parked) EXPECT_FALSE(s.ok());
+}
+
+// Regression (issue 8): ShardControl took messages of any size.
+TEST_F(PsServiceTest, OversizedShardControlRequestsAreResourceExhausted) {
+  service_options_.max_control_message_bytes = 1 << 20;
+  service_options_.max_receive_message_bytes = 8 << 20;
+  StartJob(v1::CONSISTENCY_SYNC);
+  for (int megabytes : {2, 16}) {
+    v1::SetMembersRequest request;
+    request.set_job_id(kJob);
+    request.add_members(std::string(megabytes << 20, 'w'));
+    request.set_generation(2);
+    v1::SetMembersResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    grpc::Status status = servers_[0]->control()->SetMembers(&ctx, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  // Still serving, and the job is unchanged.
+  std::vector<std::vector<float>> values;
+  grpc::Status pulled = Pull(0, {FirstChunkOf(0)}, 0, &values, nullptr);
+  EXPECT_TRUE(pulled.ok()) << pulled.error_message();
 }
 
 TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
