@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "common/build_info.h"
 
 namespace pstrain {
@@ -45,6 +47,12 @@ std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std:
 
 void InstallVersionFlag(std::function<std::string()> extra) {
   absl::FlagsUsageConfig config;
+  // --help lists the flags of the daemon's main file (Abseil's default looks
+  // for files named after the binary, "pstrain-server", and lists none).
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "_main.cc");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [extra = std::move(extra)] {
     std::string text = std::string(BuildId()) + "\n";
     if (extra) text += extra();

@@ -30,7 +30,8 @@ std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std:
 
 // Makes Abseil's built-in --version print this build's identity
 // (common/build_info.h) followed by `extra` (e.g. what the worker found of
-// the CUDA module), then exit 0. Call before absl::ParseCommandLine.
+// the CUDA module), then exit 0, and --help list the flags defined in the
+// daemon's *_main.cc. Call before absl::ParseCommandLine.
 void InstallVersionFlag(std::function<std::string()> extra = nullptr);
 
 }  // namespace pstrain

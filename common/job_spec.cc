@@ -183,6 +183,15 @@ absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
   return absl::OkStatus();
 }
 
+absl::Status CheckIdLength(const char* what, const std::string& id, int64_t max_id_bytes) {
+  if (static_cast<int64_t>(id.size()) > max_id_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
+                                                   " bytes; ids have at most ", max_id_bytes,
+                                                   " (--max-id-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 int OptimizerStateCopies(const v1::OptimizerSpec& optimizer) {
   switch (optimizer.type()) {
     case v1::OPTIMIZER_SGD:

@@ -58,6 +58,10 @@ struct JobLimits {
 absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
                             const JobLimits& limits);
 
+// INVALID_ARGUMENT naming `what` and --max-id-bytes when `id` (a job or
+// worker id from a request) is longer than max_id_bytes.
+absl::Status CheckIdLength(const char* what, const std::string& id, int64_t max_id_bytes);
+
 // Optimizer-state copies of every trainable parameter the server keeps for
 // `optimizer` (0 plain SGD, 1 SGD with momentum, 2 Adam/AdamW).
 int OptimizerStateCopies(const v1::OptimizerSpec& optimizer);

@@ -293,12 +293,7 @@ absl::StatusOr<ModelGraph> Coordinator::ValidateJob(const v1::JobSpec& spec) con
 }
 
 absl::Status Coordinator::CheckId(const char* what, const std::string& id) const {
-  if (static_cast<int64_t>(id.size()) > options_.max_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
-                                                   " bytes; ids have at most ",
-                                                   options_.max_id_bytes, " (--max-id-bytes)"));
-  }
-  return absl::OkStatus();
+  return CheckIdLength(what, id, options_.max_id_bytes);
 }
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {

@@ -846,12 +846,7 @@ absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
 }
 
 absl::Status ParameterShard::CheckId(const char* what, const std::string& id) const {
-  if (static_cast<int64_t>(id.size()) > options_.max_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
-                                                   " bytes; ids have at most ",
-                                                   options_.max_id_bytes, " (--max-id-bytes)"));
-  }
-  return absl::OkStatus();
+  return CheckIdLength(what, id, options_.max_id_bytes);
 }
 
 absl::Status ParameterShard::SetMembers(const std::string& job_id,
