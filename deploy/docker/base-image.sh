@@ -24,13 +24,22 @@ DOCKER=${DOCKER:-docker}
 
 command -v mmdebstrap >/dev/null ||
   { echo "base-image: mmdebstrap is not installed (apt-get install mmdebstrap)" >&2; exit 1; }
-SOURCES=/etc/apt/sources.list.d/debian.sources
-[[ -f $SOURCES ]] || SOURCES=/etc/apt/sources.list
-[[ -f $SOURCES ]] || { echo "base-image: no apt sources on this host" >&2; exit 1; }
+# The host's Debian sources: Debian's own file names first, then whatever the
+# host's apt reads (a root made by mmdebstrap, for one, names its file
+# sources.list.d/0000<name>.sources).
+SOURCES=""
+shopt -s nullglob
+for f in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list \
+  /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list; do
+  if [[ -s $f ]] && grep -qE '^[[:space:]]*(deb|Types:)' "$f"; then SOURCES=$f; break; fi
+done
+[[ -n $SOURCES ]] || {
+  echo "base-image: no apt sources on this host (looked in /etc/apt/sources.list and /etc/apt/sources.list.d/)" >&2
+  exit 1
+}
 
 # Host apt settings copied in (names kept, so they read as what they are).
 HOOKS=()
-shopt -s nullglob
 for f in /etc/apt/apt.conf.d/99*; do
   HOOKS+=(--customize-hook="copy-in $f /etc/apt/apt.conf.d")
 done
