@@ -149,6 +149,16 @@ fi
 docker() { "$CLIENT" "$@"; }
 export DOCKER=$CLIENT DOCKER_BUILDKIT=0  # the classic builder: both clients have it
 echo "client $CLIENT, engine $(docker version --format '{{.Server.Version}}')"
+# An engine that answers may still be unable to unpack an image layer: a
+# dockerd inside a chroot (fresh-machine's root, for one) cannot remount / and
+# fails every import and pull. A one-file image tells before any real work.
+PROBE_IMAGE=pstrain-ctest/probe:$TAG
+mkdir -p "$WORK/probe" && echo probe >"$WORK/probe/probe.txt"
+if ! tar -C "$WORK/probe" -cf - probe.txt | docker import - "$PROBE_IMAGE" >"$WORK/logs/probe.log" 2>&1; then
+  cat "$WORK/logs/probe.log" >&2
+  skip "this Docker engine cannot unpack image layers here (a one-file docker import failed: $(tail -1 "$WORK/logs/probe.log"))"
+fi
+docker rmi "$PROBE_IMAGE" >/dev/null 2>&1 || true
 
 # ---- 2. images ----------------------------------------------------------------
 phase base-image
