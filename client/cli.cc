@@ -1,6 +1,5 @@
 #include "client/cli.h"
 
-#include "client/summary.h"
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -19,12 +19,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/summary.h"
 #include "common/build_info.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
+#include "common/rpc/security.h"
+#include "common/status_macros.h"
 #include "pstrain/v1/service.grpc.pb.h"
 
 namespace pstrain {
@@ -51,9 +54,12 @@ constexpr char kUsage[] =
     "  health [ADDRESS] [--service S] ask a daemon's grpc.health.v1.Health (exit 0 if SERVING)\n"
     "  version                       print the build (version, git commit)\n"
     "\n"
-    "--server defaults to $PSTRAIN_SERVER, else 127.0.0.1:7070. --timeout-ms (default\n"
-    "10000) is the deadline of every call. Exit codes: 0 success, 1 failed job or RPC\n"
-    "error, 2 usage error or invalid job spec. Every command takes --help.\n";
+    "--server defaults to $PSTRAIN_SERVER, else 127.0.0.1:7070. TLS: --tls-ca FILE\n"
+    "($PSTRAIN_TLS_CA), for mTLS --tls-cert/--tls-key FILE ($PSTRAIN_TLS_CERT,\n"
+    "$PSTRAIN_TLS_KEY), --tls-server-name NAME. The admin token: --token-file FILE\n"
+    "($PSTRAIN_TOKEN_FILE). --timeout-ms (default 10000) is the deadline of every call.\n"
+    "Exit codes: 0 success, 1 failed job or RPC error, 2 usage error or invalid job spec.\n"
+    "Every command takes --help.\n";
 
 // --- Small helpers ---------------------------------------------------------------
 
@@ -253,13 +259,41 @@ class Cli {
   const CliEnvironment& env_;
   std::ostream& out_;
   std::ostream& err_;
+  // The channel's TLS and token, from the global options (ChannelOptions()
+  // builds them on first use).
+  absl::StatusOr<ChannelOptions> ChannelOptionsOnce();
+
   std::string server_;
   int timeout_ms_ = 10000;
+  TlsOptions tls_;
+  std::string token_file_;
+  std::optional<absl::StatusOr<ChannelOptions>> channel_options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
+absl::StatusOr<ChannelOptions> Cli::ChannelOptionsOnce() {
+  if (!channel_options_) {
+    channel_options_ = [this]() -> absl::StatusOr<ChannelOptions> {
+      ChannelOptions options;
+      PSTRAIN_ASSIGN_OR_RETURN(options.credentials, ChannelCredentialsFor(tls_));
+      options.tls_server_name = tls_.server_name;
+      if (!token_file_.empty()) {
+        auto identity = std::make_shared<CallIdentity>();
+        PSTRAIN_ASSIGN_OR_RETURN(identity->token, ReadTokenFile(token_file_));
+        options.identity = std::move(identity);
+      }
+      return options;
+    }();
+  }
+  return *channel_options_;
+}
+
 v1::Coordinator::Stub& Cli::stub() {
-  if (stub_ == nullptr) stub_ = v1::Coordinator::NewStub(CreateChannel(server_));
+  if (stub_ == nullptr) {
+    // A bad TLS or token file is reported by RunCli before any command runs,
+    // so the options are good here.
+    stub_ = v1::Coordinator::NewStub(CreateChannel(server_, *ChannelOptionsOnce()));
+  }
   return *stub_;
 }
 
@@ -289,6 +323,13 @@ int Cli::Usage(const std::string& command, const std::string& usage, const std::
 int Cli::Run(std::vector<std::string> args) {
   // Global options, wherever they appear.
   server_ = env_.server_env.empty() ? kDefaultServerAddress : env_.server_env;
+  token_file_ = env_.token_file_env;
+  tls_.ca_file = env_.tls_ca_env;
+  tls_.cert_file = env_.tls_cert_env;
+  tls_.key_file = env_.tls_key_env;
+  const std::set<std::string> global_options = {"--server",         "--timeout-ms", "--token-file",
+                                                "--tls-ca",         "--tls-cert",   "--tls-key",
+                                                "--tls-server-name"};
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
@@ -299,7 +340,7 @@ int Cli::Run(std::vector<std::string> args) {
       name = name.substr(0, eq);
       has_value = true;
     }
-    if (name != "--server" && name != "--timeout-ms") {
+    if (global_options.count(name) == 0) {
       rest.push_back(args[i]);
       continue;
     }
@@ -312,6 +353,16 @@ int Cli::Run(std::vector<std::string> args) {
     }
     if (name == "--server") {
       server_ = value;
+    } else if (name == "--token-file") {
+      token_file_ = value;
+    } else if (name == "--tls-ca") {
+      tls_.ca_file = value;
+    } else if (name == "--tls-cert") {
+      tls_.cert_file = value;
+    } else if (name == "--tls-key") {
+      tls_.key_file = value;
+    } else if (name == "--tls-server-name") {
+      tls_.server_name = value;
     } else if (!ParseInt(value, 1, &timeout_ms_)) {
       err_ << "pstrain: --timeout-ms must be a positive integer, got '" << value << "'\n";
       return kExitUsage;
@@ -330,6 +381,14 @@ int Cli::Run(std::vector<std::string> args) {
   if (command == "version" || command == "--version") {
     out_ << BuildId() << "\n";
     return kExitOk;
+  }
+  if (command != "summary") {
+    // TLS and token files are read (and their errors reported) once, here.
+    absl::StatusOr<ChannelOptions> options = ChannelOptionsOnce();
+    if (!options.ok()) {
+      err_ << "pstrain: " << options.status().message() << std::endl;
+      return kExitUsage;
+    }
   }
   if (command == "submit") return Submit(rest);
   if (command == "status") return Status(rest);
@@ -776,21 +835,26 @@ int Cli::Summary(const std::vector<std::string>& args) {
 
 int Cli::Health(const std::vector<std::string>& args) {
   static constexpr char kHealthUsage[] =
-      "usage: pstrain health [ADDRESS] [--service NAME]\n"
+      "usage: pstrain health [ADDRESS] [--service NAME] [--plaintext]\n"
       "  Asks the gRPC health service (grpc.health.v1.Health/Check) of a pstrain-server\n"
       "  (ADDRESS defaults to --server) or of a pstrain-worker's --health-port, and prints\n"
       "  the status. --service: \"\" (default) is the whole daemon; pstrain.v1.Coordinator,\n"
       "  pstrain.v1.ParameterService and pstrain.v1.ShardControl on a server;\n"
       "  pstrain-worker (coordinator reachable) on a worker. Exit 0 if SERVING, else 1.\n"
-      "  Container health checks use it.\n";
-  ParsedArgs parsed = ParseArgs(args, {"--service"}, {});
+      "  Container health checks use it. TLS as for every command (a server's main port\n"
+      "  with a certificate); --plaintext for the plaintext --health-port of a daemon.\n";
+  ParsedArgs parsed = ParseArgs(args, {"--service"}, {"--plaintext"});
   if (parsed.help) return Usage("health", kHealthUsage, "");
   if (!parsed.error.empty()) return Usage("health", kHealthUsage, parsed.error);
   if (parsed.positional.size() > 1) return Usage("health", kHealthUsage, "expected one address");
   const std::string address = parsed.positional.empty() ? server_ : parsed.positional[0];
   const std::string service = parsed.values.count("--service") ? parsed.values["--service"] : "";
+  // The health ports of --health-port are plaintext; a server's main port
+  // speaks TLS when the server has a certificate.
+  const ChannelOptions options =
+      parsed.switches.count("--plaintext") ? ChannelOptions() : *ChannelOptionsOnce();
   absl::StatusOr<ServingStatus> status =
-      CheckHealth(CreateChannel(address), service, absl::Milliseconds(timeout_ms_));
+      CheckHealth(CreateChannel(address, options), service, absl::Milliseconds(timeout_ms_));
   if (!status.ok()) {
     err_ << "pstrain health: " << address << (service.empty() ? "" : " " + service) << ": "
          << absl::StatusCodeToString(status.status().code()) << ": " << status.status().message()

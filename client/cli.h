@@ -9,7 +9,11 @@
 //                     std::cout, std::cerr);
 //
 // Global options (anywhere on the line): --server HOST:PORT (else
-// $PSTRAIN_SERVER, else 127.0.0.1:7070) and --timeout-ms N (default 10000):
+// $PSTRAIN_SERVER, else 127.0.0.1:7070); TLS with --tls-ca FILE (the
+// servers' CA; else $PSTRAIN_TLS_CA), --tls-cert/--tls-key FILE for mTLS
+// ($PSTRAIN_TLS_CERT, $PSTRAIN_TLS_KEY) and --tls-server-name NAME; the admin
+// token from --token-file FILE (else $PSTRAIN_TOKEN_FILE; never a token on
+// the command line); and --timeout-ms N (default 10000):
 // the deadline of every unary call; streams (watch, download) instead give up
 // when nothing arrives for that long (download) or warn (watch, every
 // `watch_silence_warning`).
@@ -35,6 +39,10 @@ inline constexpr char kDefaultServerAddress[] = "127.0.0.1:7070";
 
 struct CliEnvironment {
   std::string server_env;      // $PSTRAIN_SERVER ("" when unset).
+  std::string token_file_env;  // $PSTRAIN_TOKEN_FILE
+  std::string tls_ca_env;      // $PSTRAIN_TLS_CA
+  std::string tls_cert_env;    // $PSTRAIN_TLS_CERT
+  std::string tls_key_env;     // $PSTRAIN_TLS_KEY
   bool stdout_is_tty = false;  // Redraw one progress line with \r.
   // watch: a warning line when no event arrived for this long.
   absl::Duration watch_silence_warning = absl::Seconds(30);

@@ -14,7 +14,15 @@
 
 int main(int argc, char** argv) {
   pstrain::CliEnvironment env;
-  if (const char* server = std::getenv("PSTRAIN_SERVER")) env.server_env = server;
+  auto from_env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  env.server_env = from_env("PSTRAIN_SERVER");
+  env.token_file_env = from_env("PSTRAIN_TOKEN_FILE");
+  env.tls_ca_env = from_env("PSTRAIN_TLS_CA");
+  env.tls_cert_env = from_env("PSTRAIN_TLS_CERT");
+  env.tls_key_env = from_env("PSTRAIN_TLS_KEY");
   env.stdout_is_tty = isatty(STDOUT_FILENO) == 1;
   return pstrain::RunCli(std::vector<std::string>(argv + 1, argv + argc), env, std::cout,
                          std::cerr);

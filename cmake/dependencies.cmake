@@ -31,6 +31,7 @@ pstrain_find_package(Protobuf libprotobuf-dev)
 # clearly, when the file is missing.
 pstrain_find_program(PSTRAIN_GRPC_CPP_PLUGIN grpc_cpp_plugin protobuf-compiler-grpc)
 pstrain_find_package(gRPC libgrpc++-dev CONFIG)
+pstrain_find_package(OpenSSL libssl-dev)  # token digests and worker credentials (common/rpc/security)
 # Debian's oneDNN package asks for OpenCL headers and the ICD loader, which
 # libdnnl-dev only recommends.
 pstrain_find_package(OpenCL ocl-icd-opencl-dev)

@@ -2,10 +2,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -14,9 +17,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
+namespace {
+
+std::string OpenSslError() {
+  char text[256];
+  ERR_error_string_n(ERR_get_error(), text, sizeof(text));
+  ERR_clear_error();
+  return text;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, std::function<std::string()> render) {
+    const std::string& host, int port, std::function<std::string()> render, const MetricsTls* tls) {
   if (!render) return absl::InvalidArgumentError("MetricsHttpServer: empty render callback");
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
@@ -39,15 +52,34 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", error));
   }
+  SSL_CTX* context = nullptr;
+  if (tls != nullptr) {
+    context = SSL_CTX_new(TLS_server_method());
+    if (context == nullptr || SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION) != 1 ||
+        SSL_CTX_use_certificate_chain_file(context, tls->cert_file.c_str()) != 1 ||
+        SSL_CTX_use_PrivateKey_file(context, tls->key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(context) != 1) {
+      const std::string error = OpenSslError();
+      SSL_CTX_free(context);
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat("/metrics TLS: cannot use --tls-cert ",
+                                                     tls->cert_file, " and --tls-key ",
+                                                     tls->key_file, ": ", error));
+    }
+  }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, host, ntohs(addr.sin_port), std::move(render)));
+      new MetricsHttpServer(fd, host, ntohs(addr.sin_port), std::move(render), context));
 }
 
 MetricsHttpServer::MetricsHttpServer(int fd, std::string host, int port,
-                                     std::function<std::string()> render)
-    : fd_(fd), host_(std::move(host)), port_(port), render_(std::move(render)) {
+                                     std::function<std::string()> render, SSL_CTX* tls_context)
+    : fd_(fd),
+      host_(std::move(host)),
+      port_(port),
+      render_(std::move(render)),
+      tls_context_(tls_context) {
   thread_ = std::thread([this] { Serve(); });
 }
 
@@ -55,6 +87,7 @@ MetricsHttpServer::~MetricsHttpServer() {
   stop_.store(true);
   thread_.join();
   close(fd_);
+  SSL_CTX_free(tls_context_);
 }
 
 void MetricsHttpServer::Serve() {
@@ -72,10 +105,29 @@ void MetricsHttpServer::Answer(int connection) {
   timeval timeout{1, 0};  // A client that sends nothing does not hold the endpoint.
   setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  // Plain HTTP, or TLS over the same socket (the timeouts above bound the
+  // handshake too).
+  SSL* ssl = nullptr;
+  if (tls_context_ != nullptr) {
+    ssl = SSL_new(tls_context_);
+    if (ssl == nullptr || SSL_set_fd(ssl, connection) != 1 || SSL_accept(ssl) != 1) {
+      ERR_clear_error();
+      SSL_free(ssl);
+      return;
+    }
+  }
+  auto receive = [&](char* data, size_t size) -> ssize_t {
+    if (ssl == nullptr) return recv(connection, data, size, 0);
+    return SSL_read(ssl, data, static_cast<int>(size));
+  };
+  auto send_some = [&](const char* data, size_t size) -> ssize_t {
+    if (ssl == nullptr) return send(connection, data, size, MSG_NOSIGNAL);
+    return SSL_write(ssl, data, static_cast<int>(std::min<size_t>(size, 1 << 20)));
+  };
   std::string request;
   char buffer[1024];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-    const ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
+    const ssize_t n = receive(buffer, sizeof(buffer));
     if (n <= 0) break;
     request.append(buffer, static_cast<size_t>(n));
   }
@@ -97,10 +149,14 @@ void MetricsHttpServer::Answer(int connection) {
                    "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
   size_t sent = 0;
   while (sent < response.size()) {
-    const ssize_t n =
-        send(connection, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = send_some(response.data() + sent, response.size() - sent);
     if (n <= 0) break;
     sent += static_cast<size_t>(n);
+  }
+  if (ssl != nullptr) {
+    SSL_shutdown(ssl);
+    SSL_free(ssl);
+    ERR_clear_error();
   }
 }
 

@@ -10,6 +10,10 @@
 //       MetricsHttpServer::Start("127.0.0.1", 9100, PrometheusTextOf(registry)));
 //   std::cout << "metrics on port " << endpoint->port();
 //
+// With a certificate and key (MetricsTls) it serves HTTPS instead, so that
+// a scraper on another host reads /metrics over TLS (Prometheus'
+// `scheme: https` with `tls_config.ca_file`).
+//
 // Why not prometheus-cpp's Exposer: it serves through civetweb, whose
 // threads cannot start in a process that loaded cuBLAS 13 ("Cannot create
 // threads"), and it reports a failed bind by throwing. This server uses
@@ -33,25 +37,37 @@
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX, kept out of this header.
+
 namespace pstrain {
+
+// HTTPS for the endpoint: the daemon's PEM certificate (chain) and key.
+struct MetricsTls {
+  std::string cert_file;
+  std::string key_file;
+};
 
 class MetricsHttpServer {
  public:
   // Binds host:port (an IPv4 address; port 0 picks a free port, see port())
   // and starts serving. INVALID_ARGUMENT for a host that is not an IPv4
   // address, a port outside [0, 65535] or an empty `render`; UNAVAILABLE when
-  // the port cannot be bound.
+  // the port cannot be bound; INVALID_ARGUMENT for a certificate or key that
+  // cannot be loaded (tls: HTTPS; null: plain HTTP).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::function<std::string()> render);
+      const std::string& host, int port, std::function<std::string()> render,
+      const MetricsTls* tls = nullptr);
   ~MetricsHttpServer();  // Stops serving (within 200 ms) and joins the thread.
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
+  bool https() const { return tls_context_ != nullptr; }
 
  private:
-  MetricsHttpServer(int fd, std::string host, int port, std::function<std::string()> render);
+  MetricsHttpServer(int fd, std::string host, int port, std::function<std::string()> render,
+                    ssl_ctx_st* tls_context);
   void Serve();
   void Answer(int connection);
 
@@ -60,6 +76,7 @@ class MetricsHttpServer {
   const std::string host_;
   const int port_;
   const std::function<std::string()> render_;
+  ssl_ctx_st* const tls_context_;  // OpenSSL's SSL_CTX; null: plain HTTP. Owned.
 
   std::atomic<bool> stop_{false};
   std::thread thread_;

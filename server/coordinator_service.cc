@@ -30,7 +30,10 @@ grpc::Status Cancelled() {
 
 }  // namespace
 
-grpc::Status CoordinatorService::CheckSize(const google::protobuf::Message& request) const {
+grpc::Status CoordinatorService::Admit(const grpc::ServerContext& context, Role role,
+                                       const char* method,
+                                       const google::protobuf::Message& request) const {
+  if (grpc::Status s = authorizer_->Check(context, role, method); !s.ok()) return s;
   return CheckMessageSize(request, options_.max_message_bytes, "Coordinator",
                           "--max-coordinator-message-bytes");
 }
@@ -38,7 +41,7 @@ grpc::Status CoordinatorService::CheckSize(const google::protobuf::Message& requ
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
                                            const v1::SubmitJobRequest* request,
                                            v1::SubmitJobResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "SubmitJob", *request); !s.ok()) return s;
   if (!request->has_spec()) return Invalid("SubmitJob needs a spec");
   absl::StatusOr<std::string> id = coordinator_->SubmitJob(request->spec());
   if (!id.ok()) return ToGrpcStatus(id.status());
@@ -48,7 +51,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* context,
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const v1::GetJobRequest* request, v1::JobStatus* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "GetJob", *request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("GetJob needs a job_id");
   absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -59,7 +62,7 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest* request,
                                           v1::ListJobsResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "ListJobs", *request); !s.ok()) return s;
   for (v1::JobStatus& s : coordinator_->ListJobs()) *response->add_jobs() = std::move(s);
   return grpc::Status::OK;
 }
@@ -67,7 +70,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
 grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
                                            const v1::CancelJobRequest* request,
                                            v1::CancelJobResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "CancelJob", *request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("CancelJob needs a job_id");
   absl::StatusOr<v1::JobStatus> status = coordinator_->CancelJob(request->job_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -78,7 +81,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
                                           const v1::WatchJobRequest* request,
                                           grpc::ServerWriter<v1::JobStatus>* writer) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "WatchJob", *request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("WatchJob needs a job_id");
   if (request->min_interval_ms() < 0) return Invalid("min_interval_ms must be >= 0");
   const absl::Duration interval =
@@ -129,7 +132,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
                                                const v1::DownloadModelRequest* request,
                                                grpc::ServerWriter<v1::ModelChunk>* writer) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "DownloadModel", *request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("DownloadModel needs a job_id");
   absl::StatusOr<std::string> path = coordinator_->CheckpointPath(request->job_id());
   if (!path.ok()) return ToGrpcStatus(path.status());
@@ -164,18 +167,24 @@ grpc::Status CoordinatorService::DownloadModel(grpc::ServerContext* context,
 grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* request,
                                                 v1::RegisterWorkerResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kWorker, "RegisterWorker", *request); !s.ok())
+    return s;
   absl::StatusOr<v1::RegisterWorkerResponse> r = coordinator_->RegisterWorker(request->info());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
+  response->set_worker_credential(authorizer_->IssueWorkerCredential(response->worker_id()));
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kWorker, "Heartbeat", *request); !s.ok()) return s;
   if (request->worker_id().empty()) return Invalid("Heartbeat needs a worker_id");
+  if (grpc::Status s = authorizer_->CheckWorkerCredential(*context, request->worker_id());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<v1::HeartbeatResponse> r =
       coordinator_->Heartbeat(request->worker_id(), request->job_id());
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -186,9 +195,14 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
                                                 const v1::ReportProgressRequest* request,
                                                 v1::ReportProgressResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kWorker, "ReportProgress", *request); !s.ok())
+    return s;
   if (request->worker_id().empty() || request->job_id().empty()) {
     return Invalid("ReportProgress needs a worker_id and a job_id");
+  }
+  if (grpc::Status s = authorizer_->CheckWorkerCredential(*context, request->worker_id());
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<bool> stop = coordinator_->ReportProgress(*request);
   if (!stop.ok()) return ToGrpcStatus(stop.status());
@@ -199,7 +213,7 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* request,
                                              v1::ListWorkersResponse* response) {
-  if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "ListWorkers", *request); !s.ok()) return s;
   for (v1::WorkerStatus& w : coordinator_->ListWorkers()) *response->add_workers() = std::move(w);
   return grpc::Status::OK;
 }

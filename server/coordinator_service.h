@@ -16,7 +16,8 @@
 // from a lost connection), and ends after a terminal state has been sent. DownloadModel streams the
 // latest checkpoint file in ModelChunk messages of at most 1 MiB.
 //
-// A request above Options::max_message_bytes is RESOURCE_EXHAUSTED before
+// Every call is authorized first (Options::authorizer; UNAUTHENTICATED or
+// PERMISSION_DENIED). A request above Options::max_message_bytes is RESOURCE_EXHAUSTED before
 // the Coordinator sees it (the server's own receive limit may be higher, as
 // other services on it may need more).
 //
@@ -29,8 +30,11 @@
 #define PSTRAIN_SERVER_COORDINATOR_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "server/coordinator.h"
 
@@ -43,11 +47,20 @@ class CoordinatorService final : public v1::Coordinator::Service {
  public:
   struct Options {
     int64_t max_message_bytes = int64_t{64} << 20;
+    // Who may call what (null: everyone, as with Authorizer::Disabled()):
+    // SubmitJob, GetJob, ListJobs, CancelJob, WatchJob, DownloadModel and
+    // ListWorkers need the admin role; RegisterWorker, Heartbeat and
+    // ReportProgress the worker role, and the last two also the worker
+    // credential of the worker id they name.
+    std::shared_ptr<const Authorizer> authorizer;
   };
   explicit CoordinatorService(Coordinator* coordinator)
       : CoordinatorService(coordinator, Options()) {}
   CoordinatorService(Coordinator* coordinator, Options options)
-      : coordinator_(coordinator), options_(options) {}
+      : coordinator_(coordinator),
+        options_(std::move(options)),
+        authorizer_(options_.authorizer != nullptr ? options_.authorizer : Authorizer::Disabled()) {
+  }
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -73,10 +86,13 @@ class CoordinatorService final : public v1::Coordinator::Service {
                            v1::ListWorkersResponse* response) override;
 
  private:
-  grpc::Status CheckSize(const google::protobuf::Message& request) const;
+  // Authorization, then the size limit: the first failure, or OK.
+  grpc::Status Admit(const grpc::ServerContext& context, Role role, const char* method,
+                     const google::protobuf::Message& request) const;
 
   Coordinator* const coordinator_;  // Not owned.
   const Options options_;
+  const std::shared_ptr<const Authorizer> authorizer_;
 };
 
 }  // namespace pstrain

@@ -120,7 +120,8 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
         options_(options),
         executor_(options.max_threads),
         waiting_executor_(options.max_waiting_pulls),
-        control_(shard, options.max_control_message_bytes) {}
+        authorizer_(options.authorizer != nullptr ? options.authorizer : Authorizer::Disabled()),
+        control_(shard, options.max_control_message_bytes, authorizer_.get()) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
@@ -132,6 +133,7 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
 
   ParameterShard* shard() const { return shard_; }
   const Options& options() const { return options_; }
+  const Authorizer& authorizer() const { return *authorizer_; }
   // Pushes and pulls that do not wait: never blocks on a version.
   Executor* executor() { return &executor_; }
   // Pulls waiting for a version, one thread each (at most max_waiting_pulls
@@ -154,12 +156,12 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
   // on gRPC's sync-server threads, which may block).
   class Control final : public v1::ShardControl::Service {
    public:
-    Control(ParameterShard* shard, int max_message_bytes)
-        : shard_(shard), max_message_bytes_(max_message_bytes) {}
+    Control(ParameterShard* shard, int max_message_bytes, const Authorizer* authorizer)
+        : shard_(shard), max_message_bytes_(max_message_bytes), authorizer_(authorizer) {}
 
-    grpc::Status ConfigureJob(grpc::ServerContext*, const v1::ConfigureJobRequest* request,
+    grpc::Status ConfigureJob(grpc::ServerContext* ctx, const v1::ConfigureJobRequest* request,
                               v1::ConfigureJobResponse*) override {
-      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+      if (grpc::Status s = Admit(*ctx, "ConfigureJob", *request); !s.ok()) return s;
       if (request->shard_index() != shard_->shard_index()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("ConfigureJob for shard ", request->shard_index(),
@@ -176,22 +178,22 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
       return ToGrpcStatus(shard_->ConfigureJob(config, chunks));
     }
 
-    grpc::Status SetMembers(grpc::ServerContext*, const v1::SetMembersRequest* request,
+    grpc::Status SetMembers(grpc::ServerContext* ctx, const v1::SetMembersRequest* request,
                             v1::SetMembersResponse*) override {
-      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+      if (grpc::Status s = Admit(*ctx, "SetMembers", *request); !s.ok()) return s;
       std::vector<std::string> members(request->members().begin(), request->members().end());
       return ToGrpcStatus(shard_->SetMembers(request->job_id(), members, request->generation()));
     }
 
-    grpc::Status DropJob(grpc::ServerContext*, const v1::DropJobRequest* request,
+    grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* request,
                          v1::DropJobResponse*) override {
-      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+      if (grpc::Status s = Admit(*ctx, "DropJob", *request); !s.ok()) return s;
       return ToGrpcStatus(shard_->DropJob(request->job_id()));
     }
 
     grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
                             grpc::ServerWriter<v1::ChunkValues>* writer) override {
-      if (grpc::Status s = CheckSize(*request); !s.ok()) return s;
+      if (grpc::Status s = Admit(*ctx, "ReadChunks", *request); !s.ok()) return s;
       absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard_->ReadChunks(request->job_id());
       if (!chunks.ok()) return ToGrpcStatus(chunks.status());
       for (const v1::ChunkValues& c : *chunks) {
@@ -204,13 +206,17 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
     }
 
    private:
-    grpc::Status CheckSize(const google::protobuf::Message& request) const {
+    // The peer role, then the size limit.
+    grpc::Status Admit(const grpc::ServerContext& ctx, const char* method,
+                       const google::protobuf::Message& request) const {
+      if (grpc::Status s = authorizer_->Check(ctx, Role::kPeer, method); !s.ok()) return s;
       return CheckMessageSize(request, max_message_bytes_, "ShardControl",
                               "--max-shard-control-message-bytes");
     }
 
     ParameterShard* const shard_;
     const int max_message_bytes_;
+    const Authorizer* const authorizer_;
   };
 
   ParameterShard* const shard_;
@@ -220,6 +226,7 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
   // Declared after waiting_mu_: joined (destroyed) first.
   Executor executor_;
   Executor waiting_executor_;
+  const std::shared_ptr<const Authorizer> authorizer_;
   Control control_;
 };
 
@@ -230,7 +237,8 @@ namespace {
 // State changes under mu_; gRPC Start* calls are made outside it.
 class PushReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit PushReactor(ShardServices::Impl* owner) : owner_(owner) {
+  PushReactor(ShardServices::Impl* owner, std::string credential)
+      : owner_(owner), credential_(std::move(credential)) {
     StartSendInitialMetadata();
     reading_ = true;
     StartRead(&read_buffer_);
@@ -327,6 +335,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     PayloadView payload;
     PSTRAIN_RETURN_IF_ERROR(DecodeFrame(frame, &header, &payload));
     if (frames_ == 0) {
+      // One stream, one worker: the credential is checked once, for the
+      // worker id of the first frame, and every later frame must name it.
+      PSTRAIN_RETURN_IF_ERROR(ToAbslStatus(
+          owner_->authorizer().CheckWorkerCredential(credential_, header.worker_id())));
+      worker_id_ = header.worker_id();
       job_id_ = header.job_id();
       PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, shard->Plan(job_id_));
       const int index = shard->shard_index();
@@ -336,6 +349,9 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     } else if (header.job_id() != job_id_) {
       return absl::InvalidArgumentError(
           absl::StrCat("push stream mixes jobs '", job_id_, "' and '", header.job_id(), "'"));
+    } else if (header.worker_id() != worker_id_) {
+      return absl::PermissionDeniedError(absl::StrCat("push stream of worker '", worker_id_,
+                                                      "' names worker '", header.worker_id(), "'"));
     }
     if (++frames_ > max_frames_) {
       return absl::InvalidArgumentError(absl::StrCat("oversized stream: more than ", max_frames_,
@@ -387,10 +403,12 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   ShardServices::Impl* const owner_;
+  const std::string credential_;   // The call's worker credential metadata.
   grpc::ByteBuffer read_buffer_;   // Target of the one outstanding read.
   grpc::ByteBuffer reply_buffer_;  // The reply frame.
 
   // Touched only by the draining thread (one at a time, ordered by mu_).
+  std::string worker_id_;
   std::string job_id_;
   int64_t frames_ = 0;
   int64_t max_frames_ = 0;
@@ -416,7 +434,9 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
 class PullReactor final : public grpc::ServerGenericBidiReactor {
  public:
   PullReactor(ShardServices::Impl* owner, grpc::GenericCallbackServerContext* ctx)
-      : owner_(owner), deadline_(absl::FromChrono(ctx->deadline())) {
+      : owner_(owner),
+        credential_(Authorizer::WorkerCredentialOf(*ctx)),
+        deadline_(absl::FromChrono(ctx->deadline())) {
     StartSendInitialMetadata();
     StartRead(&request_);
   }
@@ -522,6 +542,8 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
     if (payload.size() != 0) {
       return absl::InvalidArgumentError("a pull request frame carries no payload");
     }
+    PSTRAIN_RETURN_IF_ERROR(
+        ToAbslStatus(owner_->authorizer().CheckWorkerCredential(credential_, header.worker_id())));
     PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, shard->Plan(header.job_id()));
     const int index = shard->shard_index();
     std::vector<int> chunk_ids(header.chunk_ids().begin(), header.chunk_ids().end());
@@ -625,6 +647,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   ShardServices::Impl* const owner_;
+  const std::string credential_;  // The call's worker credential metadata.
   const absl::Time deadline_;
   // Touched by one producer task at a time (the executor's, then the
   // waiting pool's, handed over by Schedule).
@@ -646,11 +669,10 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
   grpc::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
-class UnknownMethodReactor final : public grpc::ServerGenericBidiReactor {
+// Ends the call at once with `status` (unknown method, not authorized).
+class RefusingReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit UnknownMethodReactor(const std::string& method) {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", method)));
-  }
+  explicit RefusingReactor(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -658,9 +680,15 @@ class UnknownMethodReactor final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* ShardServices::Impl::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
-  if (ctx->method() == kPushMethod) return new PushReactor(this);
-  if (ctx->method() == kPullMethod) return new PullReactor(this, ctx);
-  return new UnknownMethodReactor(ctx->method());
+  const bool push = ctx->method() == kPushMethod;
+  if (!push && ctx->method() != kPullMethod) {
+    return new RefusingReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                            absl::StrCat("unknown method ", ctx->method())));
+  }
+  grpc::Status admitted = authorizer_->Check(*ctx, Role::kWorker, push ? "Push" : "Pull");
+  if (!admitted.ok()) return new RefusingReactor(admitted);
+  if (push) return new PushReactor(this, Authorizer::WorkerCredentialOf(*ctx));
+  return new PullReactor(this, ctx);
 }
 
 ShardServices::ShardServices(ParameterShard* shard, Options options)

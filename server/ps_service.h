@@ -46,6 +46,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "server/parameter_shard.h"
 
 namespace pstrain {
@@ -81,6 +82,10 @@ class ShardServices {
     // sending (includes waiting for the requested version).
     std::function<void(absl::Duration)> on_push_frame;
     std::function<void(absl::Duration)> on_pull_call;
+    // Who may call what (null: everyone). ParameterService Push and Pull need
+    // the worker role and the worker credential of the worker id in their
+    // frames; every ShardControl call needs the peer role.
+    std::shared_ptr<const Authorizer> authorizer;
   };
 
   // `shard` must outlive this object.

@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
+#include "common/rpc/security_flags.h"
 #include "common/rpc/wire.h"
 #include "common/status_macros.h"
 #include "prometheus/counter.h"
@@ -48,10 +50,16 @@
 #include "server/shard_controller.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
-          "host:port to serve on (port 0 picks a free port). Without TLS keep it on loopback");
+          "host:port to serve on (port 0 picks a free port). A non-loopback address needs TLS "
+          "and --token-file, or --insecure");
 ABSL_FLAG(int, metrics_port, 0, "Serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
-          "Address /metrics binds to (0.0.0.0 in containers, for the Prometheus scraper)");
+          "Address /metrics binds to (0.0.0.0 in containers, for the Prometheus scraper). /metrics "
+          "is HTTPS with --tls-cert; plain HTTP needs a loopback address or --insecure");
+ABSL_FLAG(int, health_port, 0,
+          "Also serve grpc.health.v1.Health (only) in plaintext on HEALTH_HOST:PORT, for probes "
+          "that cannot speak TLS (Kubernetes' grpc probes); 0 = off");
+ABSL_FLAG(std::string, health_host, "127.0.0.1", "Address --health-port binds to");
 ABSL_FLAG(std::string, state_dir, "pstrain-state",
           "Directory for job statuses and checkpoints (created if missing)");
 ABSL_FLAG(int, shard_index, 0, "This server's index in --shards; 0 is also the coordinator");
@@ -164,8 +172,8 @@ class ServerMetrics {
 
   // Serves /metrics on 127.0.0.1:port and refreshes every second. `shard`
   // (and `coordinator`, null on shards other than 0) must outlive this.
-  absl::Status Start(const std::string& host, int port, pstrain::ParameterShard* shard,
-                     pstrain::Coordinator* coordinator) {
+  absl::Status Start(const std::string& host, int port, const pstrain::MetricsTls* tls,
+                     pstrain::ParameterShard* shard, pstrain::Coordinator* coordinator) {
     shard_ = shard;
     coordinator_ = coordinator;
     if (coordinator_ != nullptr) {
@@ -191,7 +199,7 @@ class ServerMetrics {
     }
     Refresh();
     PSTRAIN_ASSIGN_OR_RETURN(endpoint_, pstrain::MetricsHttpServer::Start(
-                                            host, port, pstrain::PrometheusTextOf(registry_)));
+                                            host, port, pstrain::PrometheusTextOf(registry_), tls));
     thread_ = std::thread([this] {
       while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) Refresh();
     });
@@ -350,6 +358,17 @@ int main(int argc, char** argv) {
     return Fail("limits must be >= 1 (--max-id-bytes >= 16, message sizes >= 1 MiB); see --help");
   }
 
+  absl::StatusOr<pstrain::DaemonSecurity> security_or =
+      pstrain::DaemonSecurityFromFlags(/*server=*/true);
+  if (!security_or.ok()) return Fail(std::string(security_or.status().message()));
+  const pstrain::DaemonSecurity security = *std::move(security_or);
+  if (absl::Status s = security.CheckListen("--listen", listen); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (shard_addresses.size() > 1 && security.tls.enabled() && security.tls.ca_file.empty()) {
+    return Fail("several shards with TLS need --tls-ca: server 0 calls the others over TLS");
+  }
+
   // SIGINT/SIGTERM are taken by sigwait below; block them before any thread
   // starts so that every thread inherits the mask.
   sigset_t signals;
@@ -369,6 +388,7 @@ int main(int argc, char** argv) {
   pstrain::ShardServices::Options service_options;
   service_options.max_waiting_pulls = absl::GetFlag(FLAGS_max_waiting_pulls);
   service_options.max_control_message_bytes = max_shard_control_message_bytes;
+  service_options.authorizer = security.authorizer;
   // One receive limit for the whole server: the largest service's. Each
   // service checks its own; ParameterService frames are bounded per frame.
   service_options.max_receive_message_bytes =
@@ -392,7 +412,7 @@ int main(int argc, char** argv) {
         clients.push_back(pstrain::MakeLocalShardClient(&shard));
       } else {
         clients.push_back(pstrain::MakeRemoteShardClient(
-            pstrain::CreateChannel(shard_addresses[i]), shard_addresses[i],
+            pstrain::CreateChannel(shard_addresses[i], security.channel), shard_addresses[i],
             absl::Milliseconds(absl::GetFlag(FLAGS_shard_rpc_timeout_ms))));
       }
     }
@@ -416,12 +436,29 @@ int main(int argc, char** argv) {
     coordinator = *std::move(created);
     coordinator_service = std::make_unique<pstrain::CoordinatorService>(
         coordinator.get(),
-        pstrain::CoordinatorService::Options{.max_message_bytes = max_coordinator_message_bytes});
+        pstrain::CoordinatorService::Options{.max_message_bytes = max_coordinator_message_bytes,
+                                             .authorizer = security.authorizer});
   }
 
+  std::string warning;
   if (metrics != nullptr) {
+    // HTTPS with the daemon's certificate; plain HTTP only on loopback (or
+    // with --insecure).
+    const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
+    std::optional<pstrain::MetricsTls> metrics_tls;
+    if (!security.tls.cert_file.empty()) {
+      metrics_tls = pstrain::MetricsTls{security.tls.cert_file, security.tls.key_file};
+    } else if (absl::Status s = pstrain::CheckListenPolicy(
+                   "--metrics-host", absl::StrCat(metrics_host, ":", metrics_port),
+                   /*tls_enabled=*/false, /*tokens_enabled=*/true, security.insecure, &warning);
+               !s.ok()) {
+      return Fail(std::string(s.message()));
+    } else if (!warning.empty()) {
+      std::cerr << warning << std::endl;
+    }
     absl::Status started =
-        metrics->Start(absl::GetFlag(FLAGS_metrics_host), metrics_port, &shard, coordinator.get());
+        metrics->Start(metrics_host, metrics_port, metrics_tls ? &*metrics_tls : nullptr, &shard,
+                       coordinator.get());
     if (!started.ok()) return Fail(std::string(started.message()));
   }
 
@@ -430,7 +467,7 @@ int main(int argc, char** argv) {
   pstrain::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, security.server_credentials, &port);
   shard_services.Register(&builder);
   if (coordinator_service != nullptr) builder.RegisterService(coordinator_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -441,6 +478,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> services = {"pstrain.v1.ParameterService", "pstrain.v1.ShardControl"};
   if (coordinator_service != nullptr) services.push_back("pstrain.v1.Coordinator");
   pstrain::SetServing(server.get(), services, true);
+  pstrain::HealthServer health;
+  if (const int health_port = absl::GetFlag(FLAGS_health_port); health_port > 0) {
+    auto started = pstrain::StartHealthServer(
+        absl::StrCat(absl::GetFlag(FLAGS_health_host), ":", health_port));
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    health = *std::move(started);
+    pstrain::SetServing(health.server.get(), services, true);
+    std::cout << "health on " << absl::GetFlag(FLAGS_health_host) << ":" << health.port
+              << " (grpc.health.v1.Health, plaintext)" << std::endl;
+  }
   std::cout << "pstrain-server listening on " << address << " (shard " << shard_index << " of "
             << shard_addresses.size() << (shard_index == 0 ? ", coordinator" : "") << ")"
             << std::endl;
@@ -450,8 +497,13 @@ int main(int argc, char** argv) {
   std::cerr << "pstrain-server: " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM")
             << ", shutting down" << std::endl;
   pstrain::SetServing(server.get(), {}, false);
+  if (health.server != nullptr) pstrain::SetServing(health.server.get(), {}, false);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   server->Wait();
+  if (health.server != nullptr) {
+    health.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    health.server->Wait();
+  }
   metrics.reset();
   coordinator_service.reset();
   coordinator.reset();

@@ -235,9 +235,10 @@ v1::EvalMetrics EvalShardProto(const EvaluationShard& shard) {
 // --- MetricsEndpoint ---------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsEndpoint::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    const MetricsTls* tls) {
   if (registry == nullptr) return absl::InvalidArgumentError("MetricsEndpoint: null registry");
-  return MetricsHttpServer::Start(host, port, PrometheusTextOf(std::move(registry)));
+  return MetricsHttpServer::Start(host, port, PrometheusTextOf(std::move(registry)), tls);
 }
 
 // --- WorkerDaemon ------------------------------------------------------------------
@@ -266,7 +267,8 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
 
 WorkerDaemon::WorkerDaemon(Options options)
     : options_(std::move(options)),
-      stub_(v1::Coordinator::NewStub(CreateChannel(options_.coordinator_address))),
+      stub_(
+          v1::Coordinator::NewStub(CreateChannel(options_.coordinator_address, options_.channel))),
       metrics_(std::make_unique<Metrics>(options_.registry.get())),
       heartbeat_interval_(options_.heartbeat_interval) {}
 
@@ -333,6 +335,10 @@ absl::Status WorkerDaemon::Register() {
   ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
   grpc::Status status = stub_->RegisterWorker(&ctx, request, &response);
   if (!status.ok()) return ToAbslStatus(status);
+  // From now on every call carries the credential of this registration.
+  if (options_.identity != nullptr) {
+    options_.identity->set_worker_credential(response.worker_credential());
+  }
   absl::MutexLock lock(&mu_);
   worker_id_ = response.worker_id();
   shards_.assign(response.shards().begin(), response.shards().end());
@@ -533,6 +539,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   client_options.worker_id = worker_id;
   client_options.generation = a.generation();
   client_options.rpc_timeout = options_.ps_rpc_timeout;
+  client_options.channel = options_.channel;
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                            PsClient::Create(client_options, std::move(plan)));
   RemoteUpdaterOptions updater_options = RemoteUpdaterOptionsFromJob(job, a.rank());

@@ -46,6 +46,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics_http.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/security.h"
 #include "pstrain/v1/service.grpc.pb.h"
 
 namespace prometheus {
@@ -62,7 +64,8 @@ struct MetricsEndpoint {
   // port 0 picks a free port (see port()). UNAVAILABLE when it cannot bind;
   // INVALID_ARGUMENT for a null registry or a host that is not IPv4.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+      const MetricsTls* tls = nullptr);
 };
 
 class WorkerDaemon {
@@ -95,6 +98,11 @@ class WorkerDaemon {
     // (registered and heartbeating: true) or stops being so (false); first
     // call with the first outcome. Feeds the worker's health status.
     std::function<void(bool connected)> on_coordinator_state;
+    // TLS and the worker token for every call (common/rpc/security_flags.h).
+    // `identity` also receives the worker credential at each registration;
+    // channel.identity must be the same object (or both null).
+    ChannelOptions channel;
+    std::shared_ptr<CallIdentity> identity;
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);

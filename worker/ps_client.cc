@@ -301,7 +301,7 @@ class GrpcPsClient final : public PsClient {
     for (const std::string& address : options_.shard_addresses) {
       auto shard = std::make_shared<ShardChannel>();
       shard->address = address;
-      shard->channel = CreateChannel(address);
+      shard->channel = CreateChannel(address, options_.channel);
       shard->stub = std::make_unique<grpc::GenericStub>(shard->channel);
       shards_.push_back(std::move(shard));
     }

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chunking.h"
+#include "common/rpc/channel.h"
 #include "pstrain/v1/service.pb.h"
 
 namespace pstrain {
@@ -52,6 +53,9 @@ class PsClient {
     std::string worker_id;
     int64_t generation = 0;
     absl::Duration rpc_timeout = absl::Seconds(60);
+    // TLS credentials and the worker's token and credential for the shard
+    // channels (common/rpc/channel.h; default: insecure, none).
+    ChannelOptions channel;
   };
   struct ChunkRef {
     int chunk_id = 0;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
+#include "common/rpc/security_flags.h"
 #include "kernels/backend_loader.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
@@ -91,8 +93,18 @@ int RunDaemon() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::StatusOr<pstrain::DaemonSecurity> security = pstrain::DaemonSecurityFromFlags(false);
+  if (!security.ok()) return Fail(security.status());
   pstrain::WorkerDaemon::Options options;
   options.coordinator_address = absl::GetFlag(FLAGS_server);
+  options.channel = security->channel;
+  options.identity = security->identity;
+  if (security->channel.credentials == nullptr &&
+      !pstrain::IsLoopbackAddress(options.coordinator_address)) {
+    std::cerr << "pstrain-worker: WARNING: calls to " << options.coordinator_address
+              << " go without TLS (no --tls-ca): the network sees the model and the tokens"
+              << std::endl;
+  }
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
@@ -109,13 +121,26 @@ int RunDaemon() {
       std::cerr << "pstrain-worker: no GPU metrics: " << gpu_metrics->monitor().unavailable_reason()
                 << std::endl;
     }
-    auto endpoint = pstrain::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_host), metrics_port,
-                                                    options.registry);
+    // HTTPS with --tls-cert; plain HTTP only on loopback (or --insecure).
+    const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
+    std::optional<pstrain::MetricsTls> tls;
+    if (!security->tls.cert_file.empty()) {
+      tls = pstrain::MetricsTls{security->tls.cert_file, security->tls.key_file};
+    } else {
+      std::string warning;
+      absl::Status allowed = pstrain::CheckListenPolicy(
+          "--metrics-host", metrics_host + ":" + std::to_string(metrics_port),
+          /*tls_enabled=*/false, /*tokens_enabled=*/true, security->insecure, &warning);
+      if (!allowed.ok()) return Fail(allowed);
+      if (!warning.empty()) std::cerr << warning << std::endl;
+    }
+    auto endpoint = pstrain::MetricsEndpoint::Start(metrics_host, metrics_port, options.registry,
+                                                    tls ? &*tls : nullptr);
     if (!endpoint.ok()) return Fail(endpoint.status());
     metrics = *std::move(endpoint);
-    options.metrics_address =
-        absl::GetFlag(FLAGS_metrics_host) + ":" + std::to_string(metrics->port());
-    std::cout << "metrics on http://" << options.metrics_address << "/metrics" << std::endl;
+    options.metrics_address = metrics_host + ":" + std::to_string(metrics->port());
+    std::cout << "metrics on " << (tls ? "https://" : "http://") << options.metrics_address
+              << "/metrics" << std::endl;
   }
   pstrain::HealthServer health;
   if (const int health_port = absl::GetFlag(FLAGS_health_port); health_port > 0) {

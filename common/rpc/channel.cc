@@ -1,14 +1,20 @@
 #include "common/rpc/channel.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 #include <climits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/security.h"
 
 namespace pstrain {
 namespace {
@@ -17,6 +23,43 @@ int ToMillis(absl::Duration d) {
   const int64_t ms = absl::ToInt64Milliseconds(d);
   return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
 }
+
+// Adds the identity's bearer token and worker credential to every call.
+class IdentityInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit IdentityInterceptor(std::shared_ptr<const CallIdentity> identity)
+      : identity_(std::move(identity)) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* metadata = methods->GetSendInitialMetadata();
+      if (!identity_->token.empty()) {
+        metadata->emplace(kAuthorizationKey, absl::StrCat("Bearer ", identity_->token));
+      }
+      std::string credential = identity_->worker_credential();
+      if (!credential.empty()) metadata->emplace(kWorkerCredentialKey, std::move(credential));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<const CallIdentity> identity_;
+};
+
+class IdentityInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit IdentityInterceptorFactory(std::shared_ptr<const CallIdentity> identity)
+      : identity_(std::move(identity)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new IdentityInterceptor(identity_);
+  }
+
+ private:
+  const std::shared_ptr<const CallIdentity> identity_;
+};
 
 }  // namespace
 
@@ -38,7 +81,13 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
                                              const ChannelOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
-  return grpc::CreateCustomChannel(address, credentials, DefaultChannelArguments(options));
+  grpc::ChannelArguments args = DefaultChannelArguments(options);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  if (options.identity == nullptr) return grpc::CreateCustomChannel(address, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<IdentityInterceptorFactory>(options.identity));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
+                                                                 std::move(factories));
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder* builder, int max_receive_message_bytes) {

@@ -33,9 +33,18 @@
 
 namespace pstrain {
 
+class CallIdentity;  // common/rpc/security.h
+
 struct ChannelOptions {
-  // Insecure when null (loopback and tests); TLS credentials otherwise.
+  // Insecure when null (loopback and tests); TLS credentials otherwise
+  // (ChannelCredentialsFor in common/rpc/security.h).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS: the name the server's certificate must carry when it is not the
+  // host dialled ("" = the host dialled).
+  std::string tls_server_name;
+  // Bearer token and worker credential sent as metadata with every call
+  // (null: none).
+  std::shared_ptr<const CallIdentity> identity;
   // HTTP/2 keepalive pings while calls are open, so a dead peer is noticed
   // during a long blocking pull.
   absl::Duration keepalive_time = absl::Seconds(20);

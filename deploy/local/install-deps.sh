@@ -12,6 +12,9 @@ PACKAGES=(
   # of libdnnl-dev, which --no-install-recommends skips).
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
+  # libssl-dev: token digests and worker credentials; openssl: the local
+  # cluster's CA, certificates and tokens (deploy/local/make-certs.sh).
+  libssl-dev openssl
   dataset-fashion-mnist
 )
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then

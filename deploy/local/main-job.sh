@@ -4,7 +4,9 @@
 # 127.0.0.1, submits the Fashion-MNIST job (examples/fashion-mnist.json) in
 # sync mode, shows the progress bar and the final metrics, and stops
 # everything cleanly (Ctrl-C included). Workers train on the GPU when one is
-# present, else on the CPU.
+# present, else on the CPU. Every channel runs as a cluster should: TLS with
+# client certificates (mTLS) and per-role tokens, made for this run by
+# deploy/local/make-certs.sh in STATE_DIR/certs; /metrics is HTTPS.
 #
 # Environment: PSTRAIN_PORT (server port, default: a free one),
 # PSTRAIN_STATE_DIR (default: a temporary directory), PSTRAIN_EPOCHS (override
@@ -66,9 +68,19 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
   echo "main-job: timed out waiting for '$2' in $1:"; tail -20 "$1"; return 1
 }
 
+CERTS="$STATE_DIR/certs"
+deploy/local/make-certs.sh "$CERTS" >/dev/null
+SERVER_TLS=(--tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server-key.pem" --tls-ca "$CERTS/ca.pem"
+  --require-client-cert --token-file "$CERTS/tokens")
+WORKER_TLS=(--tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem" --tls-key "$CERTS/worker-key.pem"
+  --token-file "$CERTS/worker.token")
+# The CLI reads these (the admin's certificate and token).
+export PSTRAIN_TLS_CA="$CERTS/ca.pem" PSTRAIN_TLS_CERT="$CERTS/admin.pem" \
+  PSTRAIN_TLS_KEY="$CERTS/admin-key.pem" PSTRAIN_TOKEN_FILE="$CERTS/admin.token"
+
 SERVER_METRICS_PORT=$(free_port)
 "$BIN/pstrain-server" --listen "$SERVER" --metrics-port "$SERVER_METRICS_PORT" --state-dir "$STATE_DIR" \
-  >"$LOG_DIR/server.log" 2>&1 &
+  "${SERVER_TLS[@]}" >"$LOG_DIR/server.log" 2>&1 &
 PIDS+=($!)
 wait_for "$LOG_DIR/server.log" "listening on" 60
 
@@ -78,12 +90,12 @@ WORKER_METRICS_PORTS=()
 for w in 1 2; do
   WORKER_METRICS_PORTS+=("$(free_port)")
   "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "${WORKER_METRICS_PORTS[-1]}" --device auto \
-    --threads "$THREADS" >"$LOG_DIR/worker$w.log" 2>&1 &
+    --threads "$THREADS" "${WORKER_TLS[@]}" >"$LOG_DIR/worker$w.log" 2>&1 &
   PIDS+=($!)
 done
 wait_for "$LOG_DIR/worker1.log" "registered" 60
 wait_for "$LOG_DIR/worker2.log" "registered" 60
-echo "main-job: server $SERVER, 2 workers registered; logs in $LOG_DIR"
+echo "main-job: server $SERVER (TLS, mTLS, tokens), 2 workers registered; logs in $LOG_DIR"
 
 # Prometheus, when installed: deploy/prometheus's rules and console dashboard,
 # with a scrape config generated for this run's metrics ports.
@@ -100,10 +112,14 @@ global: {scrape_interval: 2s, evaluation_interval: 2s, external_labels: {system:
 rule_files: ["$ROOT/deploy/prometheus/rules.yml"]
 scrape_configs:
   - job_name: pstrain-server
+    scheme: https
+    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost}
     static_configs: [{targets: ["127.0.0.1:$SERVER_METRICS_PORT"]}]
     metric_relabel_configs:
       - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}
   - job_name: pstrain-worker
+    scheme: https
+    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost}
     static_configs: [{targets: [${worker_targets%, }]}]
     metric_relabel_configs:
       - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}

@@ -6,7 +6,8 @@
 # the CLI as a one-off service; every container on the host network with
 # every address 127.0.0.1 (no bridge network, no published ports, no
 # 0.0.0.0); CPU workers on the CPU image without GPUs, GPU workers on the
-# CUDA image reserving one NVIDIA GPU each.
+# CUDA image reserving one NVIDIA GPU each; TLS, mTLS and tokens on every
+# daemon and the CLI, each service mounting only its own secrets.
 # tests/deploy/containers_test.sh runs the CPU stack for real.
 # Usage: compose_config_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -69,6 +70,25 @@ for path, flavour in ((sys.argv[1], "cpu"), (sys.argv[2], "gpu")):
             need(s["build"]["dockerfile"].endswith("Dockerfile.worker-cuda") and
                  s["image"] != services["pstrain-server"]["image"], "gpu: %s image" % w)
             need("--device=auto" in s["command"], "gpu: %s does not pick its device" % w)
+    # Safe by default: TLS, client certificates and tokens everywhere.
+    server = services["pstrain-server"]["command"]
+    for flag in ("--tls-cert=", "--tls-key=", "--tls-ca=", "--token-file="):
+        need(any(a.startswith(flag) for a in server), "%s: the server lacks %s" % (flavour, flag))
+    need("--require-client-cert" in server, "%s: the server does not require client certificates" % flavour)
+    def secrets_of(name):
+        return sorted(x["source"] for x in services[name].get("secrets", []))
+    need(secrets_of("pstrain-server") == ["ca.pem", "server-key.pem", "server.pem", "tokens"],
+         "%s: server secrets %s" % (flavour, secrets_of("pstrain-server")))
+    for w in ("pstrain-worker-1", "pstrain-worker-2"):
+        for flag in ("--tls-ca=", "--tls-cert=", "--tls-key=", "--token-file="):
+            need(any(a.startswith(flag) for a in services[w]["command"]),
+                 "%s: %s lacks %s" % (flavour, w, flag))
+        need(secrets_of(w) == ["ca.pem", "worker-key.pem", "worker.pem", "worker.token"],
+             "%s: %s secrets %s" % (flavour, w, secrets_of(w)))
+    cli_env = services["pstrain-cli"].get("environment", {})
+    need(all(k in cli_env for k in ("PSTRAIN_TLS_CA", "PSTRAIN_TLS_CERT", "PSTRAIN_TLS_KEY",
+                                    "PSTRAIN_TOKEN_FILE")), "%s: the CLI lacks TLS or token" % flavour)
+    need(secrets_of("prometheus") == ["ca.pem"], "%s: prometheus secrets" % flavour)
 for p in problems:
     print("missing:", p)
 sys.exit(1 if problems else 0)

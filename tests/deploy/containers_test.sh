@@ -15,8 +15,11 @@
 #               (tests/deploy/Dockerfile.prometheus), all with --network host.
 #               Each must run as uid 10001 (nobody for Prometheus) and carry
 #               a HEALTHCHECK.
-#   3. stack:   deploy/docker/compose.yaml up (server, two CPU workers,
-#               Prometheus) on free 127.0.0.1 ports; every container must use
+#   3. stack:   deploy/local/make-certs.sh, then deploy/docker/compose.yaml
+#               up (server, two CPU workers, Prometheus) with TLS, mTLS and
+#               tokens from compose secrets, on free 127.0.0.1 ports; a
+#               plaintext client and plain-HTTP /metrics must be refused;
+#               every container must use
 #               the host network, the project must own no Docker network, the
 #               daemons' ports must be bound to 127.0.0.1 only, and every
 #               container must turn healthy.
@@ -216,6 +219,12 @@ free_port() {
 export PSTRAIN_GRPC_PORT=$(free_port) PSTRAIN_SERVER_METRICS_PORT=$(free_port)
 export PSTRAIN_WORKER1_METRICS_PORT=$(free_port) PSTRAIN_WORKER2_METRICS_PORT=$(free_port)
 export PSTRAIN_WORKER1_HEALTH_PORT=$(free_port) PSTRAIN_WORKER2_HEALTH_PORT=$(free_port)
+export PSTRAIN_SERVER_HEALTH_PORT=$(free_port)
+# The stack runs as users run it: TLS, mTLS and tokens from compose secrets,
+# made as the README says, owned by the images' user.
+export PSTRAIN_CERTS=$WORK/certs
+"$SRC/deploy/local/make-certs.sh" "$PSTRAIN_CERTS" --owner 10001 >"$WORK/logs/certs.log" 2>&1 ||
+  { cat "$WORK/logs/certs.log" >&2; fail "deploy/local/make-certs.sh failed"; }
 export PSTRAIN_PROMETHEUS_PORT=$(free_port)
 export PSTRAIN_SERVER_IMAGE=$SERVER_IMAGE PSTRAIN_WORKER_IMAGE=$WORKER_IMAGE
 export PSTRAIN_PROMETHEUS_IMAGE=$PROM_IMAGE PSTRAIN_WORKER_THREADS=1
@@ -257,7 +266,7 @@ echo "all containers healthy"
 # Every port the stack listens on is bound to 127.0.0.1 and nothing wider.
 for port in "$PSTRAIN_GRPC_PORT" "$PSTRAIN_SERVER_METRICS_PORT" "$PSTRAIN_WORKER1_METRICS_PORT" \
   "$PSTRAIN_WORKER2_METRICS_PORT" "$PSTRAIN_WORKER1_HEALTH_PORT" "$PSTRAIN_WORKER2_HEALTH_PORT" \
-  "$PSTRAIN_PROMETHEUS_PORT"; do
+  "$PSTRAIN_SERVER_HEALTH_PORT" "$PSTRAIN_PROMETHEUS_PORT"; do
   addrs=$(ss -Hltn "sport = :$port" | awk '{print $4}' | sort -u | tr '\n' ' ')
   [[ -n "$addrs" ]] || fail "nothing listens on port $port"
   # gRPC listens on an IPv6 socket bound to the v4-mapped 127.0.0.1.
@@ -265,6 +274,20 @@ for port in "$PSTRAIN_GRPC_PORT" "$PSTRAIN_SERVER_METRICS_PORT" "$PSTRAIN_WORKER
   [[ -z "$wide" ]] || fail "port $port is bound to '$addrs', not 127.0.0.1 only"
 done
 echo "ports bound to 127.0.0.1 only"
+# The secure defaults hold: the gRPC port refuses a plaintext client and a
+# TLS client without a certificate, /metrics refuses plain HTTP.
+CLI=(docker run --rm --network host --entrypoint pstrain "$SERVER_IMAGE" --timeout-ms 3000
+  --server "127.0.0.1:$PSTRAIN_GRPC_PORT")
+if "${CLI[@]}" list >"$WORK/logs/plaintext.log" 2>&1; then
+  fail "a plaintext client without a token listed the jobs"
+fi
+if curl -sf --max-time 5 "http://127.0.0.1:$PSTRAIN_SERVER_METRICS_PORT/metrics" >/dev/null; then
+  fail "/metrics answered plain HTTP"
+fi
+curl -sf --max-time 5 --cacert "$PSTRAIN_CERTS/ca.pem" \
+  "https://127.0.0.1:$PSTRAIN_SERVER_METRICS_PORT/metrics" >/dev/null ||
+  fail "/metrics does not answer HTTPS verified against the cluster's CA"
+echo "TLS and tokens on: plaintext gRPC and plain HTTP refused, HTTPS /metrics verified"
 for w in pstrain-worker-1 pstrain-worker-2; do
   deadline=$((SECONDS + 60))
   until docker logs "${CID[$w]}" 2>&1 | grep -q registered; do

@@ -1,5 +1,8 @@
 // LocalCluster: pstrain-server shard(s) and pstrain-worker daemons as real
-// processes on 127.0.0.1 with random free ports, for integration tests.
+// processes on 127.0.0.1 with random free ports, for integration tests. By
+// default the cluster runs as users should run it: TLS with client
+// certificates required (mTLS) and per-role tokens, all made by
+// deploy/local/make-certs.sh; the CLI calls carry the admin's.
 //
 //   LocalCluster cluster({.workers = 2});
 //   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
@@ -8,6 +11,7 @@
 #ifndef PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
 #define PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +20,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/security.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -28,6 +34,8 @@ struct ClusterOptions {
   int workers = 2;
   int heartbeat_timeout_ms = 2000;
   int heartbeat_interval_ms = 250;
+  // TLS, mTLS and tokens on every channel (false: plaintext, no tokens).
+  bool secure = true;
 };
 
 class LocalCluster {
@@ -41,9 +49,18 @@ class LocalCluster {
 
   std::string coordinator() const { return Address(shard_ports_[0]); }
   const std::string& state_root() const { return state_root_; }
+  std::string certs() const { return state_root_ + "/certs"; }
 
   // Starts every shard, then the workers; true once all are serving.
   bool Start() {
+    if (options_.secure) {
+      const std::string command =
+          absl::StrCat(SourcePath("deploy/local/make-certs.sh"), " ", certs(), " >/dev/null");
+      if (std::system(command.c_str()) != 0) {
+        ADD_FAILURE() << command << " failed";
+        return false;
+      }
+    }
     std::vector<std::string> addresses;
     for (int port : shard_ports_) addresses.push_back(Address(port));
     for (int s = 0; s < options_.shards; ++s) {
@@ -56,6 +73,11 @@ class LocalCluster {
         argv.insert(argv.end(), {"--shard-index", absl::StrCat(s), "--shards",
                                  absl::StrJoin(addresses, ",")});
       }
+      if (options_.secure) {
+        argv.insert(argv.end(), {"--tls-cert", certs() + "/server.pem", "--tls-key",
+                                 certs() + "/server-key.pem", "--tls-ca", certs() + "/ca.pem",
+                                 "--require-client-cert", "--token-file", certs() + "/tokens"});
+      }
       servers_.push_back(std::make_unique<ChildProcess>(argv));
       if (!servers_.back()->WaitForOutput("listening on", absl::Seconds(60))) return false;
     }
@@ -66,10 +88,52 @@ class LocalCluster {
   }
 
   bool AddWorker() {
-    workers_.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-        BinPath("pstrain-worker"), "--server", coordinator(), "--metrics-port",
-        absl::StrCat(FreePort()), "--device", "cpu", "--threads", "1"}));
+    std::vector<std::string> argv = {BinPath("pstrain-worker"),
+                                     "--server",
+                                     coordinator(),
+                                     "--metrics-port",
+                                     absl::StrCat(FreePort()),
+                                     "--device",
+                                     "cpu",
+                                     "--threads",
+                                     "1"};
+    if (options_.secure) {
+      argv.insert(argv.end(), {"--tls-ca", certs() + "/ca.pem", "--tls-cert",
+                               certs() + "/worker.pem", "--tls-key", certs() + "/worker-key.pem",
+                               "--token-file", certs() + "/worker.token"});
+    }
+    workers_.push_back(std::make_unique<ChildProcess>(argv));
     return workers_.back()->WaitForOutput("registered", absl::Seconds(60));
+  }
+
+  // What a client needs to reach the servers as `role`: TLS with a client
+  // certificate and the role's token; as a worker, also the credential of
+  // `worker_id` (made with the cluster's peer token, as server 0 does).
+  ChannelOptions ClientOptions(Role role, const std::string& worker_id = "") const {
+    ChannelOptions options;
+    if (!options_.secure) return options;
+    TlsOptions tls;
+    tls.ca_file = certs() + "/ca.pem";
+    tls.cert_file = certs() + (role == Role::kPeer ? "/server.pem" : "/worker.pem");
+    tls.key_file = certs() + (role == Role::kPeer ? "/server-key.pem" : "/worker-key.pem");
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        ChannelCredentialsFor(tls);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    options.credentials = *credentials;
+    absl::StatusOr<std::shared_ptr<Authorizer>> servers =
+        Authorizer::FromTokenFile(certs() + "/tokens");
+    EXPECT_TRUE(servers.ok()) << servers.status();
+    auto identity = std::make_shared<CallIdentity>();
+    if (role == Role::kPeer) identity->token = (*servers)->peer_token();
+    if (role != Role::kPeer) {
+      identity->token =
+          *ReadTokenFile(certs() + (role == Role::kAdmin ? "/admin.token" : "/worker.token"));
+    }
+    if (!worker_id.empty()) {
+      identity->set_worker_credential((*servers)->IssueWorkerCredential(worker_id));
+    }
+    options.identity = std::move(identity);
+    return options;
   }
 
   ChildProcess& worker(int i) { return *workers_[i]; }
@@ -77,6 +141,11 @@ class LocalCluster {
 
   CommandResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Minutes(10)) {
     std::vector<std::string> argv = {BinPath("pstrain"), "--server", coordinator()};
+    if (options_.secure) {
+      argv.insert(argv.end(), {"--tls-ca", certs() + "/ca.pem", "--tls-cert",
+                               certs() + "/admin.pem", "--tls-key", certs() + "/admin-key.pem",
+                               "--token-file", certs() + "/admin.token"});
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv, timeout);
   }

@@ -116,9 +116,12 @@ TEST(MalformedPushTest, RejectedWithInvalidArgumentAndTheModelIsUntouched) {
   cluster.worker(0).Kill(SIGSTOP);
   absl::SleepFor(absl::Milliseconds(500));  // Let in-flight pushes land.
 
-  auto channel = CreateChannel(cluster.coordinator());
-  grpc::GenericStub stub(channel);
-  auto control = v1::ShardControl::NewStub(channel);
+  // The test pushes as the frozen worker (its credential, made with the
+  // cluster's peer token) and reads the model as a peer server would.
+  grpc::GenericStub stub(
+      CreateChannel(cluster.coordinator(), cluster.ClientOptions(Role::kWorker, worker_id)));
+  auto control = v1::ShardControl::NewStub(
+      CreateChannel(cluster.coordinator(), cluster.ClientOptions(Role::kPeer)));
   const std::string before = ModelBytes(*control, job_id);
   ASSERT_FALSE(before.empty());
 

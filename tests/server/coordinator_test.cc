@@ -978,7 +978,8 @@ class CoordinatorServiceTest : public ::testing::Test {
 // (1 MiB here) and the server's receive limit (8 MiB) both answer
 // RESOURCE_EXHAUSTED, and the server keeps serving.
 TEST_F(CoordinatorServiceTest, OversizedRequestsAreResourceExhaustedAndTheServerKeepsServing) {
-  CoordinatorService limited(coordinator_.get(), {.max_message_bytes = 1 << 20});
+  CoordinatorService limited(coordinator_.get(),
+                             {.max_message_bytes = 1 << 20, .authorizer = nullptr});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prometheus end to end: a real pstrain-server and two pstrain-workers on
 # 127.0.0.1 train a small Fashion-MNIST job while a real Prometheus (Debian's
-# `prometheus`) scrapes all three every second. Checks:
+# `prometheus`) scrapes all three every second, the way a cluster runs: TLS,
+# mTLS and tokens on gRPC (deploy/local/make-certs.sh) and /metrics over
+# HTTPS, which Prometheus verifies against the cluster's CA. Checks:
 #  1. the /metrics text of the server and of a worker passes
 #     `promtool check metrics` (lint problems fail the test);
 #  2. through Prometheus's HTTP API (/api/v1/query), samples/s, the model
@@ -46,14 +48,21 @@ wait_for() {  # FILE PATTERN SECONDS
 
 PORT=$(free_port); SM=$(free_port); W1=$(free_port); W2=$(free_port); PP=$(free_port)
 SERVER=127.0.0.1:$PORT
+CERTS=$WORK/certs
+"$SRC/deploy/local/make-certs.sh" "$CERTS" >/dev/null
+export PSTRAIN_TLS_CA=$CERTS/ca.pem PSTRAIN_TLS_CERT=$CERTS/admin.pem \
+  PSTRAIN_TLS_KEY=$CERTS/admin-key.pem PSTRAIN_TOKEN_FILE=$CERTS/admin.token
 "$BIN/pstrain-server" --listen "$SERVER" --metrics-port "$SM" --state-dir "$WORK/state" \
-  --heartbeat-interval-ms 500 >"$WORK/server.log" 2>&1 &
+  --heartbeat-interval-ms 500 --tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server-key.pem" \
+  --tls-ca "$CERTS/ca.pem" --require-client-cert --token-file "$CERTS/tokens" \
+  >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
 wait_for "$WORK/server.log" "listening on" 60
 for w in 1 2; do
   mport=$W1; [[ $w == 2 ]] && mport=$W2
   "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "$mport" --device cpu --threads 1 \
-    >"$WORK/worker$w.log" 2>&1 &
+    --tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem" --tls-key "$CERTS/worker-key.pem" \
+    --token-file "$CERTS/worker.token" >"$WORK/worker$w.log" 2>&1 &
   PIDS+=($!)
 done
 wait_for "$WORK/worker1.log" "registered" 60
@@ -65,8 +74,12 @@ global:
   evaluation_interval: 1s
 scrape_configs:
   - job_name: pstrain-server
+    scheme: https
+    tls_config: {ca_file: "$CERTS/ca.pem"}
     static_configs: [{targets: ["127.0.0.1:$SM"]}]
   - job_name: pstrain-worker
+    scheme: https
+    tls_config: {ca_file: "$CERTS/ca.pem"}
     static_configs: [{targets: ["127.0.0.1:$W1", "127.0.0.1:$W2"]}]
 YAML
 promtool check config "$WORK/prometheus.yml" >/dev/null
@@ -90,12 +103,16 @@ wait_for "$WORK/worker1.log" "epoch 1/" 300
 
 # 1. promtool lint on live text (after training started, so every series exists).
 for port in "$SM" "$W1"; do
-  curl -sf "http://127.0.0.1:$port/metrics" >"$WORK/metrics-$port.txt"
+  curl -sf --cacert "$CERTS/ca.pem" "https://127.0.0.1:$port/metrics" >"$WORK/metrics-$port.txt"
   if ! promtool check metrics <"$WORK/metrics-$port.txt" >"$WORK/promtool-$port.txt" 2>&1; then
     echo "FAIL: promtool check metrics on 127.0.0.1:$port:"; cat "$WORK/promtool-$port.txt"; exit 1
   fi
 done
-echo "ok: promtool check metrics passes for the server and a worker"
+echo "ok: promtool check metrics passes for the server and a worker (HTTPS)"
+# Plain HTTP on the TLS port gets nothing.
+if curl -sf --max-time 5 "http://127.0.0.1:$SM/metrics" >/dev/null 2>&1; then
+  echo "FAIL: /metrics answered plain HTTP while serving TLS"; exit 1
+fi
 
 # 2. Prometheus has the series and they change while the job trains.
 python3 - "$PP" "$W1" "$W2" <<'PY'

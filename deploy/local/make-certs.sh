@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Makes what a pstrain cluster needs to run with TLS and tokens: a CA, a
+# server certificate, worker and admin client certificates (for mTLS), and
+# the tokens of the three roles. With openssl only.
+#
+#   deploy/local/make-certs.sh DIR [--name DNS_OR_IP]... [--days N] [--owner UID[:GID]] [--force]
+#
+# DIR gets (keys and tokens mode 0600):
+#   ca.pem ca-key.pem            the cluster's CA (keep ca-key.pem offline)
+#   server.pem server-key.pem    every pstrain-server (serverAuth + clientAuth:
+#                                server 0 calls the other shards with it);
+#                                names: localhost, 127.0.0.1, ::1 and each --name
+#   worker.pem worker-key.pem    pstrain-worker's client certificate (and its
+#                                HTTPS /metrics: serverAuth, the same names)
+#   admin.pem admin-key.pem      the CLI's client certificate
+#   tokens                       the servers' --token-file ("ROLE TOKEN" lines)
+#   worker.token admin.token     the workers' --token-file and the CLI's
+#                                PSTRAIN_TOKEN_FILE
+# Existing files are kept (run again to add nothing); --force makes new ones.
+# --owner hands the files to the user the daemons run as (the images' 10001
+# for deploy/docker/compose.yaml, which mounts them read-only).
+# For Kubernetes: deploy/k8s/README.md turns DIR into the pstrain-tls and
+# pstrain-tokens Secrets.
+set -euo pipefail
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+[[ $# -ge 1 ]] || usage
+DIR=$1
+shift
+NAMES=() DAYS=825 FORCE=0 OWNER=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --name) NAMES+=("$2"); shift 2 ;;
+    --days) DAYS=$2; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    --owner) OWNER=$2; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "make-certs: unknown argument $1" >&2; usage ;;
+  esac
+done
+command -v openssl >/dev/null || { echo "make-certs: openssl is not installed (apt-get install openssl)" >&2; exit 1; }
+mkdir -p "$DIR"
+cd "$DIR"
+umask 077
+if [[ $FORCE == 0 && -s ca.pem && -s server.pem && -s tokens && -s worker.token && -s admin.token ]]; then
+  echo "make-certs: $DIR already has a CA, certificates and tokens (--force to replace them)"
+  [[ -n $OWNER ]] && chown "$OWNER" ./*.pem tokens ./*.token
+  exit 0
+fi
+
+# EC P-256: fast handshakes, small certificates.
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+san() {  # subjectAltName for the server: loopback plus --name entries
+  local list="DNS:localhost,IP:127.0.0.1,IP:::1" n
+  for n in "${NAMES[@]}"; do
+    if [[ $n =~ ^[0-9.]+$ || $n == *:* ]]; then list+=",IP:$n"; else list+=",DNS:$n"; fi
+  done
+  echo "$list"
+}
+sign() {  # sign NAME CN EXTENDED_KEY_USAGE [SAN]
+  local name=$1 cn=$2 eku=$3 alt=${4:-} ext
+  ext=$(mktemp)
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n $alt ]] && echo "subjectAltName=$alt"
+  } >"$ext"
+  key "$name-key.pem"
+  openssl req -new -key "$name-key.pem" -subj "/O=pstrain/CN=$cn" -out "$name.csr" 2>/dev/null
+  openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+    -days "$DAYS" -sha256 -extfile "$ext" -out "$name.pem" 2>/dev/null
+  rm -f "$name.csr" "$ext"
+}
+
+key ca-key.pem
+openssl req -x509 -new -key ca-key.pem -subj "/O=pstrain/CN=pstrain cluster CA" -days "$DAYS" \
+  -sha256 -addext "basicConstraints=critical,CA:TRUE" \
+  -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.pem 2>/dev/null
+sign server pstrain-server serverAuth,clientAuth "$(san)"
+sign worker pstrain-worker serverAuth,clientAuth "$(san)"
+sign admin pstrain-admin clientAuth
+rm -f ca.srl
+
+token() { openssl rand -hex 32; }
+ADMIN=$(token) WORKER=$(token) PEER=$(token)
+{
+  echo "# pstrain-server --token-file: ROLE TOKEN (made by deploy/local/make-certs.sh)"
+  echo "peer $PEER"
+  echo "admin $ADMIN"
+  echo "worker $WORKER"
+} >tokens
+echo "$WORKER" >worker.token
+echo "$ADMIN" >admin.token
+chmod 0644 ca.pem server.pem worker.pem admin.pem
+[[ -n $OWNER ]] && chown "$OWNER" ./*.pem tokens ./*.token
+echo "make-certs: CA, server/worker/admin certificates and tokens in $DIR (server names: $(san))"
