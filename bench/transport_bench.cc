@@ -19,7 +19,14 @@
 //   raw TCP          send the model bytes over a 127.0.0.1 socket, receive
 //                    them back (one recv copy each way).
 //
-//   transport_bench [--model_mb=100] [--reps=7] [--tune_malloc=true]
+//   with --tls_certs=DIR (deploy/local/make-certs.sh DIR), also:
+//   pstrain TLS      the pipelined pstrain variant as a cluster runs it: TLS
+//                    with a client certificate required (mTLS), the worker
+//                    token and the worker credential on every call, checked
+//                    by the server;
+//   plain gRPC TLS   the protobuf reference over the same TLS.
+//
+//   transport_bench [--model_mb=100] [--reps=7] [--tune_malloc=true] [--tls_certs=DIR]
 //
 // Runs the variants round-robin (one warm-up each, then --reps rounds) so that
 // load from other processes hits them alike; prints medians and ratios. See docs/BENCHMARKS.md "##
@@ -51,6 +58,7 @@
 #include "common/chunking.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/security.h"
 #include "common/status_macros.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
@@ -58,6 +66,8 @@
 
 ABSL_FLAG(int, model_mb, 100, "Model size in MB (10^6 bytes) of fp32 values");
 ABSL_FLAG(int, reps, 7, "Timed repetitions per variant (median reported)");
+ABSL_FLAG(std::string, tls_certs, "",
+          "Directory made by deploy/local/make-certs.sh: adds the TLS variants (empty: none)");
 ABSL_FLAG(bool, tune_malloc, true,
           "Raise glibc's mmap/trim thresholds as the daemons do (TuneAllocatorForLargeMessages)");
 
@@ -120,6 +130,37 @@ void TimeInterleaved(int reps, std::vector<Variant>* variants) {
   }
 }
 
+// TLS for a variant: server credentials, the server's authorizer and the
+// client's channel options (null members: plaintext, no tokens).
+struct Security {
+  std::shared_ptr<grpc::ServerCredentials> server = grpc::InsecureServerCredentials();
+  std::shared_ptr<Authorizer> authorizer;
+  ChannelOptions channel;
+};
+
+// mTLS and tokens from a make-certs.sh directory; the client is a worker
+// (its certificate, token and the credential of `worker_id`).
+absl::StatusOr<Security> SecurityFrom(const std::string& dir, const std::string& worker_id) {
+  Security security;
+  TlsOptions server_tls;
+  server_tls.cert_file = dir + "/server.pem";
+  server_tls.key_file = dir + "/server-key.pem";
+  server_tls.ca_file = dir + "/ca.pem";
+  server_tls.require_client_cert = true;
+  PSTRAIN_ASSIGN_OR_RETURN(security.server, ServerCredentialsFor(server_tls));
+  PSTRAIN_ASSIGN_OR_RETURN(security.authorizer, Authorizer::FromTokenFile(dir + "/tokens"));
+  TlsOptions client_tls;
+  client_tls.cert_file = dir + "/worker.pem";
+  client_tls.key_file = dir + "/worker-key.pem";
+  client_tls.ca_file = dir + "/ca.pem";
+  PSTRAIN_ASSIGN_OR_RETURN(security.channel.credentials, ChannelCredentialsFor(client_tls));
+  auto identity = std::make_shared<CallIdentity>();
+  PSTRAIN_ASSIGN_OR_RETURN(identity->token, ReadTokenFile(dir + "/worker.token"));
+  identity->set_worker_credential(security.authorizer->IssueWorkerCredential(worker_id));
+  security.channel.identity = std::move(identity);
+  return security;
+}
+
 // ---------------------------------------------------------------------------
 // pstrain: PsClient against ShardServices.
 // ---------------------------------------------------------------------------
@@ -149,16 +190,19 @@ v1::JobSpec SquareModelJob(int n) {
 
 // A ParameterShard behind ShardServices on 127.0.0.1, and a PsClient.
 class PstrainBench {
-  static ShardServices::Options ServicesOptions(bool tune_allocator) {
+  static ShardServices::Options ServicesOptions(bool tune_allocator,
+                                                std::shared_ptr<Authorizer> authorizer) {
     ShardServices::Options options;
     options.tune_allocator = tune_allocator;
+    options.authorizer = std::move(authorizer);
     return options;
   }
 
  public:
   // `tune_allocator`: see ShardServices::Options.
-  explicit PstrainBench(bool tune_allocator)
-      : services_(&shard_, ServicesOptions(tune_allocator)) {}
+  PstrainBench(bool tune_allocator, Security security)
+      : security_(std::move(security)),
+        services_(&shard_, ServicesOptions(tune_allocator, security_.authorizer)) {}
 
   absl::Status Start(int n) {
     const v1::JobSpec job = SquareModelJob(n);
@@ -180,7 +224,7 @@ class PstrainBench {
 
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", security_.server, &port);
     services_.Register(&builder);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("server did not start");
@@ -190,6 +234,7 @@ class PstrainBench {
     options.job_id = kJob;
     options.worker_id = kWorker;
     options.generation = 1;
+    options.channel = security_.channel;
     PSTRAIN_ASSIGN_OR_RETURN(client_, PsClient::Create(options, plan_));
 
     // The worker's model: one flat buffer, chunks point into it.
@@ -250,6 +295,7 @@ class PstrainBench {
 
   ChunkPlan plan_;
   ParameterShard shard_{{.shard_index = 0}};
+  const Security security_;
   ShardServices services_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<PsClient> client_;
@@ -432,18 +478,20 @@ class ReferenceCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grp
 // The reference service on its own server, and a generic client.
 class ReferenceBench {
  public:
-  explicit ReferenceBench(size_t bytes) : service_(bytes), src_(bytes), dst_(bytes) {
+  ReferenceBench(size_t bytes, Security security)
+      : security_(std::move(security)), service_(bytes), src_(bytes), dst_(bytes) {
     for (size_t i = 0; i < bytes; ++i) src_[i] = static_cast<char>(i * 131);
   }
   bool Start() {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", security_.server, &port);
     ConfigureServerBuilder(&builder);
     builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return false;
-    stub_ = std::make_unique<grpc::GenericStub>(CreateChannel("127.0.0.1:" + std::to_string(port)));
+    stub_ = std::make_unique<grpc::GenericStub>(
+        CreateChannel("127.0.0.1:" + std::to_string(port), security_.channel));
     return true;
   }
   ~ReferenceBench() {
@@ -461,6 +509,7 @@ class ReferenceBench {
            dst_[0] == src_[0] && dst_.back() == src_.back();
   }
 
+  const Security security_;
   ReferenceService service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::GenericStub> stub_;
@@ -541,17 +590,33 @@ int Main() {
   int n = 1;
   while (4.0 * (double(n + 1) * (n + 1) + n + 1) <= absl::GetFlag(FLAGS_model_mb) * 1e6) ++n;
 
-  PstrainBench ps(absl::GetFlag(FLAGS_tune_malloc));
+  PstrainBench ps(absl::GetFlag(FLAGS_tune_malloc), Security());
   if (absl::Status s = ps.Start(n); !s.ok()) {
     std::fprintf(stderr, "pstrain setup failed: %s\n", std::string(s.message()).c_str());
     return 1;
   }
   const size_t bytes = static_cast<size_t>(ps.model_bytes());
-  ReferenceBench ref(bytes);
+  ReferenceBench ref(bytes, Security());
   TcpBench tcp(bytes);
   if (!ref.Start() || !tcp.Start()) {
     std::fprintf(stderr, "reference setup failed\n");
     return 1;
+  }
+  // The TLS variants, when certificates are given.
+  std::unique_ptr<PstrainBench> ps_tls;
+  std::unique_ptr<ReferenceBench> ref_tls;
+  if (const std::string certs = absl::GetFlag(FLAGS_tls_certs); !certs.empty()) {
+    absl::StatusOr<Security> security = SecurityFrom(certs, kWorker);
+    if (!security.ok()) {
+      std::fprintf(stderr, "--tls_certs: %s\n", std::string(security.status().message()).c_str());
+      return 1;
+    }
+    ps_tls = std::make_unique<PstrainBench>(absl::GetFlag(FLAGS_tune_malloc), *security);
+    ref_tls = std::make_unique<ReferenceBench>(bytes, *security);
+    if (absl::Status s = ps_tls->Start(n); !s.ok() || !ref_tls->Start()) {
+      std::fprintf(stderr, "TLS setup failed: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
   }
   std::vector<Variant> variants = {
       {"pstrain PsClient, push then pull", [&] { return ps.Sequential(); }},
@@ -560,6 +625,11 @@ int Main() {
       {"gRPC raw ByteBuffer stream + stream", [&] { return ref.Raw(); }},
       {"raw TCP send + receive", [&] { return tcp.Round(); }},
   };
+  if (ps_tls != nullptr) {
+    variants.emplace_back("pstrain pipelined, TLS + mTLS + tokens",
+                          [&] { return ps_tls->Pipelined(); });
+    variants.emplace_back("plain gRPC protobuf, TLS + mTLS", [&] { return ref_tls->Proto(); });
+  }
   TimeInterleaved(reps, &variants);
 
   std::printf(
@@ -569,13 +639,16 @@ int Main() {
       absl::GetFlag(FLAGS_tune_malloc) ? "tuned" : "default");
   std::printf("%-44s %12s %12s %9s %9s\n", "variant (push + pull of the model)", "round trip",
               "model GB/s", "/ proto", "/ TCP");
+  // "/ proto" compares with plain gRPC over the same transport: plaintext
+  // for the plaintext variants, TLS for the TLS ones.
   std::vector<double> median(variants.size(), -1);
   for (size_t i = 0; i < variants.size(); ++i) {
     if (!variants[i].failed) median[i] = Median(variants[i].seconds);
   }
-  const double proto_s = median[2], tcp_s = median[4];
+  const double tcp_s = median[4];
   bool ok = true;
   for (size_t i = 0; i < variants.size(); ++i) {
+    const double proto_s = i >= 5 ? median.back() : median[2];
     if (median[i] <= 0) {
       std::printf("%-44s %12s\n", variants[i].name.c_str(), "FAILED");
       ok = false;
@@ -584,6 +657,12 @@ int Main() {
     std::printf("%-44s %9.1f ms %12.3f %8.2fx %8.2fx\n", variants[i].name.c_str(), median[i] * 1e3,
                 bytes / median[i] / 1e9, proto_s > 0 ? proto_s / median[i] : 0.0,
                 tcp_s > 0 ? tcp_s / median[i] : 0.0);
+  }
+  if (ps_tls != nullptr && median[1] > 0 && median[5] > 0) {
+    std::printf(
+        "TLS + mTLS + tokens cost: pstrain pipelined throughput %.2fx of plaintext (%.0f%% "
+        "less)\n",
+        median[1] / median[5], 100.0 * (1.0 - median[1] / median[5]));
   }
   return ok ? 0 : 1;
 }

@@ -300,7 +300,15 @@ v1::Coordinator::Stub& Cli::stub() {
 int Cli::ReportRpcError(const std::string& what, const grpc::Status& status) {
   std::string hint;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    hint = absl::StrCat(" (is pstrain-server running at ", server_, "?)");
+    hint = tls_.enabled()
+               ? absl::StrCat(" (is pstrain-server running at ", server_,
+                              "? With TLS: is its certificate signed by --tls-ca, for the name "
+                              "dialled, and does it need a client certificate (--tls-cert, "
+                              "--tls-key)?)")
+               : absl::StrCat(" (is pstrain-server running at ", server_,
+                              "? A server with TLS needs --tls-ca or PSTRAIN_TLS_CA)");
+  } else if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    hint = " (the admin token: --token-file or PSTRAIN_TOKEN_FILE)";
   } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     hint = absl::StrCat(" (no answer from ", server_, " within ", timeout_ms_,
                         " ms; see --timeout-ms)");
