@@ -10,8 +10,10 @@
 #   server.pem server-key.pem    every pstrain-server (serverAuth + clientAuth:
 #                                server 0 calls the other shards with it);
 #                                names: localhost, 127.0.0.1, ::1 and each --name
-#   worker.pem worker-key.pem    pstrain-worker's client certificate (and its
-#                                HTTPS /metrics: serverAuth, the same names)
+#   worker.pem worker-key.pem    pstrain-worker's client certificate, also for
+#                                its HTTPS /metrics: names localhost, 127.0.0.1,
+#                                ::1 and pstrain-worker only, so that a worker's
+#                                key cannot pose as a server
 #   admin.pem admin-key.pem      the CLI's client certificate
 #   tokens                       the servers' --token-file ("ROLE TOKEN" lines)
 #   worker.token admin.token     the workers' --token-file and the CLI's
@@ -19,8 +21,9 @@
 # Existing files are kept (run again to add nothing); --force makes new ones.
 # --owner hands the files to the user the daemons run as (the images' 10001
 # for deploy/docker/compose.yaml, which mounts them read-only).
-# For Kubernetes: deploy/k8s/README.md turns DIR into the pstrain-tls and
-# pstrain-tokens Secrets.
+# For Kubernetes: deploy/k8s/secret.yaml turns DIR into the
+# pstrain-server-credentials, pstrain-worker-credentials and
+# pstrain-admin-credentials Secrets.
 set -euo pipefail
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 [[ $# -ge 1 ]] || usage
@@ -49,9 +52,10 @@ fi
 
 # EC P-256: fast handshakes, small certificates.
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-san() {  # subjectAltName for the server: loopback plus --name entries
+san() {  # subjectAltName: loopback plus the given names (default: --name entries)
   local list="DNS:localhost,IP:127.0.0.1,IP:::1" n
-  for n in "${NAMES[@]}"; do
+  (($#)) || set -- "${NAMES[@]}"
+  for n in "$@"; do
     if [[ $n =~ ^[0-9.]+$ || $n == *:* ]]; then list+=",IP:$n"; else list+=",DNS:$n"; fi
   done
   echo "$list"
@@ -77,7 +81,7 @@ openssl req -x509 -new -key ca-key.pem -subj "/O=pstrain/CN=pstrain cluster CA" 
   -sha256 -addext "basicConstraints=critical,CA:TRUE" \
   -addext "keyUsage=critical,keyCertSign,cRLSign" -out ca.pem 2>/dev/null
 sign server pstrain-server serverAuth,clientAuth "$(san)"
-sign worker pstrain-worker serverAuth,clientAuth "$(san)"
+sign worker pstrain-worker serverAuth,clientAuth "$(san pstrain-worker)"
 sign admin pstrain-admin clientAuth
 rm -f ca.srl
 
