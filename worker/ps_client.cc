@@ -1,4 +1,5 @@
-// PsClient over gRPC's generic callback API: one channel per shard, one
+// PsClient over gRPC's generic callback API: two channels (connections) per shard,
+// one for pushes and one for pulls, one
 // client-streaming Push or server-streaming Pull per shard and operation,
 // all driven by gRPC's callback threads (no thread of ours blocks on the
 // network, so no pool is needed here).
@@ -104,8 +105,11 @@ std::unique_ptr<PendingOp> FailedOp(const absl::Status& status) {
 // What every call of one shard needs.
 struct ShardChannel {
   std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<grpc::GenericStub> stub;
+  // Pushes and pulls on separate connections: with TLS each connection's
+  // records are sealed and opened by one thread at a time, so a pipelined
+  // push and pull on one connection share a core; on two they do not.
+  std::shared_ptr<grpc::Channel> push_channel, pull_channel;
+  std::unique_ptr<grpc::GenericStub> push_stub, pull_stub;
 };
 
 // Status of a finished call: a call that never reached the server (no
@@ -142,7 +146,7 @@ class PushCall final : public GenericReactor {
   }
 
   void Start() {
-    shard_->stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(), this);
+    shard_->push_stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(), this);
     StartRead(&reply_);
     WriteNext();
     StartCall();
@@ -220,7 +224,7 @@ class PullCall final : public GenericReactor {
   }
 
   void Start() {
-    shard_->stub->PrepareBidiStreamingCall(&ctx_, kPullMethod, grpc::StubOptions(), this);
+    shard_->pull_stub->PrepareBidiStreamingCall(&ctx_, kPullMethod, grpc::StubOptions(), this);
     if (!request_status_.ok()) {
       error_ = request_status_;
       ctx_.TryCancel();
@@ -301,8 +305,13 @@ class GrpcPsClient final : public PsClient {
     for (const std::string& address : options_.shard_addresses) {
       auto shard = std::make_shared<ShardChannel>();
       shard->address = address;
-      shard->channel = CreateChannel(address, options_.channel);
-      shard->stub = std::make_unique<grpc::GenericStub>(shard->channel);
+      ChannelOptions push = options_.channel, pull = options_.channel;
+      push.connection_name = "push";
+      pull.connection_name = "pull";
+      shard->push_channel = CreateChannel(address, push);
+      shard->pull_channel = CreateChannel(address, pull);
+      shard->push_stub = std::make_unique<grpc::GenericStub>(shard->push_channel);
+      shard->pull_stub = std::make_unique<grpc::GenericStub>(shard->pull_channel);
       shards_.push_back(std::move(shard));
     }
   }

@@ -83,6 +83,10 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args = DefaultChannelArguments(options);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  if (!options.connection_name.empty()) {
+    args.SetString("pstrain.connection", options.connection_name);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  }
   if (options.identity == nullptr) return grpc::CreateCustomChannel(address, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<IdentityInterceptorFactory>(options.identity));

@@ -45,6 +45,10 @@ struct ChannelOptions {
   // Bearer token and worker credential sent as metadata with every call
   // (null: none).
   std::shared_ptr<const CallIdentity> identity;
+  // Channels to one address share a connection unless their names differ
+  // ("" = the shared one): a channel argument that keeps gRPC from reusing
+  // another channel's subchannel.
+  std::string connection_name;
   // HTTP/2 keepalive pings while calls are open, so a dead peer is noticed
   // during a long blocking pull.
   absl::Duration keepalive_time = absl::Seconds(20);
