@@ -316,8 +316,24 @@ void WorkerDaemon::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     runner = runner_;
+    if (coordinator_call_ != nullptr) coordinator_call_->TryCancel();
   }
   if (runner != nullptr) runner->Cancel();
+}
+
+// Runs `call` with `ctx` registered as the call in flight; CANCELLED at once
+// after Shutdown().
+grpc::Status WorkerDaemon::CoordinatorCall(grpc::ClientContext* ctx,
+                                           const std::function<grpc::Status()>& call) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return grpc::Status(grpc::StatusCode::CANCELLED, "shutting down");
+    coordinator_call_ = ctx;
+  }
+  grpc::Status status = call();
+  absl::MutexLock lock(&mu_);
+  coordinator_call_ = nullptr;
+  return status;
 }
 
 void WorkerDaemon::SleepFor(absl::Duration d) {
@@ -333,7 +349,8 @@ absl::Status WorkerDaemon::Register() {
   v1::RegisterWorkerResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
-  grpc::Status status = stub_->RegisterWorker(&ctx, request, &response);
+  grpc::Status status =
+      CoordinatorCall(&ctx, [&] { return stub_->RegisterWorker(&ctx, request, &response); });
   if (!status.ok()) return ToAbslStatus(status);
   // From now on every call carries the credential of this registration.
   if (options_.identity != nullptr) {
@@ -398,7 +415,8 @@ absl::Status WorkerDaemon::Run() {
     v1::HeartbeatResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
-    grpc::Status status = stub_->Heartbeat(&ctx, request, &response);
+    grpc::Status status =
+        CoordinatorCall(&ctx, [&] { return stub_->Heartbeat(&ctx, request, &response); });
     if (!status.ok()) {
       trouble("heartbeat to", static_cast<absl::StatusCode>(status.error_code()),
               status.error_message());

@@ -135,6 +135,8 @@ class WorkerDaemon {
   void SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request);
   void ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request);
   void SleepFor(absl::Duration d);
+  grpc::Status CoordinatorCall(grpc::ClientContext* ctx, const std::function<grpc::Status()>& call)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const Options options_;
@@ -144,6 +146,10 @@ class WorkerDaemon {
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // The heartbeat loop's coordinator call in flight (null: none), cancelled
+  // by Shutdown() so that a daemon stops at once even while its coordinator
+  // does not answer.
+  grpc::ClientContext* coordinator_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> shards_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);

@@ -10,16 +10,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/http_get.h"
 #include "prometheus/registry.h"
+#include "tests/testing/http_get.h"
 
 namespace pstrain {
 namespace {
@@ -39,8 +41,17 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
+    {
+      absl::MutexLock lock(&mu);
+      heartbeats.push_back(request->worker_id() + "/" + request->job_id());
+      if (hang_heartbeats) {
+        hanging = true;
+      }
+    }
+    // A coordinator that stops answering (a SIGSTOPped server): the call
+    // stays open until the test lets go.
+    if (hanging) release.WaitForNotificationWithTimeout(absl::Seconds(120));
     absl::MutexLock lock(&mu);
-    heartbeats.push_back(request->worker_id() + "/" + request->job_id());
     if (reregister_next) {
       reregister_next = false;
       response->set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
@@ -66,6 +77,9 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::vector<std::string> heartbeats;
   std::vector<v1::ReportProgressRequest> reports;
   bool reregister_next = false;
+  bool hang_heartbeats = false;
+  std::atomic<bool> hanging{false};
+  absl::Notification release;
   v1::Assignment assignment;
 };
 
@@ -128,6 +142,36 @@ TEST(WorkerDaemonTest, RegistersHeartbeatsAndReregistersWhenAsked) {
   ASSERT_TRUE(WaitFor(fake, [&] { return fake.heartbeats.back() == "worker-2/"; }));
   EXPECT_EQ((*daemon)->worker_id(), "worker-2");
   (*daemon)->Shutdown();
+  run.join();
+}
+
+// Seen in a test run: a worker whose servers had stopped answering took the
+// whole RPC deadline to exit after SIGTERM. Shutdown cancels the call in flight.
+TEST(WorkerDaemonTest, ShutdownDoesNotWaitForAHeartbeatThatNeverAnswers) {
+  FakeCoordinator fake;
+  int port = 0;
+  auto server = StartServer(&fake, &port);
+  ASSERT_NE(server, nullptr);
+  WorkerDaemon::Options options = TestOptions(port);
+  options.rpc_timeout = absl::Seconds(120);  // Far beyond the wait below.
+  auto daemon = WorkerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  absl::Notification returned;
+  std::thread run([&] {
+    EXPECT_TRUE((*daemon)->Run().ok());
+    returned.Notify();
+  });
+  ASSERT_TRUE(WaitFor(fake, [&] { return !fake.heartbeats.empty(); }));
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.hang_heartbeats = true;
+  }
+  ASSERT_TRUE(WaitFor(fake, [&] { return fake.hanging.load(); }));
+  (*daemon)->Shutdown();
+  // A deadline against a hang, not a speed check: without the cancellation
+  // Run() returns only after the 120 s RPC deadline.
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  fake.release.Notify();
   run.join();
 }
 
