@@ -22,9 +22,10 @@
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/shard_fixtures.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "server/parameter_shard.h"
+#include "tests/testing/raw_call.h"
+#include "tests/testing/shard_fixtures.h"
 
 namespace pstrain {
 namespace {
@@ -42,57 +43,7 @@ v1::JobSpec TinyJob(v1::ConsistencyMode mode) {
 }
 
 using ::pstrain::testing::InitialChunks;
-
-// Runs one generic streaming call: writes every request, half-closes, reads
-// every reply. Blocks until the call ends.
-class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  static grpc::Status Run(grpc::GenericStub* stub, const std::string& method,
-                          std::vector<grpc::ByteBuffer> requests,
-                          std::vector<grpc::ByteBuffer>* replies,
-                          absl::Duration timeout = absl::Seconds(10)) {
-    RawCall call(std::move(requests));
-    call.ctx_.set_deadline(DeadlineFromNow(timeout));
-    stub->PrepareBidiStreamingCall(&call.ctx_, method, grpc::StubOptions(), &call);
-    call.StartRead(&call.reply_);
-    call.WriteNext();
-    call.StartCall();
-    call.done_.WaitForNotification();
-    if (replies != nullptr) *replies = std::move(call.replies_);
-    return call.status_;
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (ok) WriteNext();
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    replies_.push_back(reply_);
-    StartRead(&reply_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    done_.Notify();
-  }
-
- private:
-  explicit RawCall(std::vector<grpc::ByteBuffer> requests) : requests_(std::move(requests)) {}
-  void WriteNext() {
-    if (next_ == requests_.size()) {
-      StartWritesDone();
-      return;
-    }
-    StartWrite(&requests_[next_++]);
-  }
-
-  grpc::ClientContext ctx_;
-  std::vector<grpc::ByteBuffer> requests_;
-  size_t next_ = 0;
-  grpc::ByteBuffer reply_;
-  std::vector<grpc::ByteBuffer> replies_;
-  grpc::Status status_;
-  absl::Notification done_;
-};
+using ::pstrain::testing::RawCall;
 
 grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& values) {
   grpc::ByteBuffer out;

@@ -31,12 +31,14 @@
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 #include "server/shard_controller.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/shard_fixtures.h"
 
 namespace pstrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::pstrain::testing::RawCall;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -72,50 +74,6 @@ std::string PeerToken(const std::string& dir) {
   }
   return "";
 }
-
-// Runs one generic call: writes `requests`, half-closes, reads until the end.
-class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  static grpc::Status Run(grpc::GenericStub* stub, const std::string& method,
-                          std::vector<grpc::ByteBuffer> requests) {
-    RawCall call(std::move(requests));
-    call.ctx_.set_deadline(DeadlineFromNow(absl::Seconds(10)));
-    stub->PrepareBidiStreamingCall(&call.ctx_, method, grpc::StubOptions(), &call);
-    call.StartRead(&call.reply_);
-    call.WriteNext();
-    call.StartCall();
-    call.done_.WaitForNotification();
-    return call.status_;
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (ok) WriteNext();
-  }
-  void OnReadDone(bool ok) override {
-    if (ok) StartRead(&reply_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    done_.Notify();
-  }
-
- private:
-  explicit RawCall(std::vector<grpc::ByteBuffer> requests) : requests_(std::move(requests)) {}
-  void WriteNext() {
-    if (next_ == requests_.size()) {
-      StartWritesDone();
-      return;
-    }
-    StartWrite(&requests_[next_++]);
-  }
-
-  grpc::ClientContext ctx_;
-  std::vector<grpc::ByteBuffer> requests_;
-  size_t next_ = 0;
-  grpc::ByteBuffer reply_;
-  grpc::Status status_;
-  absl::Notification done_;
-};
 
 grpc::ByteBuffer Bytes(const std::string& data) {
   grpc::Slice slice(data);
