@@ -252,7 +252,10 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
         absl::StrCat("--threads must be >= 0, got ", options.num_threads));
   }
   PSTRAIN_RETURN_IF_ERROR(ParseDeviceSpec(options.device).status());
+  PSTRAIN_ASSIGN_OR_RETURN(data::DataPathPolicy policy,
+                           data::DataPathPolicy::Create(options.data_roots));
   std::unique_ptr<WorkerDaemon> daemon(new WorkerDaemon(std::move(options)));
+  daemon->data_policy_ = std::move(policy);
   // Describe this machine once (the backend is opened again per job).
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            OpenBackend(daemon->options_.device, daemon->options_.num_threads));
@@ -542,6 +545,10 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   // Phase: OpenBackend, LoadData, BuildModel.
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            OpenBackend(options_.device, options_.num_threads));
+  // Jobs come from the network: their dataset must lie under --data-root.
+  if (job.dataset().format() != v1::DATASET_FORMAT_SYNTHETIC) {
+    PSTRAIN_RETURN_IF_ERROR(data_policy_->Check(job.dataset().path()));
+  }
   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
                            data::Preprocess::FromSpec(job.dataset(), splits.train.channels));

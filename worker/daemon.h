@@ -37,14 +37,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/data/path_policy.h"
 #include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
@@ -103,6 +106,10 @@ class WorkerDaemon {
     // channel.identity must be the same object (or both null).
     ChannelOptions channel;
     std::shared_ptr<CallIdentity> identity;
+    // Directories a job's dataset may be read from (common/data/
+    // path_policy.h); a dataset path elsewhere fails the job with the rule
+    // before any file is opened. Empty: none (synthetic data only).
+    std::vector<std::string> data_roots;
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);
@@ -140,6 +147,7 @@ class WorkerDaemon {
 
   // Constant after construction.
   const Options options_;
+  std::optional<data::DataPathPolicy> data_policy_;  // Set by Create().
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<Metrics> metrics_;
   v1::WorkerInfo info_;

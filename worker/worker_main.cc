@@ -10,10 +10,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/daemon_util.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
@@ -61,6 +64,10 @@ ABSL_FLAG(int, health_port, 0,
           "HEALTH_HOST:PORT (0 = off). Service \"\" is SERVING while the process runs; "
           "\"pstrain-worker\" is SERVING while the coordinator is reachable (readiness)");
 ABSL_FLAG(std::string, health_host, "127.0.0.1", "Daemon mode: address the health service binds to");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "Daemon mode: directories jobs may read datasets from, comma-separated; may be given "
+          "more than once. A job whose dataset resolves elsewhere fails before any file is read. "
+          "Default: /usr/share/datasets when it exists. --data-root=/ allows every path");
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
@@ -73,6 +80,36 @@ constexpr char kWorkerHealthService[] = "pstrain-worker";
 int Fail(const absl::Status& status) {
   std::cerr << "pstrain-worker: error: " << status.message() << std::endl;
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Every --data-root given (absl keeps only the last of a repeated flag), or
+// the default.
+std::vector<std::string> g_data_roots;
+bool g_data_root_given = false;
+void CollectDataRoots(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string value;
+    if (std::strncmp(argv[i], "--data-root=", 12) == 0 ||
+        std::strncmp(argv[i], "--data_root=", 12) == 0) {
+      value = argv[i] + 12;
+    } else if ((std::strcmp(argv[i], "--data-root") == 0 ||
+                std::strcmp(argv[i], "--data_root") == 0) &&
+               i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    g_data_root_given = true;
+    for (absl::string_view root : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      g_data_roots.emplace_back(root);
+    }
+  }
+}
+std::vector<std::string> DataRoots() {
+  if (g_data_root_given) return g_data_roots;
+  std::error_code error;
+  if (std::filesystem::is_directory("/usr/share/datasets", error)) return {"/usr/share/datasets"};
+  return {};
 }
 
 bool DaemonMode(int argc, char** argv) {
@@ -99,6 +136,7 @@ int RunDaemon() {
   options.coordinator_address = absl::GetFlag(FLAGS_server);
   options.channel = security->channel;
   options.identity = security->identity;
+  options.data_roots = DataRoots();
   if (security->channel.credentials == nullptr &&
       !pstrain::IsLoopbackAddress(options.coordinator_address)) {
     std::cerr << "pstrain-worker: WARNING: calls to " << options.coordinator_address
@@ -184,10 +222,11 @@ int main(int argc, char** argv) {
       "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
       "  pstrain-worker --server HOST:PORT [--metrics-port P] [--health-port P] [--device D] "
-      "[--threads N] [--tensorboard-dir DIR]");
+      "[--threads N] [--tensorboard-dir DIR] [--data-root DIR]... [TLS and token flags]");
   pstrain::InstallVersionFlag([] { return pstrain::CudaModule().Summary() + "\n"; });
   std::vector<std::string> storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
+  CollectDataRoots(argc, args.data());
   absl::ParseCommandLine(argc, args.data());
 
   if (!absl::GetFlag(FLAGS_server).empty()) return RunDaemon();

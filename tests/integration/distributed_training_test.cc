@@ -2,9 +2,12 @@
 // processes on 127.0.0.1 (random free ports), driven through the pstrain CLI,
 // training fmnist-cnn on a subset of the real Fashion-MNIST files.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
@@ -162,6 +165,34 @@ TEST_F(DistributedTrainingTest, BadSpecIsRejectedAtSubmit) {
   CommandResult list = cluster.Cli({"list"});
   EXPECT_EQ(list.exit_code, 0);
   EXPECT_FALSE(absl::StrContains(list.output, "bad")) << list.output;
+}
+
+// Regression (issue 8): a job could make every worker read any path on its
+// host. With the workers' default --data-root (/usr/share/datasets), a job
+// naming /etc fails with the rule; the server keeps serving and the workers
+// take the next job.
+TEST_F(DistributedTrainingTest, ADatasetOutsideTheWorkersDataRootFailsTheJob) {
+  LocalCluster cluster({.shards = 1, .workers = 1});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  const std::string job = WriteFashionMnistJob(dir_, 640, 100, 1);
+  std::string text;
+  {
+    std::ifstream in(job);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string evil = dir_ + "/evil.json";
+  std::ofstream(evil) << absl::StrReplaceAll(
+      text, {{"/usr/share/datasets/fashion-mnist", "/usr/share/datasets/../../../etc"}});
+  CommandResult r = cluster.Cli({"submit", evil, "--workers", "1", "--watch", "--json"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  auto s = ParseJson(r.LastLine());
+  EXPECT_EQ(StringField(s, "state"), "FAILED") << r.output;
+  EXPECT_TRUE(absl::StrContains(StringField(s, "reason"), "--data-root allow-list"))
+      << StringField(s, "reason");
+  EXPECT_FALSE(absl::StrContains(StringField(s, "reason"), "/etc")) << StringField(s, "reason");
+  int code = 0;
+  auto ok = SubmitAndWatch(cluster, job, "sync", 1, &code);
+  EXPECT_EQ(StringField(ok, "state"), "SUCCEEDED") << cluster.Logs();
 }
 
 }  // namespace

@@ -236,6 +236,40 @@ TEST(WorkerDaemonTest, AnAssignmentThatCannotRunIsReportedAsTheJobsError) {
   run.join();
 }
 
+// Regression (issue 8): a job could make workers read any path on their
+// hosts through dataset.path, and the failure reason echoed the path.
+TEST(WorkerDaemonTest, ADatasetOutsideTheDataRootsFailsTheJobWithTheRule) {
+  FakeCoordinator fake;
+  int port = 0;
+  auto server = StartServer(&fake, &port);
+  ASSERT_NE(server, nullptr);
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.assignment.set_job_id("job-4");
+    fake.assignment.set_rank(0);
+    fake.assignment.set_world_size(1);
+    fake.assignment.set_generation(1);
+    v1::JobSpec* spec = fake.assignment.mutable_spec();
+    spec->set_epochs(1);
+    spec->set_batch_size(8);
+    spec->mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
+    spec->mutable_dataset()->set_path("/etc/../etc/ssl");
+  }
+  WorkerDaemon::Options options = TestOptions(port);
+  options.data_roots = {::testing::TempDir()};
+  auto daemon = WorkerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::thread run([&] { EXPECT_TRUE((*daemon)->Run().ok()); });
+  ASSERT_TRUE(WaitFor(fake, [&] { return !fake.reports.empty(); }));
+  {
+    absl::MutexLock lock(&fake.mu);
+    EXPECT_THAT(fake.reports[0].error(), HasSubstr("outside the worker's --data-root allow-list"));
+    EXPECT_THAT(fake.reports[0].error(), ::testing::Not(HasSubstr("/etc")));
+  }
+  (*daemon)->Shutdown();
+  run.join();
+}
+
 TEST(WorkerDaemonTest, CreateRejectsBadOptions) {
   WorkerDaemon::Options options = TestOptions(1);
   options.device = "tpu";

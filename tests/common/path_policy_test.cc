@@ -1,0 +1,98 @@
+#include "common/data/path_policy.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class DataPathPolicyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = absl::StrCat(::testing::TempDir(), "/path_policy_", getpid());
+    fs::remove_all(base_);
+    fs::create_directories(base_ + "/data/fmnist");
+    fs::create_directories(base_ + "/data-evil");
+    fs::create_directories(base_ + "/outside");
+    std::ofstream(base_ + "/outside/secret.txt") << "secret contents";
+    std::ofstream(base_ + "/data/fmnist/train.idx") << "x";
+  }
+  void TearDown() override { fs::remove_all(base_); }
+
+  DataPathPolicy Policy() {
+    absl::StatusOr<DataPathPolicy> policy = DataPathPolicy::Create({base_ + "/data"});
+    EXPECT_TRUE(policy.ok()) << policy.status();
+    return *policy;
+  }
+
+  std::string base_;
+};
+
+TEST_F(DataPathPolicyTest, PathsUnderARootAreAllowedMissingOnesToo) {
+  DataPathPolicy policy = Policy();
+  EXPECT_TRUE(policy.Check(base_ + "/data").ok());
+  EXPECT_TRUE(policy.Check(base_ + "/data/fmnist").ok());
+  EXPECT_TRUE(policy.Check(base_ + "/data/fmnist/./train.idx").ok());
+  EXPECT_TRUE(policy.Check(base_ + "/data/not-there-yet").ok());  // The reader reports it.
+}
+
+TEST_F(DataPathPolicyTest, DotDotAndPrefixTricksAreRefused) {
+  DataPathPolicy policy = Policy();
+  EXPECT_EQ(policy.Check(base_ + "/data/../outside/secret.txt").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy.Check(base_ + "/data/fmnist/../../outside").code(),
+            absl::StatusCode::kPermissionDenied);
+  // "/x/data-evil" starts with "/x/data" but is not below it.
+  EXPECT_EQ(policy.Check(base_ + "/data-evil").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy.Check("/etc/passwd").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy.Check("").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy.Check("relative/path").code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(DataPathPolicyTest, ASymlinkOutOfARootIsRefused) {
+  fs::create_directory_symlink(base_ + "/outside", base_ + "/data/escape");
+  DataPathPolicy policy = Policy();
+  EXPECT_EQ(policy.Check(base_ + "/data/escape").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(policy.Check(base_ + "/data/escape/secret.txt").code(),
+            absl::StatusCode::kPermissionDenied);
+  // A symlink that points into a root is fine.
+  fs::create_directory_symlink(base_ + "/data/fmnist", base_ + "/outside/link-in");
+  EXPECT_TRUE(policy.Check(base_ + "/outside/link-in").ok());
+}
+
+TEST_F(DataPathPolicyTest, TheMessageNamesTheRuleNotTheFileOrWhetherItExists) {
+  DataPathPolicy policy = Policy();
+  const absl::Status existing = policy.Check(base_ + "/outside/secret.txt");
+  const absl::Status missing = policy.Check(base_ + "/outside/no-such-file");
+  EXPECT_EQ(existing, missing);  // No existence oracle.
+  EXPECT_THAT(existing.message(), HasSubstr("--data-root allow-list"));
+  EXPECT_THAT(existing.message(), HasSubstr(fs::canonical(base_ + "/data").string()));
+  EXPECT_THAT(existing.message(), Not(HasSubstr("secret")));
+}
+
+TEST_F(DataPathPolicyTest, RootsMustBeDirectoriesAndNoRootsAllowNothing) {
+  EXPECT_EQ(DataPathPolicy::Create({base_ + "/nope"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DataPathPolicy::Create({base_ + "/outside/secret.txt"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<DataPathPolicy> none = DataPathPolicy::Create({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_THAT(none->Check(base_ + "/data").message(), HasSubstr("--data-root DIR"));
+  absl::StatusOr<DataPathPolicy> all = DataPathPolicy::Create({"/"});
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->Check("/etc/passwd").ok());
+}
+
+}  // namespace
+}  // namespace pstrain::data
