@@ -249,12 +249,15 @@ v1::TensorProto MakeTensorProto(const std::string& name, const std::vector<int64
   v1::TensorProto t;
   t.set_name(name);
   t.set_dtype(v1::DTYPE_F32);
+  // The product is checked: a hostile shape (tests build them) must not
+  // overflow, and then there is no data to copy anyway.
   int64_t count = 1;
+  bool overflow = false;
   for (int64_t d : shape) {
     t.add_shape(d);
-    count *= d;
+    overflow = overflow || __builtin_mul_overflow(count, d, &count);
   }
-  if (count > 0 && data != nullptr) {
+  if (!overflow && count > 0 && data != nullptr) {
     t.set_data(reinterpret_cast<const char*>(data), static_cast<size_t>(count) * sizeof(float));
   }
   return t;

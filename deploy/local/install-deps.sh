@@ -27,6 +27,8 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   # tests/deploy/containers_test.sh: a Docker engine and client, and the
   # local Debian base image (deploy/docker/base-image.sh).
   PACKAGES+=(docker.io mmdebstrap iproute2)
+  # deploy/local/fuzz.sh: clang with libFuzzer and the sanitizer runtimes.
+  PACKAGES+=(clang libclang-rt-dev)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/

@@ -1,0 +1,141 @@
+// Writes the seed corpus of every fuzz target into tests/fuzz/corpus/: small,
+// valid inputs made with the project's own writers, so that the fuzzers
+// start from what the parsers accept. Run once after a format changes:
+//
+//   build-fuzz/bin/make_fuzz_seeds tests/fuzz/corpus
+//
+// (the job-spec seeds are examples/ files, copied by hand).
+#include <grpc/grpc.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/data/image_codec.h"
+#include "common/rpc/wire.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+void Write(const fs::path& path, const std::string& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << bytes;
+  std::printf("%s: %zu bytes\n", path.c_str(), bytes.size());
+}
+
+std::string Be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+std::string FrameBytes(const pstrain::v1::ChunkHeader& header, const std::vector<char>& payload) {
+  grpc::ByteBuffer buffer;
+  if (!pstrain::EncodeFrame(header, payload.data(), payload.size(), &buffer, true).ok()) {
+    std::abort();
+  }
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string out(1, '\0');  // The fuzzer's first byte: one slice.
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_fuzz_seeds CORPUS_DIR\n");
+    return 2;
+  }
+  grpc_init();
+  const fs::path root = argv[1];
+
+  // wire: a gradient push frame in each dtype, a pull request, an empty frame.
+  for (auto [dtype, width] : {std::pair{pstrain::v1::DTYPE_F32, 4},
+                              {pstrain::v1::DTYPE_F16, 2},
+                              {pstrain::v1::DTYPE_BF16, 2}}) {
+    pstrain::v1::ChunkHeader h;
+    h.set_job_id("job-1");
+    h.set_worker_id("worker-1");
+    h.set_generation(1);
+    h.set_chunk_id(3);
+    h.set_version(7);
+    h.set_kind(pstrain::v1::ChunkHeader::KIND_GRADIENT);
+    h.set_dtype(dtype);
+    h.set_num_elements(8);
+    std::vector<char> payload(8 * width);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 37);
+    Write(root / "wire" / ("push_" + pstrain::v1::DType_Name(dtype)), FrameBytes(h, payload));
+  }
+  {
+    pstrain::v1::ChunkHeader h;
+    h.set_job_id("job-1");
+    h.set_worker_id("worker-2");
+    h.set_kind(pstrain::v1::ChunkHeader::KIND_PARAMETERS);
+    h.add_chunk_ids(0);
+    h.add_chunk_ids(2);
+    Write(root / "wire" / "pull_request", FrameBytes(h, {}));
+  }
+
+  // checkpoint: a small model with momentum, as a file (first byte even) and
+  // as the inner message (first byte odd: the fuzzer wraps it).
+  {
+    pstrain::v1::Checkpoint ckpt;
+    ckpt.mutable_job()->set_name("seed");
+    ckpt.mutable_job()->mutable_model()->add_input_shape(4);
+    ckpt.mutable_job()->mutable_model()->set_num_classes(2);
+    const std::vector<float> weight(8, 0.5f), bias = {0.1f, -0.1f}, momentum(8, 0.0f);
+    *ckpt.add_parameters() = pstrain::MakeTensorProto("fc/weight", {2, 4}, weight.data());
+    *ckpt.add_parameters() = pstrain::MakeTensorProto("fc/bias", {2}, bias.data());
+    *ckpt.add_optimizer_state() =
+        pstrain::MakeTensorProto("fc/weight/momentum", {2, 4}, momentum.data());
+    ckpt.set_step(12);
+    ckpt.set_epoch(1);
+    const std::string tmp = (fs::temp_directory_path() / "pstrain-seed.ckpt").string();
+    if (!pstrain::WriteCheckpointFile(tmp, ckpt).ok()) return 1;
+    std::ifstream in(tmp, std::ios::binary);
+    std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(tmp);
+    Write(root / "checkpoint" / "file", std::string(1, '\0') + file);
+    Write(root / "checkpoint" / "inner", std::string(1, '\1') + ckpt.SerializeAsString());
+  }
+
+  // idx: two 4x4 images and their labels (the fuzzer's 2-byte split first).
+  {
+    std::string images = Be32(0x00000803) + Be32(2) + Be32(4) + Be32(4) + std::string(32, '\x40');
+    std::string labels = Be32(0x00000801) + Be32(2) + std::string("\x03\x07", 2);
+    const uint16_t split = static_cast<uint16_t>(images.size());
+    std::string input = {static_cast<char>(split >> 8), static_cast<char>(split & 0xff)};
+    Write(root / "idx" / "pair", input + images + labels);
+  }
+
+  // cifar: two records.
+  {
+    std::string records;
+    for (int r = 0; r < 2; ++r) {
+      records += static_cast<char>(r + 1);
+      for (int i = 0; i < 3 * 32 * 32; ++i) records += static_cast<char>((i * (r + 3)) & 0xff);
+    }
+    Write(root / "cifar" / "two_records", records);
+  }
+
+  // png, jpeg: a gray and an RGB image each.
+  for (int channels : {1, 3}) {
+    pstrain::data::DecodedImage image;
+    image.width = 7;
+    image.height = 5;
+    image.channels = channels;
+    for (int i = 0; i < 7 * 5 * channels; ++i) image.pixels.push_back(static_cast<uint8_t>(i * 11));
+    const std::string tag = channels == 1 ? "gray" : "rgb";
+    Write(root / "png" / tag, *pstrain::data::EncodePng(image));
+    Write(root / "jpeg" / tag, *pstrain::data::EncodeJpeg(image, 90));
+  }
+  return 0;
+}
