@@ -23,7 +23,11 @@ function(pstrain_find_program _var _program _debian_package)
 endfunction()
 
 pstrain_find_package(Threads "libc6-dev (build-essential)")
-pstrain_find_package(OpenMP "libgomp1 (build-essential)")
+# The fuzzing build (PSTRAIN_FUZZ, clang) compiles proto/ and common/ only:
+# no OpenMP (clang's would be libomp-dev) and no oneDNN.
+if(NOT PSTRAIN_FUZZ)
+  pstrain_find_package(OpenMP "libgomp1 (build-essential)")
+endif()
 pstrain_find_package(absl libabsl-dev CONFIG)
 pstrain_find_program(PSTRAIN_PROTOC protoc protobuf-compiler)
 pstrain_find_package(Protobuf libprotobuf-dev)
@@ -34,8 +38,10 @@ pstrain_find_package(gRPC libgrpc++-dev CONFIG)
 pstrain_find_package(OpenSSL libssl-dev)  # token digests and worker credentials (common/rpc/security)
 # Debian's oneDNN package asks for OpenCL headers and the ICD loader, which
 # libdnnl-dev only recommends.
-pstrain_find_package(OpenCL ocl-icd-opencl-dev)
-pstrain_find_package(dnnl libdnnl-dev CONFIG)
+if(NOT PSTRAIN_FUZZ)
+  pstrain_find_package(OpenCL ocl-icd-opencl-dev)
+  pstrain_find_package(dnnl libdnnl-dev CONFIG)
+endif()
 pstrain_find_package(ZLIB zlib1g-dev)
 pstrain_find_package(PNG libpng-dev)
 pstrain_find_package(JPEG libjpeg62-turbo-dev)
