@@ -252,8 +252,12 @@ class Cli {
   int ReportRpcError(const std::string& what, const grpc::Status& status);
   int Usage(const std::string& command, const std::string& usage, const std::string& error);
   v1::Coordinator::Stub& stub();
+  // Every unary call: a deadline, and wait-for-ready, so that a call made
+  // while the channel connects (a server that just began listening) waits
+  // for it within the deadline instead of failing on the first UNAVAILABLE.
   void Deadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(DeadlineFromNow(absl::Milliseconds(timeout_ms_)));
+    ctx->set_wait_for_ready(true);
   }
 
   const CliEnvironment& env_;
@@ -268,6 +272,7 @@ class Cli {
   TlsOptions tls_;
   std::string token_file_;
   std::optional<absl::StatusOr<ChannelOptions>> channel_options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
@@ -292,7 +297,8 @@ v1::Coordinator::Stub& Cli::stub() {
   if (stub_ == nullptr) {
     // A bad TLS or token file is reported by RunCli before any command runs,
     // so the options are good here.
-    stub_ = v1::Coordinator::NewStub(CreateChannel(server_, *ChannelOptionsOnce()));
+    channel_ = CreateChannel(server_, *ChannelOptionsOnce());
+    stub_ = v1::Coordinator::NewStub(channel_);
   }
   return *stub_;
 }
@@ -310,8 +316,19 @@ int Cli::ReportRpcError(const std::string& what, const grpc::Status& status) {
   } else if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     hint = " (the admin token: --token-file or PSTRAIN_TOKEN_FILE)";
   } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    hint = absl::StrCat(" (no answer from ", server_, " within ", timeout_ms_,
-                        " ms; see --timeout-ms)");
+    // Calls wait for the channel: a deadline with no connection is a server
+    // that is not there (or a TLS mismatch), not a slow one.
+    const grpc_connectivity_state state =
+        channel_ != nullptr ? channel_->GetState(false) : GRPC_CHANNEL_READY;
+    if (state != GRPC_CHANNEL_READY) {
+      hint = absl::StrCat(" (could not connect to ", server_, " within ", timeout_ms_,
+                          " ms: is pstrain-server running there",
+                          tls_.enabled() ? ", and do its certificate and --tls-ca match?)"
+                                         : "? A server with TLS needs --tls-ca)");
+    } else {
+      hint = absl::StrCat(" (no answer from ", server_, " within ", timeout_ms_,
+                          " ms; see --timeout-ms)");
+    }
   }
   err_ << "pstrain " << what << ": error: " << status.error_message() << hint << " ["
        << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())) << "]"

@@ -475,6 +475,34 @@ TEST_F(CliTest, WatchWarnsWhenNoEventArrives) {
   EXPECT_THAT(err_.str(), HasSubstr("no update about job-1"));
 }
 
+// Seen: a `pstrain list` issued right after the server began listening
+// failed 1 time in 10 ("tcp handshaker shutdown"). Calls wait for the channel
+// within their deadline.
+TEST_F(CliTest, ACallMadeBeforeTheServerListensWaitsForItWithinTheDeadline) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  const int port = std::stoi(address_.substr(address_.rfind(':') + 1));
+  int code = -1;
+  std::thread cli([&] { code = Run({"--timeout-ms", "20000", "list"}); });
+  absl::SleepFor(absl::Milliseconds(500));  // The CLI is waiting for the channel now.
+  FakeCoordinator late;
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &bound);
+  builder.RegisterService(&late);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_EQ(bound, port);
+  cli.join();
+  EXPECT_EQ(code, 0) << err_.str();
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST_F(CliTest, UnreachableServerSaysItCouldNotConnect) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  EXPECT_EQ(Run({"--timeout-ms", "500", "status", "job-1"}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("could not connect to " + address_));
+}
+
 TEST_F(CliTest, UnreachableServerIsAnRpcError) {
   server_->Shutdown(std::chrono::system_clock::now());
   EXPECT_EQ(Run({"--timeout-ms", "500", "status", "job-1"}), 1);
