@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -185,7 +186,22 @@ const float* TakeMean(Accumulator* acc, const Contribution* extra) {
 struct Outcome {
   int64_t applied_updates = 0;
   int64_t staleness = -1;  // Recorded for async/ssp gradients.
+  bool duplicate = false;  // Acknowledged, not applied.
 };
+
+// The updates of one member applied to one chunk (exactly-once pushes):
+// its current incarnation and the last update_seq per push target
+// ([0]: values, i.e. gradient or parameters; [1 + s]: optimizer slot s).
+struct AppliedUpdates {
+  uint64_t incarnation = 0;
+  std::vector<int64_t> last_seq;
+};
+
+// Index of the push target of `args` in AppliedUpdates::last_seq.
+size_t TargetIndex(const PushArgs& args) {
+  return args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE ? 1 + static_cast<size_t>(args.slot)
+                                                            : 0;
+}
 
 struct Chunk {
   // Constant after configuration.
@@ -206,6 +222,23 @@ struct Chunk {
   // Barriers (sync and average modes).
   Accumulator values_barrier ABSL_GUARDED_BY(mu);
   std::vector<Accumulator> slot_barriers ABSL_GUARDED_BY(mu);
+  // Exactly-once records, one per member that pushed with an update id.
+  std::map<std::string, AppliedUpdates> applied ABSL_GUARDED_BY(mu);
+
+  // True when `args` (with an update id) was applied already.
+  bool AlreadyApplied(const PushArgs& args) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    auto it = applied.find(args.worker_id);
+    if (it == applied.end() || it->second.incarnation != args.incarnation) return false;
+    const size_t target = TargetIndex(args);
+    return target < it->second.last_seq.size() && args.update_seq <= it->second.last_seq[target];
+  }
+  void RecordApplied(const PushArgs& args) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    AppliedUpdates& record = applied[args.worker_id];
+    if (record.incarnation != args.incarnation) record = AppliedUpdates{args.incarnation, {}};
+    const size_t target = TargetIndex(args);
+    if (record.last_seq.size() <= target) record.last_seq.resize(target + 1, -1);
+    record.last_seq[target] = std::max(record.last_seq[target], args.update_seq);
+  }
 };
 
 // Makes `*snapshot` writable: in place when nobody else holds it, else a copy
@@ -518,16 +551,23 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
     return absl::InvalidArgumentError(absl::StrCat("negative version ", args.version));
   }
 
+  const bool has_update_id = args.incarnation != 0;
+  if (has_update_id && args.update_seq < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative update_seq ", args.update_seq));
+  }
   int64_t version;
   {
     absl::MutexLock lock(&chunk->mu);
     PSTRAIN_RETURN_IF_ERROR(CheckCaller(*chunk->membership, args.worker_id, args.generation));
-    if (barrier_mode()) {
+    if (has_update_id && chunk->AlreadyApplied(args)) {
+      outcome->duplicate = true;
+    } else if (barrier_mode()) {
       PSTRAIN_RETURN_IF_ERROR(PushToBarrier(*chunk, args, values, outcome));
     } else {
       PSTRAIN_RETURN_IF_ERROR(
           ApplyOnArrival(*chunk, args, values, options.max_version_lead, outcome));
     }
+    if (has_update_id) chunk->RecordApplied(args);
     version = chunk->version;
   }
   if (mode_ == v1::CONSISTENCY_SSP) {
@@ -556,6 +596,12 @@ absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
                              ? chunk.slot_barriers[args.slot]
                              : chunk.values_barrier;
   if (barrier.contributors.count(args.worker_id) > 0) {
+    if (args.incarnation != 0) {
+      // A newer update of a member for a barrier it is already in (it
+      // resynchronised after a failed step): its first contribution stands.
+      outcome->duplicate = true;
+      return absl::OkStatus();
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "duplicate push: worker ", args.worker_id, " already pushed ", KindName(args.kind),
         args.kind == v1::ChunkHeader::KIND_OPTIMIZER_STATE ? absl::StrCat(" slot ", args.slot) : "",
@@ -762,6 +808,7 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = next;
+    std::erase_if(chunk->applied, [&next](const auto& entry) { return !next->Has(entry.first); });
     if (barrier_mode() && BarrierReady(*chunk, nullptr)) {
       first_error.Update(CompleteBarrier(*chunk, nullptr, &outcome));
     }
@@ -899,6 +946,7 @@ absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<co
     ++stats_.rejected_pushes;
     return version;
   }
+  if (outcome.duplicate) ++stats_.duplicate_pushes;
   ++stats_.pushes;
   stats_.push_bytes += static_cast<int64_t>(values.size() * sizeof(float));
   if (jobs_.count(args.job_id) != 0) {

@@ -27,6 +27,20 @@
 // version like trainable ones in average mode; async and ssp take the last
 // write. Their version follows the pushes.
 //
+// Exactly once: a push with an update id (PushArgs::incarnation non-zero,
+// update_seq) is applied at most once. Per chunk the shard remembers, for
+// every member, its current incarnation and the last update_seq applied to
+// the chunk's values and to each optimizer slot; a push at or below it is a
+// duplicate (a retry of an update already applied, e.g. after a cut
+// stream) and is acknowledged with the chunk's version without being
+// applied. A newer incarnation of a member replaces the record. In the
+// barrier modes a member that already contributed to the pending barrier
+// and pushes a newer update for the same version (it resynchronised after a
+// failed step) is acknowledged too: its first contribution stands. The
+// records are bounded by the member set (SetMembers forgets the others).
+// Pushes without an update id are applied as before, and a second one for
+// the same barrier is INVALID_ARGUMENT.
+//
 // Every push is validated before anything is touched (unknown job or worker,
 // stale generation, chunk not owned here, wrong element count or kind for the
 // mode, non-finite values when rejected, version from the future, values
@@ -88,6 +102,9 @@ struct ShardStats {
   int64_t pushes = 0, pulls = 0;
   int64_t push_bytes = 0, pull_bytes = 0;
   int64_t rejected_pushes = 0;
+  // Pushes acknowledged without being applied: a retried update already
+  // applied, or a second gradient of a member for a barrier it is in.
+  int64_t duplicate_pushes = 0;
   int64_t applied_updates = 0;
   std::vector<int64_t> staleness_counts;  // [s] = pushes with staleness s (last bucket: >=).
   // Highest chunk version a push or pull of each configured job has seen
@@ -104,6 +121,9 @@ struct PushArgs {
   v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_GRADIENT;
   int slot = 0;          // KIND_OPTIMIZER_STATE: index into the chunk's slots.
   int worker_clock = 0;  // Steps this worker has completed (ssp).
+  // The update id (ChunkHeader.incarnation, update_seq); incarnation 0: none.
+  uint64_t incarnation = 0;
+  int64_t update_seq = 0;
 };
 
 struct PullArgs {

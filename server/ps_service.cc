@@ -370,10 +370,19 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     args.kind = header.kind();
     args.slot = header.slot();
     args.worker_clock = header.worker_clock();
+    args.incarnation = header.incarnation();
+    args.update_seq = header.update_seq();
+    const auto& cut = owner_->options().cut_push_stream;
+    if (cut && cut(header, /*applied=*/false)) return InjectedCut();
     PSTRAIN_ASSIGN_OR_RETURN(int64_t version, shard->Push(args, values));
+    if (cut && cut(header, /*applied=*/true)) return InjectedCut();
     min_version_ = std::min(min_version_, version);
     last_kind_ = header.kind();
     return absl::OkStatus();
+  }
+
+  static absl::Status InjectedCut() {
+    return absl::UnavailableError("push stream cut (injected fault)");
   }
 
   // The status to finish with once nothing is running or pending, at most once.

@@ -86,6 +86,11 @@ class ShardServices {
     // the worker role and the worker credential of the worker id in their
     // frames; every ShardControl call needs the peer role.
     std::shared_ptr<const Authorizer> authorizer;
+    // Fault injection for tests (never set by pstrain-server): called for
+    // every push frame before it is applied (`applied` false) and after it
+    // (true); returning true ends the push call with UNAVAILABLE there, as a
+    // cut stream would. Called on this object's threads; must be thread-safe.
+    std::function<bool(const v1::ChunkHeader& frame, bool applied)> cut_push_stream;
   };
 
   // `shard` must outlive this object.

@@ -129,6 +129,9 @@ class ServerMetrics {
     pull_bytes_ = counter("pstrain_server_pull_bytes_total", "Payload bytes sent in pulls");
     rejected_ = counter("pstrain_server_rejected_pushes_total", "Pushes rejected by validation");
     updates_ = counter("pstrain_server_applied_updates_total", "Updates applied to the model");
+    duplicates_ = counter("pstrain_server_duplicate_pushes_total",
+                          "Pushes acknowledged without being applied again (retried updates "
+                          "already applied: exactly-once delivery)");
     const prometheus::Histogram::BucketBoundaries latency_buckets = {
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
         0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
@@ -215,6 +218,7 @@ class ServerMetrics {
     Advance(pull_bytes_, s.pull_bytes, last_.pull_bytes);
     Advance(rejected_, s.rejected_pushes, last_.rejected_pushes);
     Advance(updates_, s.applied_updates, last_.applied_updates);
+    Advance(duplicates_, s.duplicate_pushes, last_.duplicate_pushes);
     RefreshStaleness(s.staleness_counts);
     RefreshModelVersions(s.model_version_by_job);
     last_ = s;
@@ -284,7 +288,8 @@ class ServerMetrics {
   const std::shared_ptr<prometheus::Registry> registry_;
   pstrain::ParameterShard* shard_ = nullptr;
   pstrain::Coordinator* coordinator_ = nullptr;
-  prometheus::Counter *pushes_, *pulls_, *push_bytes_, *pull_bytes_, *rejected_, *updates_;
+  prometheus::Counter *pushes_, *pulls_, *push_bytes_, *pull_bytes_, *rejected_, *updates_,
+      *duplicates_;
   prometheus::Histogram *push_latency_, *pull_latency_;
   prometheus::Family<prometheus::Histogram>* staleness_family_;
   prometheus::Family<prometheus::Gauge>* model_version_;

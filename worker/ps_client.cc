@@ -14,9 +14,13 @@
 //
 // Retries: calls are made wait_for_ready, so a shard that is not reachable yet
 // (starting, restarting) is retried by the channel with backoff (capped at
-// 1 s, common/rpc/channel.cc) until the call's deadline; a call that never
-// reached the server then fails with UNAVAILABLE. Errors after the server
-// accepted the call are returned as they are (a push is not idempotent).
+// 1 s, common/rpc/channel.cc). A call that fails with UNAVAILABLE (a cut
+// stream, a restarted server) or DEADLINE_EXCEEDED (one attempt's
+// deadline, Options::attempt_timeout) is made again after a backoff until
+// the operation's deadline (Options::rpc_timeout) has passed: a push with
+// the same update id (incarnation, update_seq), so that the frames the shard
+// had already applied are acknowledged and not applied twice; a pull for the
+// chunks not yet received. Other errors are returned as they are.
 #include "worker/ps_client.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -24,10 +28,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/wire.h"
@@ -112,6 +120,38 @@ struct ShardChannel {
   std::unique_ptr<grpc::GenericStub> push_stub, pull_stub;
 };
 
+// Retry policy of one operation's calls (constant).
+struct RetryPolicy {
+  absl::Time deadline;             // Of the whole operation.
+  absl::Duration attempt_timeout;  // Of one call.
+};
+
+// True when a failed call may be made again (with the same update id).
+bool RetryableCall(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status);
+}
+
+// The backoff before attempt `attempt` (1 = the first retry): 50 ms doubling,
+// capped at 1 s.
+absl::Duration RetryBackoff(int attempt) {
+  return std::min(absl::Milliseconds(50) * (int64_t{1} << std::min(attempt - 1, 5)),
+                  absl::Seconds(1));
+}
+
+// One attempt's deadline: attempt_timeout from now, never past the operation's.
+std::chrono::system_clock::time_point AttemptDeadline(const RetryPolicy& retry) {
+  return absl::ToChronoTime(std::min(retry.deadline, absl::Now() + retry.attempt_timeout));
+}
+
+// Runs `start` after `delay` on a short-lived thread (retries are rare; a
+// gRPC callback thread must not sleep).
+void StartAfter(absl::Duration delay, std::function<void()> start) {
+  std::thread([delay, start = std::move(start)] {
+    absl::SleepFor(delay);
+    start();
+  }).detach();
+}
+
 // Status of a finished call: a call that never reached the server (no
 // initial metadata) and ran out of time reports the shard as unreachable.
 absl::Status CallStatus(const grpc::Status& status, bool reached_server, const std::string& address,
@@ -136,12 +176,15 @@ class PushCall final : public GenericReactor {
   };
 
   PushCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
-           v1::ChunkHeader header_template, std::vector<Frame> frames, absl::Duration timeout)
+           v1::ChunkHeader header_template, std::vector<Frame> frames, RetryPolicy retry,
+           int attempt = 0)
       : shard_(std::move(shard)),
         op_(std::move(op)),
         header_(std::move(header_template)),
-        frames_(std::move(frames)) {
-    ctx_.set_deadline(DeadlineFromNow(timeout));
+        frames_(std::move(frames)),
+        retry_(retry),
+        attempt_(attempt) {
+    ctx_.set_deadline(AttemptDeadline(retry_));
     ctx_.set_wait_for_ready(true);
   }
 
@@ -166,7 +209,16 @@ class PushCall final : public GenericReactor {
   }
 
   void OnDone(const grpc::Status& status) override {
-    op_->CallDone(CallStatus(status, reached_server_, shard_->address, "push"), version_);
+    const absl::Status result = CallStatus(status, reached_server_, shard_->address, "push");
+    const absl::Duration backoff = RetryBackoff(attempt_ + 1);
+    if (!encode_failed_ && RetryableCall(result) && absl::Now() + backoff < retry_.deadline) {
+      // The same frames with the same update id: what the shard applied
+      // before the failure is acknowledged, not applied again.
+      auto* again = new PushCall(shard_, op_, header_, frames_, retry_, attempt_ + 1);
+      StartAfter(backoff, [again] { again->Start(); });
+    } else {
+      op_->CallDone(result, version_);
+    }
     delete this;
   }
 
@@ -186,6 +238,7 @@ class PushCall final : public GenericReactor {
     absl::Status encoded = EncodeFrame(header_, f.values, static_cast<size_t>(f.count) * 4,
                                        std::move(token), &buffer_);
     if (!encoded.ok()) {
+      encode_failed_ = true;
       op_->Fail(encoded);
       ctx_.TryCancel();
       return;
@@ -198,6 +251,9 @@ class PushCall final : public GenericReactor {
   grpc::ClientContext ctx_;
   v1::ChunkHeader header_;
   const std::vector<Frame> frames_;
+  const RetryPolicy retry_;
+  const int attempt_;
+  bool encode_failed_ = false;  // Set before TryCancel; read in OnDone.
   size_t next_ = 0;
   grpc::ByteBuffer buffer_;  // The frame being written.
   grpc::ByteBuffer reply_;
@@ -215,12 +271,20 @@ class PullCall final : public GenericReactor {
   };
 
   PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
-           v1::ChunkHeader request, std::vector<Dest> dests, absl::Duration timeout)
-      : shard_(std::move(shard)), op_(std::move(op)), dests_(std::move(dests)) {
-    ctx_.set_deadline(DeadlineFromNow(timeout));
+           v1::ChunkHeader request, std::vector<Dest> dests, RetryPolicy retry,
+           int attempt = 0, int64_t min_version = std::numeric_limits<int64_t>::max())
+      : shard_(std::move(shard)),
+        op_(std::move(op)),
+        request_header_(std::move(request)),
+        dests_(std::move(dests)),
+        retry_(retry),
+        attempt_(attempt),
+        min_version_(min_version) {
+    ctx_.set_deadline(AttemptDeadline(retry_));
     ctx_.set_wait_for_ready(true);
-    for (const Dest& d : dests_) request.add_chunk_ids(d.chunk_id);
-    request_status_ = EncodeFrame(request, nullptr, 0, &request_);
+    v1::ChunkHeader with_ids = request_header_;
+    for (const Dest& d : dests_) with_ids.add_chunk_ids(d.chunk_id);
+    request_status_ = EncodeFrame(with_ids, nullptr, 0, &request_);
   }
 
   void Start() {
@@ -256,7 +320,16 @@ class PullCall final : public GenericReactor {
           absl::InternalError(absl::StrCat("pull from shard ", shard_->address, " ended after ",
                                            next_, " of ", dests_.size(), " chunks"));
     }
-    op_->CallDone(result, min_version_);
+    const absl::Duration backoff = RetryBackoff(attempt_ + 1);
+    if (error_.ok() && RetryableCall(result) && absl::Now() + backoff < retry_.deadline) {
+      // Pulls are idempotent: ask again for the chunks not received yet.
+      std::vector<Dest> rest(dests_.begin() + static_cast<ptrdiff_t>(next_), dests_.end());
+      auto* again = new PullCall(shard_, op_, request_header_, std::move(rest), retry_,
+                                 attempt_ + 1, min_version_);
+      StartAfter(backoff, [again] { again->Start(); });
+    } else {
+      op_->CallDone(result, min_version_);
+    }
     delete this;
   }
 
@@ -288,20 +361,26 @@ class PullCall final : public GenericReactor {
   const std::shared_ptr<ShardChannel> shard_;
   const std::shared_ptr<OpState> op_;
   grpc::ClientContext ctx_;
+  const v1::ChunkHeader request_header_;  // Without chunk_ids (a retry asks for the rest).
   const std::vector<Dest> dests_;
+  const RetryPolicy retry_;
+  const int attempt_;
   grpc::ByteBuffer request_;
   absl::Status request_status_;
   grpc::ByteBuffer reply_;
   size_t next_ = 0;  // Reads are sequential: touched by one callback at a time.
-  int64_t min_version_ = std::numeric_limits<int64_t>::max();
+  int64_t min_version_;  // Lowest version received, earlier attempts included.
   std::atomic<bool> reached_server_{false};
   absl::Status error_;  // Set by a read callback before TryCancel; read in OnDone.
 };
 
 class GrpcPsClient final : public PsClient {
  public:
-  GrpcPsClient(Options options, ChunkPlan plan)
-      : options_(std::move(options)), plan_(std::move(plan)), generation_(options_.generation) {
+  GrpcPsClient(Options options, ChunkPlan plan, uint64_t incarnation)
+      : options_(std::move(options)),
+        plan_(std::move(plan)),
+        incarnation_(incarnation),
+        generation_(options_.generation) {
     for (const std::string& address : options_.shard_addresses) {
       auto shard = std::make_shared<ShardChannel>();
       shard->address = address;
@@ -327,12 +406,14 @@ class GrpcPsClient final : public PsClient {
     }
     v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
     header.set_dtype(v1::DTYPE_F32);
+    header.set_incarnation(incarnation_);
+    header.set_update_seq(next_update_seq_.fetch_add(1));
     std::vector<PushCall*> calls;
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    const RetryPolicy retry = Retry();
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
-      calls.push_back(
-          new PushCall(shards_[s], op, header, std::move(by_shard[s]), options_.rpc_timeout));
+      calls.push_back(new PushCall(shards_[s], op, header, std::move(by_shard[s]), retry));
     }
     for (PushCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
@@ -350,10 +431,10 @@ class GrpcPsClient final : public PsClient {
     const v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
     std::vector<PullCall*> calls;
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    const RetryPolicy retry = Retry();
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
-      calls.push_back(
-          new PullCall(shards_[s], op, request, std::move(by_shard[s]), options_.rpc_timeout));
+      calls.push_back(new PullCall(shards_[s], op, request, std::move(by_shard[s]), retry));
     }
     for (PullCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
@@ -361,8 +442,14 @@ class GrpcPsClient final : public PsClient {
 
   void SetGeneration(int64_t generation) override { generation_.store(generation); }
   const ChunkPlan& plan() const override { return plan_; }
+  uint64_t incarnation() const override { return incarnation_; }
 
  private:
+  RetryPolicy Retry() const {
+    return {absl::Now() + options_.rpc_timeout,
+            std::min(options_.attempt_timeout, options_.rpc_timeout)};
+  }
+
   absl::Status CheckChunk(int chunk_id, const void* values) const {
     if (chunk_id < 0 || chunk_id >= static_cast<int>(plan_.chunks.size())) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_id, " is not in the plan (",
@@ -395,7 +482,9 @@ class GrpcPsClient final : public PsClient {
 
   const Options options_;
   const ChunkPlan plan_;
+  const uint64_t incarnation_;  // Non-zero; one per client.
   std::atomic<int64_t> generation_;
+  std::atomic<int64_t> next_update_seq_{1};
   // Constant after construction; calls in flight share ownership, so a
   // PendingOp may outlive the client.
   std::vector<std::shared_ptr<ShardChannel>> shards_;
@@ -417,10 +506,17 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options options, Chun
       return absl::InvalidArgumentError(absl::StrCat("chunk ", c.id, " has shard ", c.shard));
     }
   }
-  if (options.rpc_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("rpc_timeout must be positive");
+  if (options.rpc_timeout <= absl::ZeroDuration() ||
+      options.attempt_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout and attempt_timeout must be positive");
   }
-  return std::unique_ptr<PsClient>(new GrpcPsClient(std::move(options), std::move(plan)));
+  uint64_t incarnation = options.incarnation;
+  if (incarnation == 0) {
+    absl::BitGen bits;
+    while (incarnation == 0) incarnation = absl::Uniform<uint64_t>(bits);
+  }
+  return std::unique_ptr<PsClient>(
+      new GrpcPsClient(std::move(options), std::move(plan), incarnation));
 }
 
 }  // namespace pstrain

@@ -16,6 +16,13 @@
 // in ~1 MiB chunk frames (see ChunkHeader in proto/pstrain/v1/service.proto
 // for the framing). Every RPC has a deadline (Options::rpc_timeout).
 //
+// Exactly once: every Push carries an update id (the client's random
+// incarnation and a sequence number per Push). A call to a shard that fails
+// with UNAVAILABLE (a cut stream, a restarting server) or runs out of
+// Options::attempt_timeout is made again, with backoff, with the same id
+// until rpc_timeout has passed; the shard applies each chunk's update once
+// however often it arrives. Pulls are retried the same way.
+//
 // Threads: thread-safe; Push/Pull may be called from any thread and return at
 // once. Source and destination buffers must stay valid until Wait() returns.
 #ifndef PSTRAIN_WORKER_PS_CLIENT_H_
@@ -52,7 +59,18 @@ class PsClient {
     std::string job_id;
     std::string worker_id;
     int64_t generation = 0;
+    // Deadline of a whole Push or Pull, retries included.
     absl::Duration rpc_timeout = absl::Seconds(60);
+    // Deadline of one attempt (a call to one shard); a call that runs out
+    // of it (a shard that accepted the call and hangs) is made again while
+    // rpc_timeout allows. Keep it well above a connection's set-up: a call
+    // waits for the connection (wait_for_ready) within this deadline, and
+    // attempts much shorter than gRPC's reconnect backoff were seen never
+    // to connect.
+    absl::Duration attempt_timeout = absl::Seconds(30);
+    // The update ids' incarnation (ChunkHeader.incarnation); 0 draws a
+    // random one. Tests set it to replay a client.
+    uint64_t incarnation = 0;
     // TLS credentials and the worker's token and credential for the shard
     // channels (common/rpc/channel.h; default: insecure, none).
     ChannelOptions channel;
@@ -78,6 +96,8 @@ class PsClient {
   // After a membership change (new Assignment.generation).
   virtual void SetGeneration(int64_t generation) = 0;
   virtual const ChunkPlan& plan() const = 0;
+  // The non-zero incarnation of this client's update ids.
+  virtual uint64_t incarnation() const = 0;
 };
 
 }  // namespace pstrain

@@ -13,9 +13,15 @@
 
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 #include "common/chunking.h"
 #include "common/model_graph.h"
@@ -23,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/shard_fixtures.h"
+#include "tests/testing/status_matchers.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 
@@ -39,14 +46,15 @@ v1::JobSpec SmallJob(v1::ConsistencyMode mode) {
 
 class Cluster {
  public:
-  Cluster(v1::ConsistencyMode mode, int num_shards, std::vector<std::string> members) {
+  Cluster(v1::ConsistencyMode mode, int num_shards, std::vector<std::string> members,
+          ShardServices::Options service_options = {}) {
     spec_ = SmallJob(mode);
     graph_ = *BuildModelGraph(spec_.model());
     plan_ = *PlanChunks(graph_, num_shards, kChunkBytes);
     initial_ = InitialParameterValues(graph_);
     for (int s = 0; s < num_shards; ++s) {
       auto shard = std::make_unique<ParameterShard>(ParameterShard::Options{.shard_index = s});
-      auto services = std::make_unique<ShardServices>(shard.get());
+      auto services = std::make_unique<ShardServices>(shard.get(), service_options);
       grpc::ServerBuilder builder;
       int port = 0;
       builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -96,6 +104,7 @@ class Cluster {
   }
   const ChunkPlan& plan() const { return plan_; }
   ParameterShard& shard(int s) { return *shards_[s]; }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
 
  private:
   v1::JobSpec spec_;
@@ -281,6 +290,134 @@ TEST(PsClientTest, BadArgumentsFailWithoutACall) {
   EXPECT_EQ(PsClient::Create(options, cluster.plan()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
+
+
+// --- Exactly-once updates (issue 9) -------------------------------------------
+
+// Cuts push streams at random frames, before or after the frame is applied,
+// at most once per frame of an update (so that every update gets through on
+// some attempt). Thread-safe.
+class RandomStreamCutter {
+ public:
+  explicit RandomStreamCutter(uint32_t seed, double probability)
+      : rng_(seed), probability_(probability) {}
+  bool operator()(const v1::ChunkHeader& frame, bool applied) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string key = absl::StrCat(frame.worker_id(), "/", frame.incarnation(), "/",
+                                         frame.update_seq(), "/", frame.chunk_id(), "/", applied);
+    if (!seen_.insert(key).second) return false;
+    if (std::uniform_real_distribution<double>(0, 1)(rng_) >= probability_) return false;
+    ++(applied ? cuts_after_apply_ : cuts_before_apply_);
+    return true;
+  }
+  int cuts_before_apply() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cuts_before_apply_;
+  }
+  int cuts_after_apply() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cuts_after_apply_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::mt19937 rng_;
+  const double probability_;
+  std::set<std::string> seen_;
+  int cuts_before_apply_ = 0, cuts_after_apply_ = 0;
+};
+
+// What a run leaves on the shards: every chunk's values, version and
+// optimizer state, and the updates applied.
+struct RunResult {
+  std::string model;
+  int64_t applied_updates = 0;
+  int64_t duplicate_pushes = 0;
+};
+
+// Two workers train kSteps steps of `mode` through two shards with
+// deterministic gradients (sync and average: both push each step, then
+// pull the next version; async and ssp: one after the other, so that the
+// order of updates is the same in every run).
+RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
+  constexpr int kSteps = 6;
+  ShardServices::Options service_options;
+  if (cutter != nullptr) {
+    service_options.cut_push_stream = [cutter](const v1::ChunkHeader& frame, bool applied) {
+      return (*cutter)(frame, applied);
+    };
+  }
+  Cluster cluster(mode, 2, {"w0", "w1"}, service_options);
+  std::unique_ptr<PsClient> clients[2] = {cluster.Client("w0"), cluster.Client("w1")};
+  const bool barrier = mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_AVERAGE;
+  const auto kind =
+      mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
+                                      : v1::ChunkHeader::KIND_GRADIENT;
+  auto values_of = [&](int worker, int step) {
+    std::vector<std::vector<float>> v = cluster.Buffers(0.0f);
+    for (size_t id = 0; id < v.size(); ++id) {
+      for (size_t i = 0; i < v[id].size(); ++i) {
+        v[id][i] = 0.015625f * static_cast<float>((i * 7 + id * 3 + step * 5 + worker * 11) % 13) -
+                   0.09375f;
+      }
+    }
+    return v;
+  };
+  auto push = [&](int worker, int step) {
+    std::vector<std::vector<float>> v = values_of(worker, step);
+    absl::Status status =
+        clients[worker]->Push(kind, barrier ? step : 0, step + 1, Refs(v))->Wait();
+    EXPECT_TRUE(status.ok()) << "worker " << worker << " step " << step << ": " << status;
+  };
+  for (int step = 0; step < kSteps; ++step) {
+    if (barrier) {
+      std::thread second([&] { push(1, step); });
+      push(0, step);
+      second.join();
+      std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+      EXPECT_OK(clients[0]
+                    ->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, 0, Dests(pulled))
+                    ->Wait());
+    } else {
+      push(0, step);
+      push(1, step);
+    }
+  }
+  RunResult result;
+  for (int s = 0; s < cluster.num_shards(); ++s) {
+    absl::StatusOr<std::vector<v1::ChunkValues>> chunks = cluster.shard(s).ReadChunks(kJob);
+    EXPECT_OK(chunks.status());
+    if (chunks.ok()) {
+      for (const v1::ChunkValues& c : *chunks) result.model += c.SerializeAsString();
+    }
+    result.applied_updates += cluster.shard(s).stats().applied_updates;
+    result.duplicate_pushes += cluster.shard(s).stats().duplicate_pushes;
+  }
+  return result;
+}
+
+class ExactlyOnceThroughCutStreamsTest : public ::testing::TestWithParam<v1::ConsistencyMode> {};
+
+TEST_P(ExactlyOnceThroughCutStreamsTest, EveryUpdateIsAppliedOnceAsWithoutFaults) {
+  const RunResult clean = RunTwoWorkers(GetParam(), nullptr);
+  RandomStreamCutter cutter(/*seed=*/9 + static_cast<uint32_t>(GetParam()), 0.05);
+  const RunResult faulty = RunTwoWorkers(GetParam(), &cutter);
+  EXPECT_GT(cutter.cuts_before_apply(), 0);
+  EXPECT_GT(cutter.cuts_after_apply(), 0);
+  EXPECT_EQ(faulty.applied_updates, clean.applied_updates);
+  EXPECT_TRUE(faulty.model == clean.model) << "the model differs from the run without faults";
+  // Every frame cut after it was applied came again and was acknowledged.
+  EXPECT_GE(faulty.duplicate_pushes, cutter.cuts_after_apply());
+  EXPECT_EQ(clean.duplicate_pushes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, ExactlyOnceThroughCutStreamsTest,
+                         ::testing::Values(v1::CONSISTENCY_SYNC, v1::CONSISTENCY_ASYNC,
+                                           v1::CONSISTENCY_SSP, v1::CONSISTENCY_AVERAGE),
+                         [](const ::testing::TestParamInfo<v1::ConsistencyMode>& info) {
+                           const std::string name = v1::ConsistencyMode_Name(info.param);
+                           return name.substr(name.find('_') + 1);
+                         });
 
 }  // namespace
 }  // namespace pstrain

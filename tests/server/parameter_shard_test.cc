@@ -253,6 +253,148 @@ class AsyncPull {
 };
 
 // ---------------------------------------------------------------------------
+// Exactly-once pushes (update ids)
+// ---------------------------------------------------------------------------
+
+// `args` with an update id.
+PushArgs WithId(PushArgs args, uint64_t incarnation, int64_t update_seq) {
+  args.incarnation = incarnation;
+  args.update_seq = update_seq;
+  return args;
+}
+
+struct ModeCase {
+  v1::ConsistencyMode mode;
+  v1::ChunkHeader::Kind kind;
+};
+
+class ExactlyOnceTest : public ::testing::TestWithParam<ModeCase> {};
+
+// Every mode: the same update delivered three times (a client retry after a
+// cut stream) changes the model exactly as one delivery does, and the
+// repeats are acknowledged with the chunk's version.
+TEST_P(ExactlyOnceTest, ARepeatedUpdateIsAppliedOnce) {
+  const ModeCase mode = GetParam();
+  auto run = [&](int deliveries, ShardStats* stats) {
+    TestJob job = MakeJob(mode.mode, Sgd(0.25f, 0.5f), {"worker-a", "worker-b"});
+    ParameterShard shard({});
+    EXPECT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+    const int chunk = job.ChunkOf("fc/weight");
+    const std::vector<float> ga = Ramp(job.Count(chunk), 0.5f, 0.125f);
+    const std::vector<float> gb = Ramp(job.Count(chunk), -1.f, 0.25f);
+    for (int d = 0; d < deliveries; ++d) {
+      absl::StatusOr<int64_t> v =
+          shard.Push(WithId(job.Args("worker-a", chunk, 0, mode.kind), 77, 1), ga);
+      EXPECT_OK(v.status());
+    }
+    for (int d = 0; d < deliveries; ++d) {
+      absl::StatusOr<int64_t> v =
+          shard.Push(WithId(job.Args("worker-b", chunk, 0, mode.kind), 88, 1), gb);
+      EXPECT_OK(v.status());
+      if (v.ok() && mode.mode != v1::CONSISTENCY_ASYNC && mode.mode != v1::CONSISTENCY_SSP) {
+        EXPECT_EQ(*v, 1);  // The barrier completed once; a repeat sees its version.
+      }
+    }
+    *stats = shard.stats();
+    return ModelBytes(shard, job.config.job_id);
+  };
+  ShardStats once, thrice;
+  const std::string expected = run(1, &once);
+  EXPECT_EQ(run(3, &thrice), expected);
+  EXPECT_EQ(thrice.applied_updates, once.applied_updates);
+  EXPECT_EQ(thrice.duplicate_pushes, 4);
+  EXPECT_EQ(once.duplicate_pushes, 0);
+  EXPECT_EQ(thrice.rejected_pushes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllModes, ExactlyOnceTest,
+    ::testing::Values(ModeCase{v1::CONSISTENCY_SYNC, v1::ChunkHeader::KIND_GRADIENT},
+                      ModeCase{v1::CONSISTENCY_ASYNC, v1::ChunkHeader::KIND_GRADIENT},
+                      ModeCase{v1::CONSISTENCY_SSP, v1::ChunkHeader::KIND_GRADIENT},
+                      ModeCase{v1::CONSISTENCY_AVERAGE, v1::ChunkHeader::KIND_PARAMETERS}),
+    [](const ::testing::TestParamInfo<ModeCase>& info) {
+      const std::string name = v1::ConsistencyMode_Name(info.param.mode);  // CONSISTENCY_SYNC
+      return name.substr(name.find('_') + 1);
+    });
+
+// A retry that arrives after the sync step it belonged to completed (the
+// version moved on) is acknowledged, not refused as stale.
+TEST(ExactlyOnceSyncTest, ARetryAfterTheStepCompletedIsAcknowledged) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int chunk = job.ChunkOf("fc/bias");
+  ASSERT_OK(shard.Push(WithId(job.Args("worker-a", chunk, 0), 5, 1), {1.f, 2.f, 3.f}).status());
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-b", chunk, 0), 6, 1), {3.f, 2.f, 1.f}), 1);
+  const std::string after_step = ModelBytes(shard, job.config.job_id);
+  absl::StatusOr<int64_t> retry =
+      shard.Push(WithId(job.Args("worker-a", chunk, 0), 5, 1), {1.f, 2.f, 3.f});
+  ASSERT_OK(retry.status());
+  EXPECT_EQ(*retry, 1);
+  EXPECT_EQ(ModelBytes(shard, job.config.job_id), after_step);
+  // Without an update id the same late push is stale, as before.
+  EXPECT_THAT(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 2.f, 3.f}).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("stale")));
+}
+
+// Regression (issue 9): a worker that resynchronised after a failed step
+// pushed its new gradient for the barrier it had already joined, got
+// INVALID_ARGUMENT "duplicate push", and the job failed. With update ids its
+// first gradient for that version stands and the newer one is acknowledged.
+TEST(ExactlyOnceSyncTest, ANewerUpdateForABarrierAlreadyJoinedIsAcknowledged) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int chunk = job.ChunkOf("fc/bias");
+  const std::vector<float> ga = {1.f, 2.f, 3.f}, gb = {3.f, 2.f, 1.f};
+  ASSERT_OK(shard.Push(WithId(job.Args("worker-a", chunk, 0), 5, 1), ga).status());
+  ASSERT_OK(shard.Push(WithId(job.Args("worker-a", chunk, 0), 5, 2), {9.f, 9.f, 9.f}).status());
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-b", chunk, 0), 6, 1), gb), 1);
+  std::vector<float> expected = job.Initial(chunk);
+  ReferenceOptimizer reference(Sgd(0.1f), 3);
+  reference.Apply(expected, Mean(ga, gb), 0);
+  absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
+  ASSERT_OK(pulled.status());
+  EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
+  EXPECT_EQ(shard.stats().duplicate_pushes, 1);
+  EXPECT_EQ(shard.stats().rejected_pushes, 0);
+}
+
+// A new incarnation of a member (a new run of the worker) starts its own
+// sequence: its update 1 is not mistaken for the old incarnation's.
+TEST(ExactlyOnceAsyncTest, ANewIncarnationIsNotADuplicate) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.5f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int chunk = job.ChunkOf("fc/bias");
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-a", chunk, 0), 1, 7), {1.f, 1.f, 1.f}), 1);
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-a", chunk, 1), 2, 1), {1.f, 1.f, 1.f}), 2);
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-a", chunk, 2), 2, 1), {1.f, 1.f, 1.f}), 2);
+  EXPECT_EQ(shard.stats().applied_updates, 2);
+  EXPECT_EQ(shard.stats().duplicate_pushes, 1);
+  // A negative sequence number is refused.
+  EXPECT_THAT(shard.Push(WithId(job.Args("worker-a", chunk, 2), 2, -1), {1.f, 1.f, 1.f}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("update_seq")));
+}
+
+// The records are bounded by the member set: a member removed and added
+// back starts afresh.
+TEST(ExactlyOnceAsyncTest, SetMembersForgetsTheRecordsOfFormerMembers) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.5f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int chunk = job.ChunkOf("fc/bias");
+  ASSERT_EQ(*shard.Push(WithId(job.Args("worker-b", chunk, 0), 3, 4), {1.f, 1.f, 1.f}), 1);
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a"}, 2));
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 3));
+  PushArgs again = WithId(job.Args("worker-b", chunk, 1), 3, 4);
+  again.generation = 3;
+  ASSERT_EQ(*shard.Push(again, {1.f, 1.f, 1.f}), 2);
+  EXPECT_EQ(shard.stats().duplicate_pushes, 0);
+}
+
+// ---------------------------------------------------------------------------
 // sync
 // ---------------------------------------------------------------------------
 

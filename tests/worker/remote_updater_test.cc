@@ -209,6 +209,7 @@ class FakePsClient final : public PsClient {
   }
   void SetGeneration(int64_t generation) override {}
   const ChunkPlan& plan() const override { return server_->plan(); }
+  uint64_t incarnation() const override { return 1; }
 
   int last_push_clock = -1, last_pull_clock = -1;
 
