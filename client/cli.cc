@@ -919,7 +919,8 @@ std::string JobStatusJson(const v1::JobStatus& s) {
       ", \"loss\": ", JsonNumber(s.loss()), ", \"train_accuracy\": ",
       JsonNumber(s.train_accuracy()), ", \"samples_per_sec\": ", JsonNumber(s.samples_per_sec()),
       ", \"workers\": [", absl::StrJoin(workers, ", "), "], \"workers_lost\": ",
-      s.workers_lost(), ", \"test_accuracy\": ", JsonNumber(t.accuracy()),
+      s.workers_lost(), ", \"runs\": ", s.runs(), ", \"steps_lost\": ", s.steps_lost(),
+      ", \"test_accuracy\": ", JsonNumber(t.accuracy()),
       ", \"precision\": ", JsonNumber(t.precision()), ", \"recall\": ", JsonNumber(t.recall()),
       ", \"f1\": ", JsonNumber(t.f1()), ", \"test_loss\": ", JsonNumber(t.loss()),
       ", \"test_samples\": ", t.samples(), ", \"confusion\": [", absl::StrJoin(rows, ", "),
@@ -963,6 +964,12 @@ std::string FormatFinalReport(const v1::JobStatus& s) {
                                            "accuracy %.4f, workers lost %d\n",
                                            s.epoch(), s.step(), s.loss(), s.train_accuracy(),
                                            s.workers_lost()));
+  if (s.runs() > 1) {
+    absl::StrAppend(&report, absl::StrFormat("  resumed %d time%s from a checkpoint, %d steps "
+                                             "trained again\n",
+                                             s.runs() - 1, s.runs() == 2 ? "" : "s",
+                                             s.steps_lost()));
+  }
   if (s.state() == v1::JOB_STATE_SUCCEEDED && s.has_test()) {
     const v1::EvalMetrics& t = s.test();
     absl::StrAppend(&report,

@@ -17,6 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "absl/random/random.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
@@ -113,7 +116,9 @@ struct Coordinator::Job {
   Phase phase = Phase::kQueued;
   std::vector<Member> members;  // Rank order.
   int64_t generation = 0;
+  std::string run_id;              // Of the current run ("" before the first).
   int start_epoch = 0;             // Epoch the current run started from.
+  int64_t start_step = 0;          // Global step the current run started from.
   bool shards_configured = false;  // The shards hold the job (DropJob when done).
   bool membership_dirty = false;   // Shards need SetMembers.
   bool save_on_stop = false;       // Save the model before dropping it (cancel).
@@ -130,6 +135,7 @@ struct Coordinator::StartWork {
   std::vector<std::string> members;
   int64_t generation = 0;
   bool resume = false;
+  int64_t step_before = 0;  // The job's step when it was interrupted (resume).
 };
 
 struct Coordinator::CheckpointWork {
@@ -175,8 +181,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
   return c;
 }
 
+namespace {
+uint64_t RandomIncarnation() {
+  absl::BitGen bits;
+  return absl::Uniform<uint64_t>(bits);
+}
+}  // namespace
+
 Coordinator::Coordinator(Options options, ShardController* shards)
-    : options_(std::move(options)), shards_(shards) {
+    : options_(std::move(options)), shards_(shards), incarnation_(RandomIncarnation()) {
   absl::MutexLock lock(&mu_);
   shard_addresses_ = options_.shard_addresses;
 }
@@ -227,6 +240,15 @@ absl::Status Coordinator::LoadState() {
   std::sort(found.begin(), found.end());
 
   absl::MutexLock lock(&mu_);
+  const std::string next_worker_path = (fs::path(options_.state_dir) / "next_worker_id").string();
+  if (fs::exists(next_worker_path)) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::string text, ReadFileToString(next_worker_path));
+    int64_t next = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &next) || next < 1) {
+      return absl::DataLossError(absl::StrCat("corrupt worker id counter ", next_worker_path));
+    }
+    next_worker_ = next;
+  }
   for (const auto& [n, id] : found) {
     const std::string path = (fs::path(JobDir(id)) / "status.pb").string();
     PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
@@ -402,7 +424,15 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 // Workers
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::WorkerInfo& info) {
+absl::Status Coordinator::SaveNextWorkerId() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  return WriteFileAtomically((fs::path(options_.state_dir) / "next_worker_id").string(),
+                             absl::StrCat(next_worker_, "\n"));
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::WorkerInfo& info, const std::string& previous_worker_id) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("previous_worker_id", previous_worker_id));
   if (const size_t bytes = info.ByteSizeLong();
       bytes > static_cast<size_t>(options_.max_worker_info_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("worker info has ", bytes, " bytes; at most ",
@@ -417,7 +447,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
                      "(--max-workers)"));
   }
   auto worker = std::make_unique<Worker>();
-  worker->id = absl::StrCat("worker-", next_worker_++);
+  // The caller's previous id when this state directory issued it and it is
+  // free (the caller registers again after a restart); else a new one.
+  const int64_t previous = IdNumber(previous_worker_id, "worker-");
+  if (previous > 0 && previous < next_worker_ &&
+      previous_worker_id == absl::StrCat("worker-", previous) &&
+      workers_.count(previous_worker_id) == 0) {
+    worker->id = previous_worker_id;
+  } else {
+    worker->id = absl::StrCat("worker-", next_worker_++);
+    // Saved before the id is handed out: never issued twice.
+    if (absl::Status saved = SaveNextWorkerId(); !saved.ok()) {
+      --next_worker_;
+      return absl::UnavailableError(
+          absl::StrCat("cannot save the worker id counter: ", saved.message()));
+    }
+  }
   worker->info = info;
   worker->last_heartbeat = Now();
   v1::RegisterWorkerResponse response;
@@ -425,7 +470,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   response.set_heartbeat_interval_ms(
       static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   for (const std::string& a : shard_addresses_) response.add_shards(a);
-  Log(absl::StrCat(worker->id, ": registered (", info.hostname(), ", ", info.backend(), ")"));
+  Log(absl::StrCat(worker->id, worker->id == previous_worker_id ? ": registered again (" : ": registered (",
+                   info.hostname(), ", ", info.backend(), ")"));
   workers_[worker->id] = std::move(worker);
   RefreshQueueReasons();
   Wake();
@@ -480,6 +526,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   a->set_world_size(static_cast<int32_t>(current->members.size()));
   a->set_start_epoch(std::max(current->start_epoch, current->status.epoch()));
   a->set_generation(current->generation);
+  a->set_run_id(current->run_id);
+  a->set_start_step(current->start_step);
   return response;
 }
 
@@ -506,6 +554,9 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     if (job->phase == Phase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
     if (member == nullptr || job->phase == Phase::kQueued || job->phase == Phase::kStarting) {
       return true;
+    }
+    if (!report.run_id().empty() && report.run_id() != job->run_id) {
+      return true;  // A replaced run: its worker stops; nothing it says counts.
     }
     if (member->finished) return false;
 
@@ -700,7 +751,7 @@ void Coordinator::RefreshAggregates(Job& job) {
   bool first = true;
   for (const Member& m : job.members) {
     const int e = m.reported ? m.epoch : job.start_epoch;
-    const int64_t s = m.reported ? m.step : 0;
+    const int64_t s = m.reported ? m.step : job.start_step;
     if (first || e < epoch) epoch = e;
     if (first || s < step) step = s;
     first = false;
@@ -885,6 +936,7 @@ void Coordinator::StartQueuedJobs() {
       work.graph = job.graph;
       work.generation = ++job.generation;
       work.resume = job.has_checkpoint;
+      work.step_before = job.status.step();
       job.members.clear();
       for (size_t r = 0; r < wanted; ++r) {
         Worker* w = idle[next_idle++].second;
@@ -909,6 +961,7 @@ void Coordinator::StartQueuedJobs() {
     launch.members = work.members;
     launch.generation = work.generation;
     int start_epoch = 0;
+    int64_t start_step = 0;
     absl::Status status;
     if (work.resume) {
       absl::StatusOr<v1::Checkpoint> ckpt = ReadCheckpointFile(ModelPath(work.job_id));
@@ -939,6 +992,7 @@ void Coordinator::StartQueuedJobs() {
           launch.optimizer_state[t.name()] = *std::move(values);
         }
         start_epoch = ckpt->epoch();
+        start_step = ckpt->step();
         // The server-side optimizer counts iterations by version: go on from
         // the checkpoint's step (average mode counts rounds and runs no
         // optimizer on the server, so it starts again from 0). Workers learn
@@ -964,18 +1018,31 @@ void Coordinator::StartQueuedJobs() {
     }
     job.phase = Phase::kRunning;
     job.start_epoch = start_epoch;
+    job.start_step = start_step;
     job.last_checkpoint_epoch = start_epoch;
+    job.status.set_runs(job.status.runs() + 1);
+    job.run_id = absl::StrFormat("%s.%d.%016x", work.job_id, job.status.runs(), incarnation_);
+    if (work.resume) {
+      job.status.set_steps_lost(job.status.steps_lost() +
+                                std::max<int64_t>(0, work.step_before - start_step));
+    }
     job.status.set_state(v1::JOB_STATE_RUNNING);
     job.status.set_epoch(start_epoch);
-    job.status.set_step(0);
+    job.status.set_step(start_step);
     if (job.status.started_unix_ms() == 0) job.status.set_started_unix_ms(ToUnixMs(Now()));
     job.status.set_reason(absl::StrCat(
         "training on ", job.members.size(), " worker", job.members.size() == 1 ? "" : "s",
-        start_epoch > 0 ? absl::StrCat(" from epoch ", start_epoch) : std::string()));
+        work.resume ? absl::StrCat(" (run ", job.status.runs(), ", resumed from the checkpoint of "
+                                   "epoch ", start_epoch, ", step ", start_step, "; ",
+                                   job.status.steps_lost(), " steps lost so far)")
+                    : std::string()));
     RefreshAggregates(job);
     Touch(job);
     Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "),
-                     " (generation ", work.generation, ")"));
+                     " (run ", job.run_id, ", generation ", work.generation,
+                     work.resume ? absl::StrCat(", from epoch ", start_epoch, " step ", start_step)
+                                 : std::string(),
+                     ")"));
   }
   if (!starts.empty()) {
     absl::MutexLock lock(&mu_);

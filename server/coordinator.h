@@ -56,7 +56,12 @@
 // from its epoch (Assignment.start_epoch). An epoch checkpoint holds the
 // model as read when the background work noticed the slowest member's new
 // epoch, so a resumed run may repeat or skip a few steps' worth of updates.
-// A job that loses every worker is resumed the same way.
+// A job that loses every worker is resumed the same way. Every start of a
+// job is a new run (JobStatus.runs; Assignment.run_id, unique across
+// restarts of this server): workers start a new run over from its data
+// position (start_epoch, start_step) even when they ran the same job
+// before, and JobStatus.steps_lost counts the steps the resumes trained
+// again.
 //
 // Threads: thread-safe. The public calls only touch memory (and write small
 // status files) and return promptly; everything that talks to shards or
@@ -170,8 +175,13 @@ class Coordinator {
   // --- Workers ------------------------------------------------------------
   // INVALID_ARGUMENT when `info` exceeds max_worker_info_bytes;
   // RESOURCE_EXHAUSTED when max_workers are registered and none can be
-  // forgotten.
-  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::WorkerInfo& info);
+  // forgotten. `previous_worker_id` (the id the caller held before this
+  // server restarted; the caller proved it, see CoordinatorService) is given
+  // back when this state directory issued it and nobody holds it now; else
+  // a new id. With a state directory ids are never issued twice, across
+  // restarts too (the next number is saved before an id is handed out).
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::WorkerInfo& info, const std::string& previous_worker_id = "");
   // Records the heartbeat and says what the worker must do. An unknown
   // worker id gets ACTION_REREGISTER (not an error).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
@@ -207,6 +217,8 @@ class Coordinator {
 
   Coordinator(Options options, ShardController* shards);
   absl::Status LoadState();
+  // Saves next_worker_ to <state_dir>/next_worker_id.
+  absl::Status SaveNextWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Everything SubmitJob checks of a spec (defaults applied); the graph.
   absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
   absl::Status CheckId(const char* what, const std::string& id) const;
@@ -246,6 +258,9 @@ class Coordinator {
   // Constant after construction.
   const Options options_;
   ShardController* const shards_;
+  // Random, drawn at construction: run ids of this process differ from
+  // those of an earlier process on the same state directory.
+  const uint64_t incarnation_;
 
   // Serialises Tick() (the only code that talks to shards).
   absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -169,7 +169,14 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* context,
                                                 v1::RegisterWorkerResponse* response) {
   if (grpc::Status s = Admit(*context, Role::kWorker, "RegisterWorker", *request); !s.ok())
     return s;
-  absl::StatusOr<v1::RegisterWorkerResponse> r = coordinator_->RegisterWorker(request->info());
+  // A previous id is given back only to a caller that holds its credential.
+  std::string previous;
+  if (!request->previous_worker_id().empty() &&
+      authorizer_->CheckWorkerCredential(*context, request->previous_worker_id()).ok()) {
+    previous = request->previous_worker_id();
+  }
+  absl::StatusOr<v1::RegisterWorkerResponse> r =
+      coordinator_->RegisterWorker(request->info(), previous);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   response->set_worker_credential(authorizer_->IssueWorkerCredential(response->worker_id()));

@@ -150,9 +150,17 @@ struct WorkerDaemon::Metrics {
 // One assignment being trained, on its own thread. The heartbeat thread
 // updates the assignment (new generation, rank, world size) and stops it.
 struct WorkerDaemon::Runner {
-  explicit Runner(const v1::Assignment& a) : job_id(a.job_id()), assignment(a) {}
+  explicit Runner(const v1::Assignment& a)
+      : job_id(a.job_id()), run_id(RunIdOf(a)), assignment(a) {}
+
+  // The run an assignment belongs to (the job id for a coordinator that
+  // sends no run id).
+  static std::string RunIdOf(const v1::Assignment& a) {
+    return a.run_id().empty() ? a.job_id() : a.run_id();
+  }
 
   const std::string job_id;  // Constant.
+  const std::string run_id;  // Constant.
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> done{false};
@@ -349,6 +357,10 @@ void WorkerDaemon::SleepFor(absl::Duration d) {
 absl::Status WorkerDaemon::Register() {
   v1::RegisterWorkerRequest request;
   *request.mutable_info() = info_;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_previous_worker_id(previous_worker_id_);
+  }
   v1::RegisterWorkerResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
@@ -454,6 +466,7 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
     case v1::HeartbeatResponse::ACTION_REREGISTER: {
       StopRunner("the coordinator does not know this worker");
       absl::MutexLock lock(&mu_);
+      if (!worker_id_.empty()) previous_worker_id_ = worker_id_;
       worker_id_.clear();
       return;
     }
@@ -468,9 +481,9 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
   const v1::Assignment& a = response.assignment();
   {
     absl::MutexLock lock(&mu_);
-    if (a.job_id() == done_job_) return;  // Already finished (or failed) here.
+    if (Runner::RunIdOf(a) == done_run_) return;  // Already finished (or failed) here.
   }
-  if (runner != nullptr && runner->job_id == a.job_id() && !runner->done.load()) {
+  if (runner != nullptr && runner->run_id == Runner::RunIdOf(a) && !runner->done.load()) {
     const v1::Assignment current = runner->Snapshot();
     if (current.generation() != a.generation()) {
       Log(absl::StrCat(a.job_id(), ": generation ", a.generation(), ", rank ", a.rank(), " of ",
@@ -480,15 +493,19 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
     }
     return;
   }
-  StopRunner(absl::StrCat("assigned to ", a.job_id()));
+  StopRunner(runner != nullptr && runner->job_id == a.job_id()
+                 ? absl::StrCat("a new run of ", a.job_id(), " starts")
+                 : absl::StrCat("assigned to ", a.job_id()));
   StartRunner(a);
 }
 
 void WorkerDaemon::StartRunner(const v1::Assignment& assignment) {
   auto runner = std::make_shared<Runner>(assignment);
   Log(absl::StrCat(assignment.job_id(), ": rank ", assignment.rank(), " of ",
-                   assignment.world_size(), ", generation ", assignment.generation(),
-                   ", from epoch ", assignment.start_epoch()));
+                   assignment.world_size(), ", run ", runner->run_id, ", generation ",
+                   assignment.generation(), ", from epoch ", assignment.start_epoch(),
+                   assignment.start_step() > 0 ? absl::StrCat(" (step ", assignment.start_step(), ")")
+                                               : std::string()));
   absl::MutexLock lock(&mu_);
   runner_ = runner;
   runner->thread = std::thread([this, runner] { RunAssignment(runner.get()); });
@@ -513,7 +530,7 @@ void WorkerDaemon::RunAssignment(Runner* runner) {
   if (status.ok()) {
     Log(absl::StrCat(runner->job_id, ": finished"));
     absl::MutexLock lock(&mu_);
-    done_job_ = runner->job_id;
+    done_run_ = runner->run_id;
     ++jobs_finished_;
   } else if (runner->stop.load()) {
     Log(absl::StrCat(runner->job_id, ": stopped"));
@@ -522,11 +539,12 @@ void WorkerDaemon::RunAssignment(Runner* runner) {
     v1::Assignment a = runner->Snapshot();
     v1::ReportProgressRequest report;
     report.set_job_id(runner->job_id);
+    report.set_run_id(runner->run_id);
     report.set_generation(a.generation());
     report.set_error(absl::StrCat(info_.hostname(), ": ", status.ToString()));
     SendFinalReport(runner, report);
     absl::MutexLock lock(&mu_);
-    done_job_ = runner->job_id;
+    done_run_ = runner->run_id;
   }
   runner->done.store(true);
 }
@@ -630,6 +648,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
   std::unique_ptr<Trainer> trainer;
   int64_t global_step = -1;
+  int64_t first_step = 0;  // Of the run's first epoch; 0 for the others.
   for (int epoch = a.start_epoch(); epoch < job.epochs(); ++epoch) {
     const v1::Assignment latest = runner->Snapshot();
     if (trainer == nullptr || latest.rank() != trainer_options.rank ||
@@ -641,7 +660,17 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       PSTRAIN_ASSIGN_OR_RETURN(trainer, Trainer::Create(model.get(), updater.get(), &splits.train,
                                                         preprocess, trainer_options));
       trainer_ptr = trainer.get();
-      if (global_step < 0) global_step = epoch * trainer->steps_per_epoch();
+      if (global_step < 0) {
+        // The run's data position: start_step's steps into the first epoch
+        // when this worker's steps per epoch put it there (same world size).
+        const int64_t into = a.start_step() - epoch * trainer->steps_per_epoch();
+        if (into > 0 && into < trainer->steps_per_epoch()) first_step = into;
+        global_step = epoch * trainer->steps_per_epoch() + first_step;
+        if (first_step > 0) {
+          Log(absl::StrCat(runner->job_id, ": resuming epoch ", epoch + 1, " at step ",
+                           first_step, " of ", trainer->steps_per_epoch()));
+        }
+      }
       trainer->set_global_step(global_step);
     }
     a = latest;
@@ -649,6 +678,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       metrics_->ObserveProgress(p);
       v1::ReportProgressRequest report;
       report.set_job_id(runner->job_id);
+      report.set_run_id(runner->run_id);
       report.set_generation(runner->Snapshot().generation());
       report.set_epoch(p.step_in_epoch >= p.steps_in_epoch ? p.epoch + 1 : p.epoch);
       report.set_step(p.global_step);
@@ -661,8 +691,10 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
                                     {"train/accuracy", p.train_accuracy},
                                     {"train/samples_per_sec", p.samples_per_sec}});
     };
-    PSTRAIN_ASSIGN_OR_RETURN(EpochStats stats,
-                             trainer->RunEpoch(epoch, progress, options_.progress_every_steps));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        EpochStats stats,
+        trainer->RunEpoch(epoch, progress, options_.progress_every_steps, first_step));
+    first_step = 0;
     global_step = trainer->global_step();
     metrics_->ObserveEpoch(stats);
     Log(absl::StrFormat("%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s",
@@ -684,6 +716,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
                            EvaluateShard(*model, splits.test, preprocess, eval));
   v1::ReportProgressRequest report;
   report.set_job_id(runner->job_id);
+  report.set_run_id(runner->run_id);
   report.set_generation(a.generation());
   report.set_epoch(job.epochs());
   report.set_step(global_step < 0 ? 0 : global_step);
@@ -740,6 +773,7 @@ void WorkerDaemon::SendFinalReport(Runner* runner, const v1::ReportProgressReque
       absl::MutexLock lock(&mu_);
       if (shutdown_) return;
     }
+    if (runner->stop.load()) return;  // This run was replaced or stopped.
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }

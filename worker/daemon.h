@@ -19,11 +19,17 @@
 //   `progress_every_steps` steps and at each epoch's end ▸ after the last
 //   epoch it evaluates its rank's shard of the test set and reports
 //   `finished` with it ▸ idle again.
-// A new generation of the same job (a member was lost) changes the push
+// A new generation of the same run (a member was lost) changes the push
 // generation at once; the new rank and world size take effect from the next
 // epoch (this epoch's remaining samples of the lost worker are skipped).
+// A new run of a job (Assignment.run_id: the job was resumed from its
+// checkpoint, e.g. after server 0 restarted) replaces the runner of the old
+// one, even for a job this worker finished or failed before; the run starts
+// from its data position (start_epoch, and start_step's steps into that
+// epoch when this worker's steps per epoch put it there).
 // ACTION_STOP, a progress answer `stop`, or Shutdown() stop the runner
-// within one step. ACTION_REREGISTER registers again. A coordinator that does
+// within one step. ACTION_REREGISTER (the coordinator restarted) stops the
+// runner and registers again, asking for the same worker id back. A coordinator that does
 // not answer is retried with exponential backoff (capped at 5 s) forever,
 // with one log line per change of state.
 //
@@ -162,7 +168,12 @@ class WorkerDaemon {
   std::vector<std::string> shards_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Runner> runner_ ABSL_GUARDED_BY(mu_);
-  std::string done_job_ ABSL_GUARDED_BY(mu_);  // Finished or failed here: not rerun.
+  // The id held before the coordinator asked to register again: asked back
+  // at the next registration.
+  std::string previous_worker_id_ ABSL_GUARDED_BY(mu_);
+  // The run (Assignment.run_id) finished or failed here: not rerun. A new
+  // run of the same job (resumed after a restart) is run.
+  std::string done_run_ ABSL_GUARDED_BY(mu_);
   int jobs_finished_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -179,7 +179,11 @@ absl::Status DataPrefetcher::ReleaseCopiedBuffers() {
   return status;
 }
 
-absl::Status DataPrefetcher::StartEpoch(int epoch) {
+absl::Status DataPrefetcher::StartEpoch(int epoch, int64_t first_batch) {
+  if (first_batch < 0 || first_batch > batches_per_epoch_) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch: first batch ", first_batch,
+                                                   " is outside [0, ", batches_per_epoch_, "]"));
+  }
   PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers());
   auto order = std::make_shared<const std::vector<int64_t>>(
       data::EpochOrder(dataset_->size(), options_.seed, epoch, options_.rank,
@@ -189,14 +193,14 @@ absl::Status DataPrefetcher::StartEpoch(int epoch) {
     ++generation_;
     epoch_ = epoch;
     order_ = std::move(order);
-    next_to_assemble_ = 0;
+    next_to_assemble_ = first_batch;
     epoch_active_ = true;
     for (const auto& [batch, slot] : ready_) free_slots_.push_back(slot);
     ready_.clear();
     work_cv_.SignalAll();
   }
   epoch_started_ = true;
-  next_to_take_ = 0;
+  next_to_take_ = first_batch;
   last_wait_seconds_ = 0;
   return absl::OkStatus();
 }

@@ -86,9 +86,11 @@ class DataPrefetcher {
   ~DataPrefetcher();
 
   // Begins epoch `epoch` (order from data::EpochOrder(size, seed, epoch, rank,
-  // world_size, shuffle)). May be called before the previous epoch is
-  // exhausted; its remaining batches are dropped.
-  absl::Status StartEpoch(int epoch);
+  // world_size, shuffle)) at batch `first_batch` (a resumed run: the batches
+  // before it were trained already). May be called before the previous
+  // epoch is exhausted; its remaining batches are dropped. INVALID_ARGUMENT
+  // for a first batch outside [0, batches_per_epoch()].
+  absl::Status StartEpoch(int epoch, int64_t first_batch = 0);
 
   // Batches Next() returns per epoch (before the n == 0 one).
   int64_t batches_per_epoch() const { return batches_per_epoch_; }

@@ -166,11 +166,11 @@ absl::Status Trainer::CollectStats(int slot) {
 }
 
 absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progress,
-                                             int64_t progress_every) {
+                                             int64_t progress_every, int64_t first_step) {
   const absl::Time start = absl::Now();
   epoch_loss_sum_ = 0;
   epoch_correct_ = epoch_seen_ = epoch_loss_batches_ = 0;
-  PSTRAIN_RETURN_IF_ERROR(prefetcher_->StartEpoch(epoch));
+  PSTRAIN_RETURN_IF_ERROR(prefetcher_->StartEpoch(epoch, first_step));
   EpochStats stats;
   stats.epoch = epoch;
   const int64_t steps = steps_per_epoch_;
@@ -188,7 +188,7 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
     progress(p);
   };
   int slot = 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = first_step; s < steps; ++s) {
     // NextBatch: already assembled in the background and copied to the device.
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBatch batch, prefetcher_->Next());
     last_data_wait_seconds_ = prefetcher_->last_wait_seconds();

@@ -104,9 +104,10 @@ class Trainer {
                                                          data::Preprocess preprocess,
                                                          TrainerOptions options);
 
-  // Runs one epoch over this rank's shard.
+  // Runs one epoch over this rank's shard, from step `first_step` of it (a
+  // resumed run; 0..steps_per_epoch()).
   absl::StatusOr<EpochStats> RunEpoch(int epoch, const ProgressFn& progress,
-                                      int64_t progress_every = 100);
+                                      int64_t progress_every = 100, int64_t first_step = 0);
 
   // How long the current step waited for its batch, and how many batches are
   // ready in the prefetcher now (for step metrics; trainer thread only).

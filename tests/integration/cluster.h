@@ -78,6 +78,7 @@ class LocalCluster {
                                  certs() + "/server-key.pem", "--tls-ca", certs() + "/ca.pem",
                                  "--require-client-cert", "--token-file", certs() + "/tokens"});
       }
+      server_argv_.push_back(argv);
       servers_.push_back(std::make_unique<ChildProcess>(argv));
       if (!servers_.back()->WaitForOutput("listening on", absl::Seconds(60))) return false;
     }
@@ -139,6 +140,17 @@ class LocalCluster {
   ChildProcess& worker(int i) { return *workers_[i]; }
   ChildProcess& server(int i) { return *servers_[i]; }
 
+  // kill -9 of server `i`, then the same command again (same port, same
+  // state directory); true once it listens. The dead process's output
+  // stays in Logs().
+  bool RestartServer(int i) {
+    servers_[i]->Kill(SIGKILL);
+    servers_[i]->Wait(absl::Seconds(10));
+    dead_.push_back(std::move(servers_[i]));
+    servers_[i] = std::make_unique<ChildProcess>(server_argv_[i]);
+    return servers_[i]->WaitForOutput("listening on", absl::Seconds(60));
+  }
+
   CommandResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Minutes(10)) {
     std::vector<std::string> argv = {BinPath("pstrain"), "--server", coordinator()};
     if (options_.secure) {
@@ -153,6 +165,9 @@ class LocalCluster {
   // Everything the processes printed, for failure messages.
   std::string Logs() const {
     std::string out;
+    for (size_t i = 0; i < dead_.size(); ++i) {
+      absl::StrAppend(&out, "---- killed server process ", i, " ----\n", dead_[i]->output());
+    }
     for (size_t i = 0; i < servers_.size(); ++i) {
       absl::StrAppend(&out, "---- server ", i, " ----\n", servers_[i]->output());
     }
@@ -167,6 +182,8 @@ class LocalCluster {
   std::string state_root_;
   std::vector<int> shard_ports_;
   std::vector<std::unique_ptr<ChildProcess>> servers_;
+  std::vector<std::vector<std::string>> server_argv_;
+  std::vector<std::unique_ptr<ChildProcess>> dead_;  // Killed by RestartServer.
   std::vector<std::unique_ptr<ChildProcess>> workers_;
 };
 

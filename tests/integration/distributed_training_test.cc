@@ -131,6 +131,62 @@ TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
   EXPECT_GT(NumberField(s, "test_accuracy"), 0.55);
 }
 
+// Waits until `job_id` has trained at least `step` global steps; false at
+// the deadline.
+bool WaitForStep(LocalCluster& cluster, const std::string& job_id, double step,
+                 absl::Duration timeout = absl::Minutes(3)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    CommandResult s = cluster.Cli({"status", job_id, "--json"});
+    if (NumberField(ParseJson(s.LastLine()), "step") >= step) return true;
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  return false;
+}
+
+// Issue 9: kill -9 of server 0 (coordinator and the only shard) in the
+// middle of an epoch, then a restart with the same --state-dir. The job
+// resumes from its latest checkpoint, with optimizer state and data
+// position, on the same worker processes (they register again under their
+// old ids), SUCCEEDS, and its status shows the resume and the steps lost.
+// Its test accuracy is within 0.5 points of an undisturbed run of the same
+// job (same seed) on the same cluster.
+TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckpoint) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  // 6400 samples, batch 64, 2 workers: 50 steps per epoch.
+  std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 3);
+  int code = 0;
+  auto undisturbed = SubmitAndWatch(cluster, job, "sync", 2, &code);
+  ASSERT_EQ(StringField(undisturbed, "state"), "SUCCEEDED") << cluster.Logs();
+
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
+  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
+  ASSERT_TRUE(cluster.RestartServer(0)) << cluster.Logs();
+
+  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
+  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  auto s = ParseJson(status.LastLine());
+  ASSERT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  EXPECT_EQ(NumberField(s, "runs"), 2) << status.output;
+  EXPECT_GE(NumberField(s, "steps_lost"), 0) << status.output;
+  EXPECT_LT(NumberField(s, "steps_lost"), 50) << status.output;  // Less than an epoch.
+  EXPECT_NEAR(NumberField(s, "test_accuracy"), NumberField(undisturbed, "test_accuracy"), 0.005)
+      << cluster.Logs();
+  // The same worker processes trained the resumed run, under their old ids.
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_TRUE(absl::StrContains(cluster.worker(w).output(), "registered as worker-"))
+        << cluster.Logs();
+  }
+  CommandResult workers = cluster.Cli({"workers"});
+  EXPECT_TRUE(absl::StrContains(workers.output, "worker-1")) << workers.output;
+  EXPECT_TRUE(absl::StrContains(workers.output, "worker-2")) << workers.output;
+  EXPECT_FALSE(absl::StrContains(workers.output, "worker-3")) << workers.output;
+}
+
 TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   LocalCluster cluster({.shards = 1, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();

@@ -812,6 +812,95 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
   }
 }
 
+// Issue 9 (run identity): a restarted server handed the id worker-1 to
+// another process, and the original worker-1's heartbeats were then
+// accepted under that id. Ids are never issued twice, across restarts too;
+// a worker that registers again gets its own id back.
+TEST_F(CoordinatorTest, WorkerIdsAreNeverReissuedAndComeBackToTheirHolder) {
+  const std::string first = Register();
+  const std::string second = Register();
+  EXPECT_EQ(first, "worker-1");
+  EXPECT_EQ(second, "worker-2");
+  Restart();
+  // A new process gets a new id, not worker-1 again.
+  EXPECT_EQ(Register(), "worker-3");
+  // The holder of worker-2 asks for it back and gets it; asking again while
+  // it is held, or for an id this server never issued, gets a new one.
+  ASSERT_OK_AND_ASSIGN(v1::RegisterWorkerResponse back,
+                       coordinator_->RegisterWorker(v1::WorkerInfo(), second));
+  EXPECT_EQ(back.worker_id(), "worker-2");
+  ASSERT_OK_AND_ASSIGN(v1::RegisterWorkerResponse taken,
+                       coordinator_->RegisterWorker(v1::WorkerInfo(), second));
+  EXPECT_EQ(taken.worker_id(), "worker-4");
+  ASSERT_OK_AND_ASSIGN(v1::RegisterWorkerResponse unknown,
+                       coordinator_->RegisterWorker(v1::WorkerInfo(), "worker-99"));
+  EXPECT_EQ(unknown.worker_id(), "worker-5");
+  ASSERT_OK_AND_ASSIGN(v1::RegisterWorkerResponse odd,
+                       coordinator_->RegisterWorker(v1::WorkerInfo(), "worker-01"));
+  EXPECT_EQ(odd.worker_id(), "worker-6");
+  EXPECT_EQ(Beat(second).action(), v1::HeartbeatResponse::ACTION_IDLE);
+}
+
+TEST_F(CoordinatorTest, ACorruptWorkerIdCounterIsDataLoss) {
+  Register();
+  coordinator_.reset();
+  std::ofstream(state_dir_ + "/next_worker_id") << "not a number";
+  Coordinator::Options options;
+  options.state_dir = state_dir_;
+  options.start_background_thread = false;
+  EXPECT_THAT(Coordinator::Create(options, controller_.get()).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("next_worker_id")));
+}
+
+// Issue 9 (run identity): every start of a job is a new run with its own
+// id, also after a restart; a report of a replaced run changes nothing.
+TEST_F(CoordinatorTest, EveryRunHasItsOwnIdAndReportsOfAReplacedRunAreIgnored) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  v1::HeartbeatResponse hb = Beat(w[0]);
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  const std::string first_run = hb.assignment().run_id();
+  EXPECT_THAT(first_run, HasSubstr(job));
+  EXPECT_EQ(Status(job).runs(), 1);
+  v1::ReportProgressRequest epoch1 = Progress(w[0], job, 1, 2, 0.2, 1, 0);
+  epoch1.set_run_id(first_run);
+  ASSERT_OK(coordinator_->ReportProgress(epoch1).status());
+  coordinator_->Tick();
+  ASSERT_OK(coordinator_->CheckpointPath(job).status());
+  v1::ReportProgressRequest later = Progress(w[0], job, 1, 5, 0.2, 1, 0);
+  later.set_run_id(first_run);
+  ASSERT_OK(coordinator_->ReportProgress(later).status());
+  coordinator_->Tick();
+
+  Restart();
+  EXPECT_EQ(Beat(w[0], job).action(), v1::HeartbeatResponse::ACTION_REREGISTER);
+  ASSERT_OK_AND_ASSIGN(v1::RegisterWorkerResponse again,
+                       coordinator_->RegisterWorker(v1::WorkerInfo(), w[0]));
+  ASSERT_EQ(again.worker_id(), w[0]);
+  coordinator_->Tick();
+  hb = Beat(w[0], job);
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  const std::string second_run = hb.assignment().run_id();
+  EXPECT_NE(second_run, first_run);
+  EXPECT_EQ(hb.assignment().start_epoch(), 1);
+  EXPECT_EQ(hb.assignment().start_step(), 2);  // The checkpoint's step.
+  v1::JobStatus status = Status(job);
+  EXPECT_EQ(status.runs(), 2);
+  EXPECT_EQ(status.steps_lost(), 3);  // Steps 3..5 are trained again.
+  EXPECT_EQ(status.step(), 2);
+  EXPECT_THAT(status.reason(), HasSubstr("resumed from the checkpoint of epoch 1, step 2"));
+
+  // The old run's error (its pushes failed while the server was down)
+  // arrives late: it neither fails the job nor counts as progress.
+  v1::ReportProgressRequest stale = Progress(w[0], job, 1, 9, 0.2, 1, 0);
+  stale.set_run_id(first_run);
+  stale.set_error("push to shard: unknown job");
+  ASSERT_OK_AND_ASSIGN(bool stop, coordinator_->ReportProgress(stale));
+  EXPECT_TRUE(stop);
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status(job).step(), 2);
+}
+
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
   auto id = coordinator_->SubmitJob(TinyJob(1));
   ASSERT_TRUE(id.ok());
