@@ -123,6 +123,7 @@ struct Coordinator::Job {
   bool membership_dirty = false;   // Shards need SetMembers.
   bool save_on_stop = false;       // Save the model before dropping it (cancel).
   int last_checkpoint_epoch = -1;
+  absl::Time last_checkpoint_time;  // Of this run (its start until the first).
   bool has_checkpoint = false;
   int64_t revision = 1;
   int64_t persisted_revision = 0;
@@ -139,13 +140,14 @@ struct Coordinator::StartWork {
 };
 
 struct Coordinator::CheckpointWork {
-  enum Kind { kEpoch, kFinal, kStop };
+  enum Kind { kEpoch, kInterval, kFinal, kStop };
   Kind kind = kEpoch;
   std::string job_id;
   v1::JobSpec spec;
   ModelGraph graph;
   int epoch = 0;
   int64_t step = 0;
+  int64_t steps_per_epoch = 0;  // As the members report it; 0 = unknown.
 };
 
 // ---------------------------------------------------------------------------
@@ -189,7 +191,12 @@ uint64_t RandomIncarnation() {
 }  // namespace
 
 Coordinator::Coordinator(Options options, ShardController* shards)
-    : options_(std::move(options)), shards_(shards), incarnation_(RandomIncarnation()) {
+    : options_(std::move(options)),
+      shards_(shards),
+      incarnation_(RandomIncarnation()),
+      checkpointer_({.state_dir = options_.state_dir,
+                     .keep = options_.keep_checkpoints,
+                     .log = [this](const std::string& line) { Log(line); }}) {
   absl::MutexLock lock(&mu_);
   shard_addresses_ = options_.shard_addresses;
 }
@@ -220,9 +227,6 @@ std::string Coordinator::JobDir(const std::string& job_id) const {
   return (fs::path(options_.state_dir) / "jobs" / job_id).string();
 }
 
-std::string Coordinator::ModelPath(const std::string& job_id) const {
-  return (fs::path(JobDir(job_id)) / "model.ckpt").string();
-}
 
 absl::Status Coordinator::LoadState() {
   if (options_.state_dir.empty()) return absl::OkStatus();
@@ -256,7 +260,8 @@ absl::Status Coordinator::LoadState() {
     if (!job->status.ParseFromString(bytes) || job->status.job_id() != id) {
       return absl::DataLossError(absl::StrCat("corrupt job status ", path));
     }
-    job->has_checkpoint = fs::exists(ModelPath(id));
+    checkpointer_.RemoveOrphans(id);
+    job->has_checkpoint = checkpointer_.HasCheckpoint(id);
     job->persisted_revision = job->revision;
     const v1::JobState state = job->status.state();
     // A job that would run again is checked like a new one (this server's
@@ -417,7 +422,7 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
     return absl::FailedPreconditionError(absl::StrCat(job_id, " has no checkpoint yet (state ",
                                                       StateName(job->status.state()), ")"));
   }
-  return ModelPath(job_id);
+  return checkpointer_.LatestPath(job_id);
 }
 
 // ---------------------------------------------------------------------------
@@ -964,7 +969,7 @@ void Coordinator::StartQueuedJobs() {
     int64_t start_step = 0;
     absl::Status status;
     if (work.resume) {
-      absl::StatusOr<v1::Checkpoint> ckpt = ReadCheckpointFile(ModelPath(work.job_id));
+      absl::StatusOr<v1::Checkpoint> ckpt = checkpointer_.LoadLatest(work.job_id);
       if (ckpt.ok()) {
         std::map<std::string, const v1::TensorProto*> by_name;
         for (const v1::TensorProto& t : ckpt->parameters()) by_name[t.name()] = &t;
@@ -972,7 +977,7 @@ void Coordinator::StartQueuedJobs() {
           auto it = by_name.find(p.name);
           if (it == by_name.end()) {
             status = absl::DataLossError(
-                absl::StrCat("checkpoint ", ModelPath(work.job_id), " lacks ", p.name));
+                absl::StrCat("the checkpoint of ", work.job_id, " lacks ", p.name));
             break;
           }
           absl::StatusOr<std::vector<float>> values = TensorProtoToFloats(*it->second);
@@ -1020,6 +1025,7 @@ void Coordinator::StartQueuedJobs() {
     job.start_epoch = start_epoch;
     job.start_step = start_step;
     job.last_checkpoint_epoch = start_epoch;
+    job.last_checkpoint_time = Now();
     job.status.set_runs(job.status.runs() + 1);
     job.run_id = absl::StrFormat("%s.%d.%016x", work.job_id, job.status.runs(), incarnation_);
     if (work.resume) {
@@ -1071,6 +1077,10 @@ void Coordinator::WriteDueCheckpoints() {
                  job.status.epoch() < job.status.spec().epochs()) {
         // (After the last epoch the final checkpoint follows the evaluation.)
         work.kind = CheckpointWork::kEpoch;
+      } else if (job.phase == Phase::kRunning && options_.checkpoint_interval > absl::ZeroDuration() &&
+                 Now() - job.last_checkpoint_time >= options_.checkpoint_interval &&
+                 job.status.epoch() < job.status.spec().epochs()) {
+        work.kind = CheckpointWork::kInterval;
       } else {
         continue;
       }
@@ -1078,6 +1088,12 @@ void Coordinator::WriteDueCheckpoints() {
       work.graph = job.graph;
       work.epoch = job.status.epoch();
       work.step = job.status.step();
+      for (const Member& m : job.members) {
+        if (m.steps_per_epoch > 0 &&
+            (work.steps_per_epoch == 0 || m.steps_per_epoch < work.steps_per_epoch)) {
+          work.steps_per_epoch = m.steps_per_epoch;
+        }
+      }
       works.push_back(std::move(work));
     }
   }
@@ -1087,7 +1103,13 @@ void Coordinator::WriteDueCheckpoints() {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(work.job_id);
     if (s.ok() && !options_.state_dir.empty()) job.has_checkpoint = true;
+    if (s.ok()) job.last_checkpoint_time = Now();
     switch (work.kind) {
+      case CheckpointWork::kInterval:
+        if (!s.ok()) {
+          Log(absl::StrCat(work.job_id, ": checkpoint failed: ", s.message()));
+        }
+        break;
       case CheckpointWork::kStop:
         job.save_on_stop = false;
         if (!s.ok()) Log(absl::StrCat(work.job_id, ": could not save the model: ", s.message()));
@@ -1142,12 +1164,36 @@ void Coordinator::WriteDueCheckpoints() {
 }
 
 absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
-  PSTRAIN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, shards_->ReadModel(work.job_id, work.graph));
+  // ReadModel: a cut at one version where the mode has one and training
+  // goes on (sync, average); else every chunk as it is.
+  const v1::ConsistencyMode mode = work.spec.mode();
+  const bool cut = (work.kind == CheckpointWork::kEpoch || work.kind == CheckpointWork::kInterval) &&
+                   (mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_UNSPECIFIED ||
+                    mode == v1::CONSISTENCY_AVERAGE);
+  ModelSnapshot snapshot;
+  if (cut) {
+    PSTRAIN_ASSIGN_OR_RETURN(const int64_t version, shards_->MaxVersion(work.job_id));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        snapshot, shards_->ReadModelAt(work.job_id, work.graph, version, options_.cut_wait));
+  } else {
+    PSTRAIN_ASSIGN_OR_RETURN(snapshot, shards_->ReadModel(work.job_id, work.graph));
+  }
   {
     absl::MutexLock lock(&mu_);
     max_model_version_ = std::max(max_model_version_, snapshot.max_version);
   }
   if (options_.state_dir.empty()) return absl::OkStatus();
+  // DataPosition: in sync mode the cut's version is the global step.
+  int64_t step = work.step;
+  int epoch = work.epoch;
+  const bool sync = mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_UNSPECIFIED;
+  if (cut && sync) {
+    step = snapshot.max_version;
+    if (work.steps_per_epoch > 0) {
+      epoch = static_cast<int>(
+          std::min<int64_t>(step / work.steps_per_epoch, work.spec.epochs()));
+    }
+  }
   v1::Checkpoint ckpt;
   *ckpt.mutable_job() = work.spec;
   for (size_t p = 0; p < work.graph.params.size(); ++p) {
@@ -1163,13 +1209,19 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
           MakeTensorProto(it->first, info.shape.dims(), it->second.data());
     }
   }
-  ckpt.set_step(work.step);
-  ckpt.set_epoch(work.epoch);
+  ckpt.mutable_chunk_versions()->Assign(snapshot.chunk_versions.begin(),
+                                        snapshot.chunk_versions.end());
+  ckpt.set_step(step);
+  ckpt.set_epoch(epoch);
   ckpt.set_created_unix_ms(ToUnixMs(Now()));
-  PSTRAIN_RETURN_IF_ERROR(MakeDirs(JobDir(work.job_id)));
-  PSTRAIN_RETURN_IF_ERROR(WriteCheckpointFile(ModelPath(work.job_id), ckpt));
-  Log(absl::StrCat(work.job_id, ": checkpoint written (epoch ", work.epoch, ", step ", work.step,
-                   work.kind == CheckpointWork::kFinal ? ", final" : "", ")"));
+  PSTRAIN_RETURN_IF_ERROR(checkpointer_.Write(work.job_id, ckpt));
+  const char* kind = work.kind == CheckpointWork::kFinal      ? ", final"
+                     : work.kind == CheckpointWork::kInterval ? ", interval"
+                     : work.kind == CheckpointWork::kStop     ? ", stopped"
+                                                              : "";
+  Log(absl::StrCat(work.job_id, ": checkpoint written (epoch ", epoch, ", step ", step, kind,
+                   cut ? absl::StrCat(", cut at version ", snapshot.max_version) : std::string(),
+                   ")"));
   return absl::OkStatus();
 }
 

@@ -20,8 +20,8 @@
 // receive on their next heartbeat (RUNNING). Workers report progress; the
 // job's epoch and step are the slowest member's, its loss and accuracy the
 // mean of the members' last reports, its samples/s their sum. After every
-// epoch of the slowest member a checkpoint is written to
-// <state_dir>/jobs/<id>/model.ckpt. When every member reported `finished`
+// epoch of the slowest member, and every checkpoint_interval, a checkpoint is
+// written (server/checkpointer.h). When every member reported `finished`
 // with its test shard, the confusion matrices are merged into
 // JobStatus.test, the final checkpoint is written, and the job SUCCEEDED.
 // A worker error fails the job (FAILED, reason names the worker); a cancel
@@ -51,11 +51,20 @@
 // status.pb (written to a temporary file, fsync'ed and renamed). Create()
 // loads them: finished jobs are listed again, QUEUED and RUNNING jobs are
 // queued again and resume from their last checkpoint (from scratch when
-// there is none); the shards then start with the checkpoint's values and
-// optimizer state at version = its step (0 in average mode), and the workers
-// from its epoch (Assignment.start_epoch). An epoch checkpoint holds the
-// model as read when the background work noticed the slowest member's new
-// epoch, so a resumed run may repeat or skip a few steps' worth of updates.
+// there is none; an unreadable newest checkpoint falls back to an older
+// one); the shards then start with the checkpoint's values and optimizer
+// state at version = its step (0 in average mode), and the workers from its
+// data position (Assignment.start_epoch, start_step). Temporary files of
+// writes a crash interrupted are removed at start.
+// Checkpoints: in sync and average mode a checkpoint is a consistent cut,
+// every chunk on every shard as it was at one model version (the highest
+// version any chunk had when the checkpoint was due: the ones below it are
+// waited for, up to Options::cut_wait, else the checkpoint is tried again
+// on a later tick); in sync mode that version is the global step, so a
+// resumed run repeats no update and skips none. Async and ssp have no
+// common version: the chunks are read as they are, each with its version
+// recorded (Checkpoint.chunk_versions), and the data position is the
+// slowest member's. The last Options::keep_checkpoints are kept.
 // A job that loses every worker is resumed the same way. Every start of a
 // job is a new run (JobStatus.runs; Assignment.run_id, unique across
 // restarts of this server): workers start a new run over from its data
@@ -89,6 +98,7 @@
 #include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
+#include "server/checkpointer.h"
 #include "server/shard_controller.h"
 
 namespace pstrain {
@@ -114,6 +124,13 @@ class Coordinator {
     // Job statuses and checkpoints live in <state_dir>/jobs/<job_id>/. Empty:
     // nothing is persisted and DownloadModel has nothing to offer.
     std::string state_dir;
+    // A running job is checkpointed at least this often (and after every
+    // epoch), so that a crash loses at most about this much training.
+    absl::Duration checkpoint_interval = absl::Seconds(60);
+    int keep_checkpoints = 3;  // Newest checkpoints kept per job.
+    // Longest wait for a consistent cut (sync and average mode: every chunk
+    // at one version); a cut not reached in time is tried again later.
+    absl::Duration cut_wait = absl::Seconds(5);
     absl::Duration heartbeat_timeout = absl::Seconds(10);
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // Every shard's ParameterService address, index = shard (sent to workers).
@@ -250,7 +267,6 @@ class Coordinator {
   void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
-  std::string ModelPath(const std::string& job_id) const;
 
   // Writes a checkpoint of the job's model (no lock held).
   absl::Status WriteCheckpoint(const CheckpointWork& work);
@@ -261,6 +277,7 @@ class Coordinator {
   // Random, drawn at construction: run ids of this process differ from
   // those of an earlier process on the same state directory.
   const uint64_t incarnation_;
+  const Checkpointer checkpointer_;
 
   // Serialises Tick() (the only code that talks to shards).
   absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);

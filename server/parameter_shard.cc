@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -224,6 +225,10 @@ struct Chunk {
   std::vector<Accumulator> slot_barriers ABSL_GUARDED_BY(mu);
   // Exactly-once records, one per member that pushed with an update id.
   std::map<std::string, AppliedUpdates> applied ABSL_GUARDED_BY(mu);
+  // A consistent cut (ReadChunks at a version): the version wanted, and the
+  // chunk as it was when it reached it (filled by the update that does).
+  int64_t capture_version ABSL_GUARDED_BY(mu) = -1;
+  std::optional<v1::ChunkValues> captured ABSL_GUARDED_BY(mu);
 
   // True when `args` (with an update id) was applied already.
   bool AlreadyApplied(const PushArgs& args) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
@@ -280,7 +285,8 @@ class JobState {
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
                                const ParameterShard::Options& options, Outcome* outcome);
   absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
-  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks();
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(
+      const ParameterShard::ReadOptions& options, absl::Time deadline);
   const ChunkPlan& plan() const { return plan_; }
 
  private:
@@ -315,6 +321,11 @@ class JobState {
   absl::Status ApplyGradient(Chunk& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status AwaitClock(const PullArgs& args, absl::Time deadline);
+  // The chunk's values, version and optimizer slots as they are now.
+  absl::StatusOr<v1::ChunkValues> Snapshot(const Chunk& chunk)
+      ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
+  // Takes the chunk's snapshot when it has just reached a wanted cut.
+  absl::Status CaptureIfWanted(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   int64_t MinClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after Init.
@@ -459,7 +470,8 @@ absl::Status JobState::Init(const ShardJobConfig& config,
                                                            info.count * sizeof(float)));
       }
     }
-    if (chunk->trainable && mode_ == v1::CONSISTENCY_AVERAGE) {
+    if (chunk->trainable && mode_ == v1::CONSISTENCY_AVERAGE &&
+        (averages_state(*chunk) || given.slots_size() > 0)) {
       for (size_t s = 0; s < slot_names_.size(); ++s) {
         if (given.slots_size() > 0) {
           const auto& src = given.slots(static_cast<int>(s)).values();
@@ -650,7 +662,7 @@ absl::Status JobState::CompleteBarrier(Chunk& chunk, const Contribution* extra, 
   PSTRAIN_RETURN_IF_ERROR(status);
   ++chunk.version;
   ++outcome->applied_updates;
-  return absl::OkStatus();
+  return CaptureIfWanted(chunk);
 }
 
 absl::Status JobState::ApplyGradient(Chunk& chunk, const float* gradient) {
@@ -833,34 +845,105 @@ void JobState::Drop() {
   }
 }
 
-absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks() {
-  std::vector<v1::ChunkValues> out;
-  out.reserve(chunks_.size());
-  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
-    v1::ChunkValues& values = out.emplace_back();
-    absl::MutexLock lock(&chunk->mu);
-    values.set_chunk_id(chunk->id);
-    values.set_version(chunk->version);
-    values.mutable_values()->Assign(chunk->values->begin(), chunk->values->end());
-    if (!chunk->trainable) continue;
-    if (mode_ == v1::CONSISTENCY_AVERAGE) {
-      for (size_t s = 0; s < chunk->slots.size(); ++s) {
-        v1::OptimizerSlot* slot = values.add_slots();
-        slot->set_name(slot_names_[s]);
-        slot->mutable_values()->Assign(chunk->slots[s]->begin(), chunk->slots[s]->end());
-      }
-      continue;
-    }
-    absl::MutexLock optimizer_lock(&optimizer_mu_);
-    for (size_t s = 0; s < chunk->optimizer_state.size(); ++s) {
+absl::StatusOr<v1::ChunkValues> JobState::Snapshot(const Chunk& chunk) {
+  v1::ChunkValues values;
+  values.set_chunk_id(chunk.id);
+  values.set_version(chunk.version);
+  values.mutable_values()->Assign(chunk.values->begin(), chunk.values->end());
+  if (!chunk.trainable) return values;
+  if (mode_ == v1::CONSISTENCY_AVERAGE) {
+    // Slots exist only where they are real (averaged, or given at
+    // configuration): without average_optimizer_state every worker keeps
+    // its own state and the server has none to save.
+    for (size_t s = 0; s < chunk.slots.size(); ++s) {
       v1::OptimizerSlot* slot = values.add_slots();
       slot->set_name(slot_names_[s]);
-      slot->mutable_values()->Resize(static_cast<int>(chunk->count), 0.f);
-      PSTRAIN_RETURN_IF_ERROR(backend_->CopyDeviceToHost(slot->mutable_values()->mutable_data(),
-                                                         chunk->optimizer_state[s]->data(),
-                                                         chunk->count * sizeof(float)));
+      slot->mutable_values()->Assign(chunk.slots[s]->begin(), chunk.slots[s]->end());
     }
-    PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+    return values;
+  }
+  absl::MutexLock optimizer_lock(&optimizer_mu_);
+  for (size_t s = 0; s < chunk.optimizer_state.size(); ++s) {
+    v1::OptimizerSlot* slot = values.add_slots();
+    slot->set_name(slot_names_[s]);
+    slot->mutable_values()->Resize(static_cast<int>(chunk.count), 0.f);
+    PSTRAIN_RETURN_IF_ERROR(backend_->CopyDeviceToHost(slot->mutable_values()->mutable_data(),
+                                                       chunk.optimizer_state[s]->data(),
+                                                       chunk.count * sizeof(float)));
+  }
+  PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+  return values;
+}
+
+absl::Status JobState::CaptureIfWanted(Chunk& chunk) {
+  if (chunk.capture_version != chunk.version) return absl::OkStatus();
+  PSTRAIN_ASSIGN_OR_RETURN(v1::ChunkValues values, Snapshot(chunk));
+  chunk.captured = std::move(values);
+  chunk.capture_version = -1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks(
+    const ParameterShard::ReadOptions& options, absl::Time deadline) {
+  std::vector<v1::ChunkValues> out(chunks_.size());
+  if (options.versions_only || options.at_version <= 0) {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      Chunk& chunk = *chunks_[i];
+      absl::MutexLock lock(&chunk.mu);
+      if (options.versions_only) {
+        out[i].set_chunk_id(chunk.id);
+        out[i].set_version(chunk.version);
+      } else {
+        PSTRAIN_ASSIGN_OR_RETURN(out[i], Snapshot(chunk));
+      }
+    }
+    return out;
+  }
+  if (!barrier_mode()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id_, " runs in ", ModeName(mode_),
+        " mode: its chunks have no common version to cut at (read them as they are)"));
+  }
+  const int64_t version = options.at_version;
+  auto past = [&](const Chunk& chunk) {
+    return absl::FailedPreconditionError(absl::StrCat(Describe(chunk), " is at version ",
+                                                      chunk.version, ", past the cut at ",
+                                                      version, "; cut at a later version"));
+  };
+  // Phase 1: every chunk at the version is taken now; the others are asked
+  // to capture themselves when an update brings them there.
+  std::vector<size_t> waiting;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    Chunk& chunk = *chunks_[i];
+    absl::MutexLock lock(&chunk.mu);
+    chunk.captured.reset();
+    chunk.capture_version = -1;
+    if (chunk.version > version) return past(chunk);
+    if (chunk.version == version) {
+      PSTRAIN_ASSIGN_OR_RETURN(out[i], Snapshot(chunk));
+    } else {
+      chunk.capture_version = version;
+      waiting.push_back(i);
+    }
+  }
+  // Phase 2: wait for the captures.
+  for (size_t i : waiting) {
+    Chunk& chunk = *chunks_[i];
+    absl::MutexLock lock(&chunk.mu);
+    auto done = [&chunk]() ABSL_SHARED_LOCKS_REQUIRED(chunk.mu) {
+      return chunk.captured.has_value() || chunk.version > chunk.capture_version ||
+             chunk.capture_version < 0 || chunk.membership->dropped;
+    };
+    if (!chunk.mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      chunk.capture_version = -1;
+      return absl::DeadlineExceededError(absl::StrCat(Describe(chunk), " is at version ",
+                                                      chunk.version, "; the cut at version ",
+                                                      version, " was not reached in time"));
+    }
+    if (chunk.membership->dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
+    if (!chunk.captured.has_value()) return past(chunk);  // Another cut replaced this one.
+    out[i] = *std::move(chunk.captured);
+    chunk.captured.reset();
   }
   return out;
 }
@@ -979,7 +1062,9 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
   return pulled;
 }
 
-absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const std::string& job_id) {
+absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const std::string& job_id,
+                                                                      ReadOptions options,
+                                                                      absl::Time deadline) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -987,7 +1072,7 @@ absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const st
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
     job = it->second;
   }
-  return job->ReadChunks();
+  return job->ReadChunks(options, deadline);
 }
 
 absl::StatusOr<ChunkPlan> ParameterShard::Plan(const std::string& job_id) const {

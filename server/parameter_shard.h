@@ -137,6 +137,12 @@ struct PullArgs {
   int worker_clock = 0;  // ssp: the requester's clock c.
 };
 
+// What ParameterShard::ReadChunks returns (see there).
+struct ShardReadOptions {
+  int64_t at_version = 0;      // > 0: a consistent cut at this version.
+  bool versions_only = false;  // Chunk ids and versions only.
+};
+
 struct PulledChunk {
   int64_t version = 0;
   // Immutable snapshot; safe to send after the call returns.
@@ -181,7 +187,14 @@ class ParameterShard {
   absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
 
   // Every owned chunk with its version and optimizer slots (checkpoints).
-  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id);
+  // `options.at_version` > 0 (sync and average modes): a consistent cut,
+  // each chunk as it was when it reached that version; a chunk below it is
+  // waited for until `deadline` (DEADLINE_EXCEEDED), one past it is
+  // FAILED_PRECONDITION. `options.versions_only`: ids and versions only.
+  using ReadOptions = ShardReadOptions;
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id,
+                                                          ReadOptions options = {},
+                                                          absl::Time deadline = absl::Now());
   // The chunk plan of a job (for validation at the wire).
   absl::StatusOr<ChunkPlan> Plan(const std::string& job_id) const;
 

@@ -194,7 +194,14 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
     grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
                             grpc::ServerWriter<v1::ChunkValues>* writer) override {
       if (grpc::Status s = Admit(*ctx, "ReadChunks", *request); !s.ok()) return s;
-      absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard_->ReadChunks(request->job_id());
+      ParameterShard::ReadOptions options;
+      options.at_version = request->at_version();
+      options.versions_only = request->versions_only();
+      // A cut waits for the chunks below it within the caller's deadline.
+      const absl::Time deadline =
+          std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Minutes(10));
+      absl::StatusOr<std::vector<v1::ChunkValues>> chunks =
+          shard_->ReadChunks(request->job_id(), options, deadline);
       if (!chunks.ok()) return ToGrpcStatus(chunks.status());
       for (const v1::ChunkValues& c : *chunks) {
         if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");

@@ -69,6 +69,10 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 10000,
           "A worker silent this long is dropped from its job and its shard reassigned");
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "How often workers are told to heartbeat");
 ABSL_FLAG(int, shard_rpc_timeout_ms, 60000, "Deadline of the coordinator's calls to shards");
+ABSL_FLAG(int, checkpoint_interval_s, 60,
+          "Checkpoint every running job at least this often, besides after every epoch "
+          "(0 = after epochs only): a crash of server 0 loses at most about this much training");
+ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept per job");
 
 // Limits: what one request or client can make this server hold
 // (docs/ARCHITECTURE.md, "Limits"). Beyond a size limit a request is
@@ -347,6 +351,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0) {
     return Fail("--heartbeat-timeout-ms and --heartbeat-interval-ms must be > 0");
   }
+  if (absl::GetFlag(FLAGS_checkpoint_interval_s) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 1) {
+    return Fail("--checkpoint-interval-s must be >= 0 and --keep-checkpoints >= 1");
+  }
   pstrain::JobLimits job_limits;
   job_limits.max_parameters = absl::GetFlag(FLAGS_max_job_parameters);
   job_limits.max_parameter_bytes = absl::GetFlag(FLAGS_max_job_bytes);
@@ -424,6 +431,8 @@ int main(int argc, char** argv) {
     controller = std::make_unique<pstrain::ShardController>(std::move(clients));
     pstrain::Coordinator::Options options;
     options.state_dir = absl::GetFlag(FLAGS_state_dir);
+    options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
+    options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
     options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
     options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
     options.shard_addresses = shard_addresses;

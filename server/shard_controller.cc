@@ -38,8 +38,12 @@ class LocalShardClient final : public ShardClient {
         request.generation());
   }
   absl::Status DropJob(const std::string& job_id) override { return shard_->DropJob(job_id); }
-  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id) override {
-    return shard_->ReadChunks(job_id);
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
+                                                          absl::Duration wait) override {
+    ParameterShard::ReadOptions options;
+    options.at_version = request.at_version();
+    options.versions_only = request.versions_only();
+    return shard_->ReadChunks(request.job_id(), options, absl::Now() + wait);
   }
   std::string Describe() const override {
     return absl::StrCat("local shard ", shard_->shard_index());
@@ -90,11 +94,11 @@ class RemoteShardClient final : public ShardClient {
     return FromGrpc(stub_->DropJob(&context, request, &response),
                     absl::StrCat(Describe(), " DropJob"));
   }
-  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id) override {
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
+                                                          absl::Duration wait) override {
     grpc::ClientContext context;
-    SetDeadline(context);
-    v1::ReadChunksRequest request;
-    request.set_job_id(job_id);
+    // A cut waits up to `wait` on the shard, then the values travel.
+    context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_ + wait));
     std::unique_ptr<grpc::ClientReader<v1::ChunkValues>> reader =
         stub_->ReadChunks(&context, request);
     std::vector<v1::ChunkValues> chunks;
@@ -231,8 +235,30 @@ absl::Status ShardController::DropJob(const std::string& job_id) {
   return first;
 }
 
+absl::StatusOr<int64_t> ShardController::MaxVersion(const std::string& job_id) {
+  v1::ReadChunksRequest request;
+  request.set_job_id(job_id);
+  request.set_versions_only(true);
+  int64_t max_version = 0;
+  for (const auto& shard : shards_) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::ChunkValues> chunks,
+                             shard->ReadChunks(request, absl::ZeroDuration()));
+    for (const v1::ChunkValues& c : chunks) max_version = std::max(max_version, c.version());
+  }
+  return max_version;
+}
+
 absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_id,
                                                          const ModelGraph& graph) {
+  return ReadModelAt(job_id, graph, 0, absl::ZeroDuration());
+}
+
+absl::StatusOr<ModelSnapshot> ShardController::ReadModelAt(const std::string& job_id,
+                                                           const ModelGraph& graph,
+                                                           int64_t version, absl::Duration wait) {
+  v1::ReadChunksRequest request;
+  request.set_job_id(job_id);
+  request.set_at_version(version);
   PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(graph, num_shards(), chunk_bytes_));
   ModelSnapshot snapshot;
   snapshot.params.resize(graph.params.size());
@@ -240,11 +266,13 @@ absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_
     snapshot.params[p].assign(graph.params[p].shape.num_elements(), 0.0f);
   }
   std::vector<bool> seen(plan.chunks.size(), false);
+  snapshot.chunk_versions.assign(plan.chunks.size(), 0);
   // Slot name -> per-parameter coverage count, to catch slots on some chunks only.
   std::map<std::string, int64_t> slot_elements;
   bool first_chunk = true;
   for (int s = 0; s < num_shards(); ++s) {
-    PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::ChunkValues> chunks, shards_[s]->ReadChunks(job_id));
+    PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::ChunkValues> chunks,
+                             shards_[s]->ReadChunks(request, wait));
     for (const v1::ChunkValues& chunk : chunks) {
       const int id = chunk.chunk_id();
       if (id < 0 || id >= static_cast<int>(plan.chunks.size()) || plan.chunks[id].shard != s) {
@@ -258,6 +286,7 @@ absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_
                          " twice or with ", chunk.values_size(), " values instead of ", c.count));
       }
       seen[id] = true;
+      snapshot.chunk_versions[id] = chunk.version();
       std::copy(chunk.values().begin(), chunk.values().end(),
                 snapshot.params[c.param].begin() + c.offset);
       if (first_chunk) {

@@ -51,8 +51,11 @@ class ShardClient {
   virtual absl::Status ConfigureJob(const v1::ConfigureJobRequest& request) = 0;
   virtual absl::Status SetMembers(const v1::SetMembersRequest& request) = 0;
   virtual absl::Status DropJob(const std::string& job_id) = 0;
-  // Every chunk the shard owns for the job, with version and optimizer slots.
-  virtual absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id) = 0;
+  // Every chunk the shard owns for the job, with version and optimizer slots;
+  // `request` as in ReadChunksRequest (at_version, versions_only), waiting
+  // at most `wait` for a cut.
+  virtual absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(
+      const v1::ReadChunksRequest& request, absl::Duration wait) = 0;
   // For messages: "local shard 0", "shard 127.0.0.1:7071".
   virtual std::string Describe() const = 0;
 };
@@ -87,6 +90,7 @@ struct ModelSnapshot {
   std::map<std::string, std::vector<float>> optimizer_state;
   int64_t min_version = 0;  // Lowest chunk version seen.
   int64_t max_version = 0;
+  std::vector<int64_t> chunk_versions;  // By chunk id.
 };
 
 class ShardController {
@@ -113,6 +117,13 @@ class ShardController {
   // optimizer-state tensors by the plan. INTERNAL when a shard returns a
   // chunk that is not its own, of the wrong size, or is missing one.
   absl::StatusOr<ModelSnapshot> ReadModel(const std::string& job_id, const ModelGraph& graph);
+  // The same as one consistent cut at model version `version` (sync and
+  // average modes; see ReadChunksRequest.at_version), waiting at most
+  // `wait` for chunks below it.
+  absl::StatusOr<ModelSnapshot> ReadModelAt(const std::string& job_id, const ModelGraph& graph,
+                                            int64_t version, absl::Duration wait);
+  // The highest chunk version of the job over every shard.
+  absl::StatusOr<int64_t> MaxVersion(const std::string& job_id);
 
  private:
   // Constant after construction.

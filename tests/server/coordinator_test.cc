@@ -57,6 +57,7 @@ class FakeShard {
   int set_members_calls ABSL_GUARDED_BY(mu) = 0;
   bool fail_configure ABSL_GUARDED_BY(mu) = false;
   bool add_momentum ABSL_GUARDED_BY(mu) = false;
+  std::vector<v1::ReadChunksRequest> reads ABSL_GUARDED_BY(mu);
 };
 
 class FakeShardClient final : public ShardClient {
@@ -86,12 +87,21 @@ class FakeShardClient final : public ShardClient {
     shard_->dropped.push_back(job_id);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const std::string& job_id) override {
+  absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
+                                                          absl::Duration wait) override {
     absl::MutexLock lock(&shard_->mu);
-    auto it = shard_->jobs.find(job_id);
+    shard_->reads.push_back(request);
+    auto it = shard_->jobs.find(request.job_id());
     if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
     std::vector<v1::ChunkValues> out(it->second.config.chunks().begin(),
                                      it->second.config.chunks().end());
+    // The fake's chunks stay at their configured version: a cut at a later
+    // one never comes.
+    for (const v1::ChunkValues& c : out) {
+      if (request.at_version() > 0 && c.version() != request.at_version()) {
+        return absl::DeadlineExceededError("the cut's version was not reached");
+      }
+    }
     if (shard_->add_momentum) {
       for (v1::ChunkValues& c : out) {
         if (c.slots_size() > 0) continue;
@@ -211,6 +221,17 @@ class CoordinatorTest : public ::testing::Test {
     auto r = coordinator_->Heartbeat(worker, job);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::HeartbeatResponse();
+  }
+
+  // Every chunk of `job` on the fake shards is at `version`, as if the
+  // shards had applied that many sync steps (checkpoints cut there).
+  void Train(const std::string& job, int64_t version) {
+    for (auto& fake : fakes_) {
+      absl::MutexLock lock(&fake->mu);
+      auto it = fake->jobs.find(job);
+      if (it == fake->jobs.end()) continue;
+      for (auto& c : *it->second.config.mutable_chunks()) c.set_version(version);
+    }
   }
 
   v1::JobStatus Status(const std::string& job) {
@@ -465,9 +486,10 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   EXPECT_EQ(coordinator_->CheckpointPath(job).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
-  // Epoch 1 of both members: a checkpoint of epoch 1.
+  // Epoch 1 of both members: a checkpoint of epoch 1, cut at version 5.
   ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 5, 0.5, 0.8, 10)).ok());
   ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 5, 0.5, 0.8, 10)).ok());
+  Train(job, 5);
   coordinator_->Tick();
   auto path = coordinator_->CheckpointPath(job);
   ASSERT_TRUE(path.ok()) << path.status();
@@ -772,6 +794,7 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
     }
   }
   ASSERT_TRUE(coordinator_->ReportProgress(Progress(w2[0], running, 1, 2, 0.2, 1, 0)).ok());
+  Train(running, 2);
   coordinator_->Tick();
   ASSERT_TRUE(coordinator_->CheckpointPath(running).ok());
 
@@ -865,6 +888,7 @@ TEST_F(CoordinatorTest, EveryRunHasItsOwnIdAndReportsOfAReplacedRunAreIgnored) {
   v1::ReportProgressRequest epoch1 = Progress(w[0], job, 1, 2, 0.2, 1, 0);
   epoch1.set_run_id(first_run);
   ASSERT_OK(coordinator_->ReportProgress(epoch1).status());
+  Train(job, 2);
   coordinator_->Tick();
   ASSERT_OK(coordinator_->CheckpointPath(job).status());
   v1::ReportProgressRequest later = Progress(w[0], job, 1, 5, 0.2, 1, 0);
@@ -899,6 +923,95 @@ TEST_F(CoordinatorTest, EveryRunHasItsOwnIdAndReportsOfAReplacedRunAreIgnored) {
   EXPECT_TRUE(stop);
   EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Status(job).step(), 2);
+}
+
+// Issue 9: checkpoints were written per epoch only, so a crash could lose a
+// whole epoch. A running job is checkpointed every checkpoint_interval too;
+// in sync mode as a cut at the shards' current version, whose number is the
+// checkpoint's step (and, with the steps per epoch, its epoch).
+TEST_F(CoordinatorTest, ARunningSyncJobIsCheckpointedEveryIntervalAtACut) {
+  tweak_options_ = [](Coordinator::Options* o) { o->checkpoint_interval = absl::Seconds(60); };
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  v1::ReportProgressRequest report = Progress(w[0], job, 0, 7, 0.5, 0.5, 10);
+  report.set_steps_per_epoch(4);
+  ASSERT_OK(coordinator_->ReportProgress(report).status());
+  Train(job, 7);
+  coordinator_->Tick();
+  EXPECT_THAT(coordinator_->CheckpointPath(job).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no checkpoint")));
+  now_ += absl::Seconds(61);
+  Beat(w[0], job);
+  coordinator_->Tick();
+  ASSERT_OK_AND_ASSIGN(std::string path, coordinator_->CheckpointPath(job));
+  ASSERT_OK_AND_ASSIGN(v1::Checkpoint ckpt, ReadCheckpointFile(path));
+  EXPECT_EQ(ckpt.step(), 7);
+  EXPECT_EQ(ckpt.epoch(), 1);  // 7 steps of 4 per epoch: epoch 1 is under way.
+  for (int64_t v : ckpt.chunk_versions()) EXPECT_EQ(v, 7);
+  EXPECT_GT(ckpt.chunk_versions_size(), 0);
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    bool cut = false;
+    for (const v1::ReadChunksRequest& r : fakes_[0]->reads) cut |= r.at_version() == 7;
+    EXPECT_TRUE(cut) << "no read at version 7";
+  }
+  // Not again before the next interval.
+  const size_t files = fs::exists(state_dir_ + "/jobs/" + job + "/checkpoints")
+                           ? std::distance(fs::directory_iterator(state_dir_ + "/jobs/" + job +
+                                                                  "/checkpoints"),
+                                           fs::directory_iterator())
+                           : 0;
+  now_ += absl::Seconds(30);
+  Beat(w[0], job);
+  coordinator_->Tick();
+  EXPECT_EQ(std::distance(fs::directory_iterator(state_dir_ + "/jobs/" + job + "/checkpoints"),
+                          fs::directory_iterator()),
+            static_cast<std::ptrdiff_t>(files));
+}
+
+// A cut that the shards do not reach in time (a stalled step) is not
+// written half-way: the checkpoint is tried again on a later tick.
+TEST_F(CoordinatorTest, ACutNotReachedInTimeIsRetriedLater) {
+  tweak_options_ = [](Coordinator::Options* o) { o->checkpoint_interval = absl::Seconds(60); };
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  Train(job, 3);
+  {
+    // One chunk lags behind: the cut at version 3 does not come.
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->jobs.at(job).config.mutable_chunks(0)->set_version(2);
+  }
+  now_ += absl::Seconds(61);
+  Beat(w[0], job);
+  coordinator_->Tick();
+  EXPECT_THAT(coordinator_->CheckpointPath(job).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no checkpoint")));
+  Train(job, 3);
+  coordinator_->Tick();
+  EXPECT_OK(coordinator_->CheckpointPath(job).status());
+}
+
+TEST_F(CoordinatorTest, AsyncCheckpointsReadTheChunksAsTheyAre) {
+  tweak_options_ = [](Coordinator::Options* o) { o->checkpoint_interval = absl::Seconds(60); };
+  Restart();
+  v1::JobSpec spec = TinyJob(1);
+  spec.set_mode(v1::CONSISTENCY_ASYNC);
+  ASSERT_OK_AND_ASSIGN(std::string job, coordinator_->SubmitJob(spec));
+  const std::string worker = Register();
+  coordinator_->Tick();
+  ASSERT_OK(coordinator_->ReportProgress(Progress(worker, job, 0, 9, 0.5, 0.5, 10)).status());
+  Train(job, 11);
+  now_ += absl::Seconds(61);
+  Beat(worker, job);
+  coordinator_->Tick();
+  ASSERT_OK_AND_ASSIGN(std::string path, coordinator_->CheckpointPath(job));
+  ASSERT_OK_AND_ASSIGN(v1::Checkpoint ckpt, ReadCheckpointFile(path));
+  EXPECT_EQ(ckpt.step(), 9);  // The slowest member's position.
+  for (int64_t v : ckpt.chunk_versions()) EXPECT_EQ(v, 11);
+  absl::MutexLock lock(&fakes_[0]->mu);
+  for (const v1::ReadChunksRequest& r : fakes_[0]->reads) EXPECT_EQ(r.at_version(), 0);
 }
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {

@@ -395,6 +395,108 @@ TEST(ExactlyOnceAsyncTest, SetMembersForgetsTheRecordsOfFormerMembers) {
 }
 
 // ---------------------------------------------------------------------------
+// Consistent cuts (checkpoints at one model version)
+// ---------------------------------------------------------------------------
+
+// The chunk `id` of a ReadChunks result.
+const v1::ChunkValues* FindChunk(const std::vector<v1::ChunkValues>& chunks, int id) {
+  for (const v1::ChunkValues& c : chunks) {
+    if (c.chunk_id() == id) return &c;
+  }
+  return nullptr;
+}
+
+// Issue 9: a checkpoint read chunk by chunk while training went on mixed
+// versions. A cut at version 1 returns every chunk as it was at version 1:
+// a chunk already there now, a chunk still below it when an update brings
+// it there, and never a later state.
+TEST(ParameterShardCutTest, ACutReturnsEveryChunkAsItWasAtTheVersion) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.5f, 0.9f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int a = job.ChunkOf("fc/bias"), b = job.ChunkOf("logits/bias");
+  // Every chunk but b reaches version 1.
+  auto push = [&](int chunk, int64_t version, float value) {
+    const v1::ChunkHeader::Kind kind = job.graph.params[job.plan.chunks[chunk].param].trainable
+                                           ? v1::ChunkHeader::KIND_GRADIENT
+                                           : v1::ChunkHeader::KIND_PARAMETERS;
+    return shard.Push(job.Args("worker-a", chunk, version, kind),
+                      std::vector<float>(job.Count(chunk), value));
+  };
+  for (int c : job.plan.by_shard[0]) {
+    if (c != b) {
+      ASSERT_EQ(*push(c, 0, 1.f), 1);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> a_at_1,
+                       shard.ReadChunks(job.config.job_id));
+  std::vector<v1::ChunkValues> cut;
+  absl::Status cut_status;
+  std::thread reader([&] {
+    absl::StatusOr<std::vector<v1::ChunkValues>> r =
+        shard.ReadChunks(job.config.job_id, {.at_version = 1}, absl::Now() + kLongWait);
+    cut_status = r.status();
+    if (r.ok()) cut = *std::move(r);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  // Chunk b reaches version 1 (captured then); then both move on to 2.
+  ASSERT_EQ(*push(b, 0, 2.f), 1);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> b_at_1,
+                       shard.ReadChunks(job.config.job_id));
+  reader.join();
+  ASSERT_OK(cut_status);
+  for (int c : job.plan.by_shard[0]) ASSERT_EQ(*push(c, 1, 3.f), 2);
+  for (const v1::ChunkValues& c : cut) {
+    EXPECT_EQ(c.version(), 1) << "chunk " << c.chunk_id();
+    if (c.chunk_id() != a && c.chunk_id() != b) continue;
+    const v1::ChunkValues* expected = FindChunk(c.chunk_id() == a ? a_at_1 : b_at_1, c.chunk_id());
+    ASSERT_NE(expected, nullptr);
+    EXPECT_EQ(c.SerializeAsString(), expected->SerializeAsString()) << "chunk " << c.chunk_id();
+    EXPECT_EQ(c.slots_size(), 1);  // The momentum as it was at version 1.
+  }
+}
+
+TEST(ParameterShardCutTest, ACutOfAVersionAlreadyPassedOrNeverReachedFails) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.5f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int a = job.ChunkOf("fc/bias");
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", a, 0), {1.f, 1.f, 1.f}), 1);
+  ASSERT_EQ(*shard.Push(job.Args("worker-a", a, 1), {1.f, 1.f, 1.f}), 2);
+  EXPECT_THAT(shard.ReadChunks(job.config.job_id, {.at_version = 1}, absl::Now()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("past the cut")));
+  EXPECT_THAT(shard.ReadChunks(job.config.job_id, {.at_version = 3},
+                               absl::Now() + absl::Milliseconds(30))
+                  .status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not reached")));
+  // Versions only: ids and versions, no values.
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> versions,
+                       shard.ReadChunks(job.config.job_id, {.versions_only = true}));
+  const v1::ChunkValues* va = FindChunk(versions, a);
+  ASSERT_NE(va, nullptr);
+  EXPECT_EQ(va->version(), 2);
+  EXPECT_EQ(va->values_size(), 0);
+}
+
+TEST(ParameterShardCutTest, AsyncJobsHaveNoCommonVersionToCutAt) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.5f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  EXPECT_THAT(shard.ReadChunks(job.config.job_id, {.at_version = 1}, absl::Now()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("async")));
+}
+
+// Issue 9: average mode without state averaging wrote all-zero optimizer
+// slots into checkpoints. The server holds no state then, and reports none.
+TEST(ParameterShardAverageTest, NoOptimizerStateIsInventedWithoutStateAveraging) {
+  TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Sgd(0.1f, 0.9f), {"worker-a"});
+  ParameterShard shard({});
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> read, shard.ReadChunks(job.config.job_id));
+  for (const v1::ChunkValues& c : read) EXPECT_EQ(c.slots_size(), 0) << "chunk " << c.chunk_id();
+}
+
+// ---------------------------------------------------------------------------
 // sync
 // ---------------------------------------------------------------------------
 
