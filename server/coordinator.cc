@@ -25,6 +25,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "kernels/optimizer.h"
+#include "server/eval_merge.h"
 
 namespace pstrain {
 namespace {
@@ -56,24 +57,6 @@ int64_t IdNumber(const std::string& id, const std::string& prefix) {
   int64_t n = 0;
   if (!absl::StartsWith(id, prefix) || !absl::SimpleAtoi(id.substr(prefix.size()), &n)) return 0;
   return n;
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    return absl::InternalError(absl::StrCat("cannot create directory ", dir, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
-// A ConfusionMatrix holding `eval`'s counts (added, not counted one by one).
-ConfusionMatrix MatrixFromEval(const v1::EvalMetrics& eval) {
-  ConfusionMatrix cm(eval.num_classes());
-  const int n = eval.num_classes();
-  for (int t = 0; t < n; ++t) {
-    for (int p = 0; p < n; ++p) cm.Add(t, p, eval.confusion(t * n + p));
-  }
-  return cm;
 }
 
 // `text` cut to at most `max_bytes` (a note says so).
@@ -194,6 +177,7 @@ Coordinator::Coordinator(Options options, ShardController* shards)
     : options_(std::move(options)),
       shards_(shards),
       incarnation_(RandomIncarnation()),
+      store_(options_.state_dir),
       checkpointer_({.state_dir = options_.state_dir,
                      .keep = options_.keep_checkpoints,
                      .log = [this](const std::string& line) { Log(line); }}) {
@@ -223,43 +207,19 @@ void Coordinator::Log(const std::string& line) const {
   }
 }
 
-std::string Coordinator::JobDir(const std::string& job_id) const {
-  return (fs::path(options_.state_dir) / "jobs" / job_id).string();
-}
 
 
 absl::Status Coordinator::LoadState() {
   if (options_.state_dir.empty()) return absl::OkStatus();
-  const std::string jobs_dir = (fs::path(options_.state_dir) / "jobs").string();
-  PSTRAIN_RETURN_IF_ERROR(MakeDirs(jobs_dir));
-  std::error_code ec;
-  std::vector<std::pair<int64_t, std::string>> found;
-  for (const fs::directory_entry& entry : fs::directory_iterator(jobs_dir, ec)) {
-    const std::string id = entry.path().filename().string();
-    const int64_t n = IdNumber(id, "job-");
-    if (n <= 0 || !fs::exists(entry.path() / "status.pb")) continue;
-    found.emplace_back(n, id);
-  }
-  if (ec) return absl::InternalError(absl::StrCat("cannot list ", jobs_dir, ": ", ec.message()));
-  std::sort(found.begin(), found.end());
-
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> saved, store_.LoadJobs());
+  PSTRAIN_ASSIGN_OR_RETURN(const int64_t next_worker, store_.LoadNextWorkerId());
   absl::MutexLock lock(&mu_);
-  const std::string next_worker_path = (fs::path(options_.state_dir) / "next_worker_id").string();
-  if (fs::exists(next_worker_path)) {
-    PSTRAIN_ASSIGN_OR_RETURN(std::string text, ReadFileToString(next_worker_path));
-    int64_t next = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &next) || next < 1) {
-      return absl::DataLossError(absl::StrCat("corrupt worker id counter ", next_worker_path));
-    }
-    next_worker_ = next;
-  }
-  for (const auto& [n, id] : found) {
-    const std::string path = (fs::path(JobDir(id)) / "status.pb").string();
-    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  next_worker_ = next_worker;
+  for (v1::JobStatus& status : saved) {
+    const std::string id = status.job_id();
+    const int64_t n = IdNumber(id, "job-");
     auto job = std::make_unique<Job>();
-    if (!job->status.ParseFromString(bytes) || job->status.job_id() != id) {
-      return absl::DataLossError(absl::StrCat("corrupt job status ", path));
-    }
+    job->status = std::move(status);
     checkpointer_.RemoveOrphans(id);
     job->has_checkpoint = checkpointer_.HasCheckpoint(id);
     job->persisted_revision = job->revision;
@@ -429,11 +389,7 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 // Workers
 // ---------------------------------------------------------------------------
 
-absl::Status Coordinator::SaveNextWorkerId() {
-  if (options_.state_dir.empty()) return absl::OkStatus();
-  return WriteFileAtomically((fs::path(options_.state_dir) / "next_worker_id").string(),
-                             absl::StrCat(next_worker_, "\n"));
-}
+absl::Status Coordinator::SaveNextWorkerId() { return store_.SaveNextWorkerId(next_worker_); }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::WorkerInfo& info, const std::string& previous_worker_id) {
@@ -614,50 +570,17 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
 
 absl::Status Coordinator::CheckEvalShard(const Job& job,
                                          const v1::ReportProgressRequest& report) const {
-  const v1::EvalMetrics& eval = report.eval_shard();
-  const int n = eval.num_classes();
-  if (n <= 0 || n > job.graph.num_classes || eval.confusion_size() != static_cast<int64_t>(n) * n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "eval_shard of ", report.worker_id(), ": num_classes ", n, " and ", eval.confusion_size(),
-        " confusion counts do not fit a model with ", job.graph.num_classes, " classes"));
-  }
-  // The members' shards are disjoint parts of one test set: together they
-  // cannot hold more samples than it does.
   const std::optional<int64_t> test_set = TestSetBound(job.status.spec());
-  int64_t allowed = test_set.value_or(options_.max_eval_samples);
+  EvalShardBudget budget;
+  budget.num_classes = job.graph.num_classes;
+  budget.samples_left = test_set.value_or(options_.max_eval_samples);
+  budget.bound_source = test_set
+                            ? absl::StrCat("the test set holds ", *test_set)
+                            : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples);
   for (const Member& m : job.members) {
-    if (m.finished && m.worker_id != report.worker_id()) allowed -= m.eval.samples();
+    if (m.finished && m.worker_id != report.worker_id()) budget.samples_left -= m.eval.samples();
   }
-  int64_t total = 0;  // <= n * n * max(allowed, 0): no overflow.
-  for (int64_t c : eval.confusion()) {
-    if (c < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("eval_shard of ", report.worker_id(), ": negative count ", c));
-    }
-    if (c > allowed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("eval_shard of ", report.worker_id(), ": a count of ", c, " exceeds the ",
-                       std::max<int64_t>(allowed, 0), " test samples left for this shard (",
-                       test_set ? absl::StrCat("the test set holds ", *test_set)
-                                : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
-                       ")"));
-    }
-    total += c;
-  }
-  if (total != eval.samples()) {
-    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", report.worker_id(),
-                                                   ": the confusion matrix counts ", total,
-                                                   " samples but samples is ", eval.samples()));
-  }
-  if (total > allowed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eval_shard of ", report.worker_id(), ": ", total, " samples exceed the ",
-                     std::max<int64_t>(allowed, 0), " test samples left for this shard (",
-                     test_set ? absl::StrCat("the test set holds ", *test_set)
-                              : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples),
-                     ")"));
-  }
-  return absl::OkStatus();
+  return pstrain::CheckEvalShard(report.eval_shard(), report.worker_id(), budget);
 }
 
 std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
@@ -1130,32 +1053,15 @@ void Coordinator::WriteDueCheckpoints() {
           break;
         }
         // Merge every member's test shard.
-        int num_classes = 0;
-        for (const Member& m : job.members)
-          num_classes = std::max(num_classes, m.eval.num_classes());
-        ConfusionMatrix total(num_classes);
-        double loss_sum = 0;
-        int64_t samples = 0;
-        for (const Member& m : job.members) {
-          total.Merge(MatrixFromEval(m.eval));
-          loss_sum += m.eval.loss() * static_cast<double>(m.eval.samples());
-          samples += m.eval.samples();
-        }
-        const ClassificationMetrics metrics = total.Compute();
-        v1::EvalMetrics* test = job.status.mutable_test();
-        test->set_accuracy(metrics.accuracy);
-        test->set_precision(metrics.macro_precision);
-        test->set_recall(metrics.macro_recall);
-        test->set_f1(metrics.macro_f1);
-        test->set_loss(samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0);
-        test->set_samples(metrics.samples);
-        test->set_num_classes(metrics.num_classes);
-        test->mutable_confusion()->Assign(metrics.confusion.begin(), metrics.confusion.end());
+        std::vector<const v1::EvalMetrics*> shards;
+        for (const Member& m : job.members) shards.push_back(&m.eval);
+        const v1::EvalMetrics test = MergeEvalShards(shards);
+        *job.status.mutable_test() = test;
         job.status.set_epoch(job.status.spec().epochs());
         job.status.set_total_steps(job.status.step());
         Finish(job, v1::JOB_STATE_SUCCEEDED,
                absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples",
-                               job.status.spec().epochs(), metrics.accuracy, metrics.samples));
+                               job.status.spec().epochs(), test.accuracy(), test.samples()));
         break;
       }
     }
@@ -1253,12 +1159,7 @@ void Coordinator::PersistChangedJobs() {
     }
   }
   for (const auto& [status, revision] : changed) {
-    const std::string dir = JobDir(status.job_id());
-    absl::Status s = MakeDirs(dir);
-    if (s.ok()) {
-      s = WriteFileAtomically((fs::path(dir) / "status.pb").string(), status.SerializeAsString());
-    }
-    if (!s.ok()) {
+    if (absl::Status s = store_.SaveJob(status); !s.ok()) {
       Log(absl::StrCat(status.job_id(), ": could not save its status: ", s.message()));
       continue;
     }

@@ -99,6 +99,7 @@
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
 #include "server/checkpointer.h"
+#include "server/job_store.h"
 #include "server/shard_controller.h"
 
 namespace pstrain {
@@ -234,11 +235,12 @@ class Coordinator {
 
   Coordinator(Options options, ShardController* shards);
   absl::Status LoadState();
-  // Saves next_worker_ to <state_dir>/next_worker_id.
+  // Saves next_worker_ (JobStore).
   absl::Status SaveNextWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Everything SubmitJob checks of a spec (defaults applied); the graph.
   absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
   absl::Status CheckId(const char* what, const std::string& id) const;
+  // server/eval_merge.h's check with this job's budget.
   absl::Status CheckEvalShard(const Job& job, const v1::ReportProgressRequest& report) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes workers dead and idle for forget_dead_workers_after.
@@ -266,7 +268,6 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string JobDir(const std::string& job_id) const;
 
   // Writes a checkpoint of the job's model (no lock held).
   absl::Status WriteCheckpoint(const CheckpointWork& work);
@@ -277,6 +278,7 @@ class Coordinator {
   // Random, drawn at construction: run ids of this process differ from
   // those of an earlier process on the same state directory.
   const uint64_t incarnation_;
+  const JobStore store_;
   const Checkpointer checkpointer_;
 
   // Serialises Tick() (the only code that talks to shards).

@@ -1,0 +1,81 @@
+#include "server/eval_merge.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+
+namespace pstrain {
+namespace {
+
+// A ConfusionMatrix holding `eval`'s counts (added, not counted one by one).
+ConfusionMatrix MatrixFromEval(const v1::EvalMetrics& eval) {
+  ConfusionMatrix cm(eval.num_classes());
+  const int n = eval.num_classes();
+  for (int t = 0; t < n; ++t) {
+    for (int p = 0; p < n; ++p) cm.Add(t, p, eval.confusion(t * n + p));
+  }
+  return cm;
+}
+
+}  // namespace
+
+absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& worker_id,
+                            const EvalShardBudget& budget) {
+  const int n = eval.num_classes();
+  if (n <= 0 || n > budget.num_classes || eval.confusion_size() != static_cast<int64_t>(n) * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_shard of ", worker_id, ": num_classes ", n, " and ", eval.confusion_size(),
+        " confusion counts do not fit a model with ", budget.num_classes, " classes"));
+  }
+  const int64_t allowed = budget.samples_left;
+  // `what` names the count and its verb ("a count of 7 exceeds").
+  auto too_many = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", worker_id, ": ", what,
+                                                   " the ", std::max<int64_t>(allowed, 0),
+                                                   " test samples left for this shard (",
+                                                   budget.bound_source, ")"));
+  };
+  int64_t total = 0;  // <= n * n * max(allowed, 0): no overflow.
+  for (int64_t c : eval.confusion()) {
+    if (c < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval_shard of ", worker_id, ": negative count ", c));
+    }
+    if (c > allowed) return too_many(absl::StrCat("a count of ", c, " exceeds"));
+    total += c;
+  }
+  if (total != eval.samples()) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", worker_id,
+                                                   ": the confusion matrix counts ", total,
+                                                   " samples but samples is ", eval.samples()));
+  }
+  if (total > allowed) return too_many(absl::StrCat(total, " samples exceed"));
+  return absl::OkStatus();
+}
+
+v1::EvalMetrics MergeEvalShards(const std::vector<const v1::EvalMetrics*>& shards) {
+  int num_classes = 0;
+  for (const v1::EvalMetrics* e : shards) num_classes = std::max(num_classes, e->num_classes());
+  ConfusionMatrix total(num_classes);
+  double loss_sum = 0;
+  int64_t samples = 0;
+  for (const v1::EvalMetrics* e : shards) {
+    total.Merge(MatrixFromEval(*e));
+    loss_sum += e->loss() * static_cast<double>(e->samples());
+    samples += e->samples();
+  }
+  const ClassificationMetrics metrics = total.Compute();
+  v1::EvalMetrics test;
+  test.set_accuracy(metrics.accuracy);
+  test.set_precision(metrics.macro_precision);
+  test.set_recall(metrics.macro_recall);
+  test.set_f1(metrics.macro_f1);
+  test.set_loss(samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0);
+  test.set_samples(metrics.samples);
+  test.set_num_classes(metrics.num_classes);
+  test.mutable_confusion()->Assign(metrics.confusion.begin(), metrics.confusion.end());
+  return test;
+}
+
+}  // namespace pstrain
