@@ -784,6 +784,7 @@ void Coordinator::BackgroundLoop() {
 void Coordinator::Tick() {
   absl::MutexLock tick_lock(&tick_mu_);
   DropDeadWorkers();
+  CheckShards();
   SyncMembership();
   StartQueuedJobs();
   WriteDueCheckpoints();
@@ -809,6 +810,47 @@ void Coordinator::DropDeadWorkers() {
   }
   ForgetDeadWorkers();
   RefreshQueueReasons();
+}
+
+void Coordinator::CheckShards() {
+  std::vector<std::string> running;
+  {
+    absl::MutexLock lock(&mu_);
+    if (Now() - last_shard_check_ < options_.shard_check_interval) return;
+    last_shard_check_ = Now();
+    for (const std::string& id : job_order_) {
+      const Job& job = *jobs_.at(id);
+      if (job.phase == Phase::kRunning && job.shards_configured) running.push_back(id);
+    }
+  }
+  for (const std::string& id : running) {
+    const std::vector<int> missing = shards_->ShardsMissingJob(id, options_.shard_check_timeout);
+    if (missing.empty()) continue;
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(id);
+    if (job.phase != Phase::kRunning) continue;
+    RequeueRun(job, absl::StrCat(shards_->Describe(missing[0]),
+                                 " no longer holds the job (it restarted)"));
+  }
+}
+
+void Coordinator::RequeueRun(Job& job, const std::string& why) {
+  for (const Member& m : job.members) {
+    auto it = workers_.find(m.worker_id);
+    if (it != workers_.end() && it->second->job_id == job.status.job_id()) {
+      it->second->job_id.clear();
+    }
+  }
+  job.members.clear();
+  job.phase = Phase::kQueued;
+  job.status.set_state(v1::JOB_STATE_QUEUED);
+  job.status.clear_workers();
+  job.status.set_samples_per_sec(0);
+  Log(absl::StrCat(job.status.job_id(), ": ", why, "; queued again to resume from ",
+                   job.has_checkpoint ? "its latest checkpoint" : "the beginning"));
+  RefreshQueueReasons();
+  Touch(job);
+  Wake();
 }
 
 void Coordinator::SyncMembership() {

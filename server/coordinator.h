@@ -65,7 +65,10 @@
 // common version: the chunks are read as they are, each with its version
 // recorded (Checkpoint.chunk_versions), and the data position is the
 // slowest member's. The last Options::keep_checkpoints are kept.
-// A job that loses every worker is resumed the same way. Every start of a
+// A job that loses every worker is resumed the same way, and so is a job
+// that a shard lost (the shard restarted: the background work asks every
+// shard every shard_check_interval whether it holds each running job).
+// Every start of a
 // job is a new run (JobStatus.runs; Assignment.run_id, unique across
 // restarts of this server): workers start a new run over from its data
 // position (start_epoch, start_step) even when they ran the same job
@@ -132,6 +135,12 @@ class Coordinator {
     // Longest wait for a consistent cut (sync and average mode: every chunk
     // at one version); a cut not reached in time is tried again later.
     absl::Duration cut_wait = absl::Seconds(5);
+    // How often every shard is asked whether it still holds each running
+    // job, and how long one answer may take. A shard that answers that it
+    // does not (it restarted empty) sends the job back to the queue: it
+    // resumes from its latest checkpoint on every shard, as a new run.
+    absl::Duration shard_check_interval = absl::Seconds(1);
+    absl::Duration shard_check_timeout = absl::Seconds(2);
     absl::Duration heartbeat_timeout = absl::Seconds(10);
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // Every shard's ParameterService address, index = shard (sent to workers).
@@ -252,6 +261,7 @@ class Coordinator {
 
   // Tick phases.
   void DropDeadWorkers();
+  void CheckShards();
   void SyncMembership();
   void StartQueuedJobs();
   void WriteDueCheckpoints();
@@ -268,6 +278,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job's current run: back to the queue, to resume from its latest
+  // checkpoint as a new run (its members are idle again and take it first).
+  void RequeueRun(Job& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Writes a checkpoint of the job's model (no lock held).
   absl::Status WriteCheckpoint(const CheckpointWork& work);
@@ -295,6 +308,7 @@ class Coordinator {
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.
+  absl::Time last_shard_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread background_;

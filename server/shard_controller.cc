@@ -45,6 +45,13 @@ class LocalShardClient final : public ShardClient {
     options.versions_only = request.versions_only();
     return shard_->ReadChunks(request.job_id(), options, absl::Now() + wait);
   }
+  absl::StatusOr<bool> HasJob(const std::string& job_id, absl::Duration) override {
+    absl::StatusOr<std::vector<v1::ChunkValues>> chunks =
+        shard_->ReadChunks(job_id, {.versions_only = true});
+    if (absl::IsNotFound(chunks.status())) return false;
+    PSTRAIN_RETURN_IF_ERROR(chunks.status());
+    return true;
+  }
   std::string Describe() const override {
     return absl::StrCat("local shard ", shard_->shard_index());
   }
@@ -106,6 +113,22 @@ class RemoteShardClient final : public ShardClient {
     while (reader->Read(&chunk)) chunks.push_back(std::move(chunk));
     PSTRAIN_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat(Describe(), " ReadChunks")));
     return chunks;
+  }
+  absl::StatusOr<bool> HasJob(const std::string& job_id, absl::Duration timeout) override {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::ReadChunksRequest request;
+    request.set_job_id(job_id);
+    request.set_versions_only(true);
+    std::unique_ptr<grpc::ClientReader<v1::ChunkValues>> reader =
+        stub_->ReadChunks(&context, request);
+    v1::ChunkValues chunk;
+    while (reader->Read(&chunk)) {
+    }
+    const grpc::Status status = reader->Finish();
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) return false;
+    PSTRAIN_RETURN_IF_ERROR(FromGrpc(status, absl::StrCat(Describe(), " ReadChunks")));
+    return true;
   }
   std::string Describe() const override { return absl::StrCat("shard ", address_); }
 
@@ -246,6 +269,16 @@ absl::StatusOr<int64_t> ShardController::MaxVersion(const std::string& job_id) {
     for (const v1::ChunkValues& c : chunks) max_version = std::max(max_version, c.version());
   }
   return max_version;
+}
+
+std::vector<int> ShardController::ShardsMissingJob(const std::string& job_id,
+                                                  absl::Duration timeout) {
+  std::vector<int> missing;
+  for (int s = 0; s < num_shards(); ++s) {
+    absl::StatusOr<bool> has = shards_[s]->HasJob(job_id, timeout);
+    if (has.ok() && !*has) missing.push_back(s);
+  }
+  return missing;
 }
 
 absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_id,

@@ -56,6 +56,10 @@ class ShardClient {
   // at most `wait` for a cut.
   virtual absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(
       const v1::ReadChunksRequest& request, absl::Duration wait) = 0;
+  // False when the shard answers that it does not hold the job (it
+  // restarted and lost it); the call's error when it does not answer within
+  // `timeout`.
+  virtual absl::StatusOr<bool> HasJob(const std::string& job_id, absl::Duration timeout) = 0;
   // For messages: "local shard 0", "shard 127.0.0.1:7071".
   virtual std::string Describe() const = 0;
 };
@@ -124,6 +128,12 @@ class ShardController {
                                             int64_t version, absl::Duration wait);
   // The highest chunk version of the job over every shard.
   absl::StatusOr<int64_t> MaxVersion(const std::string& job_id);
+  // The shards that answer, within `timeout` each, that they do not hold the
+  // job (they restarted); shards that do not answer are not counted (they
+  // may be restarting: ask again later).
+  std::vector<int> ShardsMissingJob(const std::string& job_id, absl::Duration timeout);
+  // For messages.
+  std::string Describe(int shard) const { return shards_[shard]->Describe(); }
 
  private:
   // Constant after construction.

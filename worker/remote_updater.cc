@@ -139,7 +139,11 @@ bool RemoteUpdater::PushesRunningStats() const {
 }
 
 bool RemoteUpdater::Retryable(const absl::Status& status) {
-  return absl::IsAborted(status) || absl::IsUnavailable(status);
+  // NOT_FOUND: a shard no longer holds the job. It restarted empty (the
+  // coordinator then starts a new run from the checkpoint and stops this
+  // one) or the job ended (this runner is stopped too): keep resyncing
+  // until one of those happens, or resync_timeout.
+  return absl::IsAborted(status) || absl::IsUnavailable(status) || absl::IsNotFound(status);
 }
 
 int64_t RemoteUpdater::version() const {

@@ -29,8 +29,9 @@
 // when local steps are left over, so that the server holds the final model.
 //
 // Versions are tracked per chunk: a membership change (new generation) can
-// leave chunks one step apart. When a push or pull fails with ABORTED or
-// UNAVAILABLE (stale generation, a version that moved on, a server restart),
+// leave chunks one step apart. When a push or pull fails with ABORTED,
+// UNAVAILABLE or NOT_FOUND (stale generation, a version that moved on, a
+// server restart, a shard that restarted empty),
 // the updater drops that step's contribution, pulls every chunk again at its
 // current version, and goes on; it retries with backoff until
 // `resync_timeout`, then fails.

@@ -187,6 +187,31 @@ TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckp
   EXPECT_FALSE(absl::StrContains(workers.output, "worker-3")) << workers.output;
 }
 
+// Issue 9: kill -9 of shard 1 of 2 mid-job, then a restart. The coordinator
+// sees that the restarted shard no longer holds the job and resumes it from
+// its latest checkpoint on both shards; the job SUCCEEDS.
+TEST_F(DistributedTrainingTest, KillNineOfAShardMidJobResumesFromTheCheckpoint) {
+  LocalCluster cluster({.shards = 2, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 3);
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
+  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
+  ASSERT_TRUE(cluster.RestartServer(1)) << cluster.Logs();
+
+  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
+  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  auto s = ParseJson(status.LastLine());
+  ASSERT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  EXPECT_EQ(NumberField(s, "runs"), 2) << status.output;
+  EXPECT_LT(NumberField(s, "steps_lost"), 50) << status.output;
+  EXPECT_GT(NumberField(s, "test_accuracy"), 0.6) << cluster.Logs();
+  EXPECT_TRUE(absl::StrContains(cluster.server(0).output(), "no longer holds the job"))
+      << cluster.Logs();
+}
+
 TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   LocalCluster cluster({.shards = 1, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();

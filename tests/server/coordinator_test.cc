@@ -112,6 +112,10 @@ class FakeShardClient final : public ShardClient {
     }
     return out;
   }
+  absl::StatusOr<bool> HasJob(const std::string& job_id, absl::Duration) override {
+    absl::MutexLock lock(&shard_->mu);
+    return shard_->jobs.count(job_id) > 0;
+  }
   std::string Describe() const override { return "fake shard"; }
 
  private:
@@ -1012,6 +1016,42 @@ TEST_F(CoordinatorTest, AsyncCheckpointsReadTheChunksAsTheyAre) {
   for (int64_t v : ckpt.chunk_versions()) EXPECT_EQ(v, 11);
   absl::MutexLock lock(&fakes_[0]->mu);
   for (const v1::ReadChunksRequest& r : fakes_[0]->reads) EXPECT_EQ(r.at_version(), 0);
+}
+
+// Issue 9: nothing watched shards 1..S-1, so a restarted shard lost its
+// jobs and they failed. A shard that no longer holds a running job sends it
+// back to the queue; it resumes from its checkpoint on every shard, as a
+// new run, on the same workers.
+TEST_F(CoordinatorTest, AJobAShardLostResumesFromItsCheckpointAsANewRun) {
+  MakeController(2);
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  const std::string first_run = Beat(w[0]).assignment().run_id();
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 4, 0.5, 0.5, 10)).status());
+  Train(job, 4);
+  coordinator_->Tick();  // The checkpoint of epoch 1.
+  ASSERT_OK(coordinator_->CheckpointPath(job).status());
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    fakes_[1]->jobs.erase(job);  // Shard 1 restarted empty.
+  }
+  now_ += absl::Seconds(2);
+  Beat(w[0], job);
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status(job).runs(), 2);
+  const v1::HeartbeatResponse hb = Beat(w[0], job);
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_NE(hb.assignment().run_id(), first_run);
+  EXPECT_EQ(hb.assignment().start_epoch(), 1);
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    EXPECT_EQ(fakes_[1]->jobs.count(job), 1u);  // Configured again.
+  }
+  bool logged = false;
+  for (const std::string& line : log_) logged |= line.find("no longer holds the job") != std::string::npos;
+  EXPECT_TRUE(logged);
 }
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
