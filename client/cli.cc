@@ -903,6 +903,8 @@ std::string JobStatusJson(const v1::JobStatus& s) {
   const v1::EvalMetrics& t = s.test();
   std::vector<std::string> workers;
   for (const std::string& w : s.workers()) workers.push_back(JsonString(w));
+  std::vector<std::string> stragglers;
+  for (const std::string& w : s.stragglers()) stragglers.push_back(JsonString(w));
   std::vector<std::string> rows;
   const int k = t.num_classes();
   if (k > 0 && t.confusion_size() == k * k) {
@@ -920,6 +922,8 @@ std::string JobStatusJson(const v1::JobStatus& s) {
       JsonNumber(s.train_accuracy()), ", \"samples_per_sec\": ", JsonNumber(s.samples_per_sec()),
       ", \"workers\": [", absl::StrJoin(workers, ", "), "], \"workers_lost\": ",
       s.workers_lost(), ", \"runs\": ", s.runs(), ", \"steps_lost\": ", s.steps_lost(),
+      ", \"stragglers\": [", absl::StrJoin(stragglers, ", "), "], \"stragglers_dropped\": ",
+      s.stragglers_dropped(),
       ", \"test_accuracy\": ", JsonNumber(t.accuracy()),
       ", \"precision\": ", JsonNumber(t.precision()), ", \"recall\": ", JsonNumber(t.recall()),
       ", \"f1\": ", JsonNumber(t.f1()), ", \"test_loss\": ", JsonNumber(t.loss()),
@@ -953,6 +957,9 @@ std::string FormatProgressLine(const v1::JobStatus& s, double steps_per_sec) {
   if (steps_per_sec > 0 && s.total_steps() > s.step()) {
     absl::StrAppend(&line, "  ETA ",
                     FormatDuration((s.total_steps() - s.step()) / steps_per_sec));
+  }
+  if (s.stragglers_size() > 0) {
+    absl::StrAppend(&line, "  waiting for ", absl::StrJoin(s.stragglers(), ", "));
   }
   return line;
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "absl/random/random.h"
@@ -91,6 +92,8 @@ struct Coordinator::Member {
   double loss = 0, train_accuracy = 0, samples_per_sec = 0;
   bool finished = false;
   v1::EvalMetrics eval;
+  int64_t run_steps = 0;          // As its heartbeats last said.
+  absl::Time steps_changed_at;    // When run_steps last changed (or the run began).
 };
 
 struct Coordinator::Job {
@@ -440,7 +443,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& worker_id,
-                                                             const std::string& job_id) {
+                                                             const std::string& job_id,
+                                                             const std::string& run_id,
+                                                             int64_t run_steps) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", run_id));
   PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", worker_id));
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
@@ -460,11 +466,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   }
   // The job whose assignment is published for this worker, if any.
   const Job* current = nullptr;
-  const Member* member = nullptr;
+  Member* member = nullptr;
   if (!worker.job_id.empty()) {
     Job* job = FindJob(worker.job_id);
     if (job != nullptr && job->phase == Phase::kRunning) {
-      for (const Member& m : job->members) {
+      for (Member& m : job->members) {
         if (m.worker_id == worker_id && !m.finished) member = &m;
       }
       if (member != nullptr) current = job;
@@ -478,6 +484,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   if (current == nullptr) {
     response.set_action(v1::HeartbeatResponse::ACTION_IDLE);
     return response;
+  }
+  if (run_steps >= 0 && run_id == current->run_id) {
+    if (run_steps != member->run_steps) {
+      member->run_steps = run_steps;
+      member->steps_changed_at = Now();
+    }
   }
   response.set_action(v1::HeartbeatResponse::ACTION_RUN);
   v1::Assignment* a = response.mutable_assignment();
@@ -609,7 +621,10 @@ CoordinatorStats Coordinator::Stats() const {
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     stats.jobs_by_state[s] = 0;
   }
-  for (const auto& [id, job] : jobs_) stats.jobs_by_state[job->status.state()]++;
+  for (const auto& [id, job] : jobs_) {
+    stats.jobs_by_state[job->status.state()]++;
+    if (job->phase == Phase::kRunning) stats.stragglers += job->status.stragglers_size();
+  }
   for (const auto& [id, w] : workers_) {
     stats.workers_registered++;
     if (w->alive) stats.workers_alive++;
@@ -727,6 +742,7 @@ void Coordinator::Finish(Job& job, v1::JobState state, const std::string& reason
   job.status.set_finished_unix_ms(ToUnixMs(Now()));
   job.status.set_samples_per_sec(0);
   job.status.clear_workers();
+  job.status.clear_stragglers();
   job.phase = Phase::kDone;
   for (const Member& m : job.members) {
     auto it = workers_.find(m.worker_id);
@@ -784,6 +800,7 @@ void Coordinator::BackgroundLoop() {
 void Coordinator::Tick() {
   absl::MutexLock tick_lock(&tick_mu_);
   DropDeadWorkers();
+  FindStragglers();
   CheckShards();
   SyncMembership();
   StartQueuedJobs();
@@ -810,6 +827,54 @@ void Coordinator::DropDeadWorkers() {
   }
   ForgetDeadWorkers();
   RefreshQueueReasons();
+}
+
+void Coordinator::FindStragglers() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  for (const std::string& id : job_order_) {
+    Job& job = *jobs_.at(id);
+    if (job.phase != Phase::kRunning) continue;
+    int64_t lead = 0;
+    for (const Member& m : job.members) lead = std::max(lead, m.run_steps);
+    const bool sync = job.status.spec().mode() == v1::CONSISTENCY_SYNC ||
+                      job.status.spec().mode() == v1::CONSISTENCY_UNSPECIFIED;
+    std::vector<std::string> stragglers, drop;
+    for (const Member& m : job.members) {
+      if (m.finished) continue;
+      auto w = workers_.find(m.worker_id);
+      const bool silent =
+          w != workers_.end() && now - w->second->last_heartbeat > 3 * options_.heartbeat_interval;
+      const absl::Duration stalled = now - m.steps_changed_at;
+      const bool behind = m.run_steps < lead && stalled > options_.straggler_report_after;
+      if (sync && behind && options_.straggler_timeout > absl::ZeroDuration() &&
+          stalled > options_.straggler_timeout && job.members.size() > 1) {
+        drop.push_back(absl::StrCat(m.worker_id, "|", m.run_steps, "|", lead, "|",
+                                    absl::FormatDuration(stalled)));
+      } else if (silent || behind) {
+        stragglers.push_back(m.worker_id);
+      }
+    }
+    if (!std::equal(stragglers.begin(), stragglers.end(), job.status.stragglers().begin(),
+                    job.status.stragglers().end())) {
+      job.status.mutable_stragglers()->Assign(stragglers.begin(), stragglers.end());
+      if (!stragglers.empty()) {
+        Log(absl::StrCat(id, ": straggler", stragglers.size() == 1 ? " " : "s ",
+                         absl::StrJoin(stragglers, ", ")));
+      }
+      Touch(job);
+    }
+    for (const std::string& d : drop) {
+      const std::vector<std::string> f = absl::StrSplit(d, '|');
+      auto w = workers_.find(f[0]);
+      if (w != workers_.end()) w->second->job_id.clear();
+      job.status.set_stragglers_dropped(job.status.stragglers_dropped() + 1);
+      RemoveMember(job, f[0],
+                   absl::StrCat("a straggler: ", f[1], " steps while the others reached ", f[2],
+                                ", no progress for ", f[3], " (--straggler-timeout-s)"));
+      if (job.phase != Phase::kRunning) break;
+    }
+  }
 }
 
 void Coordinator::CheckShards() {
@@ -914,6 +979,7 @@ void Coordinator::StartQueuedJobs() {
         Member m;
         m.worker_id = w->id;
         m.rank = static_cast<int>(r);
+        m.steps_changed_at = Now();
         job.members.push_back(m);
         work.members.push_back(w->id);
       }

@@ -119,6 +119,7 @@ struct CoordinatorStats {
   std::map<v1::JobState, int> jobs_by_state;
   int workers_alive = 0;
   int workers_registered = 0;
+  int stragglers = 0;  // Over running jobs.
   int64_t max_model_version = 0;  // Highest model version read at a checkpoint.
 };
 
@@ -141,6 +142,13 @@ class Coordinator {
     // resumes from its latest checkpoint on every shard, as a new run.
     absl::Duration shard_check_interval = absl::Seconds(1);
     absl::Duration shard_check_timeout = absl::Seconds(2);
+    // Stragglers: a member silent for three heartbeat intervals, or behind
+    // the others' steps (heartbeat run_steps) without progress for
+    // straggler_report_after, is listed in JobStatus.stragglers; in sync
+    // mode one behind for straggler_timeout is dropped like a dead worker
+    // (zero: never).
+    absl::Duration straggler_report_after = absl::Seconds(5);
+    absl::Duration straggler_timeout = absl::Seconds(60);
     absl::Duration heartbeat_timeout = absl::Seconds(10);
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // Every shard's ParameterService address, index = shard (sent to workers).
@@ -211,8 +219,12 @@ class Coordinator {
       const v1::WorkerInfo& info, const std::string& previous_worker_id = "");
   // Records the heartbeat and says what the worker must do. An unknown
   // worker id gets ACTION_REREGISTER (not an error).
+  // `run_id` and `run_steps` (HeartbeatRequest): the run the worker trains
+  // and the steps it completed in it, for straggler detection.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
-                                                  const std::string& job_id);
+                                                  const std::string& job_id,
+                                                  const std::string& run_id = "",
+                                                  int64_t run_steps = -1);
   // Records a worker's progress, test shard or error. Returns true when the
   // worker must stop (job cancelled, failed or the worker is no longer a
   // member). NOT_FOUND for an unknown worker or job; INVALID_ARGUMENT for
@@ -261,6 +273,7 @@ class Coordinator {
 
   // Tick phases.
   void DropDeadWorkers();
+  void FindStragglers();
   void CheckShards();
   void SyncMembership();
   void StartQueuedJobs();

@@ -73,6 +73,9 @@ ABSL_FLAG(int, checkpoint_interval_s, 60,
           "Checkpoint every running job at least this often, besides after every epoch "
           "(0 = after epochs only): a crash of server 0 loses at most about this much training");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept per job");
+ABSL_FLAG(int, straggler_timeout_s, 60,
+          "In sync mode, drop a member whose steps stay behind the others' this long, like a "
+          "dead worker (0 = never); stragglers are listed in the job's status after 5 s");
 
 // Limits: what one request or client can make this server hold
 // (docs/ARCHITECTURE.md, "Limits"). Beyond a size limit a request is
@@ -196,6 +199,13 @@ class ServerMetrics {
                       .Help("Registered workers with a recent heartbeat")
                       .Register(*registry_)
                       .Add({});
+      stragglers_ = &BuildGauge()
+                         .Name("pstrain_server_stragglers")
+                         .Help(
+                             "Members of running jobs holding the others back (silent for three "
+                             "heartbeat intervals, or behind the others' steps)")
+                         .Register(*registry_)
+                         .Add({});
       workers_lost_ = &BuildCounter()
                            .Name("pstrain_server_workers_lost_total")
                            .Help(
@@ -229,6 +239,7 @@ class ServerMetrics {
     if (coordinator_ == nullptr) return;
     const pstrain::CoordinatorStats c = coordinator_->Stats();
     workers_->Set(c.workers_alive);
+    stragglers_->Set(c.stragglers);
     std::map<std::string, int> counts;
     for (const auto& [state, count] : c.jobs_by_state) {
       std::string name = pstrain::v1::JobState_Name(state);
@@ -298,6 +309,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* staleness_family_;
   prometheus::Family<prometheus::Gauge>* model_version_;
   prometheus::Gauge* workers_ = nullptr;
+  prometheus::Gauge* stragglers_ = nullptr;
   prometheus::Counter* workers_lost_ = nullptr;
   std::map<std::string, prometheus::Gauge*> jobs_;
 
@@ -351,8 +363,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0) {
     return Fail("--heartbeat-timeout-ms and --heartbeat-interval-ms must be > 0");
   }
-  if (absl::GetFlag(FLAGS_checkpoint_interval_s) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 1) {
-    return Fail("--checkpoint-interval-s must be >= 0 and --keep-checkpoints >= 1");
+  if (absl::GetFlag(FLAGS_checkpoint_interval_s) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 1 ||
+      absl::GetFlag(FLAGS_straggler_timeout_s) < 0) {
+    return Fail(
+        "--checkpoint-interval-s and --straggler-timeout-s must be >= 0, --keep-checkpoints >= 1");
   }
   pstrain::JobLimits job_limits;
   job_limits.max_parameters = absl::GetFlag(FLAGS_max_job_parameters);
@@ -433,6 +447,7 @@ int main(int argc, char** argv) {
     options.state_dir = absl::GetFlag(FLAGS_state_dir);
     options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
     options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    options.straggler_timeout = absl::Seconds(absl::GetFlag(FLAGS_straggler_timeout_s));
     options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
     options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
     options.shard_addresses = shard_addresses;

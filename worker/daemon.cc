@@ -161,6 +161,7 @@ struct WorkerDaemon::Runner {
 
   const std::string job_id;  // Constant.
   const std::string run_id;  // Constant.
+  std::atomic<int64_t> steps{0};  // Completed in this run (sent with heartbeats).
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> done{false};
@@ -426,7 +427,14 @@ absl::Status WorkerDaemon::Run() {
     }
     v1::HeartbeatRequest request;
     request.set_worker_id(worker_id);
-    request.set_job_id(current_job());
+    {
+      absl::MutexLock lock(&mu_);
+      if (runner_ != nullptr && !runner_->done.load()) {
+        request.set_job_id(runner_->job_id);
+        request.set_run_id(runner_->run_id);
+        request.set_run_steps(runner_->steps.load());
+      }
+    }
     v1::HeartbeatResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
@@ -590,8 +598,9 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   int resyncs_seen = 0;
   RemoteUpdater* updater_ptr = nullptr;
   Trainer* trainer_ptr = nullptr;  // Set whenever the trainer is (re)built below.
-  updater_options.on_step = [metrics, &resyncs_seen, &updater_ptr,
+  updater_options.on_step = [metrics, runner, &resyncs_seen, &updater_ptr,
                              &trainer_ptr](const StepTimings& t) {
+    runner->steps.fetch_add(1);
     metrics->ObserveStep(t);
     if (trainer_ptr != nullptr) {
       metrics->ObserveData(trainer_ptr->last_data_wait_seconds(),

@@ -212,6 +212,37 @@ TEST_F(DistributedTrainingTest, KillNineOfAShardMidJobResumesFromTheCheckpoint) 
       << cluster.Logs();
 }
 
+// Issue 9: a worker stopped with SIGSTOP (alive to the kernel, silent to the
+// cluster) holds a sync job. It is listed as a straggler in the status,
+// then dropped at the heartbeat timeout; the job SUCCEEDS on the other.
+TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
+  LocalCluster cluster({.shards = 1, .workers = 2, .heartbeat_timeout_ms = 6000});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 2);
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
+  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 20)) << cluster.Logs();
+  cluster.worker(1).Kill(SIGSTOP);
+
+  bool reported = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!reported && absl::Now() < deadline) {
+    CommandResult s = cluster.Cli({"status", job_id, "--json"});
+    reported = absl::StrContains(s.LastLine(), "\"stragglers\": [\"worker-2\"]");
+    if (!reported) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(reported) << cluster.Logs();
+
+  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
+  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  auto s = ParseJson(status.LastLine());
+  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << status.output;
+  cluster.worker(1).Kill(SIGCONT);
+}
+
 TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   LocalCluster cluster({.shards = 1, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();

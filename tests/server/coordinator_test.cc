@@ -1054,6 +1054,80 @@ TEST_F(CoordinatorTest, AJobAShardLostResumesFromItsCheckpointAsANewRun) {
   EXPECT_TRUE(logged);
 }
 
+// Issue 9: a straggler (alive but slow, or stopped) held a sync job without
+// a word. One behind the others' steps is listed after
+// straggler_report_after and, in sync mode, dropped after
+// straggler_timeout; a silent one is listed after three heartbeat
+// intervals (and dropped at the heartbeat timeout, as before).
+TEST_F(CoordinatorTest, StragglersAreListedThenDroppedInSyncMode) {
+  tweak_options_ = [](Coordinator::Options* o) {
+    o->heartbeat_timeout = absl::Seconds(100);
+    o->straggler_report_after = absl::Seconds(5);
+    o->straggler_timeout = absl::Seconds(60);
+  };
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(3, &w);
+  const std::string run = Beat(w[0]).assignment().run_id();
+  auto beat = [&](int i, int64_t steps) {
+    ASSERT_OK(coordinator_->Heartbeat(w[i], job, run, steps).status());
+  };
+  beat(0, 10);
+  beat(1, 10);
+  beat(2, 9);
+  now_ += absl::Seconds(6);
+  beat(0, 10);
+  beat(1, 10);
+  beat(2, 9);
+  coordinator_->Tick();
+  EXPECT_THAT(Status(job).stragglers(), ElementsAre(w[2]));
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status(job).workers_size(), 3);
+
+  // w[1] goes silent too: listed after three intervals (1.5 s here).
+  now_ += absl::Seconds(2);
+  beat(0, 10);
+  beat(2, 9);
+  coordinator_->Tick();
+  EXPECT_THAT(Status(job).stragglers(), ElementsAre(w[1], w[2]));
+  beat(1, 10);
+
+  now_ += absl::Seconds(55);
+  beat(0, 10);
+  beat(1, 10);
+  beat(2, 9);
+  coordinator_->Tick();
+  const v1::JobStatus status = Status(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(status.workers(), ElementsAre(w[0], w[1]));
+  EXPECT_EQ(status.stragglers_dropped(), 1);
+  EXPECT_TRUE(status.stragglers().empty());
+  EXPECT_EQ(Beat(w[2], job).action(), v1::HeartbeatResponse::ACTION_STOP);
+}
+
+TEST_F(CoordinatorTest, AsyncStragglersAreListedButNotDropped) {
+  tweak_options_ = [](Coordinator::Options* o) {
+    o->heartbeat_timeout = absl::Seconds(100);
+    o->straggler_timeout = absl::Seconds(10);
+  };
+  Restart();
+  v1::JobSpec spec = TinyJob(2);
+  spec.set_mode(v1::CONSISTENCY_ASYNC);
+  ASSERT_OK_AND_ASSIGN(std::string job, coordinator_->SubmitJob(spec));
+  const std::string a = Register(), b = Register();
+  coordinator_->Tick();
+  const std::string run = Beat(a).assignment().run_id();
+  for (int i = 0; i < 3; ++i) {
+    now_ += absl::Seconds(8);
+    ASSERT_OK(coordinator_->Heartbeat(a, job, run, 100 + i).status());
+    ASSERT_OK(coordinator_->Heartbeat(b, job, run, 5).status());
+    coordinator_->Tick();
+  }
+  EXPECT_THAT(Status(job).stragglers(), ElementsAre(b));
+  EXPECT_EQ(Status(job).workers_size(), 2);
+  EXPECT_EQ(Status(job).stragglers_dropped(), 0);
+}
+
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
   auto id = coordinator_->SubmitJob(TinyJob(1));
   ASSERT_TRUE(id.ok());
