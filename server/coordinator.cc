@@ -940,11 +940,14 @@ void Coordinator::SyncMembership() {
   for (const Change& c : changes) {
     absl::Status s = shards_->SetMembers(c.job_id, c.members, c.generation);
     if (s.ok()) continue;
+    // Some shards may have the new member set and others not: rather than
+    // train on mixed generations, start a new run from the checkpoint, which
+    // configures every shard afresh (a shard that stays down then fails the
+    // resume with its error).
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(c.job_id);
     if (job.phase == Phase::kRunning) {
-      Finish(job, v1::JOB_STATE_FAILED,
-             absl::StrCat("could not update the shards' member set: ", s.message()));
+      RequeueRun(job, absl::StrCat("could not update the shards' member set (", s.message(), ")"));
     }
   }
 }

@@ -56,6 +56,7 @@ class FakeShard {
   std::vector<std::string> dropped ABSL_GUARDED_BY(mu);
   int set_members_calls ABSL_GUARDED_BY(mu) = 0;
   bool fail_configure ABSL_GUARDED_BY(mu) = false;
+  bool fail_set_members ABSL_GUARDED_BY(mu) = false;
   bool add_momentum ABSL_GUARDED_BY(mu) = false;
   std::vector<v1::ReadChunksRequest> reads ABSL_GUARDED_BY(mu);
 };
@@ -74,6 +75,7 @@ class FakeShardClient final : public ShardClient {
   }
   absl::Status SetMembers(const v1::SetMembersRequest& request) override {
     absl::MutexLock lock(&shard_->mu);
+    if (shard_->fail_set_members) return absl::UnavailableError("fake shard is down");
     auto it = shard_->jobs.find(request.job_id());
     if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
     it->second.members.assign(request.members().begin(), request.members().end());
@@ -1126,6 +1128,40 @@ TEST_F(CoordinatorTest, AsyncStragglersAreListedButNotDropped) {
   EXPECT_THAT(Status(job).stragglers(), ElementsAre(b));
   EXPECT_EQ(Status(job).workers_size(), 2);
   EXPECT_EQ(Status(job).stragglers_dropped(), 0);
+}
+
+// Issue 9: a SetMembers that failed on one shard left the shards on mixed
+// generations (and failed the job). The job starts a new run from its
+// checkpoint instead, which configures every shard afresh.
+TEST_F(CoordinatorTest, AMembershipChangeOneShardMissedStartsANewRun) {
+  MakeController(2);
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    fakes_[1]->fail_set_members = true;
+  }
+  now_ += absl::Milliseconds(1500);
+  Beat(w[0], job);
+  now_ += absl::Milliseconds(1000);  // w[1] silent for 2.5 s > 2 s.
+  coordinator_->Tick();              // Drops w[1]; shard 1 misses the change.
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    fakes_[1]->fail_set_members = false;
+  }
+  coordinator_->Tick();
+  const v1::JobStatus status = Status(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_QUEUED) << status.reason();
+  // The survivor takes the job up again once another worker joins.
+  Register();
+  Beat(w[0]);
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status(job).runs(), 2);
+  absl::MutexLock lock(&fakes_[0]->mu);
+  absl::MutexLock lock1(&fakes_[1]->mu);
+  EXPECT_EQ(fakes_[0]->jobs.at(job).generation, fakes_[1]->jobs.at(job).generation);
 }
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
