@@ -915,20 +915,19 @@ std::string JobStatusJson(const v1::JobStatus& s) {
   }
   return absl::StrCat(
       "{\"job_id\": ", JsonString(s.job_id()), ", \"name\": ", JsonString(s.name()),
-      ", \"state\": ", JsonString(JobStateName(s.state())), ", \"reason\": ",
-      JsonString(s.reason()), ", \"epoch\": ", s.epoch(), ", \"epochs\": ", s.spec().epochs(),
-      ", \"step\": ", s.step(), ", \"total_steps\": ", s.total_steps(),
-      ", \"loss\": ", JsonNumber(s.loss()), ", \"train_accuracy\": ",
-      JsonNumber(s.train_accuracy()), ", \"samples_per_sec\": ", JsonNumber(s.samples_per_sec()),
-      ", \"workers\": [", absl::StrJoin(workers, ", "), "], \"workers_lost\": ",
-      s.workers_lost(), ", \"runs\": ", s.runs(), ", \"steps_lost\": ", s.steps_lost(),
-      ", \"stragglers\": [", absl::StrJoin(stragglers, ", "), "], \"stragglers_dropped\": ",
-      s.stragglers_dropped(),
+      ", \"state\": ", JsonString(JobStateName(s.state())),
+      ", \"reason\": ", JsonString(s.reason()), ", \"epoch\": ", s.epoch(),
+      ", \"epochs\": ", s.spec().epochs(), ", \"step\": ", s.step(),
+      ", \"total_steps\": ", s.total_steps(), ", \"loss\": ", JsonNumber(s.loss()),
+      ", \"train_accuracy\": ", JsonNumber(s.train_accuracy()),
+      ", \"samples_per_sec\": ", JsonNumber(s.samples_per_sec()), ", \"workers\": [",
+      absl::StrJoin(workers, ", "), "], \"workers_lost\": ", s.workers_lost(),
+      ", \"runs\": ", s.runs(), ", \"steps_lost\": ", s.steps_lost(), ", \"stragglers\": [",
+      absl::StrJoin(stragglers, ", "), "], \"stragglers_dropped\": ", s.stragglers_dropped(),
       ", \"test_accuracy\": ", JsonNumber(t.accuracy()),
       ", \"precision\": ", JsonNumber(t.precision()), ", \"recall\": ", JsonNumber(t.recall()),
       ", \"f1\": ", JsonNumber(t.f1()), ", \"test_loss\": ", JsonNumber(t.loss()),
-      ", \"test_samples\": ", t.samples(), ", \"confusion\": [", absl::StrJoin(rows, ", "),
-      "]}");
+      ", \"test_samples\": ", t.samples(), ", \"confusion\": [", absl::StrJoin(rows, ", "), "]}");
 }
 
 std::string FormatProgressLine(const v1::JobStatus& s, double steps_per_sec) {
@@ -972,10 +971,10 @@ std::string FormatFinalReport(const v1::JobStatus& s) {
                                            s.epoch(), s.step(), s.loss(), s.train_accuracy(),
                                            s.workers_lost()));
   if (s.runs() > 1) {
-    absl::StrAppend(&report, absl::StrFormat("  resumed %d time%s from a checkpoint, %d steps "
-                                             "trained again\n",
-                                             s.runs() - 1, s.runs() == 2 ? "" : "s",
-                                             s.steps_lost()));
+    absl::StrAppend(&report,
+                    absl::StrFormat("  resumed %d time%s from a checkpoint, %d steps "
+                                    "trained again\n",
+                                    s.runs() - 1, s.runs() == 2 ? "" : "s", s.steps_lost()));
   }
   if (s.state() == v1::JOB_STATE_SUCCEEDED && s.has_test()) {
     const v1::EvalMetrics& t = s.test();

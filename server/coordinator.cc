@@ -12,15 +12,13 @@
 #include <set>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
-#include "absl/random/random.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
@@ -92,8 +90,8 @@ struct Coordinator::Member {
   double loss = 0, train_accuracy = 0, samples_per_sec = 0;
   bool finished = false;
   v1::EvalMetrics eval;
-  int64_t run_steps = 0;          // As its heartbeats last said.
-  absl::Time steps_changed_at;    // When run_steps last changed (or the run began).
+  int64_t run_steps = 0;        // As its heartbeats last said.
+  absl::Time steps_changed_at;  // When run_steps last changed (or the run began).
 };
 
 struct Coordinator::Job {
@@ -209,8 +207,6 @@ void Coordinator::Log(const std::string& line) const {
     std::cerr << "pstrain-server: " << line << std::endl;
   }
 }
-
-
 
 absl::Status Coordinator::LoadState() {
   if (options_.state_dir.empty()) return absl::OkStatus();
@@ -434,7 +430,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   response.set_heartbeat_interval_ms(
       static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   for (const std::string& a : shard_addresses_) response.add_shards(a);
-  Log(absl::StrCat(worker->id, worker->id == previous_worker_id ? ": registered again (" : ": registered (",
+  Log(absl::StrCat(worker->id,
+                   worker->id == previous_worker_id ? ": registered again (" : ": registered (",
                    info.hostname(), ", ", info.backend(), ")"));
   workers_[worker->id] = std::move(worker);
   RefreshQueueReasons();
@@ -1072,14 +1069,16 @@ void Coordinator::StartQueuedJobs() {
     if (job.status.started_unix_ms() == 0) job.status.set_started_unix_ms(ToUnixMs(Now()));
     job.status.set_reason(absl::StrCat(
         "training on ", job.members.size(), " worker", job.members.size() == 1 ? "" : "s",
-        work.resume ? absl::StrCat(" (run ", job.status.runs(), ", resumed from the checkpoint of "
-                                   "epoch ", start_epoch, ", step ", start_step, "; ",
+        work.resume ? absl::StrCat(" (run ", job.status.runs(),
+                                   ", resumed from the checkpoint of "
+                                   "epoch ",
+                                   start_epoch, ", step ", start_step, "; ",
                                    job.status.steps_lost(), " steps lost so far)")
                     : std::string()));
     RefreshAggregates(job);
     Touch(job);
-    Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "),
-                     " (run ", job.run_id, ", generation ", work.generation,
+    Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "), " (run ",
+                     job.run_id, ", generation ", work.generation,
                      work.resume ? absl::StrCat(", from epoch ", start_epoch, " step ", start_step)
                                  : std::string(),
                      ")"));
@@ -1111,7 +1110,8 @@ void Coordinator::WriteDueCheckpoints() {
                  job.status.epoch() < job.status.spec().epochs()) {
         // (After the last epoch the final checkpoint follows the evaluation.)
         work.kind = CheckpointWork::kEpoch;
-      } else if (job.phase == Phase::kRunning && options_.checkpoint_interval > absl::ZeroDuration() &&
+      } else if (job.phase == Phase::kRunning &&
+                 options_.checkpoint_interval > absl::ZeroDuration() &&
                  Now() - job.last_checkpoint_time >= options_.checkpoint_interval &&
                  job.status.epoch() < job.status.spec().epochs()) {
         work.kind = CheckpointWork::kInterval;
@@ -1184,9 +1184,10 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
   // ReadModel: a cut at one version where the mode has one and training
   // goes on (sync, average); else every chunk as it is.
   const v1::ConsistencyMode mode = work.spec.mode();
-  const bool cut = (work.kind == CheckpointWork::kEpoch || work.kind == CheckpointWork::kInterval) &&
-                   (mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_UNSPECIFIED ||
-                    mode == v1::CONSISTENCY_AVERAGE);
+  const bool cut =
+      (work.kind == CheckpointWork::kEpoch || work.kind == CheckpointWork::kInterval) &&
+      (mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_UNSPECIFIED ||
+       mode == v1::CONSISTENCY_AVERAGE);
   ModelSnapshot snapshot;
   if (cut) {
     PSTRAIN_ASSIGN_OR_RETURN(const int64_t version, shards_->MaxVersion(work.job_id));
@@ -1207,8 +1208,7 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
   if (cut && sync) {
     step = snapshot.max_version;
     if (work.steps_per_epoch > 0) {
-      epoch = static_cast<int>(
-          std::min<int64_t>(step / work.steps_per_epoch, work.spec.epochs()));
+      epoch = static_cast<int>(std::min<int64_t>(step / work.steps_per_epoch, work.spec.epochs()));
     }
   }
   v1::Checkpoint ckpt;

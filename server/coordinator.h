@@ -119,7 +119,7 @@ struct CoordinatorStats {
   std::map<v1::JobState, int> jobs_by_state;
   int workers_alive = 0;
   int workers_registered = 0;
-  int stragglers = 0;  // Over running jobs.
+  int stragglers = 0;             // Over running jobs.
   int64_t max_model_version = 0;  // Highest model version read at a checkpoint.
 };
 

@@ -192,9 +192,8 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<v1::HeartbeatResponse> r =
-      coordinator_->Heartbeat(request->worker_id(), request->job_id(), request->run_id(),
-                              request->run_steps());
+  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(
+      request->worker_id(), request->job_id(), request->run_id(), request->run_steps());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;

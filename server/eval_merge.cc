@@ -31,10 +31,9 @@ absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& work
   const int64_t allowed = budget.samples_left;
   // `what` names the count and its verb ("a count of 7 exceeds").
   auto too_many = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", worker_id, ": ", what,
-                                                   " the ", std::max<int64_t>(allowed, 0),
-                                                   " test samples left for this shard (",
-                                                   budget.bound_source, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_shard of ", worker_id, ": ", what, " the ", std::max<int64_t>(allowed, 0),
+        " test samples left for this shard (", budget.bound_source, ")"));
   };
   int64_t total = 0;  // <= n * n * max(allowed, 0): no overflow.
   for (int64_t c : eval.confusion()) {

@@ -54,8 +54,7 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobStore::LoadJobs() const {
     found.emplace_back(n, id);
   }
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot list ", jobs_dir.string(), ": ", ec.message()));
+    return absl::InternalError(absl::StrCat("cannot list ", jobs_dir.string(), ": ", ec.message()));
   }
   std::sort(found.begin(), found.end());
   for (const auto& [n, id] : found) {

@@ -322,8 +322,7 @@ class JobState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status AwaitClock(const PullArgs& args, absl::Time deadline);
   // The chunk's values, version and optimizer slots as they are now.
-  absl::StatusOr<v1::ChunkValues> Snapshot(const Chunk& chunk)
-      ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
+  absl::StatusOr<v1::ChunkValues> Snapshot(const Chunk& chunk) ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
   // Takes the chunk's snapshot when it has just reached a wanted cut.
   absl::Status CaptureIfWanted(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   int64_t MinClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -900,15 +899,15 @@ absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks(
     return out;
   }
   if (!barrier_mode()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id_, " runs in ", ModeName(mode_),
-        " mode: its chunks have no common version to cut at (read them as they are)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id_, " runs in ", ModeName(mode_),
+                     " mode: its chunks have no common version to cut at (read them as they are)"));
   }
   const int64_t version = options.at_version;
   auto past = [&](const Chunk& chunk) {
     return absl::FailedPreconditionError(absl::StrCat(Describe(chunk), " is at version ",
-                                                      chunk.version, ", past the cut at ",
-                                                      version, "; cut at a later version"));
+                                                      chunk.version, ", past the cut at ", version,
+                                                      "; cut at a later version"));
   };
   // Phase 1: every chunk at the version is taken now; the others are asked
   // to capture themselves when an update brings them there.
@@ -940,7 +939,8 @@ absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks(
                                                       chunk.version, "; the cut at version ",
                                                       version, " was not reached in time"));
     }
-    if (chunk.membership->dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
+    if (chunk.membership->dropped)
+      return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
     if (!chunk.captured.has_value()) return past(chunk);  // Another cut replaced this one.
     out[i] = *std::move(chunk.captured);
     chunk.captured.reset();
@@ -1063,8 +1063,8 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
 }
 
 absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const std::string& job_id,
-                                                                      ReadOptions options,
-                                                                      absl::Time deadline) {
+                                                                        ReadOptions options,
+                                                                        absl::Time deadline) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);

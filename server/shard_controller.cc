@@ -272,7 +272,7 @@ absl::StatusOr<int64_t> ShardController::MaxVersion(const std::string& job_id) {
 }
 
 std::vector<int> ShardController::ShardsMissingJob(const std::string& job_id,
-                                                  absl::Duration timeout) {
+                                                   absl::Duration timeout) {
   std::vector<int> missing;
   for (int s = 0; s < num_shards(); ++s) {
     absl::StatusOr<bool> has = shards_[s]->HasJob(job_id, timeout);
@@ -287,8 +287,8 @@ absl::StatusOr<ModelSnapshot> ShardController::ReadModel(const std::string& job_
 }
 
 absl::StatusOr<ModelSnapshot> ShardController::ReadModelAt(const std::string& job_id,
-                                                           const ModelGraph& graph,
-                                                           int64_t version, absl::Duration wait) {
+                                                           const ModelGraph& graph, int64_t version,
+                                                           absl::Duration wait) {
   v1::ReadChunksRequest request;
   request.set_job_id(job_id);
   request.set_at_version(version);

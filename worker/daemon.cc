@@ -512,8 +512,9 @@ void WorkerDaemon::StartRunner(const v1::Assignment& assignment) {
   Log(absl::StrCat(assignment.job_id(), ": rank ", assignment.rank(), " of ",
                    assignment.world_size(), ", run ", runner->run_id, ", generation ",
                    assignment.generation(), ", from epoch ", assignment.start_epoch(),
-                   assignment.start_step() > 0 ? absl::StrCat(" (step ", assignment.start_step(), ")")
-                                               : std::string()));
+                   assignment.start_step() > 0
+                       ? absl::StrCat(" (step ", assignment.start_step(), ")")
+                       : std::string()));
   absl::MutexLock lock(&mu_);
   runner_ = runner;
   runner->thread = std::thread([this, runner] { RunAssignment(runner.get()); });
@@ -676,8 +677,8 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
         if (into > 0 && into < trainer->steps_per_epoch()) first_step = into;
         global_step = epoch * trainer->steps_per_epoch() + first_step;
         if (first_step > 0) {
-          Log(absl::StrCat(runner->job_id, ": resuming epoch ", epoch + 1, " at step ",
-                           first_step, " of ", trainer->steps_per_epoch()));
+          Log(absl::StrCat(runner->job_id, ": resuming epoch ", epoch + 1, " at step ", first_step,
+                           " of ", trainer->steps_per_epoch()));
         }
       }
       trainer->set_global_step(global_step);

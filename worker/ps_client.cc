@@ -35,8 +35,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/wire.h"
 
@@ -271,8 +271,8 @@ class PullCall final : public GenericReactor {
   };
 
   PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
-           v1::ChunkHeader request, std::vector<Dest> dests, RetryPolicy retry,
-           int attempt = 0, int64_t min_version = std::numeric_limits<int64_t>::max())
+           v1::ChunkHeader request, std::vector<Dest> dests, RetryPolicy retry, int attempt = 0,
+           int64_t min_version = std::numeric_limits<int64_t>::max())
       : shard_(std::move(shard)),
         op_(std::move(op)),
         request_header_(std::move(request)),

@@ -22,16 +22,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
 #include "common/chunking.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/shard_fixtures.h"
-#include "tests/testing/status_matchers.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
+#include "tests/testing/shard_fixtures.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -291,7 +290,6 @@ TEST(PsClientTest, BadArgumentsFailWithoutACall) {
             absl::StatusCode::kInvalidArgument);
 }
 
-
 // --- Exactly-once updates (issue 9) -------------------------------------------
 
 // Cuts push streams at random frames, before or after the frame is applied,
@@ -350,9 +348,8 @@ RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
   Cluster cluster(mode, 2, {"w0", "w1"}, service_options);
   std::unique_ptr<PsClient> clients[2] = {cluster.Client("w0"), cluster.Client("w1")};
   const bool barrier = mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_AVERAGE;
-  const auto kind =
-      mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
-                                      : v1::ChunkHeader::KIND_GRADIENT;
+  const auto kind = mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
+                                                    : v1::ChunkHeader::KIND_GRADIENT;
   auto values_of = [&](int worker, int step) {
     std::vector<std::vector<float>> v = cluster.Buffers(0.0f);
     for (size_t id = 0; id < v.size(); ++id) {
@@ -375,9 +372,8 @@ RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
       push(0, step);
       second.join();
       std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
-      EXPECT_OK(clients[0]
-                    ->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, 0, Dests(pulled))
-                    ->Wait());
+      EXPECT_OK(
+          clients[0]->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, 0, Dests(pulled))->Wait());
     } else {
       push(0, step);
       push(1, step);

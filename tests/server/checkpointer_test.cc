@@ -54,10 +54,12 @@ class CheckpointerTest : public ::testing::Test {
 TEST_F(CheckpointerTest, KeepsTheNewestAndModelCkptIsAlwaysTheNewest) {
   Checkpointer checkpoints = Make(/*keep=*/2);
   EXPECT_FALSE(checkpoints.HasCheckpoint("job-1"));
-  EXPECT_THAT(checkpoints.LoadLatest("job-1").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.ckpt")));
+  EXPECT_THAT(checkpoints.LoadLatest("job-1").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.ckpt")));
   for (int64_t step : {10, 20, 30}) {
     ASSERT_OK(checkpoints.Write("job-1", AtStep(step)));
-    ASSERT_OK_AND_ASSIGN(v1::Checkpoint latest, ReadCheckpointFile(checkpoints.LatestPath("job-1")));
+    ASSERT_OK_AND_ASSIGN(v1::Checkpoint latest,
+                         ReadCheckpointFile(checkpoints.LatestPath("job-1")));
     EXPECT_EQ(latest.step(), step);
   }
   const std::vector<std::string> kept = checkpoints.List("job-1");
@@ -81,11 +83,13 @@ TEST_F(CheckpointerTest, AnUnreadableNewestCheckpointFallsBackToTheOneBefore) {
     f.seekp(-3, std::ios::end);
     f.write("XYZ", 3);
   }
-  EXPECT_THAT(ReadCheckpointFile(newest).status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("")));
+  EXPECT_THAT(ReadCheckpointFile(newest).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("")));
   ASSERT_OK_AND_ASSIGN(v1::Checkpoint loaded, checkpoints.LoadLatest("job-1"));
   EXPECT_EQ(loaded.step(), 10);
   bool said = false;
-  for (const std::string& line : log_) said |= line.find("using the older checkpoint") != std::string::npos;
+  for (const std::string& line : log_)
+    said |= line.find("using the older checkpoint") != std::string::npos;
   EXPECT_TRUE(said);
 }
 
@@ -100,8 +104,7 @@ TEST_F(CheckpointerTest, AWriteKilledHalfwayLeavesThePreviousCheckpointAndItsDeb
   const fs::path job_dir = checkpoints.JobDir("job-1");
   const std::vector<std::string> debris = {
       (job_dir / "checkpoints" / "ckpt-00000002.ckpt.tmp.4242.0").string(),
-      (job_dir / "model.ckpt.tmp.link.4242").string(),
-      (job_dir / "status.pb.tmp.4242.1").string()};
+      (job_dir / "model.ckpt.tmp.link.4242").string(), (job_dir / "status.pb.tmp.4242.1").string()};
   for (const std::string& path : debris) std::ofstream(path) << "half a checkpoint";
   ASSERT_OK_AND_ASSIGN(v1::Checkpoint loaded, checkpoints.LoadLatest("job-1"));
   EXPECT_EQ(loaded.step(), 10);

@@ -963,11 +963,11 @@ TEST_F(CoordinatorTest, ARunningSyncJobIsCheckpointedEveryIntervalAtACut) {
     EXPECT_TRUE(cut) << "no read at version 7";
   }
   // Not again before the next interval.
-  const size_t files = fs::exists(state_dir_ + "/jobs/" + job + "/checkpoints")
-                           ? std::distance(fs::directory_iterator(state_dir_ + "/jobs/" + job +
-                                                                  "/checkpoints"),
-                                           fs::directory_iterator())
-                           : 0;
+  const size_t files =
+      fs::exists(state_dir_ + "/jobs/" + job + "/checkpoints")
+          ? std::distance(fs::directory_iterator(state_dir_ + "/jobs/" + job + "/checkpoints"),
+                          fs::directory_iterator())
+          : 0;
   now_ += absl::Seconds(30);
   Beat(w[0], job);
   coordinator_->Tick();
@@ -1052,7 +1052,8 @@ TEST_F(CoordinatorTest, AJobAShardLostResumesFromItsCheckpointAsANewRun) {
     EXPECT_EQ(fakes_[1]->jobs.count(job), 1u);  // Configured again.
   }
   bool logged = false;
-  for (const std::string& line : log_) logged |= line.find("no longer holds the job") != std::string::npos;
+  for (const std::string& line : log_)
+    logged |= line.find("no longer holds the job") != std::string::npos;
   EXPECT_TRUE(logged);
 }
 

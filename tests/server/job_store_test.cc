@@ -68,7 +68,8 @@ TEST_F(JobStoreTest, TheWorkerIdCounterRoundTrips) {
   ASSERT_OK_AND_ASSIGN(next, JobStore(dir_).LoadNextWorkerId());
   EXPECT_EQ(next, 42);
   std::ofstream(dir_ + "/next_worker_id") << "-3";
-  EXPECT_THAT(store.LoadNextWorkerId().status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("next_worker_id")));
+  EXPECT_THAT(store.LoadNextWorkerId().status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("next_worker_id")));
 }
 
 TEST_F(JobStoreTest, WithoutAStateDirectoryNothingIsStored) {

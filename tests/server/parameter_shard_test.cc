@@ -428,8 +428,7 @@ TEST(ParameterShardCutTest, ACutReturnsEveryChunkAsItWasAtTheVersion) {
       ASSERT_EQ(*push(c, 0, 1.f), 1);
     }
   }
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> a_at_1,
-                       shard.ReadChunks(job.config.job_id));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> a_at_1, shard.ReadChunks(job.config.job_id));
   std::vector<v1::ChunkValues> cut;
   absl::Status cut_status;
   std::thread reader([&] {
@@ -441,8 +440,7 @@ TEST(ParameterShardCutTest, ACutReturnsEveryChunkAsItWasAtTheVersion) {
   absl::SleepFor(absl::Milliseconds(50));
   // Chunk b reaches version 1 (captured then); then both move on to 2.
   ASSERT_EQ(*push(b, 0, 2.f), 1);
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> b_at_1,
-                       shard.ReadChunks(job.config.job_id));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> b_at_1, shard.ReadChunks(job.config.job_id));
   reader.join();
   ASSERT_OK(cut_status);
   for (int c : job.plan.by_shard[0]) ASSERT_EQ(*push(c, 1, 3.f), 2);
@@ -465,10 +463,10 @@ TEST(ParameterShardCutTest, ACutOfAVersionAlreadyPassedOrNeverReachedFails) {
   ASSERT_EQ(*shard.Push(job.Args("worker-a", a, 1), {1.f, 1.f, 1.f}), 2);
   EXPECT_THAT(shard.ReadChunks(job.config.job_id, {.at_version = 1}, absl::Now()).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("past the cut")));
-  EXPECT_THAT(shard.ReadChunks(job.config.job_id, {.at_version = 3},
-                               absl::Now() + absl::Milliseconds(30))
-                  .status(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not reached")));
+  EXPECT_THAT(
+      shard.ReadChunks(job.config.job_id, {.at_version = 3}, absl::Now() + absl::Milliseconds(30))
+          .status(),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not reached")));
   // Versions only: ids and versions, no values.
   ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> versions,
                        shard.ReadChunks(job.config.job_id, {.versions_only = true}));
