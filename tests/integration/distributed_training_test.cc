@@ -144,6 +144,23 @@ bool WaitForStep(LocalCluster& cluster, const std::string& job_id, double step,
   return false;
 }
 
+// Submits `job` in sync mode on 2 workers (no watch); its id.
+std::string SubmitSync(LocalCluster& cluster, const std::string& job) {
+  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
+  EXPECT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
+  return StringField(ParseJson(submit.LastLine()), "job_id");
+}
+
+// Watches `job_id` to its end and returns its final status (JSON).
+google::protobuf::Struct WatchToTheEnd(LocalCluster& cluster, const std::string& job_id) {
+  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
+  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
+  CommandResult status = cluster.Cli({"status", job_id, "--json"});
+  google::protobuf::Struct s = ParseJson(status.LastLine());
+  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  return s;
+}
+
 // Issue 9: kill -9 of server 0 (coordinator and the only shard) in the
 // middle of an epoch, then a restart with the same --state-dir. The job
 // resumes from its latest checkpoint, with optimizer state and data
@@ -160,20 +177,14 @@ TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckp
   auto undisturbed = SubmitAndWatch(cluster, job, "sync", 2, &code);
   ASSERT_EQ(StringField(undisturbed, "state"), "SUCCEEDED") << cluster.Logs();
 
-  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
-  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
-  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
   ASSERT_TRUE(cluster.RestartServer(0)) << cluster.Logs();
 
-  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
-  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
-  CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  auto s = ParseJson(status.LastLine());
-  ASSERT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
-  EXPECT_EQ(NumberField(s, "runs"), 2) << status.output;
-  EXPECT_GE(NumberField(s, "steps_lost"), 0) << status.output;
-  EXPECT_LT(NumberField(s, "steps_lost"), 50) << status.output;  // Less than an epoch.
+  auto s = WatchToTheEnd(cluster, job_id);
+  EXPECT_EQ(NumberField(s, "runs"), 2) << cluster.Logs();
+  EXPECT_GE(NumberField(s, "steps_lost"), 0);
+  EXPECT_LT(NumberField(s, "steps_lost"), 50);  // Less than an epoch.
   EXPECT_NEAR(NumberField(s, "test_accuracy"), NumberField(undisturbed, "test_accuracy"), 0.005)
       << cluster.Logs();
   // The same worker processes trained the resumed run, under their old ids.
@@ -194,19 +205,13 @@ TEST_F(DistributedTrainingTest, KillNineOfAShardMidJobResumesFromTheCheckpoint) 
   LocalCluster cluster({.shards = 2, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
   std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 3);
-  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
-  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
-  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
   ASSERT_TRUE(cluster.RestartServer(1)) << cluster.Logs();
 
-  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
-  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
-  CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  auto s = ParseJson(status.LastLine());
-  ASSERT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
-  EXPECT_EQ(NumberField(s, "runs"), 2) << status.output;
-  EXPECT_LT(NumberField(s, "steps_lost"), 50) << status.output;
+  auto s = WatchToTheEnd(cluster, job_id);
+  EXPECT_EQ(NumberField(s, "runs"), 2) << cluster.Logs();
+  EXPECT_LT(NumberField(s, "steps_lost"), 50);
   EXPECT_GT(NumberField(s, "test_accuracy"), 0.6) << cluster.Logs();
   EXPECT_TRUE(absl::StrContains(cluster.server(0).output(), "no longer holds the job"))
       << cluster.Logs();
@@ -219,9 +224,7 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
   LocalCluster cluster({.shards = 1, .workers = 2, .heartbeat_timeout_ms = 6000});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
   std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 2);
-  CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
-  ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
-  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 20)) << cluster.Logs();
   cluster.worker(1).Kill(SIGSTOP);
 
@@ -234,12 +237,8 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
   }
   EXPECT_TRUE(reported) << cluster.Logs();
 
-  CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
-  EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
-  CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  auto s = ParseJson(status.LastLine());
-  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
-  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << status.output;
+  auto s = WatchToTheEnd(cluster, job_id);
+  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
   cluster.worker(1).Kill(SIGCONT);
 }
 
