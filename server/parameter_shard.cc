@@ -315,7 +315,7 @@ class JobState {
   absl::Status ApplyGradient(Chunk& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status AwaitClock(const PullArgs& args, absl::Time deadline);
-  int64_t MinClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinClock() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Constant after Init.
   std::string job_id_;
