@@ -269,9 +269,10 @@ class PstrainBench {
     std::fill(pulled_.begin(), pulled_.end(), 0.0f);
     auto pull = client_->Pull(v1::ChunkHeader::KIND_PARAMETERS, round_ + 1, 0, dests_);
     auto push = client_->Push(v1::ChunkHeader::KIND_PARAMETERS, round_, 0, refs_);
-    const bool ok = Check(push->Wait()) & Check(pull->Wait());
+    const bool pushed = Check(push->Wait());  // Both waits run, whatever the first says.
+    const bool pulled = Check(pull->Wait());
     ++round_;
-    return ok && Verify();
+    return pushed && pulled && Verify();
   }
 
   int64_t model_bytes() const { return static_cast<int64_t>(params_.size() * sizeof(float)); }

@@ -325,7 +325,7 @@ class JobState {
   absl::StatusOr<v1::ChunkValues> Snapshot(const Chunk& chunk) ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
   // Takes the chunk's snapshot when it has just reached a wanted cut.
   absl::Status CaptureIfWanted(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  int64_t MinClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinClock() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Constant after Init.
   std::string job_id_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/grpc_order.h"
 #include "common/rpc/wire.h"
 #include "common/status_macros.h"
 #include "pstrain/v1/service.grpc.pb.h"
@@ -248,10 +249,12 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       : owner_(owner), credential_(std::move(credential)) {
     StartSendInitialMetadata();
     reading_ = true;
+    BeforeGrpc(&read_buffer_);
     StartRead(&read_buffer_);
   }
 
   void OnReadDone(bool ok) override {
+    GrpcReaction reaction(this, &read_buffer_);
     bool start_read = false, start_drain = false;
     std::optional<grpc::Status> finish;
     {
@@ -267,12 +270,16 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       }
       finish = MaybeFinishLocked();
     }
-    if (start_read) StartRead(&read_buffer_);
+    if (start_read) {
+      BeforeGrpc(&read_buffer_);
+      StartRead(&read_buffer_);
+    }
     if (start_drain) owner_->executor()->Schedule([this] { Drain(); });
     if (finish) DoFinish(*finish);
   }
 
   void OnCancel() override {
+    GrpcReaction reaction(this, this);
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
@@ -286,8 +293,13 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     if (finish) DoFinish(*finish);
   }
 
-  void OnWriteDone(bool) override {}
-  void OnDone() override { delete this; }
+  void OnWriteDone(bool) override { GrpcReaction reaction(this, &reply_buffer_); }
+  void OnDone() override {
+    AfterGrpc(this);
+    AfterGrpc(&read_buffer_);
+    AfterGrpc(&reply_buffer_);
+    delete this;
+  }
 
  private:
   static constexpr size_t kMaxQueuedFrames = 4;
@@ -310,7 +322,10 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
           if (!reading_ && !reads_done_) start_read = reading_ = true;
         }
       }
-      if (start_read) StartRead(&read_buffer_);
+      if (start_read) {
+        BeforeGrpc(&read_buffer_);
+        StartRead(&read_buffer_);
+      }
       if (!took) {
         // Nothing taken: this thread leaves; `this` may be deleted after DoFinish.
         if (finish) DoFinish(*finish);
@@ -402,6 +417,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
 
   // Called once, outside mu_, as the last touch of `this` by its caller.
   void DoFinish(const grpc::Status& status) {
+    BeforeGrpc(this);
     if (!status.ok()) {
       Finish(status);
       return;
@@ -415,6 +431,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       Finish(ToGrpcStatus(encoded));
       return;
     }
+    BeforeGrpc(&reply_buffer_);
     StartWriteAndFinish(&reply_buffer_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
@@ -454,10 +471,12 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
         credential_(Authorizer::WorkerCredentialOf(*ctx)),
         deadline_(absl::FromChrono(ctx->deadline())) {
     StartSendInitialMetadata();
+    BeforeGrpc(&request_);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
+    GrpcReaction reaction(this, &request_);
     if (!ok) {
       absl::MutexLock lock(&mu_);
       if (got_request_) return;  // Half-close after the request: expected.
@@ -476,10 +495,11 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
       }
       owner_->executor()->Schedule([this] { Produce(); });
     }
-    if (finish) Finish(*finish);
+    if (finish) FinishCall(*finish);
   }
 
   void OnWriteDone(bool ok) override {
+    GrpcReaction reaction(this, &current_);
     std::optional<grpc::Status> finish;
     bool write_next = false;
     {
@@ -493,16 +513,22 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
       write_next = StartNextWriteLocked();
       finish = MaybeFinishLocked();
     }
-    if (write_next) StartWrite(&current_);
-    if (finish) Finish(*finish);
+    if (write_next) WriteCurrent();
+    if (finish) FinishCall(*finish);
   }
 
   void OnCancel() override {
+    GrpcReaction reaction(this, this);
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    AfterGrpc(this);
+    AfterGrpc(&request_);
+    AfterGrpc(&current_);
+    delete this;
+  }
 
  private:
   // On the executor: decodes the request and sends what is ready.
@@ -547,7 +573,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
       producing_done_ = true;
       finish = MaybeFinishLocked();
     }
-    if (finish) Finish(*finish);  // Last touch of `this` by this thread.
+    if (finish) FinishCall(*finish);  // Last touch of `this` by this thread.
   }
 
   absl::Status DecodeRequest() {
@@ -622,7 +648,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
         queue_.back().Swap(&frame);
         write_now = StartNextWriteLocked();
       }
-      if (write_now) StartWrite(&current_);
+      if (write_now) WriteCurrent();
     }
     return true;
   }
@@ -643,6 +669,15 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
         return chunk;
       }
     }
+  }
+
+  void WriteCurrent() {
+    BeforeGrpc(&current_);
+    StartWrite(&current_);
+  }
+  void FinishCall(const grpc::Status& status) {
+    BeforeGrpc(this);
+    Finish(status);
   }
 
   // Moves the next queued frame into current_ if no write is outstanding.
@@ -688,8 +723,14 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
 // Ends the call at once with `status` (unknown method, not authorized).
 class RefusingReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit RefusingReactor(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
+  explicit RefusingReactor(const grpc::Status& status) {
+    BeforeGrpc(this);
+    Finish(status);
+  }
+  void OnDone() override {
+    AfterGrpc(this);
+    delete this;
+  }
 };
 
 }  // namespace

@@ -165,12 +165,33 @@ struct WorkerDaemon::Runner {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<bool> done{false};
-  std::atomic<bool> report_in_flight{false};
 
   absl::Mutex mu;
   v1::Assignment assignment ABSL_GUARDED_BY(mu);         // The latest one.
   RemoteUpdater* updater ABSL_GUARDED_BY(mu) = nullptr;  // While training.
   PsClient* client ABSL_GUARDED_BY(mu) = nullptr;
+  // A ReportProgressAsync call whose callback has not finished yet.
+  bool report_in_flight ABSL_GUARDED_BY(mu) = false;
+
+  // Takes the one slot for an asynchronous report; false when it is taken.
+  bool BeginReport() {
+    absl::MutexLock lock(&mu);
+    if (report_in_flight) return false;
+    report_in_flight = true;
+    return true;
+  }
+  // The callback's last touch of this Runner (and of the daemon).
+  void EndReport() {
+    absl::MutexLock lock(&mu);
+    report_in_flight = false;
+  }
+  // Waits until no asynchronous report is in flight; false if one still is
+  // at `deadline` (absl::InfiniteFuture(): wait as long as it takes).
+  bool AwaitNoReport(absl::Time deadline) {
+    absl::MutexLock lock(&mu);
+    return mu.AwaitWithDeadline(absl::Condition(this, &Runner::NoReportInFlight), deadline);
+  }
+  bool NoReportInFlight() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return !report_in_flight; }
 
   void Cancel() {
     stop.store(true);
@@ -293,8 +314,9 @@ WorkerDaemon::~WorkerDaemon() {
   }
   if (runner != nullptr) {
     if (runner->thread.joinable()) runner->thread.join();
-    // An asynchronous progress report may still hold the stub.
-    while (runner->report_in_flight.load()) absl::SleepFor(absl::Milliseconds(5));
+    // An asynchronous progress report may still hold the stub: its callback
+    // runs by the call's deadline (rpc_timeout) and must find both alive.
+    runner->AwaitNoReport(absl::InfiniteFuture());
   }
 }
 
@@ -741,7 +763,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
 }
 
 void WorkerDaemon::ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request) {
-  if (runner->report_in_flight.exchange(true)) return;  // One at a time; this one is dropped.
+  if (!runner->BeginReport()) return;  // One at a time; this one is dropped.
   struct Call {
     grpc::ClientContext ctx;
     v1::ReportProgressRequest request;
@@ -758,13 +780,17 @@ void WorkerDaemon::ReportProgressAsync(Runner* runner, v1::ReportProgressRequest
           runner->Cancel();
         }
         delete call;
-        runner->report_in_flight.store(false);
+        runner->EndReport();
       });
 }
 
 void WorkerDaemon::SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request_in) {
   // Wait for a periodic report still in flight, so that the final one is last.
-  while (runner->report_in_flight.load()) absl::SleepFor(absl::Milliseconds(5));
+  // Its call ends by its own deadline (rpc_timeout); past that and a margin
+  // the final report goes anyway.
+  if (!runner->AwaitNoReport(absl::Now() + options_.rpc_timeout + absl::Seconds(5))) {
+    Log(absl::StrCat(runner->job_id, ": a progress report is still in flight; final report sent"));
+  }
   v1::ReportProgressRequest request = request_in;
   request.set_worker_id(worker_id());
   absl::Duration backoff = absl::Milliseconds(100);

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/grpc_order.h"
 #include "common/rpc/wire.h"
 
 namespace pstrain {
@@ -190,18 +191,25 @@ class PushCall final : public GenericReactor {
 
   void Start() {
     shard_->push_stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(), this);
+    BeforeGrpc(&reply_);
     StartRead(&reply_);
     WriteNext();
+    BeforeGrpc(this);
     StartCall();
   }
 
-  void OnReadInitialMetadataDone(bool ok) override { reached_server_ = ok; }
+  void OnReadInitialMetadataDone(bool ok) override {
+    GrpcReaction reaction(this, this);
+    reached_server_ = ok;
+  }
 
   void OnWriteDone(bool ok) override {
+    GrpcReaction reaction(this, &buffer_);
     if (ok) WriteNext();  // Else the stream broke: the status comes in OnDone.
   }
 
   void OnReadDone(bool ok) override {
+    GrpcReaction reaction(this, &reply_);
     if (!ok) return;
     v1::ChunkHeader reply;
     PayloadView payload;
@@ -209,6 +217,9 @@ class PushCall final : public GenericReactor {
   }
 
   void OnDone(const grpc::Status& status) override {
+    AfterGrpc(this);
+    AfterGrpc(&reply_);
+    AfterGrpc(&buffer_);
     const absl::Status result = CallStatus(status, reached_server_, shard_->address, "push");
     const absl::Duration backoff = RetryBackoff(attempt_ + 1);
     if (!encode_failed_ && RetryableCall(result) && absl::Now() + backoff < retry_.deadline) {
@@ -225,6 +236,7 @@ class PushCall final : public GenericReactor {
  private:
   void WriteNext() {
     if (next_ == frames_.size()) {
+      BeforeGrpc(this);
       StartWritesDone();
       return;
     }
@@ -243,6 +255,7 @@ class PushCall final : public GenericReactor {
       ctx_.TryCancel();
       return;
     }
+    BeforeGrpc(&buffer_);
     StartWrite(&buffer_);
   }
 
@@ -293,15 +306,22 @@ class PullCall final : public GenericReactor {
       error_ = request_status_;
       ctx_.TryCancel();
     } else {
+      BeforeGrpc(&request_);
       StartWriteLast(&request_, grpc::WriteOptions());
+      BeforeGrpc(&reply_);
       StartRead(&reply_);
     }
+    BeforeGrpc(this);
     StartCall();
   }
 
-  void OnReadInitialMetadataDone(bool ok) override { reached_server_ = ok; }
+  void OnReadInitialMetadataDone(bool ok) override {
+    GrpcReaction reaction(this, this);
+    reached_server_ = ok;
+  }
 
   void OnReadDone(bool ok) override {
+    GrpcReaction reaction(this, &reply_);
     if (!ok) return;  // End of stream: the status comes in OnDone.
     absl::Status status = Receive();
     if (!status.ok()) {
@@ -309,10 +329,14 @@ class PullCall final : public GenericReactor {
       ctx_.TryCancel();
       return;
     }
+    BeforeGrpc(&reply_);
     StartRead(&reply_);
   }
 
   void OnDone(const grpc::Status& status) override {
+    AfterGrpc(this);
+    AfterGrpc(&request_);
+    AfterGrpc(&reply_);
     absl::Status result = error_;
     if (result.ok()) result = CallStatus(status, reached_server_, shard_->address, "pull");
     if (result.ok() && next_ != dests_.size()) {

@@ -29,6 +29,10 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(docker.io mmdebstrap iproute2)
   # deploy/local/fuzz.sh: clang with libFuzzer and the sanitizer runtimes.
   PACKAGES+=(clang libclang-rt-dev)
+  # deploy/local/sanitize.sh: clang's OpenMP runtime and its TSan tool
+  # libarcher (the kernels' OpenMP loops under clang); dpkg-source (from
+  # build-essential's dpkg-dev) unpacks abseil's Debian source package.
+  PACKAGES+=(libomp-dev dpkg-dev)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/

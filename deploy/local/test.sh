@@ -2,8 +2,10 @@
 # The README's test command: installs what the build needs, builds everything
 # (warnings as errors) and runs the whole GoogleTest suite through ctest, then
 # the fuzzing step (deploy/local/fuzz.sh: the parsers' tests under ASan and
-# UBSan and a bounded run of every fuzz target). GPU tests skip themselves
-# when no GPU is present.
+# UBSan and a bounded run of every fuzz target), then the concurrency checks
+# (deploy/local/sanitize.sh: the lock annotations under clang's
+# -Wthread-safety, the unit and loopback tests under ThreadSanitizer). GPU
+# tests skip themselves when no GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh
@@ -20,3 +22,4 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j "$(nproc)")
 deploy/local/fuzz.sh
+deploy/local/sanitize.sh

@@ -124,7 +124,10 @@ class ChildProcess {
   // the process exited without printing it.
   bool WaitForOutput(const std::string& needle, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto found = [&] { return output_.find(needle) != std::string::npos || eof_; };
+    auto found = [&] {
+      mu_.AssertReaderHeld();  // Await calls it with mu_ held.
+      return output_.find(needle) != std::string::npos || eof_;
+    };
     mu_.AwaitWithTimeout(absl::Condition(&found), timeout);
     return output_.find(needle) != std::string::npos;
   }

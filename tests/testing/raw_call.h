@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/grpc_order.h"
 
 namespace pstrain::testing {
 
@@ -33,23 +34,32 @@ class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byt
     RawCall call(std::move(requests));
     call.ctx_.set_deadline(DeadlineFromNow(timeout));
     stub->PrepareBidiStreamingCall(&call.ctx_, method, grpc::StubOptions(), &call);
+    BeforeGrpc(&call.reply_);
     call.StartRead(&call.reply_);
     call.WriteNext();
+    BeforeGrpc(&call);
     call.StartCall();
     call.done_.WaitForNotification();
     if (replies != nullptr) *replies = std::move(call.replies_);
     return call.status_;
   }
 
+  // Writes are keyed by requests_ (grpc_order.h).
   void OnWriteDone(bool ok) override {
+    GrpcReaction reaction(this, &requests_);
     if (ok) WriteNext();
   }
   void OnReadDone(bool ok) override {
+    GrpcReaction reaction(this, &reply_);
     if (!ok) return;
     replies_.push_back(reply_);
+    BeforeGrpc(&reply_);
     StartRead(&reply_);
   }
   void OnDone(const grpc::Status& status) override {
+    AfterGrpc(this);
+    AfterGrpc(&reply_);
+    AfterGrpc(&requests_);
     status_ = status;
     done_.Notify();
   }
@@ -58,10 +68,13 @@ class RawCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byt
   explicit RawCall(std::vector<grpc::ByteBuffer> requests) : requests_(std::move(requests)) {}
   void WriteNext() {
     if (next_ == requests_.size()) {
+      BeforeGrpc(this);
       StartWritesDone();
       return;
     }
-    StartWrite(&requests_[next_++]);
+    const grpc::ByteBuffer* request = &requests_[next_++];
+    BeforeGrpc(&requests_);  // After every change this write's OnWriteDone may see.
+    StartWrite(request);
   }
 
   grpc::ClientContext ctx_;
