@@ -905,6 +905,7 @@ absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadChunks(
   }
   const int64_t version = options.at_version;
   auto past = [&](const Chunk& chunk) {
+    chunk.mu.AssertReaderHeld();
     return absl::FailedPreconditionError(absl::StrCat(Describe(chunk), " is at version ",
                                                       chunk.version, ", past the cut at ", version,
                                                       "; cut at a later version"));
