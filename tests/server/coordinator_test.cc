@@ -1160,9 +1160,13 @@ TEST_F(CoordinatorTest, AMembershipChangeOneShardMissedStartsANewRun) {
   coordinator_->Tick();
   EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Status(job).runs(), 2);
-  absl::MutexLock lock(&fakes_[0]->mu);
-  absl::MutexLock lock1(&fakes_[1]->mu);
-  EXPECT_EQ(fakes_[0]->jobs.at(job).generation, fakes_[1]->jobs.at(job).generation);
+  int64_t generations[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    FakeShard& shard = *fakes_[s];
+    absl::MutexLock lock(&shard.mu);
+    generations[s] = shard.jobs.at(job).generation;
+  }
+  EXPECT_EQ(generations[0], generations[1]);
 }
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
