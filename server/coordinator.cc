@@ -1057,24 +1057,29 @@ void Coordinator::StartQueuedJobs() {
     job.start_step = start_step;
     job.last_checkpoint_epoch = start_epoch;
     job.last_checkpoint_time = Now();
-    job.status.set_runs(job.status.runs() + 1);
-    job.run_id = absl::StrFormat("%s.%d.%016x", work.job_id, job.status.runs(), incarnation_);
-    if (work.resume) {
+    // A restart loses the steps since its checkpoint, or all of them when
+    // the job had none yet.
+    const bool restart = job.status.runs() > 0;
+    if (restart) {
       job.status.set_steps_lost(job.status.steps_lost() +
                                 std::max<int64_t>(0, work.step_before - start_step));
     }
+    job.status.set_runs(job.status.runs() + 1);
+    job.run_id = absl::StrFormat("%s.%d.%016x", work.job_id, job.status.runs(), incarnation_);
     job.status.set_state(v1::JOB_STATE_RUNNING);
     job.status.set_epoch(start_epoch);
     job.status.set_step(start_step);
     if (job.status.started_unix_ms() == 0) job.status.set_started_unix_ms(ToUnixMs(Now()));
     job.status.set_reason(absl::StrCat(
         "training on ", job.members.size(), " worker", job.members.size() == 1 ? "" : "s",
-        work.resume ? absl::StrCat(" (run ", job.status.runs(),
-                                   ", resumed from the checkpoint of "
-                                   "epoch ",
-                                   start_epoch, ", step ", start_step, "; ",
-                                   job.status.steps_lost(), " steps lost so far)")
-                    : std::string()));
+        !restart ? std::string()
+        : work.resume
+            ? absl::StrCat(" (run ", job.status.runs(), ", resumed from the checkpoint of epoch ",
+                           start_epoch, ", step ", start_step, "; ", job.status.steps_lost(),
+                           " steps lost so far)")
+            : absl::StrCat(" (run ", job.status.runs(),
+                           ", started again from the beginning: no checkpoint yet; ",
+                           job.status.steps_lost(), " steps lost so far)")));
     RefreshAggregates(job);
     Touch(job);
     Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "), " (run ",

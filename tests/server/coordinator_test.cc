@@ -1057,6 +1057,29 @@ TEST_F(CoordinatorTest, AJobAShardLostResumesFromItsCheckpointAsANewRun) {
   EXPECT_TRUE(logged);
 }
 
+// Seen in bench/chaos.sh: a shard lost before the job's first checkpoint
+// started the job again from the beginning with steps_lost 0.
+TEST_F(CoordinatorTest, ARestartBeforeTheFirstCheckpointCountsEveryStepAsLost) {
+  MakeController(2);
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, 7, 0.5, 0.5, 10)).status());
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    fakes_[1]->jobs.erase(job);  // Shard 1 restarted empty.
+  }
+  now_ += absl::Seconds(2);
+  Beat(w[0], job);
+  coordinator_->Tick();
+  const v1::JobStatus status = Status(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.runs(), 2);
+  EXPECT_EQ(status.steps_lost(), 7);
+  EXPECT_EQ(status.step(), 0);
+  EXPECT_THAT(status.reason(), HasSubstr("started again from the beginning: no checkpoint yet"));
+}
+
 // Issue 9: a straggler (alive but slow, or stopped) held a sync job without
 // a word. One behind the others' steps is listed after
 // straggler_report_after and, in sync mode, dropped after
