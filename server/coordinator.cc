@@ -799,6 +799,7 @@ void Coordinator::Tick() {
   DropDeadWorkers();
   FindStragglers();
   CheckShards();
+  DropStrayJobs();
   SyncMembership();
   StartQueuedJobs();
   WriteDueCheckpoints();
@@ -893,6 +894,36 @@ void Coordinator::CheckShards() {
     if (job.phase != Phase::kRunning) continue;
     RequeueRun(job, absl::StrCat(shards_->Describe(missing[0]),
                                  " no longer holds the job (it restarted)"));
+  }
+}
+
+void Coordinator::DropStrayJobs() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (Now() - last_stray_check_ < options_.stray_job_check_interval) return;
+    last_stray_check_ = Now();
+  }
+  for (int s = 0; s < shards_->num_shards(); ++s) {
+    absl::StatusOr<std::vector<std::string>> held =
+        shards_->ListJobs(s, options_.shard_check_timeout);
+    if (!held.ok()) continue;  // Down or restarting: asked again next time.
+    for (const std::string& id : *held) {
+      std::string why;
+      {
+        absl::MutexLock lock(&mu_);
+        const Job* job = FindJob(id);
+        if (job == nullptr) {
+          why = "a job this server does not know";
+        } else if (job->phase == Phase::kDone && !job->shards_configured && !job->save_on_stop) {
+          why = absl::StrCat("it ended (", v1::JobState_Name(job->status.state()), ")");
+        }
+      }
+      if (why.empty()) continue;
+      const absl::Status dropped = shards_->DropJobOn(s, id);
+      Log(absl::StrCat(id, ": ", dropped.ok() ? "dropped from " : "could not drop it from ",
+                       shards_->Describe(s), ": ", why,
+                       dropped.ok() ? "" : absl::StrCat(" (", dropped.message(), ")")));
+    }
   }
 }
 

@@ -142,6 +142,11 @@ class Coordinator {
     // resumes from its latest checkpoint on every shard, as a new run.
     absl::Duration shard_check_interval = absl::Seconds(1);
     absl::Duration shard_check_timeout = absl::Seconds(2);
+    // How often every shard lists its jobs (the first time at start): a job
+    // that ended, or that this server does not know, is dropped from it
+    // (it ended while this server or the shard was down, or its DropJob
+    // failed).
+    absl::Duration stray_job_check_interval = absl::Seconds(30);
     // Stragglers: a member silent for three heartbeat intervals, or behind
     // the others' steps (heartbeat run_steps) without progress for
     // straggler_report_after, is listed in JobStatus.stragglers; in sync
@@ -275,6 +280,7 @@ class Coordinator {
   void DropDeadWorkers();
   void FindStragglers();
   void CheckShards();
+  void DropStrayJobs();
   void SyncMembership();
   void StartQueuedJobs();
   void WriteDueCheckpoints();
@@ -322,6 +328,7 @@ class Coordinator {
   std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.
   absl::Time last_shard_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_stray_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread background_;

@@ -1011,6 +1011,15 @@ absl::Status ParameterShard::DropJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+std::vector<std::string> ParameterShard::JobIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  ids.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<const float> values) {
   std::shared_ptr<Job> job;
   {

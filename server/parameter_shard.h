@@ -178,6 +178,8 @@ class ParameterShard {
                           int64_t generation);
   // Forgets the job; blocked pulls fail with ABORTED.
   absl::Status DropJob(const std::string& job_id);
+  // The ids of the jobs held, sorted.
+  std::vector<std::string> JobIds() const;
 
   // Validates and applies (or records, until its barrier completes) one
   // chunk. Returns the chunk's version after the call.

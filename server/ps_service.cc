@@ -192,6 +192,13 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
       return ToGrpcStatus(shard_->DropJob(request->job_id()));
     }
 
+    grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListShardJobsRequest* request,
+                          v1::ListShardJobsResponse* response) override {
+      if (grpc::Status s = Admit(*ctx, "ListJobs", *request); !s.ok()) return s;
+      for (std::string& id : shard_->JobIds()) response->add_job_ids(std::move(id));
+      return grpc::Status::OK;
+    }
+
     grpc::Status ReadChunks(grpc::ServerContext* ctx, const v1::ReadChunksRequest* request,
                             grpc::ServerWriter<v1::ChunkValues>* writer) override {
       if (grpc::Status s = Admit(*ctx, "ReadChunks", *request); !s.ok()) return s;

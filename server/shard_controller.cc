@@ -52,6 +52,9 @@ class LocalShardClient final : public ShardClient {
     PSTRAIN_RETURN_IF_ERROR(chunks.status());
     return true;
   }
+  absl::StatusOr<std::vector<std::string>> ListJobs(absl::Duration) override {
+    return shard_->JobIds();
+  }
   std::string Describe() const override {
     return absl::StrCat("local shard ", shard_->shard_index());
   }
@@ -129,6 +132,15 @@ class RemoteShardClient final : public ShardClient {
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) return false;
     PSTRAIN_RETURN_IF_ERROR(FromGrpc(status, absl::StrCat(Describe(), " ReadChunks")));
     return true;
+  }
+  absl::StatusOr<std::vector<std::string>> ListJobs(absl::Duration timeout) override {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::ListShardJobsRequest request;
+    v1::ListShardJobsResponse response;
+    PSTRAIN_RETURN_IF_ERROR(FromGrpc(stub_->ListJobs(&context, request, &response),
+                                     absl::StrCat(Describe(), " ListJobs")));
+    return std::vector<std::string>(response.job_ids().begin(), response.job_ids().end());
   }
   std::string Describe() const override { return absl::StrCat("shard ", address_); }
 

@@ -60,6 +60,8 @@ class ShardClient {
   // restarted and lost it); the call's error when it does not answer within
   // `timeout`.
   virtual absl::StatusOr<bool> HasJob(const std::string& job_id, absl::Duration timeout) = 0;
+  // The ids of every job the shard holds.
+  virtual absl::StatusOr<std::vector<std::string>> ListJobs(absl::Duration timeout) = 0;
   // For messages: "local shard 0", "shard 127.0.0.1:7071".
   virtual std::string Describe() const = 0;
 };
@@ -132,6 +134,14 @@ class ShardController {
   // job (they restarted); shards that do not answer are not counted (they
   // may be restarting: ask again later).
   std::vector<int> ShardsMissingJob(const std::string& job_id, absl::Duration timeout);
+  // The jobs shard `shard` holds, asked within `timeout`.
+  absl::StatusOr<std::vector<std::string>> ListJobs(int shard, absl::Duration timeout) {
+    return shards_[shard]->ListJobs(timeout);
+  }
+  // Forgets the job on shard `shard` only.
+  absl::Status DropJobOn(int shard, const std::string& job_id) {
+    return shards_[shard]->DropJob(job_id);
+  }
   // For messages.
   std::string Describe(int shard) const { return shards_[shard]->Describe(); }
 

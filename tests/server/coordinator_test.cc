@@ -57,6 +57,7 @@ class FakeShard {
   int set_members_calls ABSL_GUARDED_BY(mu) = 0;
   bool fail_configure ABSL_GUARDED_BY(mu) = false;
   bool fail_set_members ABSL_GUARDED_BY(mu) = false;
+  bool fail_drop ABSL_GUARDED_BY(mu) = false;
   bool add_momentum ABSL_GUARDED_BY(mu) = false;
   std::vector<v1::ReadChunksRequest> reads ABSL_GUARDED_BY(mu);
 };
@@ -85,9 +86,17 @@ class FakeShardClient final : public ShardClient {
   }
   absl::Status DropJob(const std::string& job_id) override {
     absl::MutexLock lock(&shard_->mu);
+    if (shard_->fail_drop) return absl::UnavailableError("fake shard is down");
     shard_->jobs.erase(job_id);
     shard_->dropped.push_back(job_id);
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> ListJobs(absl::Duration) override {
+    absl::MutexLock lock(&shard_->mu);
+    if (shard_->fail_drop) return absl::UnavailableError("fake shard is down");
+    std::vector<std::string> ids;
+    for (const auto& [id, job] : shard_->jobs) ids.push_back(id);
+    return ids;
   }
   absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
                                                           absl::Duration wait) override {
@@ -1078,6 +1087,39 @@ TEST_F(CoordinatorTest, ARestartBeforeTheFirstCheckpointCountsEveryStepAsLost) {
   EXPECT_EQ(status.steps_lost(), 7);
   EXPECT_EQ(status.step(), 0);
   EXPECT_THAT(status.reason(), HasSubstr("started again from the beginning: no checkpoint yet"));
+}
+
+// Issue 9 (shard failures): a job that ended while a shard could not drop
+// it (or before server 0 restarted) stayed on that shard for good; so did
+// a job the shard held that server 0 never knew.
+TEST_F(CoordinatorTest, JobsThatEndedOrAreUnknownAreDroppedFromTheShardsAfterARestart) {
+  MakeController(2);
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    fakes_[1]->fail_drop = true;  // Shard 1 is unreachable when the job ends.
+    fakes_[1]->jobs["job-77"];    // And holds a job nobody knows.
+  }
+  ASSERT_OK(coordinator_->CancelJob(job).status());
+  coordinator_->Tick();
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    EXPECT_EQ(fakes_[1]->jobs.count(job), 1u);
+    fakes_[1]->fail_drop = false;  // Back, after server 0 went down.
+  }
+  Restart();
+  coordinator_->Tick();
+  {
+    absl::MutexLock lock(&fakes_[1]->mu);
+    EXPECT_TRUE(fakes_[1]->jobs.empty());
+  }
+  int logged = 0;
+  for (const std::string& line : log_) {
+    logged += line.find(": dropped from ") != std::string::npos;
+  }
+  EXPECT_EQ(logged, 2);
 }
 
 // Issue 9: a straggler (alive but slow, or stopped) held a sync job without

@@ -470,8 +470,16 @@ TEST_F(PsServiceTest, ConfigureJobForAnotherShardIsInvalidArgument) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_F(PsServiceTest, SetMembersAndDropJobThroughShardControl) {
+TEST_F(PsServiceTest, SetMembersListJobsAndDropJobThroughShardControl) {
   StartJob(v1::CONSISTENCY_ASYNC);
+  auto list_jobs = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::ListShardJobsResponse response;
+    EXPECT_TRUE(servers_[0]->control()->ListJobs(&ctx, v1::ListShardJobsRequest(), &response).ok());
+    return std::vector<std::string>(response.job_ids().begin(), response.job_ids().end());
+  };
+  EXPECT_EQ(list_jobs(), std::vector<std::string>{kJob});
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
@@ -496,6 +504,7 @@ TEST_F(PsServiceTest, SetMembersAndDropJobThroughShardControl) {
     ASSERT_TRUE(servers_[0]->control()->DropJob(&ctx, request, &response).ok());
   }
   EXPECT_EQ(Push(0, {Frame(h, Ones(id))}).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(list_jobs().empty());
 }
 
 // Regression (issue 8): 300 pulls waiting for a version that never comes

@@ -258,7 +258,7 @@ std::string* SecurityTest::other_certs_ = nullptr;
 TEST_F(SecurityTest, EveryRpcWithoutATokenIsUnauthenticated) {
   auto channel = Channel("");
   const std::vector<Method> methods = EveryMethod();
-  ASSERT_EQ(methods.size(), 16u);  // 10 Coordinator, 2 ParameterService, 4 ShardControl.
+  ASSERT_EQ(methods.size(), 17u);  // 10 Coordinator, 2 ParameterService, 5 ShardControl.
   for (const Method& m : methods) {
     grpc::Status status = Call(channel, m);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
