@@ -11,11 +11,15 @@
 //   PSTRAIN_ASSIGN_OR_RETURN(std::vector<float> w,
 //                            TensorProtoToFloats(loaded.parameters(0)));
 //
-// On disk a checkpoint is a v1::CheckpointFile envelope (format_version 1, the
-// serialised Checkpoint, and the zlib CRC-32 of those bytes). A write goes to a
-// temporary file beside the target, is fsync'ed, renamed over the target and
-// the directory is fsync'ed, so a reader sees either the old checkpoint or the
-// new one, never a mix, even across a crash.
+// On disk a checkpoint is written in parts (format 2, checkpoint.proto): a
+// manifest, the tensors in slices of at most 64 MiB, and an end mark, each
+// with its own zlib CRC-32, so that neither the checkpoint nor one tensor has
+// a size limit and memory holds one part at a time beyond the checkpoint.
+// Files of format 1 (one v1::CheckpointFile envelope, at most 2 GiB) are
+// still read. A write goes to a temporary file beside the target, part by
+// part, is fsync'ed, renamed over the target and the directory is fsync'ed,
+// so a reader sees either the old checkpoint or the new one, never a mix,
+// even when the writer is killed between two parts.
 //
 // Threads: every function here is thread-safe. Concurrent writers of the same
 // path each use their own temporary file; the last rename wins.
@@ -23,6 +27,7 @@
 #define PSTRAIN_COMMON_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,8 +38,18 @@
 
 namespace pstrain {
 
-// The only envelope version this build writes and reads.
+// The envelope version of format-1 files (read, no longer written).
 inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// The first bytes of a format-2 (parts) file.
+inline constexpr char kCheckpointPartsMagic[] = "PSTCKPT2";
+
+struct CheckpointWriteOptions {
+  // Largest slice of tensor data in one part (> 0); tests make it small.
+  int64_t max_part_bytes = int64_t{64} << 20;
+  // Called after each part is written (its number, from 0), before the
+  // next: tests kill the process there.
+  std::function<void(int part)> after_part;
+};
 
 // Writes `bytes` to `path` durably and atomically: a temporary file beside it,
 // fsync, rename over `path`, fsync of the directory. On error the temporary
@@ -52,14 +67,16 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
 // the path and the system error in the message: NOT_FOUND (missing
 // directory), PERMISSION_DENIED, RESOURCE_EXHAUSTED (disk full, quota), else
 // INTERNAL.
-absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& ckpt);
+absl::Status WriteCheckpointFile(const std::string& path, const v1::Checkpoint& ckpt,
+                                 const CheckpointWriteOptions& options = {});
 
-// Reads and verifies a checkpoint written by WriteCheckpointFile.
-// Errors: NOT_FOUND (no such file), DATA_LOSS (unparsable envelope or payload,
-// missing payload, "checksum mismatch: file is corrupt", a tensor whose byte count does not
-// match its shape and dtype, negative dimensions, duplicate tensor names),
-// FAILED_PRECONDITION (a format_version this build does not read). Files up
-// to 2 GiB - 1 are supported.
+// Reads and verifies a checkpoint written by WriteCheckpointFile (format 2,
+// any size) or by an older build (format 1, up to 2 GiB - 1).
+// Errors: NOT_FOUND (no such file), DATA_LOSS (unparsable envelope, part or
+// payload, missing payload or end part, "checksum mismatch: file is
+// corrupt", a tensor whose byte count does not match its shape and dtype,
+// negative dimensions, duplicate tensor names), FAILED_PRECONDITION (a
+// format_version this build does not read).
 absl::StatusOr<v1::Checkpoint> ReadCheckpointFile(const std::string& path);
 
 // A DTYPE_F32 tensor holding `product(shape)` floats read from `data`

@@ -20,8 +20,8 @@
 // LoadLatest reads the newest checkpoint and falls back to older ones when
 // it is unreadable (a CRC mismatch, a truncated file), saying so in the log.
 //
-// Checkpoints are single files: the protobuf envelope limits one to 2 GiB
-// (WriteCheckpointFile refuses a larger one with a clear error).
+// Checkpoints are single files written in parts (common/checkpoint.h): no
+// size limit, one part in memory at a time beyond the checkpoint itself.
 //
 // Threads: not thread-safe for one job; the coordinator writes from its
 // Tick thread only. Different jobs may be handled concurrently.

@@ -1,7 +1,9 @@
-// Tests for common/checkpoint.{h,cc}: bit-exact round trips, every kind of
-// damage a file can suffer (flipped bytes, truncation, foreign versions, bad
-// tensors), atomic replacement under injected write failures, and a
-// checkpoint larger than protobuf's historical 64 MiB parse limit.
+// Tests for common/checkpoint.{h,cc}: bit-exact round trips, the parts
+// format (tensors split over parts, format-1 files still read), every kind
+// of damage a file can suffer (flipped bytes, truncation, malformed parts,
+// foreign versions, bad tensors), atomic replacement under injected write
+// failures and under a kill -9 between parts, and a checkpoint larger than
+// protobuf's historical 64 MiB parse limit.
 #include "common/checkpoint.h"
 
 #include <dirent.h>
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -147,17 +150,194 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   EXPECT_THAT(ListDir(), ::testing::ElementsAre("a.ckpt"));  // No temporary left.
 }
 
-TEST_F(CheckpointTest, FileIsTheDocumentedEnvelope) {
+// One part of a format-2 file, as checkpoint.proto documents it.
+struct Part {
+  uint32_t kind;
+  std::string payload;
+  bool crc_ok;
+};
+uint64_t Le(const std::string& bytes, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<unsigned char>(bytes[at + i])} << (8 * i);
+  return v;
+}
+std::vector<Part> SplitParts(const std::string& file) {
+  std::vector<Part> parts;
+  size_t at = 8;
+  while (at + 12 <= file.size()) {
+    const uint64_t length = Le(file, at + 4, 8);
+    if (at + 12 + length + 4 > file.size()) break;
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(file.data() + at), 12 + length));
+    parts.push_back({static_cast<uint32_t>(Le(file, at, 4)), file.substr(at + 12, length),
+                     crc == Le(file, at + 12 + length, 4)});
+    at += 12 + length + 4;
+  }
+  return parts;
+}
+
+TEST_F(CheckpointTest, FileIsTheDocumentedParts) {
   v1::Checkpoint ckpt = SampleCheckpoint();
   ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt).ok());
+  const std::string file = ReadBytes(Path("a.ckpt"));
+  ASSERT_EQ(file.substr(0, 8), "PSTCKPT2");
+  const std::vector<Part> parts = SplitParts(file);
+  ASSERT_EQ(parts.size(), 7u);  // Manifest, 5 tensors, end.
+  for (const Part& p : parts) EXPECT_TRUE(p.crc_ok);
+  v1::CheckpointManifest manifest;
+  ASSERT_EQ(parts[0].kind, 1u);
+  ASSERT_TRUE(manifest.ParseFromString(parts[0].payload));
+  EXPECT_EQ(manifest.parameters(), 4);
+  EXPECT_EQ(manifest.optimizer_state(), 1);
+  EXPECT_EQ(manifest.meta().step(), ckpt.step());
+  EXPECT_EQ(manifest.meta().parameters_size(), 0);
+  v1::TensorPart tensor;
+  ASSERT_EQ(parts[1].kind, 2u);
+  ASSERT_TRUE(tensor.ParseFromString(parts[1].payload));
+  EXPECT_EQ(tensor.tensor().SerializeAsString(), ckpt.parameters(0).SerializeAsString());
+  EXPECT_EQ(tensor.offset(), 0);
+  ASSERT_EQ(parts[6].kind, 3u);
+  EXPECT_EQ(Le(parts[6].payload, 0, 8), 6u);
+  size_t total = 8;
+  for (const Part& p : parts) total += 16 + p.payload.size();
+  EXPECT_EQ(total, file.size());
+}
+
+// Issue 9: no size limit. A tensor larger than one part is split over
+// consecutive parts (64 MiB each; 100 bytes here) and read back whole.
+TEST_F(CheckpointTest, TensorsSplitOverManyPartsRoundTripBitExact) {
+  v1::Checkpoint ckpt = SampleCheckpoint();
+  CheckpointWriteOptions options;
+  options.max_part_bytes = 100;
+  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt, options).ok());
+  // fc1/weight: 2048 bytes in 21 parts; fc1/bias 48 in 1; empty 1; scalar 1;
+  // momentum 2048 in 21; plus manifest and end.
+  EXPECT_EQ(SplitParts(ReadBytes(Path("a.ckpt"))).size(), 2u + 21 + 1 + 1 + 1 + 21);
+  absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->SerializeAsString(), ckpt.SerializeAsString());
+}
+
+// Format 1 (one envelope), written by earlier builds, still reads.
+TEST_F(CheckpointTest, FormatOneEnvelopesStillRead) {
+  const v1::Checkpoint ckpt = SampleCheckpoint();
   v1::CheckpointFile envelope;
-  ASSERT_TRUE(envelope.ParseFromString(ReadBytes(Path("a.ckpt"))));
-  EXPECT_EQ(envelope.format_version(), 1u);
-  EXPECT_EQ(envelope.checkpoint(), ckpt.SerializeAsString());
-  const std::string& payload = envelope.checkpoint();
-  EXPECT_EQ(envelope.crc32(),
-            static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(payload.data()),
-                                        static_cast<uInt>(payload.size()))));
+  envelope.set_format_version(1);
+  const std::string payload = ckpt.SerializeAsString();
+  envelope.set_crc32(static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(payload.data()),
+                                                 static_cast<uInt>(payload.size()))));
+  envelope.set_checkpoint(payload);
+  WriteBytes(Path("old.ckpt"), envelope.SerializeAsString());
+  absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("old.ckpt"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->SerializeAsString(), payload);
+}
+
+// Issue 9: kill -9 during a checkpoint write, between two parts. A child
+// process writes a newer checkpoint over the path and is killed after its
+// third part; the older checkpoint still loads (every part's CRC good) and
+// only the killed writer's temporary file is left.
+TEST_F(CheckpointTest, AKillBetweenPartsLeavesThePreviousCheckpointLoadable) {
+  v1::Checkpoint old_ckpt = SampleCheckpoint();
+  old_ckpt.set_step(1);
+  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), old_ckpt).ok());
+  v1::Checkpoint new_ckpt = SampleCheckpoint();
+  new_ckpt.set_step(2);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    CheckpointWriteOptions options;
+    options.max_part_bytes = 256;
+    options.after_part = [](int part) {
+      if (part == 2) raise(SIGKILL);
+    };
+    (void)WriteCheckpointFile(Path("a.ckpt"), new_ckpt, options);
+    _exit(0);  // Not reached.
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step(), 1);
+  EXPECT_EQ(loaded->SerializeAsString(), old_ckpt.SerializeAsString());
+  const std::vector<std::string> names = ListDir();
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0], "a.ckpt");
+  EXPECT_THAT(names[1], HasSubstr("a.ckpt.tmp."));
+  // The debris holds the three parts written and is no checkpoint.
+  const std::string debris = ReadBytes(Path(names[1]));
+  EXPECT_EQ(SplitParts(debris).size(), 3u);
+  absl::StatusOr<v1::Checkpoint> half = ReadCheckpointFile(Path(names[1]));
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(half.status().message(), HasSubstr("incomplete"));
+}
+
+// Hostile or damaged parts: a huge claimed length, a tensor part that does
+// not continue the one before, more tensors than the manifest, data beyond
+// the shape, bytes after the end. Each is DATA_LOSS and nothing is
+// allocated for a claimed length.
+TEST_F(CheckpointTest, MalformedPartsAreDataLoss) {
+  auto frame = [](uint32_t kind, const std::string& payload) {
+    std::string header(12, '\0');
+    for (int i = 0; i < 4; ++i) header[i] = static_cast<char>((kind >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i) {
+      header[4 + i] = static_cast<char>((uint64_t{payload.size()} >> (8 * i)) & 0xff);
+    }
+    std::string out = header + payload;
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+    return out;
+  };
+  auto end = [&](uint64_t parts) {
+    std::string p(8, '\0');
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((parts >> (8 * i)) & 0xff);
+    return frame(3, p);
+  };
+  v1::CheckpointManifest manifest;
+  manifest.mutable_meta()->set_step(5);
+  manifest.set_parameters(1);
+  float w[4] = {1, 2, 3, 4};
+  auto tensor_part = [&](const std::string& name, int64_t offset, size_t from, size_t n) {
+    v1::TensorPart part;
+    *part.mutable_tensor() = MakeTensorProto(name, {4}, w);
+    part.mutable_tensor()->set_data(reinterpret_cast<const char*>(w) + from, n);
+    part.set_offset(offset);
+    return frame(2, part.SerializeAsString());
+  };
+  const std::string head = std::string("PSTCKPT2") + frame(1, manifest.SerializeAsString());
+  const std::string good = head + tensor_part("w", 0, 0, 8) + tensor_part("w", 8, 8, 8) + end(3);
+  WriteBytes(Path("a.ckpt"), good);
+  ASSERT_TRUE(ReadCheckpointFile(Path("a.ckpt")).ok())
+      << ReadCheckpointFile(Path("a.ckpt")).status();
+
+  std::string huge = head;
+  huge += std::string("\x02\0\0\0", 4) + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+  const struct {
+    std::string label, bytes, message;
+  } cases[] = {
+      {"huge length", huge, "claims"},
+      {"gap", head + tensor_part("w", 0, 0, 8) + tensor_part("w", 12, 12, 4) + end(3),
+       "does not continue"},
+      {"other tensor", head + tensor_part("w", 0, 0, 8) + tensor_part("v", 8, 8, 8) + end(3),
+       "does not continue"},
+      {"incomplete", head + tensor_part("w", 0, 0, 8) + end(2), "incomplete"},
+      {"too much data", head + tensor_part("w", 0, 0, 16) + tensor_part("w", 16, 0, 8) + end(3),
+       "more data than its shape"},
+      {"extra tensor", head + tensor_part("w", 0, 0, 16) + tensor_part("x", 0, 0, 16) + end(3),
+       "more tensors"},
+      {"wrong end count", head + tensor_part("w", 0, 0, 16) + end(7), "malformed end"},
+      {"trailing bytes", head + tensor_part("w", 0, 0, 16) + end(2) + "x", "after the end"},
+      {"no manifest", std::string("PSTCKPT2") + tensor_part("w", 0, 0, 16) + end(1), "manifest"},
+  };
+  for (const auto& c : cases) {
+    WriteBytes(Path("a.ckpt"), c.bytes);
+    absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << c.label;
+    EXPECT_THAT(loaded.status().message(), HasSubstr(c.message)) << c.label;
+  }
 }
 
 TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {

@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
     Write(root / "wire" / "pull_request", FrameBytes(h, {}));
   }
 
-  // checkpoint: a small model with momentum, as a file (first byte even) and
-  // as the inner message (first byte odd: the fuzzer wraps it).
+  // checkpoint: a small model with momentum, as a file (first byte 0), as
+  // the inner message of a format-1 envelope (1) and as format-2 parts (2).
   {
     pstrain::v1::Checkpoint ckpt;
     ckpt.mutable_job()->set_name("seed");
@@ -105,6 +105,18 @@ int main(int argc, char** argv) {
     fs::remove(tmp);
     Write(root / "checkpoint" / "file", std::string(1, '\0') + file);
     Write(root / "checkpoint" / "inner", std::string(1, '\1') + ckpt.SerializeAsString());
+    // The same file's parts without their CRC-32s (selector 2: the fuzzer
+    // frames them again).
+    std::string parts;
+    for (size_t at = 8; at + 12 <= file.size();) {
+      uint64_t length = 0;
+      for (int i = 0; i < 8; ++i) {
+        length |= uint64_t{static_cast<unsigned char>(file[at + 4 + i])} << (8 * i);
+      }
+      parts += file.substr(at, 12 + length);
+      at += 12 + length + 4;
+    }
+    Write(root / "checkpoint" / "parts", std::string(1, '\2') + parts);
   }
 
   // idx: two 4x4 images and their labels (the fuzzer's 2-byte split first).
