@@ -187,7 +187,8 @@ for mode in "${MODES[@]}"; do
   NEXT_KILL=$(($(date +%s) + KILL_EVERY))
   jobs_run=0 jobs_ok=0 lost_total=0 worst_delta=0 sum_delta=0 steps_lost_total=0
   rm -f "$OUT/kills-$mode.txt"
-  while (($(date +%s) < CHAOS_END)); do
+  # A job is started only while at least one kill can still reach it.
+  while (($(date +%s) + KILL_EVERY < CHAOS_END)); do
     t0=$(now)
     job=$(submit "$mode")
     wait_job "$job" $(($(date +%s) + JOB_TIMEOUT_S))

@@ -491,7 +491,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   response.set_action(v1::HeartbeatResponse::ACTION_RUN);
   v1::Assignment* a = response.mutable_assignment();
   a->set_job_id(current->status.job_id());
-  *a->mutable_spec() = current->status.spec();
+  // The spec (model included) only to a worker that does not run this run
+  // yet: it does not change within a run (issue 11, lean heartbeats).
+  if (run_id != current->run_id) *a->mutable_spec() = current->status.spec();
   a->set_rank(member->rank);
   a->set_world_size(static_cast<int32_t>(current->members.size()));
   a->set_start_epoch(std::max(current->start_epoch, current->status.epoch()));

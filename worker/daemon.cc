@@ -202,10 +202,13 @@ struct WorkerDaemon::Runner {
     absl::MutexLock lock(&mu);
     return assignment;
   }
-  // A new generation of the same job: pushes carry it from now on.
+  // A new generation of the same run: pushes carry it from now on. The
+  // coordinator sends the spec only until the run started: it is kept.
   void Update(const v1::Assignment& a) {
     absl::MutexLock lock(&mu);
+    v1::JobSpec spec = std::move(*assignment.mutable_spec());
     assignment = a;
+    if (!a.has_spec()) *assignment.mutable_spec() = std::move(spec);
     if (client != nullptr) client->SetGeneration(a.generation());
     if (updater != nullptr) updater->SetRank(a.rank());
   }
@@ -523,6 +526,9 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
     }
     return;
   }
+  // A new run comes with its spec; one without (the heartbeat crossed the
+  // runner's end) is taken from the next heartbeat.
+  if (!a.has_spec()) return;
   StopRunner(runner != nullptr && runner->job_id == a.job_id()
                  ? absl::StrCat("a new run of ", a.job_id(), " starts")
                  : absl::StrCat("assigned to ", a.job_id()));

@@ -6,9 +6,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -20,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoint.h"
 #include "common/chunking.h"
+#include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
@@ -1087,6 +1090,35 @@ TEST_F(CoordinatorTest, ARestartBeforeTheFirstCheckpointCountsEveryStepAsLost) {
   EXPECT_EQ(status.steps_lost(), 7);
   EXPECT_EQ(status.step(), 0);
   EXPECT_THAT(status.reason(), HasSubstr("started again from the beginning: no checkpoint yet"));
+}
+
+// Issue 11 (lean control traffic): every heartbeat answer resent the whole
+// spec, model included. It goes only to a worker that does not run the
+// current run yet.
+TEST_F(CoordinatorTest, HeartbeatsCarryTheSpecOnlyUntilTheWorkerRunsTheRun) {
+  const char* source = std::getenv("PSTRAIN_SOURCE_DIR");
+  ASSERT_NE(source, nullptr);
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec(absl::StrCat(source, "/examples/fashion-mnist.json"));
+  ASSERT_OK(spec.status());
+  spec->set_workers(1);
+  ASSERT_OK_AND_ASSIGN(std::string job, coordinator_->SubmitJob(*spec));
+  const std::string w = Register();
+  coordinator_->Tick();
+  ASSERT_OK_AND_ASSIGN(v1::HeartbeatResponse first, coordinator_->Heartbeat(w, "", "", -1));
+  ASSERT_EQ(first.action(), v1::HeartbeatResponse::ACTION_RUN);
+  ASSERT_TRUE(first.assignment().has_spec());
+  EXPECT_EQ(first.assignment().spec().model().layers_size(), spec->model().layers_size());
+  const std::string run = first.assignment().run_id();
+  ASSERT_OK_AND_ASSIGN(v1::HeartbeatResponse later, coordinator_->Heartbeat(w, job, run, 3));
+  ASSERT_EQ(later.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_FALSE(later.assignment().has_spec());
+  EXPECT_EQ(later.assignment().run_id(), run);
+  // A worker on an older run (of this job or another) gets it again.
+  ASSERT_OK_AND_ASSIGN(v1::HeartbeatResponse other, coordinator_->Heartbeat(w, job, "old-run", 3));
+  EXPECT_TRUE(other.assignment().has_spec());
+  std::cout << "heartbeat answer for examples/fashion-mnist.json: " << first.ByteSizeLong()
+            << " bytes with the spec, " << later.ByteSizeLong() << " bytes without\n";
 }
 
 // Issue 9 (shard failures): a job that ended while a shard could not drop
