@@ -929,6 +929,22 @@ void Coordinator::DropStrayJobs() {
   }
 }
 
+void Coordinator::ReformIfWorkersWait(Job& job, int epoch) {
+  const size_t wanted = static_cast<size_t>(job.status.spec().workers());
+  if (job.phase != Phase::kRunning || !job.has_checkpoint || job.members.size() >= wanted) return;
+  // Jobs queued before this one take idle workers first.
+  for (const std::string& id : job_order_) {
+    if (id == job.status.job_id()) break;
+    if (jobs_.at(id)->phase == Phase::kQueued) return;
+  }
+  size_t idle = 0;
+  for (const auto& [id, w] : workers_) idle += w->alive && w->job_id.empty();
+  if (job.members.size() + idle < wanted) return;
+  RequeueRun(job, absl::StrCat("re-forming with ", wanted, " workers at the end of epoch ", epoch,
+                               " (", job.members.size(), " left, ", idle,
+                               " idle: a dropped worker came back or a new one registered)"));
+}
+
 void Coordinator::RequeueRun(Job& job, const std::string& why) {
   for (const Member& m : job.members) {
     auto it = workers_.find(m.worker_id);
@@ -1189,6 +1205,7 @@ void Coordinator::WriteDueCheckpoints() {
       case CheckpointWork::kEpoch:
         if (s.ok()) {
           job.last_checkpoint_epoch = work.epoch;
+          ReformIfWorkersWait(job, work.epoch);
         } else {
           Log(absl::StrCat(work.job_id, ": checkpoint of epoch ", work.epoch,
                            " failed: ", s.message()));

@@ -281,6 +281,12 @@ class Coordinator {
   void FindStragglers();
   void CheckShards();
   void DropStrayJobs();
+  // Elastic scale-up: a running job with fewer members than it wants,
+  // whose epoch-`epoch` checkpoint was just written, goes back to the queue
+  // when enough workers are idle (a dropped worker that came back, a new
+  // one) and no older job waits for them; it resumes at once from that
+  // checkpoint with all of them, as a new run.
+  void ReformIfWorkersWait(Job& job, int epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SyncMembership();
   void StartQueuedJobs();
   void WriteDueCheckpoints();

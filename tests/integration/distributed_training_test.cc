@@ -242,6 +242,41 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
   cluster.worker(1).Kill(SIGCONT);
 }
 
+// Issue 9 (elastic scale-up): a worker stopped with SIGSTOP is dropped;
+// after SIGCONT it is back in the pool, and the job, which went on with one
+// worker, re-forms with both at the next epoch boundary instead of leaving
+// it idle until the end.
+TEST_F(DistributedTrainingTest, ADroppedWorkerThatComesBackRejoinsAtTheNextEpoch) {
+  LocalCluster cluster({.shards = 1, .workers = 2, .heartbeat_timeout_ms = 4000});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 3);
+  const std::string job_id = SubmitSync(cluster, job);
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 10)) << cluster.Logs();
+  cluster.worker(1).Kill(SIGSTOP);
+  bool dropped = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!dropped && absl::Now() < deadline) {
+    CommandResult s = cluster.Cli({"status", job_id, "--json"});
+    dropped = absl::StrContains(s.LastLine(), "\"workers_lost\": 1");
+    if (!dropped) absl::SleepFor(absl::Milliseconds(200));
+  }
+  cluster.worker(1).Kill(SIGCONT);
+  ASSERT_TRUE(dropped) << cluster.Logs();
+
+  auto s = WatchToTheEnd(cluster, job_id);
+  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
+  EXPECT_GE(NumberField(s, "runs"), 2) << cluster.Logs();
+  // Both workers started both runs ("rank R of 2, run ..." four times).
+  const std::string logs = cluster.Logs();
+  int two_worker_starts = 0;
+  for (size_t at = logs.find(" of 2, run "); at != std::string::npos;
+       at = logs.find(" of 2, run ", at + 1)) {
+    ++two_worker_starts;
+  }
+  EXPECT_EQ(two_worker_starts, 4) << logs;
+  EXPECT_TRUE(absl::StrContains(logs, "re-forming with 2 workers")) << logs;
+}
+
 TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   LocalCluster cluster({.shards = 1, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();

@@ -416,6 +416,79 @@ TEST_F(CoordinatorTest, MissedHeartbeatsDropTheWorkerBumpTheGenerationAndReassig
   EXPECT_TRUE(*stop);
 }
 
+// Issue 9 (elastic scale-up): a worker that was dropped and comes back (or
+// a new one) idled until the job ended. At the next epoch boundary the job
+// re-forms with every worker it wants, from the epoch's checkpoint.
+TEST_F(CoordinatorTest, ADroppedWorkerThatComesBackRejoinsAtTheNextEpochBoundary) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  const std::string first_run = Beat(w[0]).assignment().run_id();
+  Beat(w[1]);
+  now_ += absl::Milliseconds(2500);  // w[1] silent: dropped.
+  Beat(w[0], job);
+  coordinator_->Tick();
+  ASSERT_THAT(Status(job).workers(), ElementsAre(w[0]));
+  // w[1] comes back (SIGCONT): told to stop, then idle.
+  EXPECT_EQ(Beat(w[1], job).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(w[1]).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  // Mid-epoch nothing changes.
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, 3, 0.5, 0.5, 10)).status());
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).runs(), 1);
+  EXPECT_EQ(Beat(w[1]).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  // The epoch ends: its checkpoint, then the job re-forms with both.
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 6, 0.5, 0.5, 10)).status());
+  Train(job, 6);
+  coordinator_->Tick();
+  coordinator_->Tick();
+  const v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(s.runs(), 2);
+  EXPECT_EQ(s.workers_size(), 2);
+  EXPECT_EQ(s.steps_lost(), 0);
+  const v1::HeartbeatResponse a = Beat(w[0], job);
+  const v1::HeartbeatResponse b = Beat(w[1]);
+  ASSERT_EQ(a.action(), v1::HeartbeatResponse::ACTION_RUN);
+  ASSERT_EQ(b.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_NE(a.assignment().run_id(), first_run);
+  EXPECT_EQ(a.assignment().run_id(), b.assignment().run_id());
+  EXPECT_EQ(b.assignment().world_size(), 2);
+  EXPECT_EQ(b.assignment().start_epoch(), 1);
+  EXPECT_EQ(b.assignment().start_step(), 6);
+  bool logged = false;
+  for (const std::string& line : log_) {
+    logged |= line.find("re-forming with 2 workers at the end of epoch 1") != std::string::npos;
+  }
+  EXPECT_TRUE(logged);
+}
+
+// Without a worker to spare (or with an older job waiting for one), a job
+// that lost a member goes on with the rest.
+TEST_F(CoordinatorTest, AJobDoesNotReformWithoutIdleWorkersOrBeforeAnOlderQueuedJob) {
+  ASSERT_OK_AND_ASSIGN(const std::string older, coordinator_->SubmitJob(TinyJob(3)));
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);  // The older job waits for a third worker.
+  Beat(w[0]);
+  Beat(w[1]);
+  now_ += absl::Milliseconds(2500);
+  Beat(w[0], job);
+  coordinator_->Tick();  // w[1] dropped; it stays away.
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 6, 0.5, 0.5, 10)).status());
+  Train(job, 6);
+  coordinator_->Tick();
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).runs(), 1);
+  EXPECT_THAT(Status(job).workers(), ElementsAre(w[0]));
+  // w[1] comes back, but the older job is first in line for idle workers.
+  EXPECT_EQ(Beat(w[1]).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 2, 12, 0.5, 0.5, 10)).status());
+  Train(job, 12);
+  coordinator_->Tick();
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).runs(), 1);
+  EXPECT_EQ(Status(older).state(), v1::JOB_STATE_QUEUED);
+}
+
 TEST_F(CoordinatorTest, AJobThatLosesEveryWorkerIsQueuedAgain) {
   std::vector<std::string> w;
   const std::string job = StartJob(1, &w);
