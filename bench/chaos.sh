@@ -161,6 +161,17 @@ wait_job() {
   done
 }
 
+# run_job MODE: submits the job and waits for its end; sets job, s (its final
+# status) and wall (seconds from submit to end).
+run_job() {
+  local t0
+  t0=$(now)
+  job=$(submit "$1")
+  wait_job "$job" $(($(date +%s) + JOB_TIMEOUT_S))
+  s=$FINAL
+  wall=$(python3 -c "print(round($(now) - $t0, 1))")
+}
+
 for mode in "${MODES[@]}"; do
   report "== chaos $mode: $JOB, $EPOCHS epochs, seed $SEED, 2 workers, 2 shards, kill -9 every" \
          "${KILL_EVERY}s for ${CHAOS_SECONDS}s, restart after ${RESTART_AFTER}s," \
@@ -168,11 +179,8 @@ for mode in "${MODES[@]}"; do
   # The reference: the same job, undisturbed.
   start_cluster
   CHAOS=0
-  t0=$(now)
-  job=$(submit "$mode")
-  wait_job "$job" $(($(date +%s) + JOB_TIMEOUT_S))
-  s=$FINAL
-  ref_wall=$(python3 -c "print(round($(now) - $t0, 1))")
+  run_job "$mode"
+  ref_wall=$wall
   ref_acc=$(field "$s" test_accuracy)
   ref_steps=$(field "$s" total_steps)
   report "undisturbed: state $(field "$s" state) test_accuracy $ref_acc wall ${ref_wall}s" \
@@ -189,11 +197,7 @@ for mode in "${MODES[@]}"; do
   rm -f "$OUT/kills-$mode.txt"
   # A job is started only while at least one kill can still reach it.
   while (($(date +%s) + KILL_EVERY < CHAOS_END)); do
-    t0=$(now)
-    job=$(submit "$mode")
-    wait_job "$job" $(($(date +%s) + JOB_TIMEOUT_S))
-  s=$FINAL
-    wall=$(python3 -c "print(round($(now) - $t0, 1))")
+    run_job "$mode"
     state=$(field "$s" state)
     acc=$(field "$s" test_accuracy)
     delta=""

@@ -119,6 +119,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
         "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC");
   }
+  if (!v1::Balance_IsValid(data.balance())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.balance ", static_cast<int>(data.balance()),
+                     " is not a known Balance (BALANCE_NONE, BALANCE_OVERSAMPLE)"));
+  }
   if (data.path().empty() && data.format() != v1::DATASET_FORMAT_SYNTHETIC) {
     return absl::InvalidArgumentError("dataset.path is empty");
   }

@@ -72,7 +72,10 @@ DataPrefetcher::DataPrefetcher(Backend* backend, const data::ImageDataset* datas
       dataset_(dataset),
       preprocess_(std::move(preprocess)),
       options_(options),
-      samples_per_epoch_(data::ShardSize(dataset->size(), options.rank, options.world_size)),
+      epoch_length_(options.balance
+                        ? data::BalancedEpochLength(dataset->labels, dataset->num_classes)
+                        : dataset->size()),
+      samples_per_epoch_(data::ShardSize(epoch_length_, options.rank, options.world_size)),
       batches_per_epoch_(options.drop_last
                              ? samples_per_epoch_ / options.batch_size
                              : (samples_per_epoch_ + options.batch_size - 1) / options.batch_size),
@@ -185,9 +188,14 @@ absl::Status DataPrefetcher::StartEpoch(int epoch, int64_t first_batch) {
                                                    " is outside [0, ", batches_per_epoch_, "]"));
   }
   PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers());
-  auto order = std::make_shared<const std::vector<int64_t>>(
-      data::EpochOrder(dataset_->size(), options_.seed, epoch, options_.rank,
-                       options_.world_size, options_.shuffle));
+  std::vector<int64_t> positions = data::EpochOrder(
+      epoch_length_, options_.seed, epoch, options_.rank, options_.world_size, options_.shuffle);
+  if (options_.balance) {
+    const std::vector<int64_t> samples =
+        data::BalancedEpochSamples(dataset_->labels, dataset_->num_classes, options_.seed, epoch);
+    for (int64_t& p : positions) p = samples[static_cast<size_t>(p)];
+  }
+  auto order = std::make_shared<const std::vector<int64_t>>(std::move(positions));
   {
     absl::MutexLock lock(&mu_);
     ++generation_;

@@ -53,6 +53,9 @@ struct PrefetchOptions {
   bool shuffle = true;       // Per-epoch permutation (else dataset order).
   bool augment = false;      // Apply the Preprocess flip/crop.
   bool drop_last = false;    // Skip the final partial batch of the shard.
+  // Class-balanced epochs (data::BalancedEpochSamples): the epoch is the
+  // oversampled list, shuffled and sharded instead of [0, size()).
+  bool balance = false;
   int next_timeout_ms = 60000;  // Longest Next() waits for a batch; > 0.
 };
 
@@ -86,7 +89,8 @@ class DataPrefetcher {
   ~DataPrefetcher();
 
   // Begins epoch `epoch` (order from data::EpochOrder(size, seed, epoch, rank,
-  // world_size, shuffle)) at batch `first_batch` (a resumed run: the batches
+  // world_size, shuffle), through data::BalancedEpochSamples with
+  // `balance`) at batch `first_batch` (a resumed run: the batches
   // before it were trained already). May be called before the previous
   // epoch is exhausted; its remaining batches are dropped. INVALID_ARGUMENT
   // for a first batch outside [0, batches_per_epoch()].
@@ -126,6 +130,7 @@ class DataPrefetcher {
   const data::ImageDataset* const dataset_;
   const data::Preprocess preprocess_;
   const PrefetchOptions options_;
+  const int64_t epoch_length_;  // Samples in one epoch over every rank.
   const int64_t samples_per_epoch_;
   const int64_t batches_per_epoch_;
   const size_t image_bytes_;         // Per full batch.

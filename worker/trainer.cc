@@ -45,6 +45,7 @@ TrainerOptions TrainerOptionsFromJob(const v1::JobSpec& job) {
   options.seed = job.seed();
   options.augment = job.dataset().augmentation().random_flip() ||
                     job.dataset().augmentation().crop_padding() > 0;
+  options.balance = job.dataset().balance() == v1::BALANCE_OVERSAMPLE;
   options.prefetch_batches =
       job.dataset().prefetch_batches() > 0 ? job.dataset().prefetch_batches() : 4;
   options.loader_threads = job.dataset().loader_threads() > 0 ? job.dataset().loader_threads() : 1;
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   prefetch.world_size = options.world_size;
   prefetch.shuffle = true;
   prefetch.augment = options.augment;
+  prefetch.balance = options.balance;
   // Every step uses a full batch: equal steps on every rank keep the
   // synchronous modes in lock-step, and BN statistics stay well defined.
   prefetch.drop_last = true;
@@ -88,9 +90,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   // Shards differ by at most one sample, which can still cross a batch
   // boundary: every rank runs as many steps as the smallest shard allows, so
   // that synchronous modes see the same number of steps from every worker.
-  int64_t smallest_shard = train->size();
+  const int64_t epoch_length = options.balance
+                                   ? data::BalancedEpochLength(train->labels, train->num_classes)
+                                   : train->size();
+  int64_t smallest_shard = epoch_length;
   for (int r = 0; r < options.world_size; ++r) {
-    smallest_shard = std::min(smallest_shard, data::ShardSize(train->size(), r, options.world_size));
+    smallest_shard = std::min(smallest_shard, data::ShardSize(epoch_length, r, options.world_size));
   }
   trainer->steps_per_epoch_ = smallest_shard / options.batch_size;
   if (trainer->steps_per_epoch_ == 0) {

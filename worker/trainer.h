@@ -70,6 +70,7 @@ struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
   bool augment = false;
+  bool balance = false;  // Class-balanced epochs (DatasetSpec.balance).
   int prefetch_batches = 4;
   int loader_threads = 1;
 };

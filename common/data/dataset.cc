@@ -229,6 +229,55 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int epoch, int rank, i
   return std::vector<int64_t>(perm.begin() + begin, perm.begin() + begin + count);
 }
 
+namespace {
+
+// Sample indices of each class (empty for a class that has none).
+std::vector<std::vector<int64_t>> IndicesByClass(const std::vector<int32_t>& labels,
+                                                 int num_classes) {
+  std::vector<std::vector<int64_t>> by_class(static_cast<size_t>(std::max(num_classes, 0)));
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const int32_t c = labels[i];
+    if (c >= 0 && c < num_classes) by_class[c].push_back(static_cast<int64_t>(i));
+  }
+  return by_class;
+}
+
+}  // namespace
+
+int64_t BalancedEpochLength(const std::vector<int32_t>& labels, int num_classes) {
+  int64_t largest = 0, present = 0;
+  for (const std::vector<int64_t>& members : IndicesByClass(labels, num_classes)) {
+    largest = std::max<int64_t>(largest, static_cast<int64_t>(members.size()));
+    present += !members.empty();
+  }
+  return largest * present;
+}
+
+std::vector<int64_t> BalancedEpochSamples(const std::vector<int32_t>& labels, int num_classes,
+                                          uint64_t seed, int epoch) {
+  const std::vector<std::vector<int64_t>> by_class = IndicesByClass(labels, num_classes);
+  size_t largest = 0;
+  for (const std::vector<int64_t>& members : by_class) largest = std::max(largest, members.size());
+  std::vector<int64_t> samples;
+  samples.reserve(static_cast<size_t>(BalancedEpochLength(labels, num_classes)));
+  for (size_t c = 0; c < by_class.size(); ++c) {
+    std::vector<int64_t> members = by_class[c];
+    if (members.empty()) continue;
+    for (size_t copy = 0; copy < largest / members.size(); ++copy) {
+      samples.insert(samples.end(), members.begin(), members.end());
+    }
+    // The rest: the first (largest mod k) of a seeded partial shuffle.
+    const size_t rest = largest % members.size();
+    SplitMix64 rng(MixSeed(MixSeed(seed ^ 0xba1a, static_cast<uint64_t>(epoch)), c));
+    for (size_t i = 0; i < rest; ++i) {
+      const size_t j = i + static_cast<size_t>(rng.Below(members.size() - i));
+      std::swap(members[i], members[j]);
+      samples.push_back(members[i]);
+    }
+  }
+  return samples;
+}
+
 // ---- Preprocess ---------------------------------------------------------------------
 
 absl::Status Preprocess::Validate(int channels) const {

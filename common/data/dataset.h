@@ -79,6 +79,18 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int epoch, int rank, i
 // Number of samples EpochOrder returns for `rank` (without building it).
 int64_t ShardSize(int64_t n, int rank, int world_size);
 
+// Class-balanced epochs (BALANCE_OVERSAMPLE). The samples of one epoch in
+// which every class present in `labels` (values in [0, num_classes)) comes
+// M times, M the largest class's count: a class of k samples contributes
+// each of them floor(M / k) times plus M mod k of them drawn without
+// replacement from (seed, epoch, class). Grouped by class, in index order
+// within a copy; EpochOrder(size(), ...) then shuffles and shards positions
+// in it. The same on every machine.
+std::vector<int64_t> BalancedEpochSamples(const std::vector<int32_t>& labels, int num_classes,
+                                          uint64_t seed, int epoch);
+// Its length, the same for every epoch: M x the classes present.
+int64_t BalancedEpochLength(const std::vector<int32_t>& labels, int num_classes);
+
 // How pixels become model inputs. A value type.
 struct Preprocess {
   // Per-channel normalisation after scaling to [0, 1]: x = (x - mean[c]) / std[c].

@@ -108,6 +108,46 @@ TEST(EpochOrderTest, InvalidArgumentsGiveEmptyOrders) {
   EXPECT_TRUE(EpochOrder(2, 1, 0, 3, 4, true).empty());
 }
 
+// Issue 12 (class-balanced sampling): with classes of 10, 3 and 0 and 1
+// samples, every present class appears 10 times per epoch; a class of k
+// samples repeats each floor(10 / k) times and 10 mod k of them once more,
+// chosen per epoch and the same on every call.
+TEST(BalancedEpochTest, EveryPresentClassComesAsOftenAsTheLargest) {
+  std::vector<int32_t> labels;
+  for (int i = 0; i < 10; ++i) labels.push_back(0);
+  for (int i = 0; i < 3; ++i) labels.push_back(1);
+  labels.push_back(3);  // Class 2 has no sample.
+  EXPECT_EQ(BalancedEpochLength(labels, 4), 30);
+  std::set<std::vector<int64_t>> epochs;
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    const std::vector<int64_t> samples = BalancedEpochSamples(labels, 4, /*seed=*/5, epoch);
+    ASSERT_EQ(samples.size(), 30u);
+    std::vector<int> per_class(4, 0), per_sample(labels.size(), 0);
+    for (int64_t s : samples) {
+      ASSERT_GE(s, 0);
+      ASSERT_LT(s, static_cast<int64_t>(labels.size()));
+      ++per_class[labels[s]];
+      ++per_sample[s];
+    }
+    EXPECT_THAT(per_class, ::testing::ElementsAre(10, 10, 0, 10));
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(per_sample[i], 1);
+    int fours = 0;
+    for (int i = 10; i < 13; ++i) {
+      EXPECT_TRUE(per_sample[i] == 3 || per_sample[i] == 4) << i;
+      fours += per_sample[i] == 4;
+    }
+    EXPECT_EQ(fours, 1);  // 10 mod 3 drawn without replacement.
+    EXPECT_EQ(per_sample[13], 10);
+    EXPECT_EQ(samples, BalancedEpochSamples(labels, 4, 5, epoch));
+    epochs.insert(samples);
+  }
+  EXPECT_GT(epochs.size(), 1u);  // The extra draws change with the epoch.
+  // Already balanced: each sample once.
+  EXPECT_EQ(Sorted(BalancedEpochSamples({0, 1, 1, 0}, 2, 1, 0)), Iota(4));
+  EXPECT_TRUE(BalancedEpochSamples({}, 3, 1, 0).empty());
+  EXPECT_EQ(BalancedEpochLength({}, 3), 0);
+}
+
 TEST(PreprocessTest, FromSpecReadsAndValidates) {
   pstrain::v1::DatasetSpec spec;
   spec.add_mean(0.5f);

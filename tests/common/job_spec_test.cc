@@ -121,6 +121,13 @@ TEST(JobSpecTest, UnknownEnumValuesAreInvalidArgument) {
   job.mutable_optimizer()->set_type(static_cast<v1::OptimizerType>(42));
   EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument,
                                              HasSubstr("optimizer.type 42 is not a known")));
+  job = base;
+  job.mutable_dataset()->set_balance(static_cast<v1::Balance>(42));
+  EXPECT_THAT(ValidateJobSpec(job), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("dataset.balance 42 is not a known")));
+  job = base;
+  job.mutable_dataset()->set_balance(v1::BALANCE_OVERSAMPLE);
+  EXPECT_OK(ValidateJobSpec(job));
 }
 
 // A job whose model is `input [1, 28, 28] -> conv(filters) -> flatten ->

@@ -152,6 +152,18 @@ std::string SubmitSync(LocalCluster& cluster, const std::string& job) {
 }
 
 // Watches `job_id` to its end and returns its final status (JSON).
+// Polls `pstrain status JOB --json` until its line contains `text`; false
+// if it does not within `timeout`.
+bool WaitForStatus(LocalCluster& cluster, const std::string& job_id, const std::string& text,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(cluster.Cli({"status", job_id, "--json"}).LastLine(), text)) return true;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return false;
+}
+
 google::protobuf::Struct WatchToTheEnd(LocalCluster& cluster, const std::string& job_id) {
   CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
   EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
@@ -227,15 +239,8 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 20)) << cluster.Logs();
   cluster.worker(1).Kill(SIGSTOP);
-
-  bool reported = false;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!reported && absl::Now() < deadline) {
-    CommandResult s = cluster.Cli({"status", job_id, "--json"});
-    reported = absl::StrContains(s.LastLine(), "\"stragglers\": [\"worker-2\"]");
-    if (!reported) absl::SleepFor(absl::Milliseconds(200));
-  }
-  EXPECT_TRUE(reported) << cluster.Logs();
+  EXPECT_TRUE(WaitForStatus(cluster, job_id, "\"stragglers\": [\"worker-2\"]", absl::Seconds(20)))
+      << cluster.Logs();
 
   auto s = WatchToTheEnd(cluster, job_id);
   EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
@@ -253,13 +258,7 @@ TEST_F(DistributedTrainingTest, ADroppedWorkerThatComesBackRejoinsAtTheNextEpoch
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 10)) << cluster.Logs();
   cluster.worker(1).Kill(SIGSTOP);
-  bool dropped = false;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!dropped && absl::Now() < deadline) {
-    CommandResult s = cluster.Cli({"status", job_id, "--json"});
-    dropped = absl::StrContains(s.LastLine(), "\"workers_lost\": 1");
-    if (!dropped) absl::SleepFor(absl::Milliseconds(200));
-  }
+  const bool dropped = WaitForStatus(cluster, job_id, "\"workers_lost\": 1", absl::Seconds(30));
   cluster.worker(1).Kill(SIGCONT);
   ASSERT_TRUE(dropped) << cluster.Logs();
 

@@ -171,6 +171,50 @@ TEST_P(DataPrefetcherTest, ShardsAcrossWorldSizeAreDisjointAndCover) {
   EXPECT_EQ(Sorted(all), Iota(50));
 }
 
+// Issue 12: balanced epochs, sharded over two workers: together they
+// deliver the balanced list of the epoch, every class equally often.
+TEST_P(DataPrefetcherTest, BalancedEpochsDeliverEveryClassEquallyOftenAcrossShards) {
+  data::ImageDataset ds = CountingDataset(40);  // Labels i % 10: 4 each.
+  // Skew it: class 0 keeps 4 samples, classes 1..9 keep one each.
+  data::ImageDataset skewed = ds;
+  skewed.pixels.clear();
+  skewed.labels.clear();
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    if (i % 10 != 0 && i >= 10) continue;
+    skewed.pixels.insert(skewed.pixels.end(), ds.image(i), ds.image(i) + 4);
+    skewed.labels.push_back(ds.labels[i]);
+  }
+  ASSERT_EQ(skewed.size(), 13);  // Ids 0..9 and 10, 20, 30 (class 0).
+  std::vector<int64_t> all;
+  for (int rank = 0; rank < 2; ++rank) {
+    PrefetchOptions options;
+    options.batch_size = 4;
+    options.rank = rank;
+    options.world_size = 2;
+    options.seed = 3;
+    options.balance = true;
+    std::unique_ptr<DataPrefetcher> p = Make(&skewed, options);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->samples_per_epoch(), 20);  // 4 x 10 classes, halved.
+    Epoch e = Drain(backend_.get(), p.get(), 1);
+    all.insert(all.end(), e.ids.begin(), e.ids.end());
+  }
+  ASSERT_EQ(all.size(), 40u);
+  std::vector<int> per_class(10, 0);
+  for (int64_t id : all) ++per_class[id % 10];  // Drain checked each label against its id.
+  EXPECT_THAT(per_class, ::testing::Each(4));
+  // The same samples as the balanced list of the epoch, position for position.
+  const std::vector<int64_t> samples = data::BalancedEpochSamples(skewed.labels, 10, 3, 1);
+  std::vector<int64_t> expected;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int64_t p : data::EpochOrder(40, 3, 1, rank, 2, true)) {
+      const int64_t index = samples[static_cast<size_t>(p)];
+      expected.push_back(index < 10 ? index : (index - 9) * 10);  // Index -> id.
+    }
+  }
+  EXPECT_EQ(all, expected);
+}
+
 TEST_P(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
   data::ImageDataset ds = CountingDataset(16);
   data::Preprocess pre;
