@@ -905,6 +905,11 @@ std::string JobStatusJson(const v1::JobStatus& s) {
   for (const std::string& w : s.workers()) workers.push_back(JsonString(w));
   std::vector<std::string> stragglers;
   for (const std::string& w : s.stragglers()) stragglers.push_back(JsonString(w));
+  std::vector<std::string> epoch_samples;
+  for (const v1::EpochSamples& e : s.epoch_samples()) {
+    epoch_samples.push_back(absl::StrCat("{\"epoch\": ", e.epoch(), ", \"samples\": ", e.samples(),
+                                         ", \"expected\": ", e.expected(), "}"));
+  }
   std::vector<std::string> rows;
   const int k = t.num_classes();
   if (k > 0 && t.confusion_size() == k * k) {
@@ -924,6 +929,7 @@ std::string JobStatusJson(const v1::JobStatus& s) {
       absl::StrJoin(workers, ", "), "], \"workers_lost\": ", s.workers_lost(),
       ", \"runs\": ", s.runs(), ", \"steps_lost\": ", s.steps_lost(), ", \"stragglers\": [",
       absl::StrJoin(stragglers, ", "), "], \"stragglers_dropped\": ", s.stragglers_dropped(),
+      ", \"epoch_samples\": [", absl::StrJoin(epoch_samples, ", "), "]",
       ", \"test_accuracy\": ", JsonNumber(t.accuracy()),
       ", \"precision\": ", JsonNumber(t.precision()), ", \"recall\": ", JsonNumber(t.recall()),
       ", \"f1\": ", JsonNumber(t.f1()), ", \"test_loss\": ", JsonNumber(t.loss()),
@@ -970,6 +976,14 @@ std::string FormatFinalReport(const v1::JobStatus& s) {
                                            "accuracy %.4f, workers lost %d\n",
                                            s.epoch(), s.step(), s.loss(), s.train_accuracy(),
                                            s.workers_lost()));
+  if (s.epoch_samples_size() > 0) {
+    std::vector<std::string> counts;
+    for (const v1::EpochSamples& e : s.epoch_samples()) {
+      counts.push_back(e.expected() > 0 ? absl::StrCat(e.samples(), "/", e.expected())
+                                        : absl::StrCat(e.samples()));
+    }
+    absl::StrAppend(&report, "  samples trained per epoch: ", absl::StrJoin(counts, ", "), "\n");
+  }
   if (s.runs() > 1) {
     absl::StrAppend(&report,
                     absl::StrFormat("  resumed %d time%s from a checkpoint, %d steps "

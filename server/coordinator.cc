@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <utility>
@@ -105,6 +107,10 @@ struct Coordinator::Job {
   int64_t start_step = 0;          // Global step the current run started from.
   bool shards_configured = false;  // The shards hold the job (DropJob when done).
   bool membership_dirty = false;   // Shards need SetMembers.
+  // Members removed whose untrained work is not redistributed yet (their
+  // steps come back from the shards' SetMembers): EpochPlan waits.
+  std::vector<std::string> lost_pending;
+  std::unique_ptr<EpochPlanner> planner;  // Of the current run.
   bool save_on_stop = false;       // Save the model before dropping it (cancel).
   int last_checkpoint_epoch = -1;
   absl::Time last_checkpoint_time;  // Of this run (its start until the first).
@@ -132,6 +138,9 @@ struct Coordinator::CheckpointWork {
   int epoch = 0;
   int64_t step = 0;
   int64_t steps_per_epoch = 0;  // As the members report it; 0 = unknown.
+  // sync: the data position of every version up to the newest (the run's
+  // planner knows where its epochs' tails shift versions); empty = unknown.
+  std::function<std::pair<int, int64_t>(int64_t)> position_of_version;
 };
 
 // ---------------------------------------------------------------------------
@@ -579,6 +588,74 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
   return false;
 }
 
+absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlanRequest& request) {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", request.worker_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", request.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", request.run_id()));
+  absl::MutexLock lock(&mu_);
+  auto wit = workers_.find(request.worker_id());
+  if (wit == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
+  }
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr)
+    return absl::NotFoundError(absl::StrCat("unknown job '", request.job_id(), "'"));
+  if (job->phase != Phase::kRunning || job->planner == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(request.job_id(), " is not running"));
+  }
+  if (request.run_id() != job->run_id) {
+    return absl::AbortedError(absl::StrCat("run ", request.run_id(), " of ", request.job_id(),
+                                           " is not its current run"));
+  }
+  std::vector<std::string> members;
+  for (const Member& m : job->members) members.push_back(m.worker_id);
+  if (std::find(members.begin(), members.end(), request.worker_id()) == members.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(request.worker_id(), " is not a member of ", request.job_id()));
+  }
+  if (request.batch_size() != job->status.spec().batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size ", request.batch_size(),
+                                                   " is not the job's ",
+                                                   job->status.spec().batch_size()));
+  }
+  wit->second->last_heartbeat = Now();
+  if (request.trained_size() > job->status.spec().epochs()) {
+    return absl::InvalidArgumentError(absl::StrCat("trained lists ", request.trained_size(),
+                                                   " epochs; the job has ",
+                                                   job->status.spec().epochs()));
+  }
+  for (const v1::EpochSamples& t : request.trained()) {
+    job->planner->RecordTrained(request.worker_id(), t.epoch(), t.samples());
+  }
+  v1::EpochPlanResponse response;
+  if (!job->lost_pending.empty() || job->membership_dirty) {
+    response.set_wait(true);
+  } else {
+    PSTRAIN_ASSIGN_OR_RETURN(
+        response, job->planner->Plan(request.worker_id(), request.epoch(), request.epoch_length(),
+                                     request.share_done(), request.tails_done(), members));
+  }
+  RefreshEpochSamples(*job);
+  Touch(*job);
+  return response;
+}
+
+void Coordinator::RefreshEpochSamples(Job& job) {
+  if (job.planner == nullptr) return;
+  std::map<int, v1::EpochSamples> by_epoch;
+  for (const v1::EpochSamples& e : job.status.epoch_samples()) by_epoch[e.epoch()] = e;
+  for (const auto& [epoch, samples] : job.planner->TrainedSamples()) {
+    if (epoch < job.start_epoch) continue;  // Counted by the run that trained it.
+    v1::EpochSamples& e = by_epoch[epoch];
+    e.set_epoch(epoch);
+    e.set_samples(samples);
+    e.set_expected(job.planner->epoch_length());
+  }
+  job.status.clear_epoch_samples();
+  for (const auto& [epoch, e] : by_epoch) *job.status.add_epoch_samples() = e;
+}
+
 absl::Status Coordinator::CheckEvalShard(const Job& job,
                                          const v1::ReportProgressRequest& report) const {
   const std::optional<int64_t> test_set = TestSetBound(job.status.spec());
@@ -759,6 +836,7 @@ void Coordinator::RemoveMember(Job& job, const std::string& worker_id, const std
                          [&](const Member& m) { return m.worker_id == worker_id; });
   if (it == job.members.end() || it->finished) return;
   job.members.erase(it);
+  job.lost_pending.push_back(worker_id);
   job.status.set_workers_lost(job.status.workers_lost() + 1);
   job.generation++;
   for (size_t r = 0; r < job.members.size(); ++r) job.members[r].rank = static_cast<int>(r);
@@ -969,6 +1047,8 @@ void Coordinator::SyncMembership() {
     std::string job_id;
     std::vector<std::string> members;
     int64_t generation;
+    std::string run_id;
+    std::vector<std::string> lost;
   };
   std::vector<Change> changes;
   {
@@ -978,20 +1058,35 @@ void Coordinator::SyncMembership() {
       if (!job.membership_dirty) continue;
       job.membership_dirty = false;
       if (job.phase != Phase::kRunning || !job.shards_configured) continue;
-      Change c{id, {}, job.generation};
+      Change c{id, {}, job.generation, job.run_id, job.lost_pending};
       for (const Member& m : job.members) c.members.push_back(m.worker_id);
       changes.push_back(std::move(c));
     }
   }
   for (const Change& c : changes) {
-    absl::Status s = shards_->SetMembers(c.job_id, c.members, c.generation);
-    if (s.ok()) continue;
+    std::map<std::string, int64_t> removed_steps;
+    absl::Status s = shards_->SetMembers(c.job_id, c.members, c.generation, &removed_steps);
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(c.job_id);
+    if (s.ok()) {
+      if (job.phase != Phase::kRunning || job.run_id != c.run_id || job.planner == nullptr) {
+        continue;
+      }
+      // Every sample once: the lost members' untrained work goes to the
+      // survivors within the epoch (server/epoch_planner.h).
+      for (const std::string& lost : c.lost) {
+        auto steps = removed_steps.find(lost);
+        job.planner->MemberLost(lost, steps == removed_steps.end() ? 0 : steps->second, c.members);
+        std::erase(job.lost_pending, lost);
+      }
+      RefreshEpochSamples(job);
+      Touch(job);
+      continue;
+    }
     // Some shards may have the new member set and others not: rather than
     // train on mixed generations, start a new run from the checkpoint, which
     // configures every shard afresh (a shard that stays down then fails the
     // resume with its error).
-    absl::MutexLock lock(&mu_);
-    Job& job = *jobs_.at(c.job_id);
     if (job.phase == Phase::kRunning) {
       RequeueRun(job, absl::StrCat("could not update the shards' member set (", s.message(), ")"));
     }
@@ -1104,6 +1199,24 @@ void Coordinator::StartQueuedJobs() {
     job.phase = Phase::kRunning;
     job.start_epoch = start_epoch;
     job.start_step = start_step;
+    job.lost_pending.clear();
+    {
+      const v1::ConsistencyMode mode = job.status.spec().mode();
+      job.planner = std::make_unique<EpochPlanner>(EpochPlanner::RunStart{
+          .start_epoch = start_epoch,
+          .start_step = start_step,
+          .batch_size = std::max(1, job.status.spec().batch_size()),
+          .epochs = job.status.spec().epochs(),
+          .barrier = mode != v1::CONSISTENCY_ASYNC && mode != v1::CONSISTENCY_SSP});
+      // This run counts its epochs afresh (a resumed epoch's trained prefix
+      // is reported by its members).
+      auto* counts = job.status.mutable_epoch_samples();
+      counts->erase(std::remove_if(counts->begin(), counts->end(),
+                                   [start_epoch](const v1::EpochSamples& e) {
+                                     return e.epoch() >= start_epoch;
+                                   }),
+                    counts->end());
+    }
     job.last_checkpoint_epoch = start_epoch;
     job.last_checkpoint_time = Now();
     // A restart loses the steps since its checkpoint, or all of them when
@@ -1176,6 +1289,13 @@ void Coordinator::WriteDueCheckpoints() {
       work.graph = job.graph;
       work.epoch = job.status.epoch();
       work.step = job.status.step();
+      if (job.planner != nullptr) {
+        // A copy: the checkpoint is written without the lock.
+        auto planner = std::make_shared<EpochPlanner>(*job.planner);
+        work.position_of_version = [planner](int64_t version) {
+          return planner->PositionOfVersion(version);
+        };
+      }
       for (const Member& m : job.members) {
         if (m.steps_per_epoch > 0 &&
             (work.steps_per_epoch == 0 || m.steps_per_epoch < work.steps_per_epoch)) {
@@ -1262,7 +1382,15 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
   const bool sync = mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_UNSPECIFIED;
   if (cut && sync) {
     step = snapshot.max_version;
-    if (work.steps_per_epoch > 0) {
+    const std::pair<int, int64_t> position =
+        work.position_of_version ? work.position_of_version(step) : std::pair<int, int64_t>{-1, 0};
+    if (position.first >= 0 && work.steps_per_epoch > 0) {
+      // Tails (a lost worker's samples) add versions inside an epoch: the
+      // data position is the epoch and the steps into its share.
+      epoch = std::min(position.first, work.spec.epochs());
+      step = static_cast<int64_t>(epoch) * work.steps_per_epoch +
+             (epoch < work.spec.epochs() ? position.second : 0);
+    } else if (work.steps_per_epoch > 0) {
       epoch = static_cast<int>(std::min<int64_t>(step / work.steps_per_epoch, work.spec.epochs()));
     }
   }

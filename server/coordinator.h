@@ -102,6 +102,7 @@
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
 #include "server/checkpointer.h"
+#include "server/epoch_planner.h"
 #include "server/job_store.h"
 #include "server/shard_controller.h"
 
@@ -237,6 +238,14 @@ class Coordinator {
   // the test set holds, counting the other members' shards).
   absl::StatusOr<bool> ReportProgress(const v1::ReportProgressRequest& report);
   std::vector<v1::WorkerStatus> ListWorkers() const;
+  // A member's work in one epoch of its run (server/epoch_planner.h), and
+  // its samples trained so far. `wait` while a lost member's work is being
+  // redistributed. NOT_FOUND for an unknown worker or job;
+  // FAILED_PRECONDITION when the job is not running or the worker is not a
+  // member; ABORTED for a run that is not the job's current one;
+  // INVALID_ARGUMENT for an epoch outside the job, a batch size that is not
+  // the job's, or an epoch length that differs between members.
+  absl::StatusOr<v1::EpochPlanResponse> EpochPlan(const v1::EpochPlanRequest& request);
 
   // --- Background work ----------------------------------------------------
   // One round: drops dead workers, updates shard membership, starts queued
@@ -297,6 +306,8 @@ class Coordinator {
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshAggregates(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobStatus.epoch_samples from the run's planner.
+  void RefreshEpochSamples(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int IdleLiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Job& job, v1::JobState state, const std::string& reason)

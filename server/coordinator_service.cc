@@ -217,6 +217,23 @@ grpc::Status CoordinatorService::ReportProgress(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::EpochPlan(grpc::ServerContext* context,
+                                           const v1::EpochPlanRequest* request,
+                                           v1::EpochPlanResponse* response) {
+  if (grpc::Status s = Admit(*context, Role::kWorker, "EpochPlan", *request); !s.ok()) return s;
+  if (request->worker_id().empty() || request->job_id().empty()) {
+    return Invalid("EpochPlan needs a worker_id and a job_id");
+  }
+  if (grpc::Status s = authorizer_->CheckWorkerCredential(*context, request->worker_id());
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<v1::EpochPlanResponse> r = coordinator_->EpochPlan(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* request,
                                              v1::ListWorkersResponse* response) {

@@ -49,9 +49,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
     int64_t max_message_bytes = int64_t{64} << 20;
     // Who may call what (null: everyone, as with Authorizer::Disabled()):
     // SubmitJob, GetJob, ListJobs, CancelJob, WatchJob, DownloadModel and
-    // ListWorkers need the admin role; RegisterWorker, Heartbeat and
-    // ReportProgress the worker role, and the last two also the worker
-    // credential of the worker id they name.
+    // ListWorkers need the admin role; RegisterWorker, Heartbeat,
+    // ReportProgress and EpochPlan the worker role, and the last three also
+    // the worker credential of the worker id they name.
     std::shared_ptr<const Authorizer> authorizer;
   };
   explicit CoordinatorService(Coordinator* coordinator)
@@ -84,6 +84,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                               v1::ReportProgressResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  grpc::Status EpochPlan(grpc::ServerContext* context, const v1::EpochPlanRequest* request,
+                         v1::EpochPlanResponse* response) override;
 
  private:
   // Authorization, then the size limit: the first failure, or OK.

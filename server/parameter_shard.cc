@@ -100,6 +100,9 @@ int64_t FirstNonFinite(absl::Span<const float> values) {
 struct Membership {
   std::set<std::string> members;
   int64_t generation = 0;
+  // The generation at which each member joined: a member that stays keeps
+  // pushing with the generation it knows until its next assignment.
+  std::map<std::string, int64_t> joined;
   bool dropped = false;
 
   bool Has(const std::string& worker_id) const { return members.count(worker_id) > 0; }
@@ -225,6 +228,10 @@ struct Chunk {
   std::vector<Accumulator> slot_barriers ABSL_GUARDED_BY(mu);
   // Exactly-once records, one per member that pushed with an update id.
   std::map<std::string, AppliedUpdates> applied ABSL_GUARDED_BY(mu);
+  // Trainable chunks: the highest worker_clock accepted from each member
+  // for the chunk's values (its steps here; SetMembers reports a removed
+  // member's).
+  std::map<std::string, int64_t> member_clock ABSL_GUARDED_BY(mu);
   // A consistent cut (ReadChunks at a version): the version wanted, and the
   // chunk as it was when it reached it (filled by the update that does).
   int64_t capture_version ABSL_GUARDED_BY(mu) = -1;
@@ -280,7 +287,8 @@ class JobState {
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
                     const JobLimits& limits, int shard_index);
-  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation);
+  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation,
+                                     v1::SetMembersResponse* response);
   void Drop();
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
                                const ParameterShard::Options& options, Outcome* outcome);
@@ -435,6 +443,7 @@ absl::Status JobState::Init(const ShardJobConfig& config,
   auto membership = std::make_shared<Membership>();
   membership->members.insert(config.members.begin(), config.members.end());
   membership->generation = config.generation;
+  for (const std::string& w : config.members) membership->joined[w] = config.generation;
 
   local_index_.assign(plan_.chunks.size(), -1);
   for (size_t i = 0; i < owned.size(); ++i) {
@@ -530,14 +539,24 @@ absl::Status JobState::CheckPushKind(const Chunk& chunk, const PushArgs& args) c
 absl::Status JobState::CheckCaller(const Membership& membership, const std::string& worker_id,
                                    int64_t generation) const {
   if (membership.dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
-  if (generation != membership.generation) {
-    return absl::AbortedError(absl::StrCat("generation ", generation, " of job ", job_id_,
-                                           " is not current: the job is at generation ",
-                                           membership.generation, "; get a new assignment"));
-  }
   if (!membership.Has(worker_id)) {
+    if (generation != membership.generation) {
+      return absl::AbortedError(absl::StrCat("generation ", generation, " of job ", job_id_,
+                                             " is not current: the job is at generation ",
+                                             membership.generation, "; get a new assignment"));
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " is not a member of job ", job_id_));
+  }
+  // A member that stayed through a membership change may still carry the
+  // generation it joined with (its new assignment is on its way): its
+  // updates are valid, and dropping them would lose samples.
+  auto joined = membership.joined.find(worker_id);
+  const int64_t since = joined == membership.joined.end() ? membership.generation : joined->second;
+  if (generation < since || generation > membership.generation) {
+    return absl::AbortedError(absl::StrCat(
+        "generation ", generation, " of job ", job_id_, " is not current for worker ", worker_id,
+        ": the job is at generation ", membership.generation, "; get a new assignment"));
   }
   return absl::OkStatus();
 }
@@ -579,6 +598,10 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
           ApplyOnArrival(*chunk, args, values, options.max_version_lead, outcome));
     }
     if (has_update_id) chunk->RecordApplied(args);
+    if (chunk->trainable && TargetIndex(args) == 0) {
+      int64_t& clock = chunk->member_clock[args.worker_id];
+      clock = std::max<int64_t>(clock, args.worker_clock);
+    }
     version = chunk->version;
   }
   if (mode_ == v1::CONSISTENCY_SSP) {
@@ -780,7 +803,7 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
 }
 
 absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& members,
-                                             int64_t generation) {
+                                             int64_t generation, v1::SetMembersResponse* response) {
   for (const std::string& w : members) {
     if (w.empty()) return absl::InvalidArgumentError("SetMembers: empty worker id");
   }
@@ -788,6 +811,7 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
   auto next = std::make_shared<Membership>();
   next->members.insert(members.begin(), members.end());
   next->generation = generation;
+  std::vector<std::string> removed;
   {
     absl::MutexLock lock(&mu_);
     if (membership_->dropped) return absl::NotFoundError(absl::StrCat("unknown job ", job_id_));
@@ -810,8 +834,20 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
       if (clocks.count(w) == 0) clocks[w] = slowest == INT64_MAX ? 0 : slowest;
     }
     clocks_ = std::move(clocks);
+    for (const std::string& w : next->members) {
+      auto it = membership_->joined.find(w);
+      next->joined[w] =
+          it != membership_->joined.end() && membership_->Has(w) ? it->second : generation;
+    }
+    for (const std::string& w : membership_->members) {
+      if (!next->Has(w)) removed.push_back(w);
+    }
     membership_ = next;
   }
+  // Steps of each removed member held here: the lowest, over the trainable
+  // chunks, of the highest clock accepted from it.
+  std::vector<int64_t> removed_steps(removed.size(), INT64_MAX);
+  bool any_trainable = false;
   // Every chunk adopts the new set and re-checks its barrier: a removed
   // member no longer holds a sync step back.
   Outcome outcome;
@@ -819,12 +855,29 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = next;
+    if (chunk->trainable) {
+      any_trainable = true;
+      for (size_t i = 0; i < removed.size(); ++i) {
+        auto it = chunk->member_clock.find(removed[i]);
+        removed_steps[i] =
+            std::min(removed_steps[i], it == chunk->member_clock.end() ? 0 : it->second);
+      }
+    }
     std::erase_if(chunk->applied, [&next](const auto& entry) { return !next->Has(entry.first); });
+    std::erase_if(chunk->member_clock,
+                  [&next](const auto& entry) { return !next->Has(entry.first); });
     if (barrier_mode() && BarrierReady(*chunk, nullptr)) {
       first_error.Update(CompleteBarrier(*chunk, nullptr, &outcome));
     }
   }
   PSTRAIN_RETURN_IF_ERROR(first_error);
+  if (response != nullptr && any_trainable) {
+    for (size_t i = 0; i < removed.size(); ++i) {
+      v1::MemberSteps* steps = response->add_removed();
+      steps->set_worker_id(removed[i]);
+      steps->set_steps(removed_steps[i]);
+    }
+  }
   return outcome.applied_updates;
 }
 
@@ -981,8 +1034,8 @@ absl::Status ParameterShard::CheckId(const char* what, const std::string& id) co
 }
 
 absl::Status ParameterShard::SetMembers(const std::string& job_id,
-                                        const std::vector<std::string>& members,
-                                        int64_t generation) {
+                                        const std::vector<std::string>& members, int64_t generation,
+                                        v1::SetMembersResponse* response) {
   for (const std::string& id : members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
   std::shared_ptr<Job> job;
   {
@@ -991,7 +1044,7 @@ absl::Status ParameterShard::SetMembers(const std::string& job_id,
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
     job = it->second;
   }
-  PSTRAIN_ASSIGN_OR_RETURN(int64_t applied, job->SetMembers(members, generation));
+  PSTRAIN_ASSIGN_OR_RETURN(int64_t applied, job->SetMembers(members, generation, response));
   absl::MutexLock lock(&mu_);
   stats_.applied_updates += applied;
   return absl::OkStatus();

@@ -55,6 +55,12 @@
 //    pull of a member that stays keeps waiting across a generation change.
 //  * ssp: a member that joins starts at the slowest clock of those that stay.
 //  * A generation older than the current one is INVALID_ARGUMENT.
+//  * A member that stays may go on pushing and pulling with any generation
+//    from the one it joined at to the current one (it learns the new one
+//    from its next heartbeat; its updates in between are valid).
+//  * Each trainable chunk records the highest worker_clock accepted from
+//    each member; SetMembers reports a removed member's steps (the lowest
+//    over the chunks), from which server 0 knows what it did not train.
 // Optimizer state is pulled (KIND_OPTIMIZER_STATE) only in average mode with
 // average_optimizer_state; in the other modes it lives in the server's
 // optimizer and is read with ReadChunks (checkpoints). ConfigureJob accepts
@@ -173,9 +179,10 @@ class ParameterShard {
                             const std::vector<v1::ChunkValues>& chunks);
   // New member set and generation: removed members leave every barrier at
   // once (a pending sync step completes if the rest have pushed) and their
-  // blocked pulls fail with ABORTED.
+  // blocked pulls fail with ABORTED. `response` (may be null) receives, for
+  // each member removed, its steps held here (SetMembersResponse.removed).
   absl::Status SetMembers(const std::string& job_id, const std::vector<std::string>& members,
-                          int64_t generation);
+                          int64_t generation, v1::SetMembersResponse* response = nullptr);
   // Forgets the job; blocked pulls fail with ABORTED.
   absl::Status DropJob(const std::string& job_id);
   // The ids of the jobs held, sorted.

@@ -180,10 +180,11 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
     }
 
     grpc::Status SetMembers(grpc::ServerContext* ctx, const v1::SetMembersRequest* request,
-                            v1::SetMembersResponse*) override {
+                            v1::SetMembersResponse* response) override {
       if (grpc::Status s = Admit(*ctx, "SetMembers", *request); !s.ok()) return s;
       std::vector<std::string> members(request->members().begin(), request->members().end());
-      return ToGrpcStatus(shard_->SetMembers(request->job_id(), members, request->generation()));
+      return ToGrpcStatus(
+          shard_->SetMembers(request->job_id(), members, request->generation(), response));
     }
 
     grpc::Status DropJob(grpc::ServerContext* ctx, const v1::DropJobRequest* request,

@@ -31,11 +31,12 @@ class LocalShardClient final : public ShardClient {
     std::vector<v1::ChunkValues> chunks(request.chunks().begin(), request.chunks().end());
     return shard_->ConfigureJob(config, chunks);
   }
-  absl::Status SetMembers(const v1::SetMembersRequest& request) override {
+  absl::Status SetMembers(const v1::SetMembersRequest& request,
+                          v1::SetMembersResponse* response) override {
     return shard_->SetMembers(
         request.job_id(),
         std::vector<std::string>(request.members().begin(), request.members().end()),
-        request.generation());
+        request.generation(), response);
   }
   absl::Status DropJob(const std::string& job_id) override { return shard_->DropJob(job_id); }
   absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
@@ -88,11 +89,12 @@ class RemoteShardClient final : public ShardClient {
     return FromGrpc(stub_->ConfigureJob(&context, request, &response),
                     absl::StrCat(Describe(), " ConfigureJob"));
   }
-  absl::Status SetMembers(const v1::SetMembersRequest& request) override {
+  absl::Status SetMembers(const v1::SetMembersRequest& request,
+                          v1::SetMembersResponse* response) override {
     grpc::ClientContext context;
     SetDeadline(context);
-    v1::SetMembersResponse response;
-    return FromGrpc(stub_->SetMembers(&context, request, &response),
+    v1::SetMembersResponse ignored;
+    return FromGrpc(stub_->SetMembers(&context, request, response != nullptr ? response : &ignored),
                     absl::StrCat(Describe(), " SetMembers"));
   }
   absl::Status DropJob(const std::string& job_id) override {
@@ -248,15 +250,22 @@ absl::Status ShardController::ConfigureJob(const JobLaunch& launch) {
 
 absl::Status ShardController::SetMembers(const std::string& job_id,
                                          const std::vector<std::string>& members,
-                                         int64_t generation) {
+                                         int64_t generation,
+                                         std::map<std::string, int64_t>* removed_steps) {
   v1::SetMembersRequest request;
   request.set_job_id(job_id);
   for (const std::string& m : members) request.add_members(m);
   request.set_generation(generation);
   absl::Status first;
   for (const auto& shard : shards_) {
-    absl::Status s = shard->SetMembers(request);
+    v1::SetMembersResponse response;
+    absl::Status s = shard->SetMembers(request, &response);
     if (!s.ok() && first.ok()) first = s;
+    if (!s.ok() || removed_steps == nullptr) continue;
+    for (const v1::MemberSteps& m : response.removed()) {
+      auto [it, inserted] = removed_steps->emplace(m.worker_id(), m.steps());
+      if (!inserted) it->second = std::min(it->second, m.steps());
+    }
   }
   return first;
 }

@@ -49,7 +49,9 @@ class ShardClient {
  public:
   virtual ~ShardClient() = default;
   virtual absl::Status ConfigureJob(const v1::ConfigureJobRequest& request) = 0;
-  virtual absl::Status SetMembers(const v1::SetMembersRequest& request) = 0;
+  // `response` (may be null) receives the removed members' steps.
+  virtual absl::Status SetMembers(const v1::SetMembersRequest& request,
+                                  v1::SetMembersResponse* response) = 0;
   virtual absl::Status DropJob(const std::string& job_id) = 0;
   // Every chunk the shard owns for the job, with version and optimizer slots;
   // `request` as in ReadChunksRequest (at_version, versions_only), waiting
@@ -115,8 +117,12 @@ class ShardController {
   // configured on some shards: call DropJob).
   absl::Status ConfigureJob(const JobLaunch& launch);
   // New member set and generation on every shard; the first error.
+  // `removed_steps` (may be null) receives, for each member removed, the
+  // lowest of the steps the shards hold of it (SetMembersResponse.removed;
+  // shards without trainable chunks do not count).
   absl::Status SetMembers(const std::string& job_id, const std::vector<std::string>& members,
-                          int64_t generation);
+                          int64_t generation,
+                          std::map<std::string, int64_t>* removed_steps = nullptr);
   // Forgets the job on every shard (all are tried); the first error.
   absl::Status DropJob(const std::string& job_id);
   // Reads every shard's chunks and reassembles whole parameters and

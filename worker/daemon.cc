@@ -11,8 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/chunking.h"
 #include "common/data/dataset.h"
+#include "common/data/epoch_work.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
 #include "common/status_macros.h"
@@ -681,44 +683,21 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
     }
   };
 
-  // Phase: Train, epoch by epoch; a new rank or world size applies from the
-  // next epoch on.
+  // Phase: Train, epoch by epoch. The coordinator names each epoch's rank
+  // and world size (the same for every member) and hands out the samples a
+  // lost member did not train as tails, trained after this member's share.
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
   std::unique_ptr<Trainer> trainer;
   int64_t global_step = -1;
-  int64_t first_step = 0;  // Of the run's first epoch; 0 for the others.
-  for (int epoch = a.start_epoch(); epoch < job.epochs(); ++epoch) {
-    const v1::Assignment latest = runner->Snapshot();
-    if (trainer == nullptr || latest.rank() != trainer_options.rank ||
-        latest.world_size() != trainer_options.world_size) {
-      trainer_options.rank = latest.rank();
-      trainer_options.world_size = std::max(1, latest.world_size());
-      trainer_ptr = nullptr;
-      trainer.reset();
-      PSTRAIN_ASSIGN_OR_RETURN(trainer, Trainer::Create(model.get(), updater.get(), &splits.train,
-                                                        preprocess, trainer_options));
-      trainer_ptr = trainer.get();
-      if (global_step < 0) {
-        // The run's data position: start_step's steps into the first epoch
-        // when this worker's steps per epoch put it there (same world size).
-        const int64_t into = a.start_step() - epoch * trainer->steps_per_epoch();
-        if (into > 0 && into < trainer->steps_per_epoch()) first_step = into;
-        global_step = epoch * trainer->steps_per_epoch() + first_step;
-        if (first_step > 0) {
-          Log(absl::StrCat(runner->job_id, ": resuming epoch ", epoch + 1, " at step ", first_step,
-                           " of ", trainer->steps_per_epoch()));
-        }
-      }
-      trainer->set_global_step(global_step);
-    }
-    a = latest;
-    auto progress = [&](const StepProgress& p) {
+  std::map<int, int64_t> trained;  // Samples trained in this run, per epoch.
+  auto progress_for = [&](int epoch) {
+    return [&, epoch](const StepProgress& p) {
       metrics_->ObserveProgress(p);
       v1::ReportProgressRequest report;
       report.set_job_id(runner->job_id);
       report.set_run_id(runner->run_id);
       report.set_generation(runner->Snapshot().generation());
-      report.set_epoch(p.step_in_epoch >= p.steps_in_epoch ? p.epoch + 1 : p.epoch);
+      report.set_epoch(p.step_in_epoch >= p.steps_in_epoch ? epoch + 1 : epoch);
       report.set_step(p.global_step);
       report.set_loss(p.mean_loss);
       report.set_train_accuracy(p.train_accuracy);
@@ -729,15 +708,83 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
                                     {"train/accuracy", p.train_accuracy},
                                     {"train/samples_per_sec", p.samples_per_sec}});
     };
+  };
+  for (int epoch = a.start_epoch(); epoch < job.epochs(); ++epoch) {
+    const int64_t epoch_length =
+        job.dataset().balance() == v1::BALANCE_OVERSAMPLE
+            ? data::BalancedEpochLength(splits.train.labels, splits.train.num_classes)
+            : splits.train.size();
+    PSTRAIN_ASSIGN_OR_RETURN(v1::EpochPlanResponse plan,
+                             AskEpochPlan(runner, epoch, epoch_length, false, 0, trained));
+    if (trainer == nullptr || plan.rank() != trainer_options.rank ||
+        plan.world_size() != trainer_options.world_size) {
+      trainer_options.rank = plan.rank();
+      trainer_options.world_size = std::max(1, plan.world_size());
+      trainer_ptr = nullptr;
+      trainer.reset();
+      PSTRAIN_ASSIGN_OR_RETURN(trainer, Trainer::Create(model.get(), updater.get(), &splits.train,
+                                                        preprocess, trainer_options));
+      trainer_ptr = trainer.get();
+    }
+    if (plan.base_steps() != trainer->steps_per_epoch()) {
+      return absl::InternalError(absl::StrCat("epoch ", epoch + 1, ": the coordinator plans ",
+                                              plan.base_steps(), " steps, this worker counts ",
+                                              trainer->steps_per_epoch()));
+    }
+    int64_t first_step = 0;
+    if (global_step < 0) {
+      // The run's data position: start_step's steps into the first epoch
+      // when this worker's steps per epoch put it there (same world size).
+      const int64_t into = a.start_step() - epoch * trainer->steps_per_epoch();
+      if (into > 0 && into < trainer->steps_per_epoch()) first_step = into;
+      if (first_step > 0) {
+        Log(absl::StrCat(runner->job_id, ": resuming epoch ", epoch + 1, " at step ", first_step,
+                         " of ", trainer->steps_per_epoch()));
+      }
+    }
+    global_step = epoch * trainer->steps_per_epoch() + first_step;
+    trainer->set_global_step(global_step);
+    a = runner->Snapshot();
+    const data::WorkSegment base = trainer->BaseSegment(epoch);
+    if (first_step > 0) {
+      trained[epoch] +=
+          data::BatchEnds(base.range.size(), base.steps, job.batch_size())[first_step - 1];
+    }
     PSTRAIN_ASSIGN_OR_RETURN(
         EpochStats stats,
-        trainer->RunEpoch(epoch, progress, options_.progress_every_steps, first_step));
-    first_step = 0;
+        trainer->RunEpoch(epoch, progress_for(epoch), options_.progress_every_steps, first_step));
+    trained[epoch] += stats.applied_samples;
+    // Tails: ask until every one handed out is trained (the epoch ends
+    // for this member with that answer).
+    int tails_done = 0;
+    for (;;) {
+      PSTRAIN_ASSIGN_OR_RETURN(
+          plan, AskEpochPlan(runner, epoch, epoch_length, true, tails_done, trained));
+      if (plan.tails_size() <= tails_done) break;
+      for (; tails_done < plan.tails_size(); ++tails_done) {
+        const v1::WorkSegment& t = plan.tails(tails_done);
+        const data::WorkSegment segment{{t.epoch(), t.begin(), t.end()}, t.steps()};
+        Log(absl::StrCat(runner->job_id, ": epoch ", epoch + 1, ": training ", segment.range.size(),
+                         " samples a lost worker left (epoch ", t.epoch() + 1, " positions ",
+                         t.begin(), "..", t.end(), ", ", t.steps(), " steps)"));
+        SegmentOptions tail;
+        tail.tail = true;
+        tail.tail_index = tails_done;
+        tail.progress_every = 0;
+        PSTRAIN_ASSIGN_OR_RETURN(EpochStats tail_stats,
+                                 trainer->RunSegment(epoch, segment, nullptr, tail));
+        trained[t.epoch()] += tail_stats.applied_samples;
+        stats.samples += tail_stats.samples;
+        stats.seconds += tail_stats.seconds;
+      }
+    }
     global_step = trainer->global_step();
     metrics_->ObserveEpoch(stats);
-    Log(absl::StrFormat("%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s",
-                        runner->job_id, epoch + 1, job.epochs(), stats.mean_loss,
-                        stats.train_accuracy, stats.samples_per_sec, stats.seconds));
+    Log(absl::StrFormat(
+        "%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s  "
+        "(%d samples trained)",
+        runner->job_id, epoch + 1, job.epochs(), stats.mean_loss, stats.train_accuracy,
+        stats.samples_per_sec, stats.seconds, trained[epoch]));
   }
   trainer.reset();
 
@@ -766,6 +813,61 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
                       eval.rank, eval.world_size, report.eval_shard().accuracy(), shard.samples));
   SendFinalReport(runner, report);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::EpochPlanResponse> WorkerDaemon::AskEpochPlan(
+    Runner* runner, int epoch, int64_t epoch_length, bool share_done, int tails_done,
+    const std::map<int, int64_t>& trained) {
+  v1::EpochPlanRequest request;
+  request.set_worker_id(worker_id());
+  request.set_job_id(runner->job_id);
+  request.set_run_id(runner->run_id);
+  request.set_epoch(epoch);
+  request.set_epoch_length(epoch_length);
+  request.set_share_done(share_done);
+  request.set_tails_done(tails_done);
+  request.set_batch_size(runner->Snapshot().spec().batch_size());
+  for (const auto& [e, samples] : trained) {
+    v1::EpochSamples* t = request.add_trained();
+    t->set_epoch(e);
+    t->set_samples(samples);
+  }
+  // A loss being redistributed answers `wait`; the coordinator may restart.
+  // Both are bounded by the parameter-server deadline (a sync step waits as
+  // long for a lost member).
+  const absl::Time give_up = absl::Now() + options_.ps_rpc_timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  for (;;) {
+    if (runner->stop.load()) return absl::CancelledError("the job was stopped");
+    v1::EpochPlanResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
+    grpc::Status status = stub_->EpochPlan(&ctx, request, &response);
+    if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      // An older coordinator: the assignment's rank and world size, no tails.
+      const v1::Assignment a = runner->Snapshot();
+      response.Clear();
+      response.set_rank(a.rank());
+      response.set_world_size(std::max(1, a.world_size()));
+      response.set_base_steps(
+          data::BaseSteps(epoch_length, response.world_size(), request.batch_size()));
+      return response;
+    }
+    if (status.ok() && !response.wait()) return response;
+    if (!status.ok() && !Transient(status)) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("epoch plan: ", status.error_message()));
+    }
+    if (absl::Now() + backoff > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no plan for epoch ", epoch + 1, " within ",
+          absl::FormatDuration(options_.ps_rpc_timeout),
+          status.ok() ? " (the coordinator kept redistributing a lost member's samples)"
+                      : absl::StrCat(": ", status.error_message())));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
 }
 
 void WorkerDaemon::ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request) {

@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,6 +148,12 @@ class WorkerDaemon {
   absl::Status Train(Runner* runner);
   void SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request);
   void ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request);
+  // The coordinator's plan for this member in `epoch` (EpochPlan), asked
+  // again while it says wait, within ps_rpc_timeout.
+  absl::StatusOr<v1::EpochPlanResponse> AskEpochPlan(Runner* runner, int epoch,
+                                                     int64_t epoch_length, bool share_done,
+                                                     int tails_done,
+                                                     const std::map<int, int64_t>& trained);
   void SleepFor(absl::Duration d);
   grpc::Status CoordinatorCall(grpc::ClientContext* ctx, const std::function<grpc::Status()>& call)
       ABSL_LOCKS_EXCLUDED(mu_);

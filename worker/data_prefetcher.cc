@@ -20,6 +20,7 @@ size_t RoundUp(size_t bytes, size_t alignment) {
 PrefetchOptions WithDefaults(PrefetchOptions options) {
   if (options.prefetch_batches == 0) options.prefetch_batches = 4;
   if (options.threads == 0) options.threads = 1;
+  if (options.max_batch < options.batch_size) options.max_batch = options.batch_size;
   return options;
 }
 
@@ -40,6 +41,10 @@ absl::Status CheckOptions(const PrefetchOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch: rank ", options.rank,
                                                    " is outside [0, world_size = ",
                                                    options.world_size, ")"));
+  }
+  if (options.max_batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefetch: max_batch must be >= 0, got ", options.max_batch));
   }
   if (options.next_timeout_ms <= 0) {
     return absl::InvalidArgumentError(
@@ -79,12 +84,13 @@ DataPrefetcher::DataPrefetcher(Backend* backend, const data::ImageDataset* datas
       batches_per_epoch_(options.drop_last
                              ? samples_per_epoch_ / options.batch_size
                              : (samples_per_epoch_ + options.batch_size - 1) / options.batch_size),
-      image_bytes_(static_cast<size_t>(options.batch_size) * dataset->sample_elements() *
+      max_batch_(options.max_batch),
+      image_bytes_(static_cast<size_t>(options.max_batch) * dataset->sample_elements() *
                    sizeof(float)),
       label_offset_bytes_(RoundUp(image_bytes_, kPinnedAlignment)) {}
 
 absl::Status DataPrefetcher::Init() {
-  const size_t label_bytes = static_cast<size_t>(options_.batch_size) * sizeof(int32_t);
+  const size_t label_bytes = static_cast<size_t>(max_batch_) * sizeof(int32_t);
   for (int i = 0; i < options_.prefetch_batches; ++i) {
     PSTRAIN_ASSIGN_OR_RETURN(PinnedBuffer buffer,
                              backend_->AllocatePinned(label_offset_bytes_ + label_bytes));
@@ -115,22 +121,18 @@ DataPrefetcher::~DataPrefetcher() {
   in_flight_.clear();
 }
 
-int DataPrefetcher::BatchSamples(int64_t b) const {
-  return static_cast<int>(
-      std::min<int64_t>(options_.batch_size, samples_per_epoch_ - b * options_.batch_size));
-}
-
 void DataPrefetcher::AssembleLoop() {
   while (true) {
     int64_t batch = 0;
     int slot = 0;
     uint64_t generation = 0;
-    int epoch = 0;
-    std::shared_ptr<const std::vector<int64_t>> order;
+    uint64_t aug_key = 0;
+    std::shared_ptr<const std::vector<int64_t>> order, ends;
     {
       absl::MutexLock lock(&mu_);
-      while (!shutdown_ && !(epoch_active_ && next_to_assemble_ < batches_per_epoch_ &&
-                             !free_slots_.empty())) {
+      while (!shutdown_ &&
+             !(epoch_active_ && next_to_assemble_ < static_cast<int64_t>(ends_->size()) &&
+               !free_slots_.empty())) {
         work_cv_.Wait(&mu_);
       }
       if (shutdown_) return;
@@ -138,17 +140,16 @@ void DataPrefetcher::AssembleLoop() {
       slot = free_slots_.back();
       free_slots_.pop_back();
       generation = generation_;
-      epoch = epoch_;
+      aug_key = aug_key_;
       order = order_;
+      ends = ends_;
     }
 
     // Outside the lock: slot `slot` belongs to this thread until handed back.
-    const int n = BatchSamples(batch);
-    auto idx = absl::MakeConstSpan(*order).subspan(batch * options_.batch_size, n);
-    const uint64_t aug_seed = data::MixSeed(
-        data::MixSeed(data::MixSeed(options_.seed, static_cast<uint64_t>(epoch)),
-                      static_cast<uint64_t>(options_.rank)),
-        static_cast<uint64_t>(batch));
+    const int64_t begin = batch == 0 ? 0 : (*ends)[static_cast<size_t>(batch - 1)];
+    const int n = static_cast<int>((*ends)[static_cast<size_t>(batch)] - begin);
+    auto idx = absl::MakeConstSpan(*order).subspan(static_cast<size_t>(begin), n);
+    const uint64_t aug_seed = data::MixSeed(aug_key, static_cast<uint64_t>(batch));
     char* base = static_cast<char*>(pinned_[slot].data());
     data::AssembleBatch(*dataset_, idx, preprocess_, options_.augment, aug_seed,
                         reinterpret_cast<float*>(base),
@@ -195,12 +196,52 @@ absl::Status DataPrefetcher::StartEpoch(int epoch, int64_t first_batch) {
         data::BalancedEpochSamples(dataset_->labels, dataset_->num_classes, options_.seed, epoch);
     for (int64_t& p : positions) p = samples[static_cast<size_t>(p)];
   }
-  auto order = std::make_shared<const std::vector<int64_t>>(std::move(positions));
+  std::vector<int64_t> ends;
+  ends.reserve(static_cast<size_t>(batches_per_epoch_));
+  for (int64_t b = 1; b <= batches_per_epoch_; ++b) {
+    ends.push_back(std::min<int64_t>(b * options_.batch_size, samples_per_epoch_));
+  }
+  const uint64_t aug_key = data::MixSeed(data::MixSeed(options_.seed, static_cast<uint64_t>(epoch)),
+                                         static_cast<uint64_t>(options_.rank));
+  Begin(aug_key, std::move(positions), std::move(ends), first_batch);
+  return absl::OkStatus();
+}
+
+absl::Status DataPrefetcher::StartSamples(uint64_t aug_key, std::vector<int64_t> samples,
+                                          std::vector<int64_t> ends) {
+  int64_t previous = 0;
+  for (int64_t end : ends) {
+    if (end <= previous || end - previous > max_batch_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefetch: batch ends must ascend in steps of 1..", max_batch_, " samples"));
+    }
+    previous = end;
+  }
+  if (previous != static_cast<int64_t>(samples.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefetch: the batches cover ", previous, " samples of ", samples.size()));
+  }
+  for (int64_t index : samples) {
+    if (index < 0 || index >= dataset_->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefetch: sample ", index, " is outside the dataset"));
+    }
+  }
+  PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers());
+  Begin(data::MixSeed(options_.seed, aug_key), std::move(samples), std::move(ends), 0);
+  return absl::OkStatus();
+}
+
+void DataPrefetcher::Begin(uint64_t aug_key, std::vector<int64_t> order, std::vector<int64_t> ends,
+                           int64_t first_batch) {
+  auto shared_order = std::make_shared<const std::vector<int64_t>>(std::move(order));
+  owner_ends_ = std::make_shared<const std::vector<int64_t>>(std::move(ends));
   {
     absl::MutexLock lock(&mu_);
     ++generation_;
-    epoch_ = epoch;
-    order_ = std::move(order);
+    aug_key_ = aug_key;
+    order_ = std::move(shared_order);
+    ends_ = owner_ends_;
     next_to_assemble_ = first_batch;
     epoch_active_ = true;
     for (const auto& [batch, slot] : ready_) free_slots_.push_back(slot);
@@ -210,7 +251,6 @@ absl::Status DataPrefetcher::StartEpoch(int epoch, int64_t first_batch) {
   epoch_started_ = true;
   next_to_take_ = first_batch;
   last_wait_seconds_ = 0;
-  return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
@@ -221,7 +261,7 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
   // has normally finished, so this wait is short.
   PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers());
   last_wait_seconds_ = 0;
-  if (next_to_take_ >= batches_per_epoch_) return DeviceBatch{};
+  if (next_to_take_ >= static_cast<int64_t>(owner_ends_->size())) return DeviceBatch{};
 
   const int64_t batch = next_to_take_;
   int slot = 0;
@@ -244,7 +284,8 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
     last_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
   }
 
-  const int n = BatchSamples(batch);
+  const int64_t begin = batch == 0 ? 0 : (*owner_ends_)[static_cast<size_t>(batch - 1)];
+  const int n = static_cast<int>((*owner_ends_)[static_cast<size_t>(batch)] - begin);
   device_slot_ ^= 1;
   const char* base = static_cast<const char*>(pinned_[slot].data());
   absl::Status copied = backend_->CopyHostToDevice(

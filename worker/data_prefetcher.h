@@ -56,6 +56,9 @@ struct PrefetchOptions {
   // Class-balanced epochs (data::BalancedEpochSamples): the epoch is the
   // oversampled list, shuffled and sharded instead of [0, size()).
   bool balance = false;
+  // Largest batch StartSamples may ask for (buffers are sized for it);
+  // 0 means batch_size.
+  int max_batch = 0;
   int next_timeout_ms = 60000;  // Longest Next() waits for a batch; > 0.
 };
 
@@ -96,6 +99,14 @@ class DataPrefetcher {
   // for a first batch outside [0, batches_per_epoch()].
   absl::Status StartEpoch(int epoch, int64_t first_batch = 0);
 
+  // Begins an explicit list of batches: batch b holds samples[ends[b-1],
+  // ends[b]) (dataset indices; ends ascending, the last = samples.size(),
+  // no batch larger than max_batch). `aug_key` seeds the augmentation (give
+  // every list its own). Next() returns them, then n == 0. Replaces what
+  // StartEpoch or an earlier call began.
+  absl::Status StartSamples(uint64_t aug_key, std::vector<int64_t> samples,
+                            std::vector<int64_t> ends);
+
   // Batches Next() returns per epoch (before the n == 0 one).
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   // Samples in this rank's shard per epoch (with drop_last, the final
@@ -122,8 +133,9 @@ class DataPrefetcher {
   void AssembleLoop();
   // Waits on every pending copy event and returns its pinned buffer to the pool.
   absl::Status ReleaseCopiedBuffers();
-  // Samples in batch b of an epoch.
-  int BatchSamples(int64_t b) const;
+  // Makes `order` and `ends` the current work, from batch `first_batch`.
+  void Begin(uint64_t aug_key, std::vector<int64_t> order, std::vector<int64_t> ends,
+             int64_t first_batch);
 
   // Constant after construction.
   Backend* const backend_;
@@ -133,7 +145,8 @@ class DataPrefetcher {
   const int64_t epoch_length_;  // Samples in one epoch over every rank.
   const int64_t samples_per_epoch_;
   const int64_t batches_per_epoch_;
-  const size_t image_bytes_;         // Per full batch.
+  const int max_batch_;
+  const size_t image_bytes_;         // Per batch of max_batch_.
   const size_t label_offset_bytes_;  // Labels' offset inside a pinned buffer.
   // Constant after Init(): the pool (slot i's contents belong to whoever
   // holds index i: a producer, the ready map, or the in-flight list), the
@@ -151,6 +164,8 @@ class DataPrefetcher {
   std::vector<InFlight> in_flight_;
   bool epoch_started_ = false;
   int64_t next_to_take_ = 0;   // Next batch index Next() returns.
+  // The current work's batch ends (also read by producers, under mu_).
+  std::shared_ptr<const std::vector<int64_t>> owner_ends_;
   int device_slot_ = 0;        // Device buffer of the latest batch.
   double last_wait_seconds_ = 0;
 
@@ -160,8 +175,9 @@ class DataPrefetcher {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool epoch_active_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by StartEpoch.
-  int epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t aug_key_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const std::vector<int64_t>> order_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<int64_t>> ends_ ABSL_GUARDED_BY(mu_);
   int64_t next_to_assemble_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, int> ready_ ABSL_GUARDED_BY(mu_);  // Batch index -> slot.

@@ -200,6 +200,7 @@ absl::Status RemoteUpdater::ApplyUpdate(int64_t step, Model& model) {
     FlushGradients();
     PSTRAIN_RETURN_IF_ERROR(PushRunningStats());
     PSTRAIN_RETURN_IF_ERROR(WaitPushes());
+    last_applied_ = !need_resync_;  // Else this step's contribution was dropped.
     timings_.push_wait_seconds = absl::ToDoubleSeconds(absl::Now() - apply_start);
     ++clock_;
     // PullNext: in flight while the trainer takes the next batch.

@@ -116,6 +116,9 @@ class RemoteUpdater final : public ParameterUpdater {
   absl::Status BeforeStep(int64_t step, Model& model) override;
   void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) override;
   absl::Status ApplyUpdate(int64_t step, Model& model) override;
+  // False when the latest step's pushes failed and its contribution was
+  // dropped (average mode: always true; a lost round is not tracked).
+  bool LastUpdateApplied() const override { return last_applied_; }
 
   // Ends training: waits for what is in flight and leaves the server's latest
   // model in the model's parameters (average mode: after a last round when
@@ -209,6 +212,7 @@ class RemoteUpdater final : public ParameterUpdater {
   std::vector<int> gradient_batch_;                 // Chunks staged, not yet pushed.
   int64_t gradient_batch_bytes_ = 0;
   bool need_resync_ = false;
+  bool last_applied_ = true;
   int clock_ = 0;
   int resyncs_ = 0;
   int64_t local_steps_ = 0;  // Average mode: steps since the last round.

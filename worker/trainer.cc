@@ -73,6 +73,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   std::unique_ptr<Trainer> trainer(new Trainer(model, updater, options));
   PrefetchOptions prefetch;
   prefetch.batch_size = options.batch_size;
+  // The last step of a segment also takes its remainder: up to 2B - 1.
+  prefetch.max_batch = 2 * options.batch_size;
   prefetch.prefetch_batches = options.prefetch_batches;
   prefetch.threads = options.loader_threads;
   prefetch.seed = options.seed;
@@ -81,26 +83,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   prefetch.shuffle = true;
   prefetch.augment = options.augment;
   prefetch.balance = options.balance;
-  // Every step uses a full batch: equal steps on every rank keep the
-  // synchronous modes in lock-step, and BN statistics stay well defined.
-  prefetch.drop_last = true;
   PSTRAIN_ASSIGN_OR_RETURN(trainer->prefetcher_,
                            DataPrefetcher::Create(model->backend(), train, std::move(preprocess),
                                                   prefetch));
-  // Shards differ by at most one sample, which can still cross a batch
-  // boundary: every rank runs as many steps as the smallest shard allows, so
-  // that synchronous modes see the same number of steps from every worker.
-  const int64_t epoch_length = options.balance
-                                   ? data::BalancedEpochLength(train->labels, train->num_classes)
-                                   : train->size();
-  int64_t smallest_shard = epoch_length;
-  for (int r = 0; r < options.world_size; ++r) {
-    smallest_shard = std::min(smallest_shard, data::ShardSize(epoch_length, r, options.world_size));
-  }
-  trainer->steps_per_epoch_ = smallest_shard / options.batch_size;
-  if (trainer->steps_per_epoch_ == 0) {
+  trainer->train_ = train;
+  // Every rank runs as many steps as the smallest share allows, so that the
+  // synchronous modes see the same number of steps from every worker; the
+  // last step takes the rest of the share (data/epoch_work.h).
+  trainer->epoch_length_ = options.balance
+                               ? data::BalancedEpochLength(train->labels, train->num_classes)
+                               : train->size();
+  trainer->steps_per_epoch_ =
+      data::BaseSteps(trainer->epoch_length_, options.world_size, options.batch_size);
+  if (trainer->epoch_length_ / options.world_size < options.batch_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the smallest training shard has ", smallest_shard,
+        "the smallest training shard has ", trainer->epoch_length_ / options.world_size,
         " samples, fewer than one batch of ", options.batch_size));
   }
   const int classes = model->graph().num_classes;
@@ -118,9 +115,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   return trainer;
 }
 
-absl::Status Trainer::RunStep(const DeviceBatch& batch) {
+data::WorkSegment Trainer::BaseSegment(int epoch) const {
+  return {data::BaseRange(epoch_length_, epoch, options_.rank, options_.world_size),
+          steps_per_epoch_};
+}
+
+std::vector<int64_t> Trainer::SamplesOf(const data::WorkRange& range) {
+  if (order_epoch_ != range.epoch) {
+    order_ = data::EpochOrder(epoch_length_, options_.seed, range.epoch, 0, 1, /*shuffle=*/true);
+    if (options_.balance) {
+      const std::vector<int64_t> samples = data::BalancedEpochSamples(
+          train_->labels, train_->num_classes, options_.seed, range.epoch);
+      for (int64_t& p : order_) p = samples[static_cast<size_t>(p)];
+    }
+    order_epoch_ = range.epoch;
+  }
+  const int64_t begin = std::clamp<int64_t>(range.begin, 0, epoch_length_);
+  const int64_t end = std::clamp<int64_t>(range.end, begin, epoch_length_);
+  return std::vector<int64_t>(order_.begin() + begin, order_.begin() + end);
+}
+
+absl::Status Trainer::RunStep(const DeviceBatch& batch, uint64_t dropout_seed) {
   PSTRAIN_RETURN_IF_ERROR(updater_->BeforeStep(global_step_, *model_));
-  const uint64_t dropout_seed = MixBits(options_.seed ^ 0xd50u, global_step_ * 1024 + options_.rank);
   PSTRAIN_RETURN_IF_ERROR(model_->Forward(batch.images, batch.labels, batch.n, true, dropout_seed));
   PSTRAIN_RETURN_IF_ERROR(model_->Backward());
   return updater_->ApplyUpdate(global_step_, *model_);
@@ -172,13 +188,41 @@ absl::Status Trainer::CollectStats(int slot) {
 
 absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progress,
                                              int64_t progress_every, int64_t first_step) {
+  SegmentOptions options;
+  options.first_step = first_step;
+  options.progress_every = progress_every;
+  return RunSegment(epoch, BaseSegment(epoch), progress, options);
+}
+
+absl::StatusOr<EpochStats> Trainer::RunSegment(int epoch, const data::WorkSegment& segment,
+                                               const ProgressFn& progress, SegmentOptions options) {
   const absl::Time start = absl::Now();
   epoch_loss_sum_ = 0;
   epoch_correct_ = epoch_seen_ = epoch_loss_batches_ = 0;
-  PSTRAIN_RETURN_IF_ERROR(prefetcher_->StartEpoch(epoch, first_step));
   EpochStats stats;
   stats.epoch = epoch;
-  const int64_t steps = steps_per_epoch_;
+  std::vector<int64_t> ends =
+      data::BatchEnds(segment.range.size(), segment.steps, options_.batch_size);
+  const int64_t steps = static_cast<int64_t>(ends.size());
+  if (options.first_step < 0 || options.first_step > steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first step ", options.first_step, " is outside [0, ", steps, "]"));
+  }
+  if (steps == 0 || options.first_step == steps) return stats;
+  // The samples still to train, and where each of their batches ends.
+  const int64_t skip = options.first_step == 0 ? 0 : ends[options.first_step - 1];
+  data::WorkRange rest = segment.range;
+  rest.begin += skip;
+  ends.erase(ends.begin(), ends.begin() + options.first_step);
+  for (int64_t& end : ends) end -= skip;
+  const uint64_t aug_key =
+      options.tail
+          ? data::MixSeed(data::MixSeed(0x7a11u, static_cast<uint64_t>(segment.range.epoch)),
+                          static_cast<uint64_t>(rest.begin))
+          : data::MixSeed(data::MixSeed(static_cast<uint64_t>(segment.range.epoch),
+                                        static_cast<uint64_t>(options_.rank)),
+                          static_cast<uint64_t>(options_.world_size));
+  PSTRAIN_RETURN_IF_ERROR(prefetcher_->StartSamples(aug_key, SamplesOf(rest), std::move(ends)));
   auto report = [&](int64_t step_in_epoch) {
     if (!progress) return;
     StepProgress p;
@@ -193,7 +237,7 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
     progress(p);
   };
   int slot = 0;
-  for (int64_t s = first_step; s < steps; ++s) {
+  for (int64_t s = options.first_step; s < steps; ++s) {
     // NextBatch: already assembled in the background and copied to the device.
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBatch batch, prefetcher_->Next());
     last_data_wait_seconds_ = prefetcher_->last_wait_seconds();
@@ -201,14 +245,23 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
     if (batch.n == 0) {
       return absl::InternalError(absl::StrCat("data ran out after ", s, " of ", steps, " steps"));
     }
-    PSTRAIN_RETURN_IF_ERROR(RunStep(batch));
+    const uint64_t dropout_seed =
+        options.tail ? MixBits(options_.seed ^ 0x7a11u,
+                               (static_cast<uint64_t>(segment.range.epoch) << 40) ^
+                                   (static_cast<uint64_t>(options.tail_index) << 24) ^
+                                   static_cast<uint64_t>(s * 1024 + options_.rank))
+                     : MixBits(options_.seed ^ 0xd50u, global_step_ * 1024 + options_.rank);
+    PSTRAIN_RETURN_IF_ERROR(RunStep(batch, dropout_seed));
     PSTRAIN_RETURN_IF_ERROR(EnqueueStats(batch, slot));
     slot ^= 1;
     PSTRAIN_RETURN_IF_ERROR(CollectStats(slot));  // The previous step's.
-    ++global_step_;
+    if (!options.tail) ++global_step_;
     ++stats.steps;
     stats.samples += batch.n;
-    if (progress_every > 0 && (s + 1) % progress_every == 0 && s + 1 < steps) report(s + 1);
+    if (updater_->LastUpdateApplied()) stats.applied_samples += batch.n;
+    if (options.progress_every > 0 && (s + 1) % options.progress_every == 0 && s + 1 < steps) {
+      report(s + 1);
+    }
   }
   PSTRAIN_RETURN_IF_ERROR(CollectStats(slot ^ 1));
   PSTRAIN_RETURN_IF_ERROR(model_->backend()->Synchronize());
@@ -216,7 +269,7 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, const ProgressFn& progre
   stats.mean_loss = epoch_loss_batches_ ? epoch_loss_sum_ / epoch_loss_batches_ : 0;
   stats.train_accuracy = epoch_seen_ ? static_cast<double>(epoch_correct_) / epoch_seen_ : 0;
   stats.samples_per_sec = stats.seconds > 0 ? stats.samples / stats.seconds : 0;
-  report(stats.steps);
+  report(steps);
   return stats;
 }
 

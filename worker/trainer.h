@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/data/dataset.h"
+#include "common/data/epoch_work.h"
 #include "kernels/optimizer.h"
 #include "pstrain/v1/job.pb.h"
 #include "worker/data_prefetcher.h"
@@ -48,6 +49,9 @@ class ParameterUpdater {
   virtual void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) {}
   // After backward: apply the update. Every gradient is complete here.
   virtual absl::Status ApplyUpdate(int64_t step, Model& model) = 0;
+  // Whether the latest ApplyUpdate's update reached the model (false: it
+  // was dropped, e.g. a remote step lost to a resync). Counts samples.
+  virtual bool LastUpdateApplied() const { return true; }
 };
 
 // The standalone updater: a local Optimizer over every trainable parameter.
@@ -83,6 +87,9 @@ struct EpochStats {
   int epoch = 0;
   int64_t steps = 0;
   int64_t samples = 0;
+  // Samples whose update reached the model (samples minus the steps the
+  // updater dropped).
+  int64_t applied_samples = 0;
   double mean_loss = 0;
   double train_accuracy = 0;
   double seconds = 0;
@@ -98,6 +105,16 @@ struct StepProgress {
 };
 using ProgressFn = std::function<void(const StepProgress&)>;
 
+// How Trainer::RunSegment runs a piece of an epoch's work.
+struct SegmentOptions {
+  int64_t first_step = 0;  // Steps of the segment trained already (a resumed run).
+  // Work redistributed from a lost worker (a tail): its steps do not move
+  // global_step() (the data position) and draw their own dropout seeds.
+  bool tail = false;
+  int tail_index = 0;  // Distinguishes the tails of one epoch (seeds).
+  int64_t progress_every = 100;
+};
+
 class Trainer {
  public:
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(Model* model, ParameterUpdater* updater,
@@ -106,9 +123,21 @@ class Trainer {
                                                          TrainerOptions options);
 
   // Runs one epoch over this rank's shard, from step `first_step` of it (a
-  // resumed run; 0..steps_per_epoch()).
+  // resumed run; 0..steps_per_epoch()). Every sample of the shard is
+  // trained: the last step also takes the shard's remainder (fewer than
+  // batch_size more samples).
   absl::StatusOr<EpochStats> RunEpoch(int epoch, const ProgressFn& progress,
                                       int64_t progress_every = 100, int64_t first_step = 0);
+  // Trains `segment` (positions of its epoch's order, in segment.steps
+  // steps; common/data/epoch_work.h). `epoch` is the epoch being trained
+  // (reports); the segment's own epoch picks the samples.
+  absl::StatusOr<EpochStats> RunSegment(int epoch, const data::WorkSegment& segment,
+                                        const ProgressFn& progress, SegmentOptions options);
+  // This rank's share of `epoch` (BaseRange with the trainer's rank and
+  // world size) and its steps.
+  data::WorkSegment BaseSegment(int epoch) const;
+  // Positions in one epoch's order (samples of an epoch).
+  int64_t epoch_length() const { return epoch_length_; }
 
   // How long the current step waited for its batch, and how many batches are
   // ready in the prefetcher now (for step metrics; trainer thread only).
@@ -124,7 +153,9 @@ class Trainer {
   struct PendingStats;  // Loss, logits and labels of a step, read one step late.
   Trainer(Model* model, ParameterUpdater* updater, TrainerOptions options)
       : model_(model), updater_(updater), options_(options) {}
-  absl::Status RunStep(const DeviceBatch& batch);
+  absl::Status RunStep(const DeviceBatch& batch, uint64_t dropout_seed);
+  // Dataset indices of `range` (cached per epoch).
+  std::vector<int64_t> SamplesOf(const data::WorkRange& range);
   absl::Status EnqueueStats(const DeviceBatch& batch, int slot);
   absl::Status CollectStats(int slot);
 
@@ -134,7 +165,11 @@ class Trainer {
   const TrainerOptions options_;
 
   std::unique_ptr<DataPrefetcher> prefetcher_;
+  const data::ImageDataset* train_ = nullptr;
+  int64_t epoch_length_ = 0;
   int64_t steps_per_epoch_ = 0;
+  int order_epoch_ = -1;        // Epoch whose order order_ holds.
+  std::vector<int64_t> order_;  // Dataset index at each position.
   int64_t global_step_ = 0;
   double last_data_wait_seconds_ = 0;
   // Double-buffered host copies for the one-step-late statistics.

@@ -39,6 +39,21 @@ google::protobuf::Struct SubmitAndWatch(LocalCluster& cluster, const std::string
   return ParseJson(r.LastLine());
 }
 
+// Every one of `epochs` epochs of the status JSON `s` counts `size` samples
+// trained (JobStatus.epoch_samples).
+void ExpectEveryEpochTrainedOnce(const google::protobuf::Struct& s, int epochs, int64_t size,
+                                 const std::string& context) {
+  ASSERT_TRUE(s.fields().contains("epoch_samples")) << context;
+  const auto& list = s.fields().at("epoch_samples").list_value();
+  ASSERT_EQ(list.values_size(), epochs) << context;
+  for (int e = 0; e < epochs; ++e) {
+    const google::protobuf::Struct& row = list.values(e).struct_value();
+    EXPECT_EQ(NumberField(row, "epoch"), e) << context;
+    EXPECT_EQ(NumberField(row, "samples"), size) << "epoch " << e << "\n" << context;
+    EXPECT_EQ(NumberField(row, "expected"), size) << "epoch " << e << "\n" << context;
+  }
+}
+
 TEST_F(DistributedTrainingTest, SyncTwoWorkersReachesAccuracyFloor) {
   LocalCluster cluster({.shards = 1, .workers = 2});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
@@ -58,6 +73,8 @@ TEST_F(DistributedTrainingTest, SyncTwoWorkersReachesAccuracyFloor) {
   }
   EXPECT_EQ(NumberField(s, "epoch"), 2);
   EXPECT_DOUBLE_EQ(NumberField(s, "test_accuracy"), NumberField(result, "test_accuracy"));
+  // Every sample once per epoch (the last step of each share takes its rest).
+  ExpectEveryEpochTrainedOnce(s, 2, 6400, status.output);
 
   // The trained model downloads as a valid checkpoint.
   std::string model = dir_ + "/model.ckpt";
@@ -129,6 +146,10 @@ TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
   auto s = ParseJson(status.LastLine());
   EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
   EXPECT_GT(NumberField(s, "test_accuracy"), 0.55);
+  // Issue 9 part 6: the lost worker's untrained samples went to the
+  // survivor within the epoch: every epoch trained the whole training set.
+  ExpectEveryEpochTrainedOnce(s, 3, 6400, status.output + cluster.Logs());
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "samples a lost worker left")) << cluster.Logs();
 }
 
 // Waits until `job_id` has trained at least `step` global steps; false at
@@ -244,6 +265,9 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
 
   auto s = WatchToTheEnd(cluster, job_id);
   EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
+  // Its untrained samples went to the other worker within the epoch.
+  ExpectEveryEpochTrainedOnce(s, 2, 6400, cluster.Logs());
+  EXPECT_TRUE(absl::StrContains(cluster.Logs(), "samples a lost worker left")) << cluster.Logs();
   cluster.worker(1).Kill(SIGCONT);
 }
 

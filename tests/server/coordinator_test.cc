@@ -63,6 +63,8 @@ class FakeShard {
   bool fail_drop ABSL_GUARDED_BY(mu) = false;
   bool add_momentum ABSL_GUARDED_BY(mu) = false;
   std::vector<v1::ReadChunksRequest> reads ABSL_GUARDED_BY(mu);
+  // Steps reported for a member when SetMembers removes it (absent: 0).
+  std::map<std::string, int64_t> member_steps ABSL_GUARDED_BY(mu);
 };
 
 class FakeShardClient final : public ShardClient {
@@ -77,11 +79,22 @@ class FakeShardClient final : public ShardClient {
     job.generation = request.generation();
     return absl::OkStatus();
   }
-  absl::Status SetMembers(const v1::SetMembersRequest& request) override {
+  absl::Status SetMembers(const v1::SetMembersRequest& request,
+                          v1::SetMembersResponse* response) override {
     absl::MutexLock lock(&shard_->mu);
     if (shard_->fail_set_members) return absl::UnavailableError("fake shard is down");
     auto it = shard_->jobs.find(request.job_id());
     if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
+    for (const std::string& m : it->second.members) {
+      if (std::find(request.members().begin(), request.members().end(), m) !=
+              request.members().end() ||
+          response == nullptr) {
+        continue;
+      }
+      v1::MemberSteps* removed = response->add_removed();
+      removed->set_worker_id(m);
+      removed->set_steps(shard_->member_steps.count(m) ? shard_->member_steps[m] : 0);
+    }
     it->second.members.assign(request.members().begin(), request.members().end());
     it->second.generation = request.generation();
     shard_->set_members_calls++;
@@ -414,6 +427,103 @@ TEST_F(CoordinatorTest, MissedHeartbeatsDropTheWorkerBumpTheGenerationAndReassig
   auto stop = coordinator_->ReportProgress(Progress(w[1], job, 0, 3, 1, 0, 0));
   ASSERT_TRUE(stop.ok());
   EXPECT_TRUE(*stop);
+}
+
+// Issue 9 part 6: every sample once per epoch. Members ask for their work
+// in each epoch; a lost member's untrained samples (from the steps the
+// shards hold of it) go to the survivors, and the status counts every
+// epoch's samples.
+TEST_F(CoordinatorTest, ALostMembersSamplesGoToTheSurvivorsAndEveryEpochCountsItsSize) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  const std::string run = Beat(w[0]).assignment().run_id();
+  Beat(w[1]);
+  auto ask = [&](const std::string& worker, int epoch, bool share_done, int tails_done,
+                 int64_t trained) {
+    v1::EpochPlanRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_run_id(run);
+    r.set_epoch(epoch);
+    r.set_epoch_length(800);
+    r.set_batch_size(8);
+    r.set_share_done(share_done);
+    r.set_tails_done(tails_done);
+    if (trained >= 0) {
+      v1::EpochSamples* t = r.add_trained();
+      t->set_epoch(epoch);
+      t->set_samples(trained);
+    }
+    return coordinator_->EpochPlan(r);
+  };
+  ASSERT_OK_AND_ASSIGN(v1::EpochPlanResponse p0, ask(w[0], 0, false, 0, -1));
+  ASSERT_OK_AND_ASSIGN(v1::EpochPlanResponse p1, ask(w[1], 0, false, 0, -1));
+  EXPECT_EQ(p0.rank(), 0);
+  EXPECT_EQ(p1.rank(), 1);
+  EXPECT_EQ(p0.world_size(), 2);
+  EXPECT_EQ(p0.base_steps(), 50);
+
+  // w[1] goes silent after 20 steps (the shards hold 20 of its steps).
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->member_steps[w[1]] = 20;
+  }
+  now_ += absl::Milliseconds(1500);
+  Beat(w[0], job);
+  now_ += absl::Milliseconds(1000);
+  coordinator_->Tick();
+  ASSERT_EQ(Status(job).workers_lost(), 1);
+
+  // w[0] ends its share and gets w[1]'s 240 untrained samples as a tail.
+  ASSERT_OK_AND_ASSIGN(v1::EpochPlanResponse tail, ask(w[0], 0, true, 0, 400));
+  ASSERT_EQ(tail.tails_size(), 1);
+  EXPECT_EQ(tail.tails(0).epoch(), 0);
+  EXPECT_EQ(tail.tails(0).begin(), 400 + 20 * 8);
+  EXPECT_EQ(tail.tails(0).end(), 800);
+  EXPECT_EQ(tail.tails(0).steps(), 30);
+  // Once trained, the epoch ends for w[0] and the count is the epoch's size.
+  ASSERT_OK_AND_ASSIGN(v1::EpochPlanResponse done, ask(w[0], 0, true, 1, 400 + 240));
+  EXPECT_EQ(done.tails_size(), 1);
+  const v1::JobStatus s = Status(job);
+  ASSERT_EQ(s.epoch_samples_size(), 1);
+  EXPECT_EQ(s.epoch_samples(0).epoch(), 0);
+  EXPECT_EQ(s.epoch_samples(0).samples(), 800);
+  EXPECT_EQ(s.epoch_samples(0).expected(), 800);
+  // The next epoch is planned for the one member left.
+  ASSERT_OK_AND_ASSIGN(v1::EpochPlanResponse next, ask(w[0], 1, false, 0, -1));
+  EXPECT_EQ(next.world_size(), 1);
+  EXPECT_EQ(next.base_steps(), 100);
+}
+
+TEST_F(CoordinatorTest, EpochPlanRefusesAsksOutsideTheRun) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  const std::string outsider = Register();
+  v1::EpochPlanRequest r;
+  r.set_worker_id(w[0]);
+  r.set_job_id(job);
+  r.set_run_id(Beat(w[0]).assignment().run_id());
+  r.set_epoch_length(800);
+  r.set_batch_size(8);
+  ASSERT_OK(coordinator_->EpochPlan(r).status());
+  auto refused = [&](auto change, absl::StatusCode code) {
+    v1::EpochPlanRequest bad = r;
+    change(bad);
+    EXPECT_THAT(coordinator_->EpochPlan(bad), StatusIs(code, ::testing::_)) << bad.DebugString();
+  };
+  using Req = v1::EpochPlanRequest;
+  refused([](Req& b) { b.set_run_id("job-1.9.0"); }, absl::StatusCode::kAborted);
+  refused([](Req& b) { b.set_batch_size(9); }, absl::StatusCode::kInvalidArgument);
+  refused([](Req& b) { b.set_epoch(7); }, absl::StatusCode::kInvalidArgument);
+  refused([](Req& b) { b.set_epoch_length(801); }, absl::StatusCode::kInvalidArgument);
+  refused([](Req& b) { b.set_worker_id("worker-99"); }, absl::StatusCode::kNotFound);
+  refused([](Req& b) { b.set_job_id("job-99"); }, absl::StatusCode::kNotFound);
+  refused([&](Req& b) { b.set_worker_id(outsider); }, absl::StatusCode::kFailedPrecondition);
+  refused(
+      [](Req& b) {
+        for (int i = 0; i < 3; ++i) b.add_trained()->set_epoch(i);
+      },
+      absl::StatusCode::kInvalidArgument);
 }
 
 // Issue 9 (elastic scale-up): a worker that was dropped and comes back (or

@@ -350,10 +350,46 @@ TEST_F(PsServiceTest, ChunkNotOwnedIsInvalidArgument) {
 }
 
 TEST_F(PsServiceTest, StaleGenerationIsAborted) {
-  StartJob(v1::CONSISTENCY_ASYNC);
-  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2).ok());
+  StartJob(v1::CONSISTENCY_ASYNC, {kWorkerA, kWorkerB});
+  // worker-a leaves and joins again at generation 3: its generation-1
+  // pushes are from before it left.
+  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerB}, 2).ok());
+  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA, kWorkerB}, 3).ok());
   const int id = FirstChunkOf(0);
   ExpectRejected(0, {Frame(PushHeader(id), Ones(id))}, grpc::StatusCode::ABORTED, "generation");
+}
+
+TEST_F(PsServiceTest, AMemberThatStaysPushesWithTheGenerationItJoinedAt) {
+  StartJob(v1::CONSISTENCY_ASYNC, {kWorkerA, kWorkerB});
+  // worker-b is lost; worker-a has not heard of generation 2 yet.
+  v1::SetMembersResponse response;
+  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response).ok());
+  const int id = FirstChunkOf(0);
+  grpc::Status status = Push(0, {Frame(PushHeader(id), Ones(id))});
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  // The removed member's steps: it pushed nothing.
+  ASSERT_EQ(response.removed_size(), 1);
+  EXPECT_EQ(response.removed(0).worker_id(), kWorkerB);
+  EXPECT_EQ(response.removed(0).steps(), 0);
+}
+
+TEST_F(PsServiceTest, SetMembersReportsTheStepsEveryChunkHoldsOfARemovedMember) {
+  StartJob(v1::CONSISTENCY_ASYNC, {kWorkerA, kWorkerB});
+  // worker-b's step 7 reached every chunk of shard 0, its step 9 only the first.
+  for (int clock : {7, 9}) {
+    for (int id : plan_.by_shard[0]) {
+      if (clock == 9 && id != FirstChunkOf(0)) continue;
+      v1::ChunkHeader h = PushHeader(id);
+      h.set_worker_id(kWorkerB);
+      h.set_worker_clock(clock);
+      grpc::Status status = Push(0, {Frame(h, Ones(id))});
+      ASSERT_TRUE(status.ok()) << status.error_message();
+    }
+  }
+  v1::SetMembersResponse response;
+  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response).ok());
+  ASSERT_EQ(response.removed_size(), 1);
+  EXPECT_EQ(response.removed(0).steps(), 7);
 }
 
 TEST_F(PsServiceTest, OversizedFrameIsInvalidArgument) {

@@ -90,7 +90,8 @@ grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& 
 Role RequiredRole(const std::string& service, const std::string& method) {
   if (service == "pstrain.v1.ShardControl") return Role::kPeer;
   if (service == "pstrain.v1.ParameterService") return Role::kWorker;
-  if (method == "RegisterWorker" || method == "Heartbeat" || method == "ReportProgress") {
+  if (method == "RegisterWorker" || method == "Heartbeat" || method == "ReportProgress" ||
+      method == "EpochPlan") {
     return Role::kWorker;
   }
   return Role::kAdmin;
@@ -258,7 +259,7 @@ std::string* SecurityTest::other_certs_ = nullptr;
 TEST_F(SecurityTest, EveryRpcWithoutATokenIsUnauthenticated) {
   auto channel = Channel("");
   const std::vector<Method> methods = EveryMethod();
-  ASSERT_EQ(methods.size(), 17u);  // 10 Coordinator, 2 ParameterService, 5 ShardControl.
+  ASSERT_EQ(methods.size(), 18u);  // 11 Coordinator, 2 ParameterService, 5 ShardControl.
   for (const Method& m : methods) {
     grpc::Status status = Call(channel, m);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
