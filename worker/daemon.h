@@ -19,9 +19,12 @@
 //   `progress_every_steps` steps and at each epoch's end ▸ after the last
 //   epoch it evaluates its rank's shard of the test set and reports
 //   `finished` with it ▸ idle again.
-// A new generation of the same run (a member was lost) changes the push
-// generation at once; the new rank and world size take effect from the next
-// epoch (this epoch's remaining samples of the lost worker are skipped).
+// Each epoch starts with EpochPlan: the coordinator names this member's
+// rank and world size for it (the same for every member), and, once its
+// share is trained, the tails it must train too (samples a lost member did
+// not train); the epoch ends when no untrained tail is left. A new
+// generation of the same run (a member was lost) changes the push
+// generation at once.
 // A new run of a job (Assignment.run_id: the job was resumed from its
 // checkpoint, e.g. after server 0 restarted) replaces the runner of the old
 // one, even for a job this worker finished or failed before; the run starts
