@@ -149,8 +149,7 @@ void EpochPlanner::MemberLost(const std::string& worker, int64_t steps,
     const int64_t skip = FirstStep(number, plan.base_steps);
     int64_t total = 0;
     for (const data::WorkSegment& s : segments) {
-      total +=
-          static_cast<int64_t>(data::BatchEnds(s.range.size(), s.steps, start_.batch_size).size());
+      total += data::StepCount(s.range.size(), s.steps);
     }
     const int64_t used = std::min(left + skip, total);
     left = std::max<int64_t>(0, left - (used - skip));

@@ -748,7 +748,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
     const data::WorkSegment base = trainer->BaseSegment(epoch);
     if (first_step > 0) {
       trained[epoch] +=
-          data::BatchEnds(base.range.size(), base.steps, job.batch_size())[first_step - 1];
+          data::SamplesAfter(base.range.size(), base.steps, job.batch_size(), first_step);
     }
     PSTRAIN_ASSIGN_OR_RETURN(
         EpochStats stats,

@@ -34,6 +34,18 @@ std::vector<int64_t> BatchEnds(int64_t size, int64_t steps, int batch) {
   return ends;
 }
 
+int64_t StepCount(int64_t size, int64_t steps) {
+  if (size <= 0 || steps <= 0) return 0;
+  return std::min(steps, size);
+}
+
+int64_t SamplesAfter(int64_t size, int64_t steps, int batch, int64_t k) {
+  const int64_t count = StepCount(size, steps);
+  if (k <= 0 || count == 0 || batch <= 0) return 0;
+  if (k >= count) return size;
+  return std::min(size, k * batch);
+}
+
 std::vector<WorkRange> SplitRange(const WorkRange& range, int parts) {
   std::vector<WorkRange> pieces;
   if (parts <= 0) return pieces;
@@ -53,12 +65,11 @@ WorkProgress ProgressThrough(const std::vector<WorkSegment>& segments, int64_t s
   WorkProgress progress;
   int64_t left = std::max<int64_t>(0, steps_done);
   for (const WorkSegment& segment : segments) {
-    const std::vector<int64_t> ends = BatchEnds(segment.range.size(), segment.steps, batch);
-    const int64_t steps = static_cast<int64_t>(ends.size());
+    const int64_t steps = StepCount(segment.range.size(), segment.steps);
     const int64_t used = std::min(left, steps);
     left -= used;
     progress.steps_used += used;
-    const int64_t done = used == 0 ? 0 : ends[static_cast<size_t>(used - 1)];
+    const int64_t done = SamplesAfter(segment.range.size(), segment.steps, batch, used);
     WorkRange trained = segment.range, rest = segment.range;
     trained.end = rest.begin = segment.range.begin + done;
     if (trained.size() > 0) progress.trained.push_back(trained);

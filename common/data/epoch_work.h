@@ -54,6 +54,11 @@ int64_t GroupSteps(int64_t smallest, int batch);
 // Requires size >= steps (every step trains at least one sample).
 std::vector<int64_t> BatchEnds(int64_t size, int64_t steps, int batch);
 
+// BatchEnds(size, steps, batch) without building it: how many steps there
+// are, and the samples trained after the first `k` of them.
+int64_t StepCount(int64_t size, int64_t steps);
+int64_t SamplesAfter(int64_t size, int64_t steps, int batch, int64_t k);
+
 // Splits `range` into `parts` contiguous pieces whose sizes differ by at most
 // one (the first size % parts pieces are the larger). A piece may be empty
 // when the range holds fewer than `parts` positions.

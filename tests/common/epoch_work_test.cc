@@ -44,6 +44,13 @@ TEST(EpochWorkTest, EveryRankStepsAlikeAndTheLastStepTakesTheRest) {
   EXPECT_EQ(GroupSteps(10, 64), 1);
   EXPECT_EQ(GroupSteps(0, 64), 0);
   EXPECT_TRUE(BatchEnds(0, 3, 64).empty());
+  // The same without building the list (the coordinator walks plans of any size).
+  for (int64_t k = 0; k <= 470; ++k) {
+    EXPECT_EQ(SamplesAfter(30000, 468, 64, k), k == 0 ? 0 : ends[std::min<int64_t>(k, 468) - 1]);
+  }
+  EXPECT_EQ(StepCount(30000, 468), 468);
+  EXPECT_EQ(StepCount(5, 9), 5);
+  EXPECT_EQ(SamplesAfter(int64_t{1} << 40, int64_t{1} << 40, 1, 3), 3);
 }
 
 TEST(EpochWorkTest, SplitRangeGivesEvenContiguousPieces) {
