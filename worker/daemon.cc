@@ -697,7 +697,9 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       report.set_job_id(runner->job_id);
       report.set_run_id(runner->run_id);
       report.set_generation(runner->Snapshot().generation());
-      report.set_epoch(p.step_in_epoch >= p.steps_in_epoch ? epoch + 1 : epoch);
+      // The epoch counts as done only after its tails (below): an epoch
+      // checkpoint, and a re-formed run, must not start before them.
+      report.set_epoch(epoch);
       report.set_step(p.global_step);
       report.set_loss(p.mean_loss);
       report.set_train_accuracy(p.train_accuracy);
@@ -779,6 +781,22 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
       }
     }
     global_step = trainer->global_step();
+    {
+      v1::ReportProgressRequest report;
+      report.set_job_id(runner->job_id);
+      report.set_run_id(runner->run_id);
+      report.set_generation(runner->Snapshot().generation());
+      report.set_epoch(epoch + 1);
+      report.set_step(global_step);
+      report.set_loss(stats.mean_loss);
+      report.set_train_accuracy(stats.train_accuracy);
+      report.set_samples_per_sec(stats.samples_per_sec);
+      report.set_steps_per_epoch(trainer->steps_per_epoch());
+      // Not dropped for a periodic report still in flight: the epoch's
+      // checkpoint waits for this one.
+      runner->AwaitNoReport(absl::Now() + options_.rpc_timeout);
+      ReportProgressAsync(runner, std::move(report));
+    }
     metrics_->ObserveEpoch(stats);
     Log(absl::StrFormat(
         "%s: epoch %d/%d  loss %.4f  train_acc %.4f  %.1f samples/s  %.1f s  "

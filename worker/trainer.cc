@@ -39,6 +39,12 @@ absl::Status LocalUpdater::ApplyUpdate(int64_t step, Model& model) {
 
 // --- Trainer --------------------------------------------------------------------
 
+namespace {
+// The largest step, in batches: a share's (or a tail's) last step takes the
+// rest, fewer than batch_size more samples (data/epoch_work.h).
+constexpr int kMaxBatchFactor = 2;
+}  // namespace
+
 TrainerOptions TrainerOptionsFromJob(const v1::JobSpec& job) {
   TrainerOptions options;
   options.batch_size = job.batch_size();
@@ -73,8 +79,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   std::unique_ptr<Trainer> trainer(new Trainer(model, updater, options));
   PrefetchOptions prefetch;
   prefetch.batch_size = options.batch_size;
-  // The last step of a segment also takes its remainder: up to 2B - 1.
-  prefetch.max_batch = 2 * options.batch_size;
+  // The last step of a segment also takes its remainder: up to 2B.
+  prefetch.max_batch = kMaxBatchFactor * options.batch_size;
   prefetch.prefetch_batches = options.prefetch_batches;
   prefetch.threads = options.loader_threads;
   prefetch.seed = options.seed;
@@ -101,7 +107,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
         " samples, fewer than one batch of ", options.batch_size));
   }
   const int classes = model->graph().num_classes;
-  const size_t bytes = sizeof(float) + static_cast<size_t>(options.batch_size) *
+  // Room for the largest step (the last one of a share takes its rest).
+  const size_t bytes = sizeof(float) + static_cast<size_t>(kMaxBatchFactor * options.batch_size) *
                                            (classes * sizeof(float) + sizeof(int32_t));
   for (int slot = 0; slot < 2; ++slot) {
     PSTRAIN_ASSIGN_OR_RETURN(PinnedBuffer host, model->backend()->AllocatePinned(bytes));
@@ -204,6 +211,15 @@ absl::StatusOr<EpochStats> Trainer::RunSegment(int epoch, const data::WorkSegmen
   std::vector<int64_t> ends =
       data::BatchEnds(segment.range.size(), segment.steps, options_.batch_size);
   const int64_t steps = static_cast<int64_t>(ends.size());
+  for (size_t i = 0; i < ends.size(); ++i) {
+    const int64_t n = ends[i] - (i == 0 ? 0 : ends[i - 1]);
+    if (n > int64_t{kMaxBatchFactor} * options_.batch_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a step of ", n, " samples is more than ", kMaxBatchFactor, " batches of ",
+                       options_.batch_size, " (segment of ", segment.range.size(), " samples in ",
+                       segment.steps, " steps)"));
+    }
+  }
   if (options.first_step < 0 || options.first_step > steps) {
     return absl::InvalidArgumentError(
         absl::StrCat("first step ", options.first_step, " is outside [0, ", steps, "]"));

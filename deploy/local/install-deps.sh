@@ -31,8 +31,11 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(clang libclang-rt-dev)
   # deploy/local/sanitize.sh: clang's OpenMP runtime and its TSan tool
   # libarcher (the kernels' OpenMP loops under clang); dpkg-source (from
-  # build-essential's dpkg-dev) unpacks abseil's Debian source package.
-  PACKAGES+=(libomp-dev dpkg-dev)
+  # build-essential's dpkg-dev) unpacks abseil's Debian source package;
+  # llvm's llvm-symbolizer names the frames of a TSan report, without which
+  # tests/tsan_suppressions.txt matches nothing (seen on a fresh machine:
+  # every gRPC test reported races in unnamed frames).
+  PACKAGES+=(libomp-dev dpkg-dev llvm)
 fi
 if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
   PACKAGES+=(python3-torch)  # the reference in bench/

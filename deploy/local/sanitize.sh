@@ -50,7 +50,7 @@ fail() {
   echo "sanitize: FAILED ($*)"
   exit 1
 }
-for tool in clang++ dpkg-source apt-get; do
+for tool in clang++ dpkg-source apt-get llvm-symbolizer; do
   command -v "$tool" >/dev/null ||
     fail "$tool is not installed (PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh)"
 done
