@@ -872,7 +872,13 @@ absl::StatusOr<v1::EpochPlanResponse> WorkerDaemon::AskEpochPlan(
       return response;
     }
     if (status.ok() && !response.wait()) return response;
-    if (!status.ok() && !Transient(status)) {
+    // ABORTED, NOT_FOUND, FAILED_PRECONDITION: this run was replaced (server
+    // 0 restarted, the job went back to the queue); the heartbeat stops this
+    // runner within a second, so wait for that rather than fail.
+    const bool replaced = status.error_code() == grpc::StatusCode::ABORTED ||
+                          status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    if (!status.ok() && !Transient(status) && !replaced) {
       return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                           absl::StrCat("epoch plan: ", status.error_message()));
     }
