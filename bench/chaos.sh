@@ -108,6 +108,11 @@ status() {
   "$BIN/pstrain" --server "$SERVER" --timeout-ms 5000 status "$1" --json 2>/dev/null | tail -1 || true
 }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('$2', ''))" "$1" 2>/dev/null; }
+# epoch_samples STATUS_JSON -> "60000/60000 60000/60000 ..." (samples trained
+# per epoch / the epoch's size, JobStatus.epoch_samples).
+epoch_samples() {
+  python3 -c "import json,sys; print(' '.join('%d/%d' % (e['samples'], e['expected']) for e in json.loads(sys.argv[1]).get('epoch_samples', [])) or '-')" "$1" 2>/dev/null
+}
 
 submit() {  # submit MODE -> job id
   local extra=()
@@ -184,7 +189,7 @@ for mode in "${MODES[@]}"; do
   ref_acc=$(field "$s" test_accuracy)
   ref_steps=$(field "$s" total_steps)
   report "undisturbed: state $(field "$s" state) test_accuracy $ref_acc wall ${ref_wall}s" \
-         "steps $ref_steps"
+         "steps $ref_steps samples per epoch $(epoch_samples "$s")"
   [[ $(field "$s" state) == SUCCEEDED ]] || { report "the undisturbed run failed: $s"; continue; }
 
   start_cluster
@@ -214,7 +219,7 @@ for mode in "${MODES[@]}"; do
     steps_lost_total=$((steps_lost_total + ${steps_lost:-0}))
     report "  $job: state $state test_accuracy ${acc:-?} (${delta:-?} points) wall ${wall}s" \
            "(+${lost}s) runs $(field "$s" runs) steps_lost ${steps_lost:-?}" \
-           "workers_lost $(field "$s" workers_lost)$([[ $state != SUCCEEDED ]] && echo " reason: $(field "$s" reason)")"
+           "workers_lost $(field "$s" workers_lost) samples per epoch $(epoch_samples "$s")$([[ $state != SUCCEEDED ]] && echo " reason: $(field "$s" reason)")"
   done
   for n in server0 shard1; do DUPLICATES=$((DUPLICATES + $(duplicates "$n"))); done
   printf '%s' "$KILLS_LOG" >>"$OUT/kills-$mode.txt"
