@@ -1,5 +1,6 @@
-// Test-only helpers for the dataset reader tests: a self-deleting temporary
-// directory and writers for small synthetic IDX / CIFAR files.
+// Test-only helpers for the dataset tests: a self-deleting temporary
+// directory, writers for small synthetic IDX / CIFAR files, and a small
+// in-memory dataset whose images name their samples.
 //
 //   TempDir dir;
 //   WriteFile(dir.Path("a.bin"), "bytes");
@@ -16,9 +17,25 @@
 #include <string>
 #include <vector>
 
+#include "common/data/dataset.h"
 #include "gtest/gtest.h"
 
 namespace pstrain::data::testing {
+
+// n samples of 1x2x2 in 10 classes: every pixel of sample i is i mod 256 and
+// its label i % 10, so with n <= 256 a delivered image names its sample.
+inline ImageDataset CountingDataset(int64_t n) {
+  ImageDataset ds;
+  ds.channels = 1;
+  ds.height = 2;
+  ds.width = 2;
+  ds.num_classes = 10;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int k = 0; k < 4; ++k) ds.pixels.push_back(static_cast<uint8_t>(i));
+    ds.labels.push_back(static_cast<int32_t>(i % 10));
+  }
+  return ds;
+}
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on
 // destruction. Not thread-safe; one per test.

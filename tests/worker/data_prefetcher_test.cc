@@ -10,24 +10,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/common/data_test_util.h"
 
 namespace pstrain {
 namespace {
 
-// n <= 256 samples of 1x2x2: every pixel of sample i equals i and its label
-// is i % 10, so a delivered image names its sample.
-data::ImageDataset CountingDataset(int64_t n) {
-  data::ImageDataset ds;
-  ds.channels = 1;
-  ds.height = 2;
-  ds.width = 2;
-  ds.num_classes = 10;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int k = 0; k < 4; ++k) ds.pixels.push_back(static_cast<uint8_t>(i));
-    ds.labels.push_back(static_cast<int32_t>(i % 10));
-  }
-  return ds;
-}
+using data::testing::CountingDataset;
 
 struct Epoch {
   std::vector<int64_t> ids;          // Sample ids in delivery order.

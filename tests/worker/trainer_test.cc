@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/common/data_test_util.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/model.h"
 
@@ -20,20 +21,6 @@ namespace pstrain {
 namespace {
 
 using ::pstrain::testing::StatusIs;
-
-// n samples of 1x2x2 with 10 classes (labels i % 10).
-data::ImageDataset Samples(int64_t n) {
-  data::ImageDataset ds;
-  ds.channels = 1;
-  ds.height = 2;
-  ds.width = 2;
-  ds.num_classes = 10;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int k = 0; k < 4; ++k) ds.pixels.push_back(static_cast<uint8_t>(i % 251));
-    ds.labels.push_back(static_cast<int32_t>(i % 10));
-  }
-  return ds;
-}
 
 v1::ModelSpec Tiny() {
   v1::ModelSpec spec;
@@ -63,7 +50,7 @@ struct Setup {
 
 std::unique_ptr<Setup> Make(int64_t samples, int rank, int world_size) {
   auto s = std::make_unique<Setup>();
-  s->train = Samples(samples);
+  s->train = data::testing::CountingDataset(samples);
   s->model = *Model::Create(Tiny(), s->backend.get());
   EXPECT_OK(s->model->InitializeParameters());
   v1::OptimizerSpec sgd;
