@@ -42,7 +42,8 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  submit JOB.json [--workers N] [--mode sync|async|ssp|average] [--staleness S]\n"
-    "                  [--averaging-frequency K] [--epochs N] [--watch] [--json]\n"
+    "                  [--averaging-frequency K] [--epochs N]\n"
+    "                  [--compression none|fp16|bf16|topk[:RATIO]|onebit] [--watch] [--json]\n"
     "                                submit a job (and follow it with --watch)\n"
     "  status JOB [--json]           show a job's state, progress and test metrics\n"
     "  list                          list the jobs, newest first\n"
@@ -430,19 +431,52 @@ int Cli::Run(std::vector<std::string> args) {
 
 // submit ------------------------------------------------------------------------
 
+// --compression none|fp16|bf16|topk[:RATIO]|onebit.
+absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
+  static const std::map<std::string, v1::CompressionSpec::Method> kMethods = {
+      {"none", v1::CompressionSpec::COMPRESSION_NONE},
+      {"fp16", v1::CompressionSpec::COMPRESSION_FP16},
+      {"bf16", v1::CompressionSpec::COMPRESSION_BF16},
+      {"topk", v1::CompressionSpec::COMPRESSION_TOPK},
+      {"onebit", v1::CompressionSpec::COMPRESSION_ONEBIT}};
+  const size_t colon = value.find(':');
+  auto it = kMethods.find(value.substr(0, colon));
+  v1::CompressionSpec spec;
+  if (it == kMethods.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compression must be none, fp16, bf16, topk[:RATIO] or onebit, got '", value, "'"));
+  }
+  spec.set_method(it->second);
+  if (colon != std::string::npos) {
+    float ratio = 0;
+    if (it->second != v1::CompressionSpec::COMPRESSION_TOPK ||
+        !absl::SimpleAtof(value.substr(colon + 1), &ratio) || !(ratio > 0 && ratio <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--compression topk:RATIO takes a RATIO in (0, 1], got '", value, "'"));
+    }
+    spec.set_topk_ratio(ratio);
+  }
+  return spec;
+}
+
 constexpr char kSubmitUsage[] =
     "usage: pstrain submit JOB.json [--workers N] [--mode sync|async|ssp|average]\n"
     "                      [--staleness S] [--averaging-frequency K] [--epochs N]\n"
+    "                      [--compression none|fp16|bf16|topk[:RATIO]|onebit]\n"
     "                      [--watch] [--json]\n"
     "  Validates the job locally, submits it and prints its id. With --watch, follows\n"
     "  it like `pstrain watch` and exits 0 only if it SUCCEEDED. With --json the last\n"
     "  line is a JSON object (job_id, state, test_accuracy, ...).\n"
     "  --mode average averages the workers' parameters every K local steps\n"
-    "  (--averaging-frequency K; default 5, DL4J's default averaging frequency).\n";
+    "  (--averaging-frequency K; default 5, DL4J's default averaging frequency).\n"
+    "  --compression sets how workers push gradients (sync, async, ssp): fp16 or\n"
+    "  bf16 halves the bytes; topk sends the largest RATIO of each chunk (default\n"
+    "  0.01) and onebit one sign bit per value, both with error feedback.\n";
 
 int Cli::Submit(const std::vector<std::string>& args) {
   ParsedArgs parsed = ParseArgs(
-      args, {"--workers", "--mode", "--staleness", "--averaging-frequency", "--epochs"},
+      args,
+      {"--workers", "--mode", "--staleness", "--averaging-frequency", "--epochs", "--compression"},
       {"--watch", "--json"});
   if (parsed.help) return Usage("submit", kSubmitUsage, "");
   if (!parsed.error.empty()) return Usage("submit", kSubmitUsage, parsed.error);
@@ -470,6 +504,14 @@ int Cli::Submit(const std::vector<std::string>& args) {
                                   "'"));
       }
       job->set_mode(it->second);
+      continue;
+    }
+    if (flag == "--compression") {
+      absl::StatusOr<v1::CompressionSpec> compression = ParseCompression(value);
+      if (!compression.ok()) {
+        return Usage("submit", kSubmitUsage, std::string(compression.status().message()));
+      }
+      *job->mutable_compression() = *compression;
       continue;
     }
     const int min_value = flag == "--staleness" ? 0 : 1;

@@ -154,6 +154,35 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         "averaging_frequency must be >= 0 (0 = the default, ", kDefaultAveragingFrequency,
         " local steps), got ", job.averaging_frequency()));
   }
+  PSTRAIN_RETURN_IF_ERROR(ValidateCompression(job.compression()));
+  if (job.compression().method() != v1::CompressionSpec::COMPRESSION_NONE &&
+      job.mode() == v1::CONSISTENCY_AVERAGE) {
+    return absl::InvalidArgumentError(
+        "compression applies to gradient pushes (CONSISTENCY_SYNC, CONSISTENCY_ASYNC, "
+        "CONSISTENCY_SSP); CONSISTENCY_AVERAGE pushes parameters, which travel as F32");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCompression(const v1::CompressionSpec& spec) {
+  if (!v1::CompressionSpec::Method_IsValid(spec.method())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression.method ", static_cast<int>(spec.method()),
+        " is not a known method (COMPRESSION_NONE, COMPRESSION_FP16, COMPRESSION_BF16, "
+        "COMPRESSION_TOPK, COMPRESSION_ONEBIT)"));
+  }
+  const float ratio = spec.topk_ratio();
+  if (spec.method() == v1::CompressionSpec::COMPRESSION_TOPK) {
+    if (!(ratio >= 0.0f && ratio <= 1.0f)) {  // NaN fails too.
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.topk_ratio must be in (0, 1] (0 means ", kDefaultTopKRatio,
+                       "), got ", ratio));
+    }
+  } else if (ratio != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compression.topk_ratio is only for COMPRESSION_TOPK; method is ",
+                     v1::CompressionSpec::Method_Name(spec.method())));
+  }
   return absl::OkStatus();
 }
 

@@ -40,6 +40,13 @@ absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 // INVALID_ARGUMENT too, never a silent default.
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
 
+// The default TOPK ratio (CompressionSpec.topk_ratio 0).
+inline constexpr float kDefaultTopKRatio = 0.01f;
+// JobSpec.compression (common/rpc/gradient_codec.h): INVALID_ARGUMENT for an
+// unknown method, a topk_ratio outside (0, 1] for TOPK, or a non-zero
+// topk_ratio with another method. ValidateJobSpec calls it.
+absl::Status ValidateCompression(const v1::CompressionSpec& spec);
+
 // What one job may make a server hold. The server's defaults are flags of
 // pstrain-server (docs/ARCHITECTURE.md, "Limits").
 struct JobLimits {

@@ -1094,7 +1094,9 @@ absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<co
   }
   if (outcome.duplicate) ++stats_.duplicate_pushes;
   ++stats_.pushes;
-  stats_.push_bytes += static_cast<int64_t>(values.size() * sizeof(float));
+  const int64_t represented = static_cast<int64_t>(values.size() * sizeof(float));
+  stats_.push_bytes += args.payload_bytes >= 0 ? args.payload_bytes : represented;
+  stats_.push_represented_bytes += represented;
   if (jobs_.count(args.job_id) != 0) {
     int64_t& model_version = stats_.model_version_by_job[args.job_id];
     model_version = std::max(model_version, *version);

@@ -106,7 +106,9 @@ struct ShardJobConfig {
 // Counters for /metrics and tests. Monotonic.
 struct ShardStats {
   int64_t pushes = 0, pulls = 0;
-  int64_t push_bytes = 0, pull_bytes = 0;
+  // push_bytes: payload bytes received; push_represented_bytes: the F32
+  // bytes those payloads decode to (their ratio is the compression).
+  int64_t push_bytes = 0, push_represented_bytes = 0, pull_bytes = 0;
   int64_t rejected_pushes = 0;
   // Pushes acknowledged without being applied: a retried update already
   // applied, or a second gradient of a member for a barrier it is in.
@@ -130,6 +132,9 @@ struct PushArgs {
   // The update id (ChunkHeader.incarnation, update_seq); incarnation 0: none.
   uint64_t incarnation = 0;
   int64_t update_seq = 0;
+  // Bytes of the payload as it travelled (compressed gradients: less than
+  // the F32 values it represents); -1: the values' F32 size.
+  int64_t payload_bytes = -1;
 };
 
 struct PullArgs {

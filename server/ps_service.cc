@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/gradient_codec.h"
 #include "common/rpc/grpc_order.h"
 #include "common/rpc/wire.h"
 #include "common/status_macros.h"
@@ -73,30 +74,39 @@ class Executor {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
-// The values of a frame's payload as floats: in place for F32 when possible,
-// else converted (F16/BF16) or copied into `scratch`.
+// The values of a frame's payload as floats: in place for dense F32 when
+// possible, else decoded (F16/BF16, top-k, sign; common/rpc/gradient_codec.h)
+// into `scratch`. DecodeFrame has checked the payload's size.
 absl::StatusOr<absl::Span<const float>> PayloadFloats(const v1::ChunkHeader& header,
                                                       PayloadView* payload, PooledBuffer* scratch) {
   const int64_t n = header.num_elements();
   if (n == 0) return absl::Span<const float>();
-  if (header.dtype() == v1::DTYPE_F32) {
+  if (header.dtype() == v1::DTYPE_F32 && header.encoding() == v1::ChunkHeader::ENCODING_DENSE) {
     return absl::Span<const float>(
         static_cast<const float*>(payload->Contiguous(BufferPool::Default())), n);
   }
   *scratch = BufferPool::Default()->Acquire(static_cast<size_t>(n) * sizeof(float));
   float* out = static_cast<float*>(scratch->data());
   const void* src = payload->Contiguous(BufferPool::Default());
-  PSTRAIN_RETURN_IF_ERROR(ConvertToF32(header.dtype(), src, n, out));
+  PSTRAIN_RETURN_IF_ERROR(DecodeGradient(header, src, payload->size(), absl::MakeSpan(out, n)));
   return absl::Span<const float>(out, n);
 }
 
+// Only gradients may travel in another dtype or encoding than dense F32.
 absl::Status CheckPushDtype(const v1::ChunkHeader& header) {
+  const bool gradient = header.kind() == v1::ChunkHeader::KIND_GRADIENT;
+  if (header.encoding() != v1::ChunkHeader::ENCODING_DENSE && !gradient) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", header.chunk_id(), ": encoding ",
+        v1::ChunkHeader::Encoding_Name(header.encoding()), " is only accepted for gradients; ",
+        v1::ChunkHeader::Kind_Name(header.kind()), " must be ENCODING_DENSE"));
+  }
   switch (header.dtype()) {
     case v1::DTYPE_F32:
       return absl::OkStatus();
     case v1::DTYPE_F16:
     case v1::DTYPE_BF16:
-      if (header.kind() == v1::ChunkHeader::KIND_GRADIENT) return absl::OkStatus();
+      if (gradient) return absl::OkStatus();
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", header.chunk_id(), ": dtype ", v1::DType_Name(header.dtype()),
                        " is only accepted for gradients; ",
@@ -402,6 +412,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     args.worker_clock = header.worker_clock();
     args.incarnation = header.incarnation();
     args.update_seq = header.update_seq();
+    args.payload_bytes = static_cast<int64_t>(payload.size());
     const auto& cut = owner_->options().cut_push_stream;
     if (cut && cut(header, /*applied=*/false)) return InjectedCut();
     PSTRAIN_ASSIGN_OR_RETURN(int64_t version, shard->Push(args, values));

@@ -132,7 +132,13 @@ class ServerMetrics {
     };
     pushes_ = counter("pstrain_server_pushes_total", "Chunk pushes accepted");
     pulls_ = counter("pstrain_server_pulls_total", "Chunk pulls served");
-    push_bytes_ = counter("pstrain_server_push_bytes_total", "Payload bytes received in pushes");
+    push_bytes_ = counter("pstrain_server_push_bytes_total",
+                          "Payload bytes received in pushes, as they travelled (compressed "
+                          "gradients count their encoded size)");
+    push_represented_bytes_ = counter(
+        "pstrain_server_push_represented_bytes_total",
+        "F32 bytes the pushed payloads decode to; over pstrain_server_push_bytes_total it is the "
+        "compression ratio of the job's gradient codec");
     pull_bytes_ = counter("pstrain_server_pull_bytes_total", "Payload bytes sent in pulls");
     rejected_ = counter("pstrain_server_rejected_pushes_total", "Pushes rejected by validation");
     updates_ = counter("pstrain_server_applied_updates_total", "Updates applied to the model");
@@ -229,6 +235,7 @@ class ServerMetrics {
     Advance(pushes_, s.pushes, last_.pushes);
     Advance(pulls_, s.pulls, last_.pulls);
     Advance(push_bytes_, s.push_bytes, last_.push_bytes);
+    Advance(push_represented_bytes_, s.push_represented_bytes, last_.push_represented_bytes);
     Advance(pull_bytes_, s.pull_bytes, last_.pull_bytes);
     Advance(rejected_, s.rejected_pushes, last_.rejected_pushes);
     Advance(updates_, s.applied_updates, last_.applied_updates);
@@ -303,8 +310,8 @@ class ServerMetrics {
   const std::shared_ptr<prometheus::Registry> registry_;
   pstrain::ParameterShard* shard_ = nullptr;
   pstrain::Coordinator* coordinator_ = nullptr;
-  prometheus::Counter *pushes_, *pulls_, *push_bytes_, *pull_bytes_, *rejected_, *updates_,
-      *duplicates_;
+  prometheus::Counter *pushes_, *pulls_, *push_bytes_, *push_represented_bytes_, *pull_bytes_,
+      *rejected_, *updates_, *duplicates_;
   prometheus::Histogram *push_latency_, *pull_latency_;
   prometheus::Family<prometheus::Histogram>* staleness_family_;
   prometheus::Family<prometheus::Gauge>* model_version_;

@@ -622,6 +622,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   client_options.generation = a.generation();
   client_options.rpc_timeout = options_.ps_rpc_timeout;
   client_options.channel = options_.channel;
+  client_options.compression = job.compression();
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                            PsClient::Create(client_options, std::move(plan)));
   RemoteUpdaterOptions updater_options = RemoteUpdaterOptionsFromJob(job, a.rank());

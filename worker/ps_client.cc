@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <thread>
@@ -38,8 +39,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/gradient_codec.h"
 #include "common/rpc/grpc_order.h"
 #include "common/rpc/wire.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {
@@ -172,8 +175,12 @@ class PushCall final : public GenericReactor {
  public:
   struct Frame {
     int chunk_id;
-    const float* values;
-    int64_t count;
+    int64_t count;        // Elements the payload represents.
+    const void* payload;  // The caller's F32 values, or encoded->bytes.
+    size_t payload_bytes;
+    // An encoded gradient (compression): owns the payload until every
+    // attempt's slice of it is released. Null for the caller's F32 values.
+    std::shared_ptr<const EncodedGradient> encoded;
   };
 
   PushCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
@@ -243,12 +250,17 @@ class PushCall final : public GenericReactor {
     const Frame& f = frames_[next_++];
     header_.set_chunk_id(f.chunk_id);
     header_.set_num_elements(f.count);
-    // The token's release tells the operation that gRPC let go of the slice.
+    header_.set_dtype(f.encoded ? f.encoded->dtype : v1::DTYPE_F32);
+    header_.set_encoding(f.encoded ? f.encoded->encoding : v1::ChunkHeader::ENCODING_DENSE);
+    header_.set_encoded_count(f.encoded ? f.encoded->encoded_count : 0);
+    // The token's release tells the operation that gRPC let go of the slice
+    // (and frees an encoded payload no attempt still holds).
     op_->SliceTaken();
     OpState* raw = op_.get();
-    std::shared_ptr<const void> token(raw, [op = op_](const void*) { op->SliceReleased(); });
-    absl::Status encoded = EncodeFrame(header_, f.values, static_cast<size_t>(f.count) * 4,
-                                       std::move(token), &buffer_);
+    std::shared_ptr<const void> token(
+        raw, [op = op_, keep = f.encoded](const void*) { op->SliceReleased(); });
+    absl::Status encoded =
+        EncodeFrame(header_, f.payload, f.payload_bytes, std::move(token), &buffer_);
     if (!encoded.ok()) {
       encode_failed_ = true;
       op_->Fail(encoded);
@@ -405,6 +417,10 @@ class GrpcPsClient final : public PsClient {
         plan_(std::move(plan)),
         incarnation_(incarnation),
         generation_(options_.generation) {
+    if (options_.compression.method() != v1::CompressionSpec::COMPRESSION_NONE) {
+      encoder_ = std::make_unique<GradientEncoder>(options_.compression, plan_);
+      encoder_thread_ = std::thread([this] { EncoderLoop(); });
+    }
     for (const std::string& address : options_.shard_addresses) {
       auto shard = std::make_shared<ShardChannel>();
       shard->address = address;
@@ -426,15 +442,22 @@ class GrpcPsClient final : public PsClient {
       absl::Status valid = CheckChunk(c.chunk_id, c.values);
       if (!valid.ok()) return FailedOp(valid);
       const ChunkInfo& info = plan_.chunks[c.chunk_id];
-      by_shard[info.shard].push_back({c.chunk_id, c.values, info.count});
+      by_shard[info.shard].push_back(
+          {c.chunk_id, info.count, c.values, static_cast<size_t>(info.count) * 4, nullptr});
     }
     v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
-    header.set_dtype(v1::DTYPE_F32);
     header.set_incarnation(incarnation_);
     header.set_update_seq(next_update_seq_.fetch_add(1));
-    std::vector<PushCall*> calls;
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
     const RetryPolicy retry = Retry();
+    if (encoder_ != nullptr && kind == v1::ChunkHeader::KIND_GRADIENT) {
+      // Encoded on the encoder thread, in Push order, never on the caller's
+      // (the trainer's, in the middle of backward).
+      absl::MutexLock lock(&encode_mu_);
+      encode_queue_.push_back({std::move(header), std::move(by_shard), op, retry});
+      return std::make_unique<Op>(std::move(op));
+    }
+    std::vector<PushCall*> calls;
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
       calls.push_back(new PushCall(shards_[s], op, header, std::move(by_shard[s]), retry));
@@ -462,6 +485,15 @@ class GrpcPsClient final : public PsClient {
     }
     for (PullCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
+  }
+
+  ~GrpcPsClient() override {
+    if (!encoder_thread_.joinable()) return;
+    {
+      absl::MutexLock lock(&encode_mu_);
+      stop_encoder_ = true;  // The loop drains the queue first.
+    }
+    encoder_thread_.join();
   }
 
   void SetGeneration(int64_t generation) override { generation_.store(generation); }
@@ -498,6 +530,53 @@ class GrpcPsClient final : public PsClient {
     return header;
   }
 
+  // A gradient Push waiting for the encoder thread.
+  struct EncodeTask {
+    v1::ChunkHeader header;
+    std::vector<std::vector<PushCall::Frame>> by_shard;  // Frames with the caller's F32 values.
+    std::shared_ptr<OpState> op;
+    RetryPolicy retry;
+  };
+
+  void EncoderLoop() {
+    for (;;) {
+      EncodeTask task;
+      {
+        absl::MutexLock lock(&encode_mu_);
+        encode_mu_.Await(absl::Condition(
+            +[](GrpcPsClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->encode_mu_) {
+              return c->stop_encoder_ || !c->encode_queue_.empty();
+            },
+            this));
+        if (encode_queue_.empty()) return;  // Stopping, and drained.
+        task = std::move(encode_queue_.front());
+        encode_queue_.pop_front();
+      }
+      // Shard by shard: the first shard's frames travel while the next
+      // shard's are encoded.
+      for (size_t s = 0; s < shards_.size(); ++s) {
+        std::vector<PushCall::Frame>& frames = task.by_shard[s];
+        if (frames.empty()) continue;
+        absl::Status status;
+        for (PushCall::Frame& f : frames) {
+          auto encoded = std::make_shared<EncodedGradient>();
+          status = encoder_->Encode(
+              f.chunk_id, absl::MakeConstSpan(static_cast<const float*>(f.payload), f.count),
+              encoded.get());
+          if (!status.ok()) break;
+          f.payload = encoded->bytes.data();
+          f.payload_bytes = encoded->bytes.size();
+          f.encoded = std::move(encoded);
+        }
+        if (!status.ok()) {
+          task.op->CallDone(status, 0);
+          continue;
+        }
+        (new PushCall(shards_[s], task.op, task.header, std::move(frames), task.retry))->Start();
+      }
+    }
+  }
+
   template <typename T>
   static int CountNonEmpty(const std::vector<std::vector<T>>& v) {
     return static_cast<int>(
@@ -512,6 +591,14 @@ class GrpcPsClient final : public PsClient {
   // Constant after construction; calls in flight share ownership, so a
   // PendingOp may outlive the client.
   std::vector<std::shared_ptr<ShardChannel>> shards_;
+
+  // Gradient compression (Options::compression), when on: the encoder and
+  // its residuals belong to encoder_thread_.
+  std::unique_ptr<GradientEncoder> encoder_;
+  absl::Mutex encode_mu_;
+  std::deque<EncodeTask> encode_queue_ ABSL_GUARDED_BY(encode_mu_);
+  bool stop_encoder_ ABSL_GUARDED_BY(encode_mu_) = false;
+  std::thread encoder_thread_;
 };
 
 }  // namespace
@@ -530,6 +617,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options options, Chun
       return absl::InvalidArgumentError(absl::StrCat("chunk ", c.id, " has shard ", c.shard));
     }
   }
+  PSTRAIN_RETURN_IF_ERROR(ValidateCompression(options.compression));
   if (options.rpc_timeout <= absl::ZeroDuration() ||
       options.attempt_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout and attempt_timeout must be positive");

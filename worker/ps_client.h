@@ -74,6 +74,12 @@ class PsClient {
     // TLS credentials and the worker's token and credential for the shard
     // channels (common/rpc/channel.h; default: insecure, none).
     ChannelOptions channel;
+    // How KIND_GRADIENT pushes travel (JobSpec.compression; default F32).
+    // With compression, Push only queues the gradient: the client's encoder
+    // thread encodes it (common/rpc/gradient_codec.h; top-k and 1-bit keep
+    // their error-feedback residuals for the client's life, one run) and
+    // then sends it. A retried push resends the same encoded bytes.
+    v1::CompressionSpec compression;
   };
   struct ChunkRef {
     int chunk_id = 0;

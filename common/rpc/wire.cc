@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/gradient_codec.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {
@@ -227,16 +229,22 @@ absl::Status DecodeFrame(const grpc::ByteBuffer& buffer, v1::ChunkHeader* header
     return absl::InvalidArgumentError(
         absl::StrCat("num_elements must be >= 0, got ", header->num_elements()));
   }
-  const size_t width = static_cast<size_t>(DTypeWidth(header->dtype()));
-  if (width == 0 && (payload_bytes > 0 || header->num_elements() > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported payload dtype ", v1::DType_Name(header->dtype())));
+  // No chunk holds more elements than the largest chunk's F32 values: a
+  // claimed count beyond it is refused before anyone sizes a buffer by it.
+  if (header->num_elements() > kMaxChunkBytes / 4) {
+    return absl::InvalidArgumentError(absl::StrCat("num_elements ", header->num_elements(),
+                                                   " exceeds the largest chunk (",
+                                                   kMaxChunkBytes / 4, " elements)"));
   }
-  const uint64_t expected = static_cast<uint64_t>(header->num_elements()) * width;
+  PSTRAIN_ASSIGN_OR_RETURN(const uint64_t expected, EncodedPayloadBytes(*header));
   if (payload_bytes != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "payload of chunk ", header->chunk_id(), " has ", payload_bytes, " bytes but ",
-        header->num_elements(), " x ", v1::DType_Name(header->dtype()), " needs ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of chunk ", header->chunk_id(), " has ", payload_bytes, " bytes but ",
+                     header->num_elements(), " x ", v1::DType_Name(header->dtype()),
+                     header->encoding() == v1::ChunkHeader::ENCODING_DENSE
+                         ? ""
+                         : absl::StrCat(" as ", v1::ChunkHeader::Encoding_Name(header->encoding())),
+                     " needs ", expected));
   }
   payload->first_slice_ = slice;
   payload->first_offset_ = offset;

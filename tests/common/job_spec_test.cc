@@ -63,13 +63,29 @@ TEST(JobSpecTest, ValidationNamesTheField) {
        "dataset.format"},
       {[](v1::JobSpec& j) { j.mutable_dataset()->set_std(0, 0.f); }, "dataset.std"},
       {[](v1::JobSpec& j) { j.clear_model(); }, "job has no model"},
-      {[](v1::JobSpec& j) { j.mutable_model()->mutable_layers(0)->mutable_conv2d()->set_filters(-3); },
+      {[](v1::JobSpec& j) {
+         j.mutable_model()->mutable_layers(0)->mutable_conv2d()->set_filters(-3);
+       },
        "model: layer 'conv1' (conv2d): filters must be > 0"},
       {[](v1::JobSpec& j) {
          j.set_mode(v1::CONSISTENCY_AVERAGE);
          j.set_averaging_frequency(-1);
        },
        "averaging_frequency must be >= 0"},
+      {[](v1::JobSpec& j) {
+         j.mutable_compression()->set_method(v1::CompressionSpec::COMPRESSION_TOPK);
+         j.mutable_compression()->set_topk_ratio(2.0f);
+       },
+       "compression.topk_ratio must be in (0, 1]"},
+      {[](v1::JobSpec& j) {
+         j.mutable_compression()->set_method(static_cast<v1::CompressionSpec::Method>(42));
+       },
+       "compression.method 42 is not a known method"},
+      {[](v1::JobSpec& j) {
+         j.set_mode(v1::CONSISTENCY_AVERAGE);
+         j.mutable_compression()->set_method(v1::CompressionSpec::COMPRESSION_ONEBIT);
+       },
+       "compression applies to gradient pushes"},
   };
   for (const Case& c : cases) {
     v1::JobSpec job = *base;

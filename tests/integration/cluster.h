@@ -48,6 +48,8 @@ class LocalCluster {
   }
 
   std::string coordinator() const { return Address(shard_ports_[0]); }
+  // The /metrics port of server `s` (after Start).
+  int server_metrics_port(int s) const { return server_metrics_ports_.at(s); }
   const std::string& state_root() const { return state_root_; }
   std::string certs() const { return state_root_ + "/certs"; }
 
@@ -64,11 +66,18 @@ class LocalCluster {
     std::vector<std::string> addresses;
     for (int port : shard_ports_) addresses.push_back(Address(port));
     for (int s = 0; s < options_.shards; ++s) {
-      std::vector<std::string> argv = {
-          BinPath("pstrain-server"), "--listen", addresses[s], "--metrics-port",
-          absl::StrCat(FreePort()), "--state-dir", absl::StrCat(state_root_, "/shard", s),
-          "--heartbeat-timeout-ms", absl::StrCat(options_.heartbeat_timeout_ms),
-          "--heartbeat-interval-ms", absl::StrCat(options_.heartbeat_interval_ms)};
+      server_metrics_ports_.push_back(FreePort());
+      std::vector<std::string> argv = {BinPath("pstrain-server"),
+                                       "--listen",
+                                       addresses[s],
+                                       "--metrics-port",
+                                       absl::StrCat(server_metrics_ports_.back()),
+                                       "--state-dir",
+                                       absl::StrCat(state_root_, "/shard", s),
+                                       "--heartbeat-timeout-ms",
+                                       absl::StrCat(options_.heartbeat_timeout_ms),
+                                       "--heartbeat-interval-ms",
+                                       absl::StrCat(options_.heartbeat_interval_ms)};
       if (options_.shards > 1) {
         argv.insert(argv.end(), {"--shard-index", absl::StrCat(s), "--shards",
                                  absl::StrJoin(addresses, ",")});
@@ -181,6 +190,7 @@ class LocalCluster {
   ClusterOptions options_;
   std::string state_root_;
   std::vector<int> shard_ports_;
+  std::vector<int> server_metrics_ports_;
   std::vector<std::unique_ptr<ChildProcess>> servers_;
   std::vector<std::vector<std::string>> server_argv_;
   std::vector<std::unique_ptr<ChildProcess>> dead_;  // Killed by RestartServer.

@@ -7,10 +7,13 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
+#include "tests/testing/http_get.h"
 
 namespace pstrain::testing {
 namespace {
@@ -107,6 +110,46 @@ TEST_F(DistributedTrainingTest, AverageModeWithKFiveReachesAccuracyFloor) {
       SubmitAndWatch(cluster, job, "average", 2, &code, {"--averaging-frequency", "5"});
   EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
   EXPECT_GT(NumberField(result, "test_accuracy"), 0.65) << cluster.Logs();
+}
+
+// The value of an unlabelled Prometheus sample `name` in a /metrics text.
+double MetricValue(const std::string& text, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, name + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// Gradient compression end to end: 1-bit sign pushes with error feedback
+// (the most lossy codec) train to the sync floor, and the server received
+// about 1/32 of the F32 bytes its pushes represent (gradients at n/8 + 4
+// bytes a chunk; the batch-norm-free model pushes nothing else).
+TEST_F(DistributedTrainingTest, OneBitCompressedSyncPushesReachTheFloorAtAThirtySecondOfTheBytes) {
+  LocalCluster cluster({.shards = 1, .workers = 2});
+  ASSERT_TRUE(cluster.Start()) << cluster.Logs();
+  std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
+  int code = 0;
+  auto result = SubmitAndWatch(cluster, job, "sync", 2, &code, {"--compression", "onebit"});
+  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
+  EXPECT_GT(NumberField(result, "test_accuracy"), 0.70) << cluster.Logs();
+  // The counters are refreshed every second.
+  absl::SleepFor(absl::Milliseconds(1500));
+  const std::string metrics = HttpGet(cluster.server_metrics_port(0), "/metrics");
+  const double received = MetricValue(metrics, "pstrain_server_push_bytes_total");
+  const double represented = MetricValue(metrics, "pstrain_server_push_represented_bytes_total");
+  ASSERT_GT(received, 0) << metrics;
+  EXPECT_GT(represented / received, 25.0) << "received " << received << " of " << represented;
+  EXPECT_LT(represented / received, 32.01) << "received " << received << " of " << represented;
+
+  // A spec the server must refuse: compression in average mode.
+  CommandResult bad =
+      cluster.Cli({"submit", job, "--mode", "average", "--compression", "topk:0.01"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(absl::StrContains(bad.output, "compression applies to gradient pushes"))
+      << bad.output;
 }
 
 TEST_F(DistributedTrainingTest, TwoServerShards) {

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -181,6 +182,82 @@ TEST(MalformedPushTest, RejectedWithInvalidArgumentAndTheModelIsUntouched) {
   {
     Case c{"unknown job", good, bytes_of(values), grpc::StatusCode::NOT_FOUND};
     c.header.set_job_id("job-999");
+    cases.push_back(c);
+  }
+  // Compressed gradients (common/rpc/gradient_codec.h), validated as
+  // strictly as raw F32.
+  auto topk = [&](std::vector<uint32_t> indices, std::vector<float> vals) {
+    Case c{"", good, {}, grpc::StatusCode::INVALID_ARGUMENT};
+    c.header.set_encoding(v1::ChunkHeader::ENCODING_TOPK);
+    c.header.set_encoded_count(static_cast<int64_t>(indices.size()));
+    c.payload.resize(indices.size() * 8);
+    std::memcpy(c.payload.data(), indices.data(), indices.size() * 4);
+    std::memcpy(c.payload.data() + indices.size() * 4, vals.data(), vals.size() * 4);
+    return c;
+  };
+  auto sign = [&](float scale, uint8_t last_byte) {
+    Case c{"", good, std::vector<char>(4 + 4, 0), grpc::StatusCode::INVALID_ARGUMENT};
+    c.header.set_encoding(v1::ChunkHeader::ENCODING_SIGN);
+    std::memcpy(c.payload.data(), &scale, 4);
+    c.payload[7] = static_cast<char>(last_byte);
+    return c;
+  };
+  {
+    Case c = topk({3, 32}, {0.1f, 0.2f});
+    c.what = "top-k index beyond the chunk";
+    cases.push_back(c);
+  }
+  {
+    Case c = topk({5, 5}, {0.1f, 0.2f});
+    c.what = "top-k index repeated";
+    cases.push_back(c);
+  }
+  {
+    Case c = topk({1, 2}, {0.1f, std::numeric_limits<float>::infinity()});
+    c.what = "top-k value not finite";
+    cases.push_back(c);
+  }
+  {
+    Case c = topk({1, 2}, {0.1f, 0.2f});
+    c.what = "top-k count beyond the chunk";
+    c.header.set_encoded_count(33);
+    c.payload.resize(33 * 8);
+    cases.push_back(c);
+  }
+  {
+    Case c = topk({1, 2}, {0.1f, 0.2f});
+    c.what = "top-k parameters (only gradients may be encoded)";
+    c.header.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
+    cases.push_back(c);
+  }
+  {
+    Case c = sign(std::numeric_limits<float>::quiet_NaN(), 0);
+    c.what = "sign scale not finite";
+    cases.push_back(c);
+  }
+  {
+    Case c = sign(-0.5f, 0);
+    c.what = "sign scale negative";
+    cases.push_back(c);
+  }
+  {
+    Case c = sign(0.5f, 0);
+    c.what = "sign payload one byte short";
+    c.payload.pop_back();
+    cases.push_back(c);
+  }
+  {
+    Case c = sign(0.5f, 0);
+    c.what = "unknown encoding";
+    c.header.set_encoding(static_cast<v1::ChunkHeader::Encoding>(77));
+    cases.push_back(c);
+  }
+  {
+    // 32 elements fill 4 sign bytes exactly; a 31-element chunk claim with
+    // the same bytes leaves bit 31 as padding, set here.
+    Case c = sign(0.5f, 0x80);
+    c.what = "sign padding bit set (and a wrong element count)";
+    c.header.set_num_elements(31);
     cases.push_back(c);
   }
   for (const Case& c : cases) {

@@ -25,6 +25,7 @@
 #include "common/chunking.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/gradient_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
@@ -78,8 +79,10 @@ class Cluster {
   }
 
   std::unique_ptr<PsClient> Client(const std::string& worker,
-                                   absl::Duration timeout = absl::Seconds(20)) {
+                                   absl::Duration timeout = absl::Seconds(20),
+                                   v1::CompressionSpec compression = {}) {
     PsClient::Options options;
+    options.compression = compression;
     options.shard_addresses = addresses_;
     options.job_id = kJob;
     options.worker_id = worker;
@@ -226,6 +229,58 @@ TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
     }
   }
   EXPECT_EQ(p0, p1);
+}
+
+// Compressed pushes: the client encodes on its own thread, keeps the
+// error-feedback residual across pushes, and the shards apply exactly what
+// a reference encoder fed the same gradients decodes to.
+TEST(PsClientTest, CompressedAsyncPushesApplyTheDecodedGradientsWithErrorFeedback) {
+  for (auto method :
+       {v1::CompressionSpec::COMPRESSION_TOPK, v1::CompressionSpec::COMPRESSION_ONEBIT,
+        v1::CompressionSpec::COMPRESSION_BF16}) {
+    SCOPED_TRACE(v1::CompressionSpec::Method_Name(method));
+    Cluster cluster(v1::CONSISTENCY_ASYNC, 2, {"w0"});
+    v1::CompressionSpec spec;
+    spec.set_method(method);
+    if (method == v1::CompressionSpec::COMPRESSION_TOPK) spec.set_topk_ratio(0.05f);
+    auto client = cluster.Client("w0", absl::Seconds(20), spec);
+    GradientEncoder reference(spec, cluster.plan());
+    std::vector<std::vector<float>> expected;
+    for (size_t id = 0; id < cluster.plan().chunks.size(); ++id) {
+      expected.push_back(cluster.Initial(id));
+    }
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 0.1f);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<float>> g = cluster.Buffers(0.0f);
+      for (auto& chunk : g) {
+        for (float& v : chunk) v = dist(rng);
+      }
+      auto push = client->Push(v1::ChunkHeader::KIND_GRADIENT, step, step + 1, Refs(g));
+      ASSERT_TRUE(push->Wait().ok());
+      for (size_t id = 0; id < g.size(); ++id) {
+        EncodedGradient e;
+        ASSERT_TRUE(reference.Encode(static_cast<int>(id), g[id], &e).ok());
+        v1::ChunkHeader h;
+        h.set_num_elements(static_cast<int64_t>(g[id].size()));
+        h.set_dtype(e.dtype);
+        h.set_encoding(e.encoding);
+        h.set_encoded_count(e.encoded_count);
+        std::vector<float> decoded(g[id].size());
+        ASSERT_TRUE(
+            DecodeGradient(h, e.bytes.data(), e.bytes.size(), absl::MakeSpan(decoded)).ok());
+        for (size_t i = 0; i < decoded.size(); ++i) expected[id][i] -= 0.5f * decoded[i];
+      }
+    }
+    std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+    auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 3, 0, Dests(pulled));
+    ASSERT_TRUE(pull->Wait().ok());
+    for (size_t id = 0; id < pulled.size(); ++id) {
+      for (size_t i = 0; i < pulled[id].size(); ++i) {
+        ASSERT_FLOAT_EQ(pulled[id][i], expected[id][i]) << "chunk " << id << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(PsClientTest, PullThatCannotBeSatisfiedFailsAtTheDeadline) {

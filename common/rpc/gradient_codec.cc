@@ -1,0 +1,313 @@
+#include "common/rpc/gradient_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"  // DTypeWidth
+#include "common/rpc/wire.h"
+
+namespace pstrain {
+namespace {
+
+constexpr float kMaxHalf = 65504.0f;
+constexpr float kMaxBf16 = 3.38953139e38f;  // 0x7F7F: the largest finite bfloat16.
+
+void StoreU32(uint8_t* dst, uint32_t v) {
+  for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t LoadU32(const uint8_t* src) {
+  return uint32_t{src[0]} | (uint32_t{src[1]} << 8) | (uint32_t{src[2]} << 16) |
+         (uint32_t{src[3]} << 24);
+}
+void StoreF32(uint8_t* dst, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  StoreU32(dst, bits);
+}
+float LoadF32(const uint8_t* src) {
+  const uint32_t bits = LoadU32(src);
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+std::string ChunkName(const v1::ChunkHeader& header) {
+  return absl::StrCat("chunk ", header.chunk_id(), " (",
+                      v1::ChunkHeader::Encoding_Name(header.encoding()), ")");
+}
+
+}  // namespace
+
+int64_t TopKCount(float ratio, int64_t n) {
+  if (n <= 0) return 0;
+  if (!(ratio > 0.0f)) ratio = kDefaultTopKRatio;
+  const double k = std::ceil(static_cast<double>(ratio) * static_cast<double>(n));
+  if (!(k < static_cast<double>(n))) return n;
+  return std::max<int64_t>(1, static_cast<int64_t>(k));
+}
+
+absl::StatusOr<uint64_t> EncodedPayloadBytes(const v1::ChunkHeader& header) {
+  const int64_t n = header.num_elements();
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_elements must be >= 0, got ", n));
+  }
+  const uint64_t un = static_cast<uint64_t>(n);
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  switch (header.encoding()) {
+    case v1::ChunkHeader::ENCODING_DENSE: {
+      if (header.encoded_count() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            ChunkName(header), ": encoded_count must be 0, got ", header.encoded_count()));
+      }
+      const uint64_t width = static_cast<uint64_t>(DTypeWidth(header.dtype()));
+      if (width == 0) {
+        if (n == 0) return 0;
+        return absl::InvalidArgumentError(
+            absl::StrCat("unsupported payload dtype ", v1::DType_Name(header.dtype())));
+      }
+      if (un > kMax / width) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("num_elements ", n, " overflows the payload size"));
+      }
+      return un * width;
+    }
+    case v1::ChunkHeader::ENCODING_TOPK: {
+      if (header.dtype() != v1::DTYPE_F32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            ChunkName(header), ": dtype must be F32, got ", v1::DType_Name(header.dtype())));
+      }
+      const int64_t k = header.encoded_count();
+      if (k < 0 || k > n) {
+        return absl::InvalidArgumentError(absl::StrCat(ChunkName(header), ": encoded_count ", k,
+                                                       " is outside [0, num_elements = ", n, "]"));
+      }
+      if (static_cast<uint64_t>(k) > kMax / 8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ChunkName(header), ": encoded_count ", k, " overflows the payload size"));
+      }
+      return static_cast<uint64_t>(k) * 8;
+    }
+    case v1::ChunkHeader::ENCODING_SIGN: {
+      if (header.dtype() != v1::DTYPE_F32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            ChunkName(header), ": dtype must be F32, got ", v1::DType_Name(header.dtype())));
+      }
+      if (header.encoded_count() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            ChunkName(header), ": encoded_count must be 0, got ", header.encoded_count()));
+      }
+      return 4 + un / 8 + (un % 8 != 0 ? 1 : 0);
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", header.chunk_id(),
+                                                     ": unknown payload encoding ",
+                                                     static_cast<int>(header.encoding())));
+  }
+}
+
+absl::Status DecodeGradient(const v1::ChunkHeader& header, const void* payload, size_t bytes,
+                            absl::Span<float> out) {
+  const int64_t n = header.num_elements();
+  if (n < 0 || static_cast<uint64_t>(n) != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(ChunkName(header), ": num_elements ", n,
+                                                   " but the destination holds ", out.size()));
+  }
+  absl::StatusOr<uint64_t> expected = EncodedPayloadBytes(header);
+  if (!expected.ok()) return expected.status();
+  if (bytes != *expected) {
+    return absl::InvalidArgumentError(absl::StrCat("payload of ", ChunkName(header), " has ", bytes,
+                                                   " bytes but needs ", *expected));
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(payload);
+  switch (header.encoding()) {
+    case v1::ChunkHeader::ENCODING_DENSE:
+      if (n == 0) return absl::OkStatus();
+      return ConvertToF32(header.dtype(), payload, n, out.data());
+    case v1::ChunkHeader::ENCODING_TOPK: {
+      const int64_t k = header.encoded_count();
+      const uint8_t* values = src + 4 * k;
+      std::fill(out.begin(), out.end(), 0.0f);
+      int64_t previous = -1;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t index = LoadU32(src + 4 * i);
+        if (index <= previous || index >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              ChunkName(header), ": index ", index, " at position ", i,
+              " is out of range or not above the previous one (", previous, "); num_elements ", n));
+        }
+        const float v = LoadF32(values + 4 * i);
+        if (!std::isfinite(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(ChunkName(header), ": value at index ", index, " is not finite"));
+        }
+        out[index] = v;
+        previous = index;
+      }
+      return absl::OkStatus();
+    }
+    case v1::ChunkHeader::ENCODING_SIGN: {
+      const float scale = LoadF32(src);
+      if (!std::isfinite(scale) || scale < 0.0f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ChunkName(header), ": scale ", scale, " is not finite and >= 0"));
+      }
+      const uint8_t* bits = src + 4;
+      if (n % 8 != 0 && (bits[n / 8] >> (n % 8)) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ChunkName(header), ": the unused bits of the last sign byte are not 0"));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", header.chunk_id(), ": unknown payload encoding"));
+  }
+}
+
+// --- GradientEncoder ------------------------------------------------------------
+
+GradientEncoder::GradientEncoder(const v1::CompressionSpec& spec, ChunkPlan plan)
+    : method_(spec.method()), topk_ratio_(spec.topk_ratio()), plan_(std::move(plan)) {
+  residuals_.resize(plan_.chunks.size());
+}
+
+bool GradientEncoder::error_feedback() const {
+  return method_ == v1::CompressionSpec::COMPRESSION_TOPK ||
+         method_ == v1::CompressionSpec::COMPRESSION_ONEBIT;
+}
+
+void GradientEncoder::Reset() {
+  for (std::vector<float>& r : residuals_) std::vector<float>().swap(r);
+}
+
+absl::Span<const float> GradientEncoder::residual(int chunk_id) const {
+  if (chunk_id < 0 || chunk_id >= static_cast<int>(residuals_.size())) return {};
+  return residuals_[chunk_id];
+}
+
+absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradient,
+                                     EncodedGradient* out) {
+  if (chunk_id < 0 || chunk_id >= static_cast<int>(plan_.chunks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown chunk ", chunk_id));
+  }
+  const int64_t n = plan_.chunks[chunk_id].count;
+  if (static_cast<int64_t>(gradient.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk_id, " has ", n, " elements, got ", gradient.size()));
+  }
+  out->encoded_count = 0;
+  switch (method_) {
+    case v1::CompressionSpec::COMPRESSION_NONE:
+      out->dtype = v1::DTYPE_F32;
+      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
+      out->bytes.resize(static_cast<size_t>(n) * 4);
+      if (n > 0) std::memcpy(out->bytes.data(), gradient.data(), out->bytes.size());
+      return absl::OkStatus();
+    case v1::CompressionSpec::COMPRESSION_FP16:
+    case v1::CompressionSpec::COMPRESSION_BF16: {
+      const bool half = method_ == v1::CompressionSpec::COMPRESSION_FP16;
+      const float limit = half ? kMaxHalf : kMaxBf16;
+      out->dtype = half ? v1::DTYPE_F16 : v1::DTYPE_BF16;
+      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
+      out->bytes.resize(static_cast<size_t>(n) * 2);
+      uint8_t* dst = out->bytes.data();
+      for (int64_t i = 0; i < n; ++i) {
+        // Saturate rather than overflow to infinity; NaN stays NaN (and is
+        // refused by the shard like any non-finite gradient).
+        const float v =
+            std::isnan(gradient[i]) ? gradient[i] : std::clamp(gradient[i], -limit, limit);
+        const uint16_t h = half ? FloatToHalf(v) : FloatToBf16(v);
+        dst[2 * i] = static_cast<uint8_t>(h);
+        dst[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+      }
+      return absl::OkStatus();
+    }
+    case v1::CompressionSpec::COMPRESSION_TOPK:
+    case v1::CompressionSpec::COMPRESSION_ONEBIT:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.method: unknown value ", static_cast<int>(method_)));
+  }
+  // p = g + r, accepted into the residual only once encoded.
+  std::vector<float>& residual = residuals_[chunk_id];
+  scratch_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = gradient[i] + (residual.empty() ? 0.0f : residual[i]);
+    if (!std::isfinite(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the gradient of chunk ", chunk_id, " is not finite at element ", i));
+    }
+    scratch_[i] = p;
+  }
+  absl::Status status = method_ == v1::CompressionSpec::COMPRESSION_TOPK
+                            ? EncodeTopK(scratch_, out)
+                            : EncodeSign(scratch_, out);
+  if (!status.ok()) return status;
+  residual.swap(scratch_);  // What was not sent.
+  return absl::OkStatus();
+}
+
+absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient* out) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  const int64_t k = TopKCount(topk_ratio_, n);
+  order_.resize(static_cast<size_t>(n));
+  std::iota(order_.begin(), order_.end(), 0u);
+  // Largest magnitude first; ties to the lower index, so the selection is
+  // the same on every machine.
+  auto larger = [&p](uint32_t a, uint32_t b) {
+    const float fa = std::fabs(p[a]), fb = std::fabs(p[b]);
+    return fa > fb || (fa == fb && a < b);
+  };
+  if (k < n) std::nth_element(order_.begin(), order_.begin() + k, order_.end(), larger);
+  std::sort(order_.begin(), order_.begin() + k);
+  out->dtype = v1::DTYPE_F32;
+  out->encoding = v1::ChunkHeader::ENCODING_TOPK;
+  out->encoded_count = k;
+  out->bytes.resize(static_cast<size_t>(k) * 8);
+  uint8_t* indices = out->bytes.data();
+  uint8_t* values = indices + 4 * k;
+  for (int64_t i = 0; i < k; ++i) {
+    const uint32_t index = order_[i];
+    StoreU32(indices + 4 * i, index);
+    StoreF32(values + 4 * i, p[index]);
+    p[index] = 0.0f;  // Sent: nothing of it stays in the residual.
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient* out) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  double sum = 0;
+  for (float v : p) sum += std::fabs(v);
+  const float scale = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError("the mean magnitude of a gradient chunk is not finite");
+  }
+  out->dtype = v1::DTYPE_F32;
+  out->encoding = v1::ChunkHeader::ENCODING_SIGN;
+  out->encoded_count = 0;
+  out->bytes.assign(4 + static_cast<size_t>((n + 7) / 8), 0);
+  StoreF32(out->bytes.data(), scale);
+  uint8_t* bits = out->bytes.data() + 4;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] < 0.0f) {
+      bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+      p[i] += scale;
+    } else {
+      p[i] -= scale;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain
