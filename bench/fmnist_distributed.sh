@@ -4,11 +4,16 @@
 #   1. accuracy: examples/fashion-mnist.json (10 epochs) with one server and two
 #      CPU workers in sync, async and average (K=5) modes, and standalone with
 #      batch 128 (= the sync run's global batch, 2 x 64) for the comparison;
+#   3. compression: the same job in sync mode with two workers for
+#      PSTRAIN_EPOCHS (default 3) epochs under each gradient codec (none, fp16,
+#      bf16, topk 1%, onebit; same seed), with the final test accuracy, the
+#      wall time, and the push bytes the server received per worker step
+#      beside the F32 bytes they represent (its /metrics counters).
 #   2. time to 0.90 test accuracy: constant learning rate (no schedule), epochs
 #      E = 1, 2, ... until the test accuracy reaches 0.90, standalone (batch 64)
 #      and two workers (sync, 2 x 64); the figure is the wall time of the first
 #      run that reached it.
-# Usage: bench/fmnist_distributed.sh [accuracy|tta|all]   (build/ must exist)
+# Usage: bench/fmnist_distributed.sh [accuracy|tta|compression|all]   (build/ must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -32,7 +37,9 @@ start_cluster() {
   stop_cluster
   PORT=$(free_port)
   STATE=$(mktemp -d "$OUT/state.XXXXXX")
-  "$BIN/pstrain-server" --listen "127.0.0.1:$PORT" --state-dir "$STATE" >"$STATE/server.log" 2>&1 &
+  METRICS_PORT=$(free_port)
+  "$BIN/pstrain-server" --listen "127.0.0.1:$PORT" --state-dir "$STATE" \
+    --metrics-port "$METRICS_PORT" >"$STATE/server.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 300); do grep -q "listening on" "$STATE/server.log" && break; sleep 0.1; done
   for w in 1 2; do
@@ -55,6 +62,27 @@ distributed() {
   echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))")"
 }
 
+# The value of an unlabelled counter on the server's /metrics.
+metric() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
+
+# compressed JOB EPOCHS CODEC -> "accuracy seconds steps received_bytes represented_bytes"
+compressed() {
+  local job=$1 epochs=$2 codec=$3
+  start_cluster
+  local t0 t1 out
+  t0=$(date +%s.%N)
+  out=$("$BIN/pstrain" --server "127.0.0.1:$PORT" --timeout-ms 30000 submit "$job" --workers 2 \
+        --mode sync --epochs "$epochs" --compression "$codec" --watch --json 2>&1 | tail -1)
+  t1=$(date +%s.%N)
+  sleep 1.5  # The counters refresh every second.
+  local received represented
+  received=$(metric pstrain_server_push_bytes_total)
+  represented=$(metric pstrain_server_push_represented_bytes_total)
+  stop_cluster
+  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))") \
+$(echo "$out" | json_field step) $received $represented"
+}
+
 # standalone JOB EPOCHS BATCH -> "accuracy seconds"
 standalone() {
   local t0 t1 out
@@ -73,6 +101,22 @@ if [[ $WHAT == accuracy || $WHAT == all ]]; then
   report "standalone batch 128:         $(standalone $JOB 10 128)"
   report "async 2 workers:              $(distributed $JOB async 10)"
   report "average K=5 2 workers:        $(distributed $JOB average 10 --averaging-frequency 5)"
+fi
+
+if [[ $WHAT == compression || $WHAT == all ]]; then
+  JOB=examples/fashion-mnist.json
+  EPOCHS=${PSTRAIN_EPOCHS:-3}
+  report "== compression, $JOB, sync, 2 workers (2x64), $EPOCHS epochs, seed of the job, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p')"
+  report "codec     test_accuracy  vs_none(points)  seconds  push_bytes_per_worker_step  fp32_bytes_per_worker_step  ratio"
+  base=""
+  for codec in none fp16 bf16 topk:0.01 onebit; do
+    read -r acc secs steps received represented <<<"$(compressed $JOB "$EPOCHS" $codec)"
+    [[ -z $base ]] && base=$acc
+    report "$(python3 -c "
+acc, base, secs, steps, rec, rep = $acc, $base, $secs, $steps, float('$received'), float('$represented')
+per = rec / (2 * steps); full = rep / (2 * steps)
+print(f'{\"$codec\":<9} {acc:<14.4f} {100 * (acc - base):<+16.2f} {secs:<8} {per:<27.0f} {full:<27.0f} {full / per:.1f}x')")"
+  done
 fi
 
 if [[ $WHAT == tta || $WHAT == all ]]; then

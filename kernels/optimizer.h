@@ -9,7 +9,10 @@
 //   // Each step, after the gradients are ready:
 //   PSTRAIN_RETURN_IF_ERROR(opt->Apply(0, w.data(), dw.data(), step));
 //
-// Threads: one thread at a time, like the Backend it runs on.
+// Threads: one thread at a time, like the Backend it runs on; except that
+// Apply (and reads of the state tensors) for different parameter indices may
+// run concurrently when the backend's updates allow it (the CPU backend's
+// do: kernels/cpu/cpu_backend.h). Create and AddParameter come first, alone.
 #ifndef PSTRAIN_KERNELS_OPTIMIZER_H_
 #define PSTRAIN_KERNELS_OPTIMIZER_H_
 

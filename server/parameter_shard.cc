@@ -15,10 +15,13 @@
 //    pushed values directly. Every chunk holds its own pointer to the (shared,
 //    immutable) Membership, replaced under Chunk::mu by SetMembers, so that a
 //    push's membership check and the barrier it joins see the same set.
-//  * JobState::optimizer_mu_ serialises the optimizer (the CPU Backend is used by
-//    one thread at a time). Lock order: Chunk::mu, then JobState::optimizer_mu_;
-//    JobState::control_mu_, then JobState::mu_, then Chunk::mu; ParameterShard::mu_ is a
-//    leaf.
+//  * The optimizer takes no lock of its own: a chunk's optimizer state is its
+//    own Optimizer parameter, touched only under that chunk's mu, and the
+//    one-thread CPU backend's update ops and host copies keep no state of
+//    their own (kernels/cpu/cpu_backend.h), so updates of different chunks
+//    of one job run on as many threads as push them (no lock serialises a
+//    job). Lock order: JobState::control_mu_, then JobState::mu_, then
+//    Chunk::mu; ParameterShard::mu_ is a leaf.
 //
 // Published values are std::shared_ptr<std::vector<float>> handed out as
 // shared_ptr<const ...>. An update writes in place when the shard holds the
@@ -347,7 +350,6 @@ class JobState {
   std::unique_ptr<Optimizer> optimizer_;  // Declared after backend_: destroyed first.
   std::vector<std::unique_ptr<Chunk>> chunks_;
 
-  absl::Mutex optimizer_mu_;  // Serialises optimizer_ and backend_.
   absl::Mutex control_mu_;    // Serialises SetMembers and Drop.
 
   mutable absl::Mutex mu_;
@@ -689,7 +691,6 @@ absl::Status JobState::CompleteBarrier(Chunk& chunk, const Contribution* extra, 
 
 absl::Status JobState::ApplyGradient(Chunk& chunk, const float* gradient) {
   std::vector<float>* target = Writable(&chunk.values);
-  absl::MutexLock lock(&optimizer_mu_);
   return optimizer_->Apply(chunk.optimizer_index, target->data(), gradient, chunk.version);
 }
 
@@ -914,7 +915,6 @@ absl::StatusOr<v1::ChunkValues> JobState::Snapshot(const Chunk& chunk) {
     }
     return values;
   }
-  absl::MutexLock optimizer_lock(&optimizer_mu_);
   for (size_t s = 0; s < chunk.optimizer_state.size(); ++s) {
     v1::OptimizerSlot* slot = values.add_slots();
     slot->set_name(slot_names_[s]);

@@ -4,6 +4,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -259,7 +260,12 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
 namespace {
 
 // Push: client stream of chunk frames, one reply frame with the version.
-// Reading frame k+1 overlaps applying frame k (at most kMaxQueuedFrames wait).
+// Reading the next frames overlaps applying the current ones (at most
+// kMaxQueuedFrames wait). The first frame is applied alone (it names the
+// worker and the job, checked once for the stream); after it, up to
+// Options::max_parallel_frames frames of the stream (different chunks) are
+// decoded and applied at once on the executor, so one worker's push spreads
+// the shard's update over the cores, sharded by chunk.
 // State changes under mu_; gRPC Start* calls are made outside it.
 class PushReactor final : public grpc::ServerGenericBidiReactor {
  public:
@@ -284,7 +290,8 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
         queue_.emplace_back();
         queue_.back().Swap(&read_buffer_);
         if (queue_.size() < kMaxQueuedFrames) start_read = reading_ = true;
-        if (!draining_) start_drain = draining_ = true;
+        start_drain = MayStartDrainerLocked();
+        if (start_drain) ++drainers_;
       }
       finish = MaybeFinishLocked();
     }
@@ -322,28 +329,40 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
  private:
   static constexpr size_t kMaxQueuedFrames = 4;
 
-  // Applies queued frames in order on an executor thread.
+  // True when another Drain task may start: none runs, or the stream's
+  // first frame is applied, frames wait and fewer than the limit run.
+  bool MayStartDrainerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopped_ || queue_.empty()) return false;
+    if (drainers_ == 0) return true;
+    return first_applied_ && drainers_ < owner_->options().max_parallel_frames;
+  }
+
+  // Applies queued frames on an executor thread, beside the other drainers
+  // of this stream (MayStartDrainerLocked).
   void Drain() {
     for (;;) {
       grpc::ByteBuffer frame;
-      bool took = false, start_read = false;
+      bool took = false, start_read = false, start_drain = false;
       std::optional<grpc::Status> finish;
       {
         absl::MutexLock lock(&mu_);
         if (stopped_ || queue_.empty()) {
-          draining_ = false;
+          --drainers_;
           finish = MaybeFinishLocked();
         } else {
           took = true;
           frame.Swap(&queue_.front());
           queue_.pop_front();
           if (!reading_ && !reads_done_) start_read = reading_ = true;
+          start_drain = MayStartDrainerLocked();
+          if (start_drain) ++drainers_;
         }
       }
       if (start_read) {
         BeforeGrpc(&read_buffer_);
         StartRead(&read_buffer_);
       }
+      if (start_drain) owner_->executor()->Schedule([this] { Drain(); });
       if (!took) {
         // Nothing taken: this thread leaves; `this` may be deleted after DoFinish.
         if (finish) DoFinish(*finish);
@@ -354,14 +373,19 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       if (status.ok() && owner_->options().on_push_frame) {
         owner_->options().on_push_frame(absl::Now() - apply_start);
       }
-      if (!status.ok()) {
+      bool more = false;
+      {
         absl::MutexLock lock(&mu_);
-        if (!stopped_) {
+        if (!status.ok() && !stopped_) {
           stopped_ = true;
           error_ = ToGrpcStatus(status);
           queue_.clear();
         }
+        first_applied_ = true;
+        more = MayStartDrainerLocked();
+        if (more) ++drainers_;
       }
+      if (more) owner_->executor()->Schedule([this] { Drain(); });
     }
   }
 
@@ -374,9 +398,9 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     v1::ChunkHeader header;
     PayloadView payload;
     PSTRAIN_RETURN_IF_ERROR(DecodeFrame(frame, &header, &payload));
-    if (frames_ == 0) {
-      // One stream, one worker: the credential is checked once, for the
-      // worker id of the first frame, and every later frame must name it.
+    if (frames_.load() == 0) {
+      // The first frame, applied alone (Drain). One stream, one worker: the credential is checked
+      // once, for the worker id of the first frame, and every later frame must name it.
       PSTRAIN_RETURN_IF_ERROR(ToAbslStatus(
           owner_->authorizer().CheckWorkerCredential(credential_, header.worker_id())));
       worker_id_ = header.worker_id();
@@ -393,7 +417,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       return absl::PermissionDeniedError(absl::StrCat("push stream of worker '", worker_id_,
                                                       "' names worker '", header.worker_id(), "'"));
     }
-    if (++frames_ > max_frames_) {
+    if (frames_.fetch_add(1) + 1 > max_frames_) {
       return absl::InvalidArgumentError(absl::StrCat("oversized stream: more than ", max_frames_,
                                                      " frames for job '", job_id_, "'"));
     }
@@ -417,6 +441,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     if (cut && cut(header, /*applied=*/false)) return InjectedCut();
     PSTRAIN_ASSIGN_OR_RETURN(int64_t version, shard->Push(args, values));
     if (cut && cut(header, /*applied=*/true)) return InjectedCut();
+    absl::MutexLock lock(&mu_);
     min_version_ = std::min(min_version_, version);
     last_kind_ = header.kind();
     return absl::OkStatus();
@@ -428,7 +453,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
 
   // The status to finish with once nothing is running or pending, at most once.
   std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || draining_ || reading_) return std::nullopt;
+    if (finished_ || drainers_ > 0 || reading_) return std::nullopt;
     if (!stopped_ && !(reads_done_ && queue_.empty())) return std::nullopt;
     finished_ = true;
     return stopped_ ? error_ : grpc::Status::OK;
@@ -443,8 +468,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     }
     v1::ChunkHeader reply;
     reply.set_job_id(job_id_);
-    reply.set_kind(last_kind_);
-    reply.set_version(frames_ == 0 ? 0 : min_version_);
+    {
+      absl::MutexLock lock(&mu_);
+      reply.set_kind(last_kind_);
+      reply.set_version(frames_.load() == 0 ? 0 : min_version_);
+    }
     absl::Status encoded = EncodeFrame(reply, nullptr, 0, &reply_buffer_);
     if (!encoded.ok()) {
       Finish(ToGrpcStatus(encoded));
@@ -459,19 +487,21 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer read_buffer_;   // Target of the one outstanding read.
   grpc::ByteBuffer reply_buffer_;  // The reply frame.
 
-  // Touched only by the draining thread (one at a time, ordered by mu_).
+  // Written by the drainer of the first frame, which runs alone; read-only
+  // once first_applied_ lets other drainers start (ordered by mu_).
   std::string worker_id_;
   std::string job_id_;
-  int64_t frames_ = 0;
   int64_t max_frames_ = 0;
-  int64_t min_version_ = std::numeric_limits<int64_t>::max();
-  v1::ChunkHeader::Kind last_kind_ = v1::ChunkHeader::KIND_UNSPECIFIED;
+  std::atomic<int64_t> frames_{0};  // Frames taken for applying.
 
   absl::Mutex mu_;
+  int64_t min_version_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
+  v1::ChunkHeader::Kind last_kind_ ABSL_GUARDED_BY(mu_) = v1::ChunkHeader::KIND_UNSPECIFIED;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool reading_ ABSL_GUARDED_BY(mu_) = false;     // A read is outstanding.
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;  // The client half-closed.
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;    // A Drain task runs or is queued.
+  int drainers_ ABSL_GUARDED_BY(mu_) = 0;         // Drain tasks running or queued.
+  bool first_applied_ ABSL_GUARDED_BY(mu_) = false;  // Others may drain beside.
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;     // Error or cancel: apply nothing more.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status error_ ABSL_GUARDED_BY(mu_);

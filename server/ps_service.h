@@ -24,12 +24,14 @@
 // INVALID_ARGUMENT; a ShardControl request above
 // Options::max_control_message_bytes -> RESOURCE_EXHAUSTED; everything the shard rejects (unknown
 // job or worker, chunk not owned, stale generation, non-finite values, future versions) keeps the
-// shard's code. The first bad frame ends a Push; frames before it were applied, nothing from it or
-// after it is.
+// shard's code. The first bad frame ends a Push: nothing from it is applied; frames before it
+// were, and frames being applied beside it (Options::max_parallel_frames) may be; none after them
+// is. Pushes carry update ids, so a client may send the whole push again.
 //
-// Threads: gRPC callbacks never block. Push frames are decoded and applied in
-// arrival order on threads this object owns (reading the next frame overlaps
-// applying the current one); a Pull sends the chunks whose version is there
+// Threads: gRPC callbacks never block. Push frames are decoded and applied on
+// threads this object owns, up to Options::max_parallel_frames of one stream
+// at a time after its first frame (reading the next frames overlaps applying
+// the current ones); a Pull sends the chunks whose version is there
 // from the same pool, which never waits for a version, so pushes and ready
 // pulls are always served. A pull that must wait moves to a second pool with
 // one thread per waiting pull (at most Options::max_waiting_pulls; one more
@@ -60,6 +62,11 @@ class ShardServices {
     // Upper bound on threads applying pushes and sending ready pulls (work
     // beyond it queues; none of it waits for a version).
     int max_threads = 256;
+    // Frames of one push stream (different chunks) decoded and applied at
+    // the same time, after its first frame: one worker's push spreads the
+    // update over this many of the executor's threads. pstrain-server sets
+    // it from --update-threads (default: the machine's cores).
+    int max_parallel_frames = 4;
     // Pulls that may wait for a version at the same time, each on its own
     // thread of a separate pool; one more fails with RESOURCE_EXHAUSTED.
     int max_waiting_pulls = 1024;

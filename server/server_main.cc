@@ -96,6 +96,9 @@ ABSL_FLAG(int, max_reason_bytes, 4096, "A worker's error message is cut to this 
 ABSL_FLAG(int64_t, max_eval_samples, 100000000,
           "Most test samples a job's eval shards may claim together, when the job spec does not "
           "state the test set's size");
+ABSL_FLAG(int, update_threads, 0,
+          "Frames of one push stream (different chunks) decoded and applied at once, so that "
+          "one worker's push spreads the update over the cores; 0 = the machine's cores");
 ABSL_FLAG(int, max_waiting_pulls, 1024,
           "Most pulls waiting for a version at once (one thread each); one more fails");
 ABSL_FLAG(int, max_coordinator_message_bytes, 64 << 20,
@@ -420,6 +423,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<ServerMetrics> metrics;
   pstrain::ShardServices::Options service_options;
   service_options.max_waiting_pulls = absl::GetFlag(FLAGS_max_waiting_pulls);
+  const int update_threads = absl::GetFlag(FLAGS_update_threads);
+  if (update_threads < 0 || update_threads > 1024) {
+    return Fail(absl::StrCat("--update-threads must be in [0, 1024], got ", update_threads));
+  }
+  service_options.max_parallel_frames =
+      update_threads > 0 ? update_threads
+                         : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   service_options.max_control_message_bytes = max_shard_control_message_bytes;
   service_options.authorizer = security.authorizer;
   // One receive limit for the whole server: the largest service's. Each

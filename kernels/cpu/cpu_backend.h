@@ -12,6 +12,10 @@
 // plans. Every op asks OpenMP for the backend's team size (and sets it with
 // omp_set_num_threads() on the calling thread before oneDNN calls, which read
 // it), so backends with different sizes can be used one after the other.
+// One exception, which the parameter server relies on: the host copies,
+// Synchronize and the optimizer updates (SgdUpdate, AdamUpdate) keep no
+// backend state, so they may run on several threads at once on disjoint
+// buffers (tests/server/parameter_shard_test runs them so under TSan).
 //
 // Performance (bench/cpu_ops_bench, 2-core AVX-512 machine, fmnist-cnn batch
 // 64, SGD momentum): ~14.8 ms per training step, ~4300 samples/s when the

@@ -17,6 +17,7 @@
 
 #include "common/checkpoint.h"
 #include "common/data/image_codec.h"
+#include "common/rpc/gradient_codec.h"
 #include "common/rpc/wire.h"
 
 namespace {
@@ -73,6 +74,33 @@ int main(int argc, char** argv) {
     std::vector<char> payload(8 * width);
     for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 37);
     Write(root / "wire" / ("push_" + pstrain::v1::DType_Name(dtype)), FrameBytes(h, payload));
+  }
+  // Compressed gradients: top-k (k = 2 of 16) and sign bits (16 elements).
+  for (auto method : {pstrain::v1::CompressionSpec::COMPRESSION_TOPK,
+                      pstrain::v1::CompressionSpec::COMPRESSION_ONEBIT}) {
+    pstrain::ChunkPlan plan;
+    plan.chunks.push_back({.id = 0, .param = 0, .offset = 0, .count = 16, .shard = 0});
+    plan.by_param.push_back({0});
+    pstrain::v1::CompressionSpec spec;
+    spec.set_method(method);
+    spec.set_topk_ratio(method == pstrain::v1::CompressionSpec::COMPRESSION_TOPK ? 0.125f : 0);
+    pstrain::GradientEncoder encoder(spec, plan);
+    std::vector<float> gradient(16);
+    for (int i = 0; i < 16; ++i) gradient[i] = 0.1f * static_cast<float>(i % 5) - 0.2f;
+    pstrain::EncodedGradient encoded;
+    if (!encoder.Encode(0, gradient, &encoded).ok()) return 1;
+    pstrain::v1::ChunkHeader h;
+    h.set_job_id("job-1");
+    h.set_worker_id("worker-1");
+    h.set_generation(1);
+    h.set_chunk_id(0);
+    h.set_kind(pstrain::v1::ChunkHeader::KIND_GRADIENT);
+    h.set_num_elements(16);
+    h.set_dtype(encoded.dtype);
+    h.set_encoding(encoded.encoding);
+    h.set_encoded_count(encoded.encoded_count);
+    Write(root / "wire" / ("push_" + pstrain::v1::ChunkHeader::Encoding_Name(encoded.encoding)),
+          FrameBytes(h, std::vector<char>(encoded.bytes.begin(), encoded.bytes.end())));
   }
   {
     pstrain::v1::ChunkHeader h;

@@ -1,7 +1,8 @@
 // The push/pull frame decoder (common/rpc/wire): what a shard does with the
 // bytes of every ParameterService message before anything is applied.
-// DecodeFrame, then the payload as floats for every dtype the wire carries
-// (ConvertToF32), as ShardServices does. The first input byte splits the
+// DecodeFrame, then the payload as floats for every dtype and encoding the
+// wire carries (DecodeGradient: F32, F16, BF16, top-k, sign bits), as
+// ShardServices does. The first input byte splits the
 // frame over up to four slices, as gRPC may deliver it.
 #include <grpc/grpc.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/rpc/gradient_codec.h"
 #include "common/rpc/wire.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -35,9 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   pstrain::PayloadView payload;
   if (!pstrain::DecodeFrame(buffer, &header, &payload).ok()) return 0;
   const int64_t n = header.num_elements();
-  if (n <= 0 || payload.size() == 0) return 0;
+  if (n <= 0) return 0;
   std::vector<float> values(static_cast<size_t>(n));
   const void* src = payload.Contiguous(pstrain::BufferPool::Default());
-  (void)pstrain::ConvertToF32(header.dtype(), src, n, values.data());
+  (void)pstrain::DecodeGradient(header, src, payload.size(), absl::MakeSpan(values));
   return 0;
 }

@@ -13,7 +13,6 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
-#include "tests/testing/http_get.h"
 
 namespace pstrain::testing {
 namespace {
@@ -137,7 +136,12 @@ TEST_F(DistributedTrainingTest, OneBitCompressedSyncPushesReachTheFloorAtAThirty
   EXPECT_GT(NumberField(result, "test_accuracy"), 0.70) << cluster.Logs();
   // The counters are refreshed every second.
   absl::SleepFor(absl::Milliseconds(1500));
-  const std::string metrics = HttpGet(cluster.server_metrics_port(0), "/metrics");
+  // /metrics is HTTPS with the server's certificate on a secure cluster.
+  CommandResult scrape = RunCommand(
+      {"/usr/bin/curl", "-sf", "--max-time", "10", "--cacert", cluster.certs() + "/ca.pem",
+       absl::StrCat("https://127.0.0.1:", cluster.server_metrics_port(0), "/metrics")});
+  ASSERT_EQ(scrape.exit_code, 0) << scrape.output;
+  const std::string& metrics = scrape.output;
   const double received = MetricValue(metrics, "pstrain_server_push_bytes_total");
   const double represented = MetricValue(metrics, "pstrain_server_push_represented_bytes_total");
   ASSERT_GT(received, 0) << metrics;
