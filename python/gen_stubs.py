@@ -40,7 +40,7 @@ def generate(proto_dir, out_dir, protoc=None, grpc_plugin=None):
     sources = [os.path.join(proto_dir, "pstrain", "v1", name) for name in PROTO_FILES]
     for source in sources:
         if not os.path.isfile(source):
-            sys.exit(f"gen_stubs: {source} is missing (--proto-dir must be the repository's proto/)")
+            sys.exit(f"gen_stubs: {source} is missing (--proto-dir: the repository's proto/)")
     v1_dir = os.path.join(out_dir, "pstrain", "v1")
     os.makedirs(v1_dir, exist_ok=True)
     command = [protoc, f"--plugin=protoc-gen-grpc_python={grpc_plugin}", f"-I{proto_dir}",

@@ -14,6 +14,7 @@ a format-1 envelope of an unknown version FailedPreconditionError.
 """
 
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -127,7 +128,9 @@ def _parse_envelope(data, source):
     """Format 1: one CheckpointFile."""
     envelope = checkpoint_pb2.CheckpointFile()
     try:
-        envelope.ParseFromString(data)
+        with warnings.catch_warnings():  # Some parsers also warn about garbage.
+            warnings.simplefilter("ignore")
+            envelope.ParseFromString(data)
     except Exception:  # google.protobuf.message.DecodeError and friends.
         raise DataLossError(f"checkpoint {source}: cannot parse the file envelope (truncated, "
                             "corrupt or not a pstrain checkpoint)") from None

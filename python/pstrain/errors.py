@@ -42,7 +42,10 @@ class InvalidArgumentError(PstrainError, ValueError):
 class InvalidModelError(InvalidArgumentError):
     """A model the server would refuse. The message is the server's own
     (common/model_graph.cc, e.g. "layer 'add1' (add): input 'conv3' has shape
-    [64, 8, 8] but input 'pool1' has shape [32, 8, 8]")."""
+    [64, 8, 8] but input 'pool1' has shape [32, 8, 8]"). `spec` is the
+    pstrain.v1.ModelSpec that was refused (None when not known)."""
+
+    spec = None
 
 
 class NotFoundError(PstrainError, LookupError):

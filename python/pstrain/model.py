@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from pstrain import graph as graph_lib
 from pstrain import layers as layers_lib
 from pstrain._proto import job_pb2
+from pstrain.errors import InvalidModelError
 
 # Auto-naming: the prefix of each kind; names are prefix + 1, 2, ...
 _PREFIX = {"conv2d": "conv", "max_pool": "pool", "avg_pool": "pool", "dense": "fc",
@@ -42,7 +43,7 @@ class Model:
     Immutable once made.
     """
 
-    def __init__(self, inputs, outputs, name="model", num_classes=None, init_seed=0):
+    def __init__(self, inputs, outputs, name="functional", num_classes=None, init_seed=0):
         if not isinstance(inputs, layers_lib.Tensor) or not isinstance(
                 inputs.node, layers_lib.InputNode):
             raise TypeError("Model(inputs, outputs): inputs must be the tensor of pstrain.Input")
@@ -53,8 +54,12 @@ class Model:
         self._set_spec(spec)
 
     def _set_spec(self, spec):
+        try:
+            self._graph = graph_lib.analyse(spec)
+        except InvalidModelError as error:
+            error.spec = spec  # What was refused, e.g. to print it as JSON.
+            raise
         self._spec = spec
-        self._graph = graph_lib.analyse(spec)  # Raises InvalidModelError.
 
     # --- From and to specs ---------------------------------------------------
 
