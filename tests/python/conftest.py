@@ -8,7 +8,10 @@ suite's own build (tests/CMakeLists.txt, test `python_client_*`). The
 package itself is imported from PYTHONPATH: the CMake build's <build>/python
 (python/CMakeLists.txt), or an installed one.
 
-    PYTHONPATH=build/python python3 -m pytest tests/python [--bin-dir build/bin] [-m cluster]
+    PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python [--bin-dir=build/bin] [-m cluster]
+
+(the test directory before --bin-dir: pytest reads this file's options only
+once it knows the directory).
 """
 
 import os
