@@ -26,8 +26,9 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(prometheus curl)
   # deploy/local/test.sh's venv of PyPI test tools (tensorboard).
   PACKAGES+=(python3 python3-venv)
-  # tests/python/: the Python package's tests (ctest python_client_*).
-  PACKAGES+=(python3-pytest)
+  # tests/python/: the Python package's tests (ctest python_client_*), and
+  # setuptools and wheel for its `pip install ./python` check.
+  PACKAGES+=(python3-pytest python3-setuptools python3-wheel)
   # tests/deploy/: compose validation and the console screenshot.
   PACKAGES+=(docker-compose chromium)
   # tests/deploy/containers_test.sh: a Docker engine and client, and the
