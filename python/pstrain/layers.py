@@ -63,7 +63,7 @@ def Input(shape):
 
 
 def _pair(value, what):
-    """An int, or a pair of ints (equal unless `what` allows otherwise)."""
+    """(h, w) from an int or a pair of ints."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{what} must be an int or a pair, got {value!r}")
@@ -71,7 +71,7 @@ def _pair(value, what):
     return int(value), int(value)
 
 
-def _padding(padding, kernel_h, kernel_w, stride, what):
+def _padding(padding, kernel_h, kernel_w, what):
     """Pixels of zero padding on every side for "valid", "same" or an int."""
     if isinstance(padding, str):
         if padding == "valid":
@@ -145,7 +145,7 @@ class Conv2D(Layer):
         if stride_h != stride_w:
             raise ValueError(f"strides must be the same in both directions, got {strides!r}")
         self.strides = stride_h
-        self.padding = _padding(padding, self.kernel_h, self.kernel_w, self.strides, "Conv2D")
+        self.padding = _padding(padding, self.kernel_h, self.kernel_w, "Conv2D")
         self.use_bias = bool(use_bias)
 
     def _fields(self):
@@ -164,8 +164,7 @@ class _Pool2D(Layer):
         super().__init__(name)
         self.pool_size = int(pool_size)
         self.strides = 0 if strides is None else int(strides)
-        self.padding = _padding(padding, self.pool_size, self.pool_size, self.strides,
-                                type(self).__name__)
+        self.padding = _padding(padding, self.pool_size, self.pool_size, type(self).__name__)
 
     def _fields(self):
         return {"pool_size": self.pool_size, "stride": self.strides, "padding": self.padding}
