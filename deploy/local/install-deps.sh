@@ -15,6 +15,10 @@ PACKAGES=(
   # libssl-dev: token digests and worker credentials; openssl: the local
   # cluster's CA, certificates and tokens (deploy/local/make-certs.sh).
   libssl-dev openssl
+  # The Python package (python/): its pstrain.v1 modules are generated at
+  # build time by python3 with protoc and grpc_python_plugin (above); it runs
+  # on Debian's gRPC, protobuf and numpy.
+  python3 python3-grpcio python3-protobuf python3-numpy
   dataset-fashion-mnist
 )
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
@@ -22,6 +26,9 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   PACKAGES+=(prometheus curl)
   # deploy/local/test.sh's venv of PyPI test tools (tensorboard).
   PACKAGES+=(python3 python3-venv)
+  # tests/python/: the Python package's tests (ctest python_client_*), and
+  # setuptools and wheel for its `pip install ./python` check.
+  PACKAGES+=(python3-pytest python3-setuptools python3-wheel)
   # tests/deploy/: compose validation and the console screenshot.
   PACKAGES+=(docker-compose chromium)
   # tests/deploy/containers_test.sh: a Docker engine and client, and the

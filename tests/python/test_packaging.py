@@ -1,0 +1,36 @@
+"""`pip install ./python` works with Debian's python3, setuptools, grpcio,
+protobuf and numpy, offline: the package's build step generates pstrain.v1
+from proto/ (gen_stubs.py), and the installed package imports on its own."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_pip_install_generates_the_stubs(tmp_path):
+    # A copy of the sources: pip builds in the tree it is given.
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(REPO, "python"), src / "python",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(os.path.join(REPO, "proto"), src / "proto")
+    assert not (src / "python" / "pstrain" / "v1").exists()  # Nothing generated is committed.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+         "--no-build-isolation", "--disable-pip-version-check", str(src / "python")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import pstrain, pstrain.v1.service_pb2_grpc as g; print(pstrain.__file__); "
+         "print(g.CoordinatorStub.__name__)"],
+        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    installed, stub = check.stdout.split()
+    assert installed.startswith(str(venv)) and stub == "CoordinatorStub"
