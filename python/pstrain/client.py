@@ -40,6 +40,12 @@ from pstrain.model import Model
 DEFAULT_SERVER = "127.0.0.1:7070"
 MODES = {"sync": job_pb2.CONSISTENCY_SYNC, "async": job_pb2.CONSISTENCY_ASYNC,
          "ssp": job_pb2.CONSISTENCY_SSP, "average": job_pb2.CONSISTENCY_AVERAGE}
+# Gradient codecs (JobSpec.compression), as `pstrain submit --compression` spells them.
+COMPRESSION = {"none": job_pb2.CompressionSpec.COMPRESSION_NONE,
+               "fp16": job_pb2.CompressionSpec.COMPRESSION_FP16,
+               "bf16": job_pb2.CompressionSpec.COMPRESSION_BF16,
+               "topk": job_pb2.CompressionSpec.COMPRESSION_TOPK,
+               "onebit": job_pb2.CompressionSpec.COMPRESSION_ONEBIT}
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 _ROLES = ("admin", "worker", "peer")
 
@@ -462,25 +468,33 @@ class Client:
 
     def submit(self, model, dataset, optimizer, epochs, batch_size=64, workers=1, mode="sync",
                name=None, seed=0, staleness=0, averaging_frequency=0,
-               average_optimizer_state=False):
+               average_optimizer_state=False, compression="none", topk_ratio=0.0):
         """Submits a job and returns its Job. The server validates it: a bad
         job raises InvalidArgumentError with the server's message (a bad model
         cannot get here: a Model is checked when it is made).
 
         model: a pstrain.Model; dataset: a pstrain.datasets.*; optimizer: a
         pstrain.optimizers.*; mode: "sync", "async", "ssp" (with staleness) or
-        "average" (every averaging_frequency local steps; 0 = 5).
+        "average" (every averaging_frequency local steps; 0 = 5); compression:
+        how workers push gradients in sync, async and ssp: "none", "fp16",
+        "bf16", "topk" (the largest topk_ratio of each chunk; 0 = 0.01) or
+        "onebit" (sign bits and a scale), the last two with error feedback.
         """
         if not isinstance(model, Model):
             raise TypeError(f"submit: model must be a pstrain.Model, got {type(model).__name__}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if compression not in COMPRESSION:
+            raise ValueError(
+                f"compression must be one of {', '.join(COMPRESSION)}, got {compression!r}")
         spec = job_pb2.JobSpec(
             name=name if name is not None else model.name, model=model.to_spec(),
             dataset=dataset.to_spec(), optimizer=optimizer.to_spec(), epochs=int(epochs),
             batch_size=int(batch_size), seed=int(seed), workers=int(workers), mode=MODES[mode],
             staleness=int(staleness), averaging_frequency=int(averaging_frequency),
-            average_optimizer_state=bool(average_optimizer_state))
+            average_optimizer_state=bool(average_optimizer_state),
+            compression=job_pb2.CompressionSpec(method=COMPRESSION[compression],
+                                                topk_ratio=float(topk_ratio)))
         return self.submit_spec(spec)
 
     def submit_spec(self, spec):

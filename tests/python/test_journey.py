@@ -117,6 +117,13 @@ def test_server_errors_become_exceptions(cluster, journey, tmp_path):
     with pytest.raises(pstrain.InvalidArgumentError, match=r"^epochs must be > 0, got 0$"):
         client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
                       epochs=0)
+    # Compression is for gradient pushes: the server refuses it in average mode.
+    with pytest.raises(pstrain.InvalidArgumentError, match="compression applies to gradient"):
+        client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                      epochs=1, mode="average", compression="topk", topk_ratio=0.01)
+    with pytest.raises(ValueError, match="compression must be one of"):
+        client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                      epochs=1, compression="gzip")
     # A bad model sent as it is: the server refuses it with the message
     # Python gives for it.
     with pytest.raises(pstrain.InvalidModelError) as local:
