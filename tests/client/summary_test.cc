@@ -28,6 +28,19 @@ TEST(SummaryTest, BareModelFileWorksToo) {
   EXPECT_THAT(*table, HasSubstr("block2_add (add)"));
 }
 
+// Regression: a bare model whose JSON held the string "model" anywhere (here
+// its name) was read as a job and failed with "layers: Cannot find field".
+TEST(SummaryTest, ABareModelNamedModelIsStillABareModel) {
+  std::string path = ::testing::TempDir() + "/model_named_model.json";
+  std::ofstream(path) << R"({"name": "model", "input_shape": [1, 8, 8], "num_classes": 10,
+      "layers": [{"name": "f", "flatten": {}}, {"name": "fc", "dense": {"units": 10}},
+      {"name": "loss", "softmax_cross_entropy": {}}]})";
+  auto table = SummarizeJobFile(path);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_THAT(*table, HasSubstr("Total params: 650"));
+  std::remove(path.c_str());
+}
+
 TEST(SummaryTest, InvalidModelNamesFileAndLayer) {
   std::string path = ::testing::TempDir() + "/bad_model.json";
   std::ofstream(path) << R"({"model": {"input_shape": [1, 8, 8], "num_classes": 10, "layers": [
