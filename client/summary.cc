@@ -1,5 +1,6 @@
 #include "client/summary.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/model_graph.h"
@@ -12,18 +13,23 @@ namespace pstrain {
 absl::StatusOr<std::string> SummarizeJobFile(const std::string& path) {
   v1::ModelSpec model;
   PSTRAIN_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  // A bare model spec has "layers" at the top level; anything else is read
-  // as a job (which names what is wrong with it). Only the top-level keys
-  // count: a model named "model", or a job whose model has "layers", is
-  // still what it is.
+  // A job names its model ("model" or "model_file" at the top level); any
+  // other JSON is a bare model spec. Only the top-level keys count: a bare
+  // model named "model" is still a model. Text that is not JSON goes to the
+  // loader its words suggest, which says what is wrong with it.
   google::protobuf::Struct top;
-  const bool bare_model = google::protobuf::util::JsonStringToMessage(text, &top).ok() &&
-                          top.fields().contains("layers");
-  if (bare_model) {
-    PSTRAIN_ASSIGN_OR_RETURN(model, LoadModelSpec(path));
+  bool job_file;
+  if (google::protobuf::util::JsonStringToMessage(text, &top).ok()) {
+    job_file = top.fields().contains("model") || top.fields().contains("model_file") ||
+               top.fields().contains("modelFile");
   } else {
+    job_file = absl::StrContains(text, "\"model");  // "model", "model_file", "modelFile".
+  }
+  if (job_file) {
     PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec job, LoadJobSpec(path));
     model = job.model();
+  } else {
+    PSTRAIN_ASSIGN_OR_RETURN(model, LoadModelSpec(path));
   }
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
   if (!graph.ok()) {
