@@ -1333,6 +1333,14 @@ void Coordinator::WriteDueCheckpoints() {
         break;
       case CheckpointWork::kFinal: {
         if (job.phase != Phase::kFinalizing) break;  // Cancelled meanwhile.
+        if (absl::IsUnavailable(s) || absl::IsNotFound(s) || absl::IsDeadlineExceeded(s)) {
+          // A shard is down or came back empty (seen in the chaos run: shard
+          // 1 killed as the last epoch ended): its part of the final model
+          // is gone, so the run resumes from the latest checkpoint and its
+          // members train the rest and evaluate again.
+          RequeueRun(job, absl::StrCat("could not read the final model (", s.message(), ")"));
+          break;
+        }
         if (!s.ok()) {
           Finish(job, v1::JOB_STATE_FAILED,
                  absl::StrCat("could not write the final checkpoint: ", s.message()));

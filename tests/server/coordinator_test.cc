@@ -61,6 +61,7 @@ class FakeShard {
   bool fail_configure ABSL_GUARDED_BY(mu) = false;
   bool fail_set_members ABSL_GUARDED_BY(mu) = false;
   bool fail_drop ABSL_GUARDED_BY(mu) = false;
+  bool fail_read ABSL_GUARDED_BY(mu) = false;
   bool add_momentum ABSL_GUARDED_BY(mu) = false;
   std::vector<v1::ReadChunksRequest> reads ABSL_GUARDED_BY(mu);
   // Steps reported for a member when SetMembers removes it (absent: 0).
@@ -117,6 +118,7 @@ class FakeShardClient final : public ShardClient {
   absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(const v1::ReadChunksRequest& request,
                                                           absl::Duration wait) override {
     absl::MutexLock lock(&shard_->mu);
+    if (shard_->fail_read) return absl::UnavailableError("fake shard is down");
     shard_->reads.push_back(request);
     auto it = shard_->jobs.find(request.job_id());
     if (it == shard_->jobs.end()) return absl::NotFoundError("unknown job");
@@ -675,6 +677,37 @@ TEST_F(CoordinatorTest, TotalStepsComeFromTheReportedStepsPerEpoch) {
   ASSERT_TRUE(coordinator_->ReportProgress(b).ok());
   EXPECT_EQ(Status(job).step(), 13);
   EXPECT_EQ(Status(job).total_steps(), 20);  // Not 13 / 1 x 2 = 26.
+}
+
+// Regression (chaos run): a shard killed as the last epoch ended made the
+// final checkpoint's read fail, and the job FAILED with its training done.
+// It is queued again to resume from its latest checkpoint instead.
+TEST_F(CoordinatorTest, AShardDownAtTheFinalCheckpointResumesTheRunInsteadOfFailing) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->fail_read = true;
+  }
+  for (const std::string& worker : w) {
+    v1::ReportProgressRequest done = Progress(worker, job, 2, 10, 0.3, 0.9, 10);
+    done.set_finished(true);
+    *done.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}}, 0.4);
+    ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+  }
+  coordinator_->Tick();
+  v1::JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_QUEUED) << s.reason();
+  EXPECT_THAT(log_, ::testing::Contains(::testing::HasSubstr(
+                        "could not read the final model (fake shard is down); queued again")));
+  // The shard is back: the job runs again on its workers as a new run.
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    fakes_[0]->fail_read = false;
+  }
+  coordinator_->Tick();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status(job).runs(), 2);
 }
 
 TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
