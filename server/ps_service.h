@@ -64,9 +64,10 @@ class ShardServices {
     int max_threads = 256;
     // Frames of one push stream (different chunks) decoded and applied at
     // the same time, after its first frame: one worker's push spreads the
-    // update over this many of the executor's threads. pstrain-server sets
+    // update over this many of the executor's threads. With 1, frames apply
+    // in order and nothing after a bad frame is applied. pstrain-server sets
     // it from --update-threads (default: the machine's cores).
-    int max_parallel_frames = 4;
+    int max_parallel_frames = 1;
     // Pulls that may wait for a version at the same time, each on its own
     // thread of a separate pool; one more fails with RESOURCE_EXHAUSTED.
     int max_waiting_pulls = 1024;

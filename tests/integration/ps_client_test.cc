@@ -395,6 +395,10 @@ struct RunResult {
 RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
   constexpr int kSteps = 6;
   ShardServices::Options service_options;
+  // Frames of a stream applied in parallel, as pstrain-server does on a
+  // multi-core machine: exactly-once must hold when a cut meets frames in
+  // flight beside it.
+  service_options.max_parallel_frames = 4;
   if (cutter != nullptr) {
     service_options.cut_push_stream = [cutter](const v1::ChunkHeader& frame, bool applied) {
       return (*cutter)(frame, applied);
