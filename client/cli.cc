@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/onnx_export.h"
 #include "client/summary.h"
 #include "common/build_info.h"
 #include "common/checkpoint.h"
@@ -50,6 +51,7 @@ constexpr char kUsage[] =
     "  watch JOB                     follow a job until it ends (progress bar)\n"
     "  cancel JOB                    cancel a queued or running job\n"
     "  download JOB -o FILE          save the job's latest checkpoint\n"
+    "  export CKPT|JOB -o FILE.onnx  write the trained inference graph as ONNX\n"
     "  workers                       list the registered workers\n"
     "  summary JOB.json              print the model's layers and parameter counts\n"
     "  health [ADDRESS] [--service S] ask a daemon's grpc.health.v1.Health (exit 0 if SERVING)\n"
@@ -244,10 +246,15 @@ class Cli {
   int Watch(const std::vector<std::string>& args);
   int Cancel(const std::vector<std::string>& args);
   int Download(const std::vector<std::string>& args);
+  int Export(const std::vector<std::string>& args);
   int Workers(const std::vector<std::string>& args);
   int Summary(const std::vector<std::string>& args);
   int Health(const std::vector<std::string>& args);
 
+  // Downloads the job's latest checkpoint to `path` (through path.tmp,
+  // verified, renamed) and parses it into `ckpt`; reports errors as `what`.
+  int FetchCheckpoint(const std::string& what, const std::string& job_id, const std::string& path,
+                      v1::Checkpoint* ckpt, int64_t* bytes);
   // Follows the job to its end; returns its last status (or the error).
   absl::StatusOr<v1::JobStatus> Follow(const std::string& job_id, bool quiet);
   int ReportRpcError(const std::string& what, const grpc::Status& status);
@@ -408,7 +415,10 @@ int Cli::Run(std::vector<std::string> args) {
     out_ << BuildId() << "\n";
     return kExitOk;
   }
-  if (command != "summary") {
+  // `export FILE` reads a local checkpoint: no server, no TLS or token.
+  const bool local_export =
+      command == "export" && !rest.empty() && std::filesystem::is_regular_file(rest[0]);
+  if (command != "summary" && !local_export) {
     // TLS and token files are read (and their errors reported) once, here.
     absl::StatusOr<ChannelOptions> options = ChannelOptionsOnce();
     if (!options.ok()) {
@@ -422,6 +432,7 @@ int Cli::Run(std::vector<std::string> args) {
   if (command == "watch") return Watch(rest);
   if (command == "cancel") return Cancel(rest);
   if (command == "download") return Download(rest);
+  if (command == "export") return Export(rest);
   if (command == "workers") return Workers(rest);
   if (command == "summary") return Summary(rest);
   if (command == "health") return Health(rest);
@@ -766,6 +777,57 @@ int Cli::Cancel(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// export ------------------------------------------------------------------------
+
+int Cli::Export(const std::vector<std::string>& args) {
+  static constexpr char kExportUsage[] =
+      "usage: pstrain export CKPT|JOB -o FILE.onnx\n"
+      "  Writes the model of a checkpoint file (or of a job's latest checkpoint,\n"
+      "  downloaded from the server) as an ONNX inference graph (opset 13): input\n"
+      "  'input' [batch, C, H, W] normalised as in training ((pixel/255 - mean) /\n"
+      "  std, recorded in the model's metadata), outputs 'logits' and\n"
+      "  'probabilities'. Dropout is left out; batch norm uses the running\n"
+      "  statistics.\n";
+  ParsedArgs parsed = ParseArgs(args, {"-o", "--output"}, {});
+  if (parsed.help) return Usage("export", kExportUsage, "");
+  if (!parsed.error.empty()) return Usage("export", kExportUsage, parsed.error);
+  std::string path = parsed.values.count("-o") ? parsed.values["-o"] : parsed.values["--output"];
+  if (parsed.positional.size() != 1 || path.empty()) {
+    return Usage("export", kExportUsage, "expected a checkpoint file or job id and -o FILE.onnx");
+  }
+  const std::string& source = parsed.positional[0];
+  v1::Checkpoint ckpt;
+  if (std::filesystem::is_regular_file(source)) {
+    absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(source);
+    if (!read.ok()) {
+      err_ << "pstrain export: error: " << read.status().message() << std::endl;
+      return kExitFailed;
+    }
+    ckpt = *std::move(read);
+  } else {
+    // A job id: its latest checkpoint, downloaded beside the output.
+    const std::string downloaded = path + ".ckpt";
+    int64_t bytes = 0;
+    const int rc = FetchCheckpoint("export", source, downloaded, &ckpt, &bytes);
+    std::remove(downloaded.c_str());
+    if (rc != kExitOk) return rc;
+  }
+  absl::StatusOr<onnx::ModelProto> model = ExportOnnx(ckpt);
+  if (!model.ok()) {
+    err_ << "pstrain export: error: " << model.status().message() << std::endl;
+    return kExitFailed;
+  }
+  if (absl::Status s = WriteOnnxFile(*model, path); !s.ok()) {
+    err_ << "pstrain export: error: " << s.message() << std::endl;
+    return kExitFailed;
+  }
+  out_ << absl::StrFormat("%s: ONNX opset %d, %d nodes, %d initializers, step %d, epoch %d\n", path,
+                          kOnnxOpset, model->graph().node_size(), model->graph().initializer_size(),
+                          ckpt.step(), ckpt.epoch())
+       << std::flush;
+  return kExitOk;
+}
+
 // download ----------------------------------------------------------------------
 
 int Cli::Download(const std::vector<std::string>& args) {
@@ -780,20 +842,32 @@ int Cli::Download(const std::vector<std::string>& args) {
   if (parsed.positional.size() != 1 || path.empty()) {
     return Usage("download", kDownloadUsage, "expected a job id and -o FILE");
   }
+  v1::Checkpoint ckpt;
+  int64_t bytes = 0;
+  const int rc = FetchCheckpoint("download", parsed.positional[0], path, &ckpt, &bytes);
+  if (rc != kExitOk) return rc;
+  out_ << absl::StrFormat("%s: %d bytes, %d tensors, step %d, epoch %d\n", path, bytes,
+                          ckpt.parameters_size(), ckpt.step(), ckpt.epoch())
+       << std::flush;
+  return kExitOk;
+}
+
+int Cli::FetchCheckpoint(const std::string& what, const std::string& job_id,
+                         const std::string& path, v1::Checkpoint* ckpt, int64_t* bytes) {
   const std::string tmp = path + ".tmp";
   std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
   if (!file) {
-    err_ << "pstrain download: error: cannot write " << tmp << std::endl;
+    err_ << "pstrain " << what << ": error: cannot write " << tmp << std::endl;
     return kExitFailed;
   }
   auto fail = [&](const std::string& message) {
     file.close();
     std::remove(tmp.c_str());
-    err_ << "pstrain download: error: " << message << std::endl;
+    err_ << "pstrain " << what << ": error: " << message << std::endl;
     return kExitFailed;
   };
   v1::DownloadModelRequest request;
-  request.set_job_id(parsed.positional[0]);
+  request.set_job_id(job_id);
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineFromNow(absl::Hours(1)));
   bool idle_timeout = false;
@@ -828,23 +902,22 @@ int Cli::Download(const std::vector<std::string>& args) {
   if (!end.ok()) {
     file.close();
     std::remove(tmp.c_str());
-    return ReportRpcError("download", end);
+    return ReportRpcError(what, end);
   }
   if (total < 0 || written != total) {
     return fail(absl::StrCat("received ", written, " of ", total, " bytes"));
   }
   file.close();
   if (!file) return fail(absl::StrCat("writing ", tmp, " failed"));
-  absl::StatusOr<v1::Checkpoint> ckpt = ReadCheckpointFile(tmp);
-  if (!ckpt.ok()) {
-    return fail(absl::StrCat("the downloaded checkpoint is invalid: ", ckpt.status().message()));
+  absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(tmp);
+  if (!read.ok()) {
+    return fail(absl::StrCat("the downloaded checkpoint is invalid: ", read.status().message()));
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return fail(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  out_ << absl::StrFormat("%s: %d bytes, %d tensors, step %d, epoch %d\n", path, written,
-                          ckpt->parameters_size(), ckpt->step(), ckpt->epoch())
-       << std::flush;
+  *ckpt = *std::move(read);
+  *bytes = written;
   return kExitOk;
 }
 

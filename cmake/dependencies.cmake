@@ -46,6 +46,12 @@ pstrain_find_package(ZLIB zlib1g-dev)
 pstrain_find_package(PNG libpng-dev)
 pstrain_find_package(JPEG libjpeg62-turbo-dev)
 pstrain_find_package(prometheus-cpp prometheus-cpp-dev CONFIG)
+# ONNX's protobuf schema (onnx/onnx_pb.h, target onnx_proto) for `pstrain
+# export`, and its checker (target onnx) for the export's tests; the
+# fuzzing build has no CLI.
+if(NOT PSTRAIN_FUZZ)
+  pstrain_find_package(ONNX libonnx-dev CONFIG)
+endif()
 if(PSTRAIN_BUILD_TESTS)
   pstrain_find_package(GTest "libgtest-dev and libgmock-dev")
 endif()

@@ -49,7 +49,17 @@ absl::StatusOr<EvaluationShard> EvaluateShard(Model& model, const data::ImageDat
     PSTRAIN_RETURN_IF_ERROR(
         backend->CopyDeviceToHost(labels.data(), batch.labels, labels.size() * sizeof(int32_t)));
     PSTRAIN_RETURN_IF_ERROR(backend->CopyDeviceToHost(&loss, model.loss(), sizeof(float)));
+    if (options.inputs != nullptr) {
+      const size_t elements = static_cast<size_t>(batch.n) * dataset.sample_elements();
+      const size_t at = options.inputs->size();
+      options.inputs->resize(at + elements);
+      PSTRAIN_RETURN_IF_ERROR(backend->CopyDeviceToHost(options.inputs->data() + at, batch.images,
+                                                        elements * sizeof(float)));
+    }
     PSTRAIN_RETURN_IF_ERROR(backend->Synchronize());
+    if (options.logits != nullptr) {
+      options.logits->insert(options.logits->end(), logits.begin(), logits.end());
+    }
     for (int i = 0; i < batch.n; ++i) {
       const float* row = logits.data() + static_cast<size_t>(i) * classes;
       int predicted = static_cast<int>(std::max_element(row, row + classes) - row);

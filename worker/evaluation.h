@@ -9,6 +9,8 @@
 #ifndef PSTRAIN_WORKER_EVALUATION_H_
 #define PSTRAIN_WORKER_EVALUATION_H_
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "common/data/dataset.h"
 #include "common/metrics.h"
@@ -20,6 +22,10 @@ struct EvaluateOptions {
   int batch_size = 256;
   int rank = 0;        // Evaluate only this rank's shard (distributed runs).
   int world_size = 1;
+  // When set, every evaluated sample's logits (classes floats) and model
+  // input (as preprocessed) are appended here, in order.
+  std::vector<float>* logits = nullptr;
+  std::vector<float>* inputs = nullptr;
 };
 
 // Runs the model in inference mode (dropout off, batch norm on running

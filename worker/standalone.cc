@@ -158,14 +158,42 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   return result;
 }
 
+absl::Status WriteNpyFloat32(const std::string& path, const std::vector<int64_t>& shape,
+                             const std::vector<float>& values) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  if (count != static_cast<int64_t>(values.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteNpyFloat32: shape holds ", count, " values, got ", values.size()));
+  }
+  // Format 1.0: magic, version, header length, a Python dict literal padded
+  // with spaces and ended by a newline so the data starts 64-byte aligned.
+  std::string dims;
+  for (int64_t d : shape) absl::StrAppend(&dims, d, ",");
+  if (shape.size() > 1) dims.pop_back();
+  std::string header =
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", dims, "), }");
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes.push_back(static_cast<char>(header.size() & 0xff));
+  bytes.push_back(static_cast<char>(header.size() >> 8));
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return WriteFileAtomically(path, bytes);
+}
+
 absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& checkpoint_path,
                                                          const std::string& data_dir,
                                                          const std::string& device,
-                                                         std::string* device_name) {
+                                                         std::string* device_name,
+                                                         const EvaluateCheckpointOptions& options) {
   PSTRAIN_ASSIGN_OR_RETURN(v1::Checkpoint ckpt, ReadCheckpointFile(checkpoint_path));
   v1::JobSpec job = ckpt.job();
   if (!data_dir.empty()) job.mutable_dataset()->set_path(data_dir);
   job.mutable_dataset()->set_train_limit(1);  // Only the test split is used.
+  if (options.limit > 0) job.mutable_dataset()->set_test_limit(options.limit);
   PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec device_spec, ParseDeviceSpec(device));
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device_spec));
   if (device_name != nullptr) *device_name = backend->DeviceName();
@@ -176,7 +204,22 @@ absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& chec
   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
                            data::Preprocess::FromSpec(job.dataset(), splits.test.channels));
   EvaluateOptions eval;
-  return Evaluate(*model, splits.test, preprocess, eval);
+  std::vector<float> logits, inputs;
+  if (!options.logits_out.empty()) eval.logits = &logits;
+  if (!options.inputs_out.empty()) eval.inputs = &inputs;
+  PSTRAIN_ASSIGN_OR_RETURN(ClassificationMetrics metrics,
+                           Evaluate(*model, splits.test, preprocess, eval));
+  const int64_t n = metrics.samples;
+  if (!options.logits_out.empty()) {
+    PSTRAIN_RETURN_IF_ERROR(
+        WriteNpyFloat32(options.logits_out, {n, model->graph().num_classes}, logits));
+  }
+  if (!options.inputs_out.empty()) {
+    std::vector<int64_t> shape = {n};
+    for (int64_t d : model->graph().input_shape.dims()) shape.push_back(d);
+    PSTRAIN_RETURN_IF_ERROR(WriteNpyFloat32(options.inputs_out, shape, inputs));
+  }
+  return metrics;
 }
 
 std::string StandaloneResultJson(const StandaloneResult& r) {

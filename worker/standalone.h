@@ -51,12 +51,27 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job,
                                                const StandaloneOptions& options,
                                                std::ostream& out);
 
+// What `pstrain-worker --evaluate` does beyond the metrics.
+struct EvaluateCheckpointOptions {
+  int64_t limit = 0;  // Only the first N test samples (0 = all).
+  // When set, the logits [N, classes] and the model inputs [N, C, H, W] (as
+  // preprocessed) of the evaluated samples, in order, are written there as
+  // float32 NumPy .npy files (for comparisons with other runtimes, e.g. the
+  // ONNX export's test).
+  std::string logits_out;
+  std::string inputs_out;
+};
+
 // Loads a checkpoint and evaluates it on the test split of `data_dir` (or the
 // checkpoint job's dataset path when empty).
-absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& checkpoint_path,
-                                                         const std::string& data_dir,
-                                                         const std::string& device,
-                                                         std::string* device_name);
+absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(
+    const std::string& checkpoint_path, const std::string& data_dir, const std::string& device,
+    std::string* device_name, const EvaluateCheckpointOptions& options = {});
+
+// Writes `values` as a little-endian float32 NumPy .npy array of `shape`
+// (atomically). shape's product must equal values.size().
+absl::Status WriteNpyFloat32(const std::string& path, const std::vector<int64_t>& shape,
+                             const std::vector<float>& values);
 
 // The one-line JSON summary printed last by `pstrain-worker --standalone`.
 std::string StandaloneResultJson(const StandaloneResult& result);

@@ -47,7 +47,14 @@ ABSL_FLAG(std::string, device, "auto",
           "is missing (--version shows what was found)");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0 = keep)");
 ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
-ABSL_FLAG(int64_t, limit, 0, "Train on only the first N samples (0 = all)");
+ABSL_FLAG(int64_t, limit, 0,
+          "Train (--standalone) or evaluate (--evaluate) only the first N samples (0 = all)");
+ABSL_FLAG(std::string, logits_out, "",
+          "With --evaluate: write the logits of the evaluated test samples, in order, to this "
+          "float32 .npy file [N, classes]");
+ABSL_FLAG(std::string, inputs_out, "",
+          "With --evaluate: write the model inputs (preprocessed) of the evaluated test samples "
+          "to this float32 .npy file [N, C, H, W]");
 ABSL_FLAG(std::string, checkpoint, "",
           "Where to save the final checkpoint (default: <job name>.ckpt; 'none' to skip)");
 ABSL_FLAG(std::string, tensorboard_dir, "",
@@ -220,7 +227,8 @@ int main(int argc, char** argv) {
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
       "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR]\n"
-      "  pstrain-worker --evaluate CKPT [--data DIR] [--device D]\n"
+      "  pstrain-worker --evaluate CKPT [--data DIR] [--device D] [--limit N] "
+      "[--logits-out F.npy] [--inputs-out F.npy]\n"
       "  pstrain-worker --server HOST:PORT [--metrics-port P] [--health-port P] [--device D] "
       "[--threads N] [--tensorboard-dir DIR] [--data-root DIR]... [TLS and token flags]");
   pstrain::InstallVersionFlag([] { return pstrain::CudaModule().Summary() + "\n"; });
@@ -235,7 +243,10 @@ int main(int argc, char** argv) {
     std::string device;
     auto metrics =
         pstrain::EvaluateCheckpoint(absl::GetFlag(FLAGS_evaluate), absl::GetFlag(FLAGS_data),
-                                    absl::GetFlag(FLAGS_device), &device);
+                                    absl::GetFlag(FLAGS_device), &device,
+                                    {.limit = absl::GetFlag(FLAGS_limit),
+                                     .logits_out = absl::GetFlag(FLAGS_logits_out),
+                                     .inputs_out = absl::GetFlag(FLAGS_inputs_out)});
     if (!metrics.ok()) return Fail(metrics.status());
     std::cout << pstrain::FormatConfusionMatrix(*metrics);
     std::cout << absl::StrFormat(

@@ -15,10 +15,15 @@ PACKAGES=(
   # libssl-dev: token digests and worker credentials; openssl: the local
   # cluster's CA, certificates and tokens (deploy/local/make-certs.sh).
   libssl-dev openssl
+  # libonnx-dev: ONNX's protobuf schema for `pstrain export` (and its C++
+  # checker for the tests).
+  libonnx-dev
   # The Python package (python/): its pstrain.v1 modules are generated at
   # build time by python3 with protoc and grpc_python_plugin (above); it runs
   # on Debian's gRPC, protobuf and numpy.
   python3 python3-grpcio python3-protobuf python3-numpy
+  # python3-onnx: the Python client's Checkpoint.export_onnx().
+  python3-onnx
   dataset-fashion-mnist
 )
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then

