@@ -117,7 +117,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
       !v1::DatasetFormat_IsValid(data.format())) {
     return absl::InvalidArgumentError(
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
-        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC");
+        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC, DATASET_FORMAT_PACKED");
   }
   if (!v1::Balance_IsValid(data.balance())) {
     return absl::InvalidArgumentError(

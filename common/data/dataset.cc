@@ -7,6 +7,7 @@
 #include "common/data/cifar_reader.h"
 #include "common/data/idx_reader.h"
 #include "common/data/image_folder_reader.h"
+#include "common/data/packed_format.h"
 #include "common/status_macros.h"
 
 namespace pstrain::data {
@@ -178,6 +179,10 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
     }
     case pstrain::v1::DATASET_FORMAT_SYNTHETIC: {
       PSTRAIN_ASSIGN_OR_RETURN(splits, MakeSyntheticDataset(spec.synthetic()));
+      break;
+    }
+    case pstrain::v1::DATASET_FORMAT_PACKED: {
+      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path()));
       break;
     }
     default:

@@ -95,6 +95,13 @@ class ImageFolder(Dataset):
         spec.image_width = self.image_width
 
 
+class Packed(Dataset):
+    """Shards written by `pstrain prepare` (train-*-of-*.pspack, test-*): decoded,
+    checksummed records read with a copy. Give the source's mean and std."""
+
+    format = job_pb2.DATASET_FORMAT_PACKED
+
+
 class Synthetic(Dataset):
     """Random pixels and labels from `seed`, for throughput tests: nothing to learn."""
 

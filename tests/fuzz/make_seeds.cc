@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "common/checkpoint.h"
 #include "common/data/image_codec.h"
+#include "common/data/packed_format.h"
 #include "common/rpc/gradient_codec.h"
 #include "common/rpc/wire.h"
 
@@ -164,6 +166,28 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 3 * 32 * 32; ++i) records += static_cast<char>((i * (r + 3)) & 0xff);
     }
     Write(root / "cifar" / "two_records", records);
+  }
+
+  // packed: a shard of three 2x3x3 records, written by the project's writer.
+  {
+    pstrain::data::DatasetSplits splits;
+    for (pstrain::data::ImageDataset* ds : {&splits.train, &splits.test}) {
+      ds->channels = 2;
+      ds->height = 3;
+      ds->width = 3;
+      ds->num_classes = 4;
+      for (int r = 0; r < 3; ++r) {
+        ds->labels.push_back(r);
+        for (int i = 0; i < 18; ++i) ds->pixels.push_back(static_cast<uint8_t>(i * 7 + r));
+      }
+    }
+    const fs::path dir = fs::temp_directory_path() / "pstrain-packed-seed";
+    if (pstrain::data::WritePackedDataset(splits, dir.string(), {}).ok()) {
+      std::ifstream in(dir / pstrain::data::PackedShardName("train", 0, 1), std::ios::binary);
+      Write(root / "packed" / "three_records",
+            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+    }
+    fs::remove_all(dir);
   }
 
   // png, jpeg: a gray and an RGB image each.

@@ -1,0 +1,351 @@
+#include "common/data/packed_format.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint.h"
+#include "common/data/file_io.h"
+#include "common/status_macros.h"
+
+namespace pstrain::data {
+namespace {
+
+uint32_t Crc(const void* data, size_t n) {
+  return static_cast<uint32_t>(crc32_z(0L, static_cast<const Bytef*>(data), n));
+}
+
+template <typename T>
+void Put(std::string& out, size_t at, T value) {
+  std::memcpy(out.data() + at, &value, sizeof(T));  // Little-endian hosts only.
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
+
+struct Header {
+  uint32_t channels = 0, height = 0, width = 0, num_classes = 0, record_bytes = 0;
+  uint64_t records = 0;
+  uint32_t shard_index = 0, shard_count = 0;
+  uint64_t first_sample = 0;
+};
+
+std::string EncodeHeader(const Header& h) {
+  std::string out(kPackedHeaderBytes, '\0');
+  std::memcpy(out.data(), kPackedMagic, sizeof(kPackedMagic));
+  Put<uint32_t>(out, 8, kPackedFormatVersion);
+  Put<uint32_t>(out, 12, h.channels);
+  Put<uint32_t>(out, 16, h.height);
+  Put<uint32_t>(out, 20, h.width);
+  Put<uint32_t>(out, 24, h.num_classes);
+  Put<uint32_t>(out, 28, h.record_bytes);
+  Put<uint64_t>(out, 32, h.records);
+  Put<uint32_t>(out, 40, h.shard_index);
+  Put<uint32_t>(out, 44, h.shard_count);
+  Put<uint64_t>(out, 48, h.first_sample);
+  Put<uint32_t>(out, 60, Crc(out.data(), 60));
+  return out;
+}
+
+// A read-only mapping of a whole file, unmapped on destruction.
+class MappedFile {
+ public:
+  static absl::StatusOr<MappedFile> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      const std::string message = absl::StrCat(path, ": ", std::strerror(e));
+      return e == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+    }
+    MappedFile file;
+    file.size_ = static_cast<size_t>(st.st_size);
+    if (file.size_ > 0) {
+      void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int e = errno;
+        ::close(fd);
+        return absl::InternalError(absl::StrCat(path, ": mmap: ", std::strerror(e)));
+      }
+      ::madvise(p, file.size_, MADV_SEQUENTIAL);
+      file.data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+    return file;
+  }
+  MappedFile() = default;
+  MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  MappedFile& operator=(MappedFile&&) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& file) {
+  if (file.size() < static_cast<size_t>(kPackedHeaderBytes)) {
+    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, shorter than the ",
+                                            kPackedHeaderBytes, "-byte header"));
+  }
+  const uint8_t* p = file.data();
+  if (std::memcmp(p, kPackedMagic, sizeof(kPackedMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not a pstrain packed shard (bad magic)"));
+  }
+  if (Get<uint32_t>(p + 60) != Crc(p, 60)) {
+    return absl::DataLossError(absl::StrCat(path, ": header checksum mismatch"));
+  }
+  if (const uint32_t version = Get<uint32_t>(p + 8); version != kPackedFormatVersion) {
+    return absl::DataLossError(absl::StrCat(path, ": format version ", version,
+                                            ", this build reads ", kPackedFormatVersion));
+  }
+  Header h;
+  h.channels = Get<uint32_t>(p + 12);
+  h.height = Get<uint32_t>(p + 16);
+  h.width = Get<uint32_t>(p + 20);
+  h.num_classes = Get<uint32_t>(p + 24);
+  h.record_bytes = Get<uint32_t>(p + 28);
+  h.records = Get<uint64_t>(p + 32);
+  h.shard_index = Get<uint32_t>(p + 40);
+  h.shard_count = Get<uint32_t>(p + 44);
+  h.first_sample = Get<uint64_t>(p + 48);
+  const uint64_t sample = uint64_t{h.channels} * h.height * h.width;  // < 2^96: checked below.
+  if (h.channels == 0 || h.height == 0 || h.width == 0 || h.channels > 4096 ||
+      h.height > (1u << 20) || h.width > (1u << 20) ||
+      sample > static_cast<uint64_t>(kPackedMaxSampleBytes)) {
+    return absl::DataLossError(absl::StrCat(path, ": image shape ", h.channels, "x", h.height, "x",
+                                            h.width, " is empty or above ", kPackedMaxSampleBytes,
+                                            " bytes"));
+  }
+  if (h.num_classes < 1 || h.num_classes > kPackedMaxClasses) {
+    return absl::DataLossError(absl::StrCat(path, ": num_classes ", h.num_classes,
+                                            " is outside [1, ", kPackedMaxClasses, "]"));
+  }
+  if (h.record_bytes != sample + 8) {
+    return absl::DataLossError(absl::StrCat(path, ": record size ", h.record_bytes, " is not ",
+                                            sample + 8, " for ", h.channels, "x", h.height, "x",
+                                            h.width, " images"));
+  }
+  if (h.shard_count == 0 || h.shard_count > kPackedMaxShards || h.shard_index >= h.shard_count) {
+    return absl::DataLossError(absl::StrCat(path, ": shard ", h.shard_index, " of ", h.shard_count,
+                                            " is not a valid shard number"));
+  }
+  const uint64_t body = file.size() - kPackedHeaderBytes;
+  if (h.records > body / h.record_bytes || body != h.records * h.record_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, but its header has ",
+                                            h.records, " records of ", h.record_bytes,
+                                            " bytes (truncated or with trailing bytes)"));
+  }
+  return h;
+}
+
+// The shard files of `split` in `dir`, by index; NOT_FOUND when none.
+absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir,
+                                                    const std::string& split) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("packed dataset ", dir, ": cannot list the directory: ", ec.message()));
+  }
+  std::map<int, std::string> by_index;
+  int count = -1;
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    const std::string prefix = split + "-";
+    if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 5 + 4 + 5 + 7 ||
+        name.substr(name.size() - 7) != kPackedSuffix) {
+      continue;
+    }
+    // split-NNNNN-of-MMMMM.pspack
+    const std::string middle = name.substr(prefix.size(), name.size() - prefix.size() - 7);
+    const size_t of = middle.find("-of-");
+    int index = 0, total = 0;
+    if (of == std::string::npos || !absl::SimpleAtoi(middle.substr(0, of), &index) ||
+        !absl::SimpleAtoi(middle.substr(of + 4), &total) || total <= 0 || index < 0 ||
+        index >= total || total > kPackedMaxShards) {
+      continue;
+    }
+    if (count >= 0 && total != count) {
+      return absl::DataLossError(absl::StrCat("packed dataset ", dir, ": ", split,
+                                              " shards of two packings (of ", count, " and of ",
+                                              total, "); pack it again"));
+    }
+    count = total;
+    by_index[index] = JoinPath(dir, name);
+  }
+  if (count < 0) {
+    return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": no ", split, "-*-of-*",
+                                            kPackedSuffix, " files (made by `pstrain prepare`)"));
+  }
+  std::vector<std::string> files;
+  for (int i = 0; i < count; ++i) {
+    auto found = by_index.find(i);
+    if (found == by_index.end()) {
+      return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": ",
+                                              PackedShardName(split, i, count), " is missing"));
+    }
+    files.push_back(found->second);
+  }
+  return files;
+}
+
+}  // namespace
+
+std::string PackedShardName(const std::string& split, int index, int count) {
+  return absl::StrFormat("%s-%05d-of-%05d%s", split, index, count, kPackedSuffix);
+}
+
+absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
+                                               const PackOptions& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  PackSummary summary;
+  for (const auto& [split, ds] :
+       {std::pair<std::string, const ImageDataset*>{"train", &splits.train},
+        std::pair<std::string, const ImageDataset*>{"test", &splits.test}}) {
+    PSTRAIN_RETURN_IF_ERROR(ds->Validate(absl::StrCat(split, " split")));
+    const int64_t sample = ds->sample_elements();
+    if (sample > kPackedMaxSampleBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(split, " images of ", sample, " bytes are above ", kPackedMaxSampleBytes));
+    }
+    const int64_t record = sample + 8;
+    int64_t per_shard = options.records_per_shard > 0
+                            ? options.records_per_shard
+                            : std::max<int64_t>(1, (int64_t{256} << 20) / record);
+    const int64_t n = ds->size();
+    const int64_t shards = std::max<int64_t>(1, (n + per_shard - 1) / per_shard);
+    if (shards > kPackedMaxShards) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(split, ": ", shards, " shards is above ", kPackedMaxShards));
+    }
+    // Shards of an older packing of this split with another count go first.
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
+          name.substr(name.size() - 7) == kPackedSuffix &&
+          name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
+        std::filesystem::remove(entry.path(), ec);
+      }
+    }
+    for (int64_t s = 0; s < shards; ++s) {
+      const int64_t first = s * per_shard;
+      const int64_t count = std::min(per_shard, n - first);
+      Header h;
+      h.channels = ds->channels;
+      h.height = ds->height;
+      h.width = ds->width;
+      h.num_classes = ds->num_classes;
+      h.record_bytes = static_cast<uint32_t>(record);
+      h.records = static_cast<uint64_t>(std::max<int64_t>(0, count));
+      h.shard_index = static_cast<uint32_t>(s);
+      h.shard_count = static_cast<uint32_t>(shards);
+      h.first_sample = static_cast<uint64_t>(first);
+      std::string bytes = EncodeHeader(h);
+      bytes.resize(kPackedHeaderBytes + h.records * record);
+      for (int64_t r = 0; r < count; ++r) {
+        const size_t at = kPackedHeaderBytes + r * record;
+        Put<int32_t>(bytes, at, ds->labels[first + r]);
+        std::memcpy(bytes.data() + at + 4, ds->image(first + r), sample);
+        Put<uint32_t>(bytes, at + 4 + sample, Crc(bytes.data() + at, 4 + sample));
+      }
+      const std::string path = JoinPath(dir, PackedShardName(split, s, shards));
+      PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+      summary.bytes += static_cast<int64_t>(bytes.size());
+    }
+    (split == "train" ? summary.train_samples : summary.test_samples) = n;
+    (split == "train" ? summary.train_shards : summary.test_shards) = static_cast<int>(shards);
+  }
+  return summary;
+}
+
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> files, ShardFiles(dir, split));
+  ImageDataset ds;
+  uint64_t next_sample = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string& path = files[f];
+    PSTRAIN_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+    PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
+    if (h.shard_index != f || h.shard_count != files.size()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": its header says shard ", h.shard_index, " of ", h.shard_count));
+    }
+    if (f == 0) {
+      ds.channels = static_cast<int>(h.channels);
+      ds.height = static_cast<int>(h.height);
+      ds.width = static_cast<int>(h.width);
+      ds.num_classes = static_cast<int>(h.num_classes);
+    } else if (static_cast<int>(h.channels) != ds.channels ||
+               static_cast<int>(h.height) != ds.height || static_cast<int>(h.width) != ds.width ||
+               static_cast<int>(h.num_classes) != ds.num_classes) {
+      return absl::DataLossError(absl::StrCat(path, ": ", h.channels, "x", h.height, "x", h.width,
+                                              " images of ", h.num_classes,
+                                              " classes, unlike the split's first shard"));
+    }
+    if (h.first_sample != next_sample) {
+      return absl::DataLossError(absl::StrCat(path, ": starts at sample ", h.first_sample,
+                                              ", the shards before it end at ", next_sample));
+    }
+    const size_t sample = ds.sample_elements();
+    const size_t at_pixels = ds.pixels.size();
+    ds.pixels.resize(at_pixels + h.records * sample);
+    ds.labels.reserve(ds.labels.size() + h.records);
+    const uint8_t* p = file.data() + kPackedHeaderBytes;
+    for (uint64_t r = 0; r < h.records; ++r, p += h.record_bytes) {
+      if (Get<uint32_t>(p + 4 + sample) != Crc(p, 4 + sample)) {
+        return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
+                                                h.first_sample + r, "): checksum mismatch"));
+      }
+      const int32_t label = Get<int32_t>(p);
+      if (label < 0 || static_cast<uint32_t>(label) >= h.num_classes) {
+        return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
+                                                h.first_sample + r, "): label ", label,
+                                                " outside [0, ", h.num_classes, ")"));
+      }
+      ds.labels.push_back(label);
+      std::memcpy(ds.pixels.data() + at_pixels + r * sample, p + 4, sample);
+    }
+    next_sample += h.records;
+  }
+  return ds;
+}
+
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir) {
+  DatasetSplits splits;
+  PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train"));
+  PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test"));
+  return splits;
+}
+
+}  // namespace pstrain::data

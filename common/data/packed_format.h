@@ -1,0 +1,87 @@
+// Packed datasets (DATASET_FORMAT_PACKED): what `pstrain prepare` writes once
+// so that every later job reads decoded pixels with a copy instead of
+// decoding JPEG/PNG or inflating gzip again.
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+//   PSTRAIN_ASSIGN_OR_RETURN(data::PackSummary s,
+//                            data::WritePackedDataset(splits, "/data/fmnist-packed", {}));
+//   ...
+//   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits again,
+//                            data::LoadPackedDataset("/data/fmnist-packed"));
+//
+// A directory holds each split in shards, train-00000-of-00006.pspack ...
+// and test-00000-of-00001.pspack. A shard file, little-endian:
+//
+//   header, 64 bytes:
+//     0  char[8]  magic "PSTRPAK1"
+//     8  u32      format version (1)
+//    12  u32      channels     16 u32 height     20 u32 width
+//    24  u32      num_classes  28 u32 record bytes (4 + C*H*W + 4)
+//    32  u64      records in this shard
+//    40  u32      shard index  44 u32 shard count
+//    48  u64      index of the shard's first sample in its split
+//    56  u32      0 (reserved)
+//    60  u32      CRC-32 (zlib) of bytes 0..59
+//   then `records` records of `record bytes` each:
+//     i32 label, C*H*W pixels (uint8, CHW), u32 CRC-32 of the label and pixels.
+//
+// The file's size must be exactly 64 + records x record bytes. Records have
+// a fixed size, so record r of a shard is at a known offset and an error can
+// name it: "train-00002-of-00006.pspack: record 17 (sample 20017): checksum
+// mismatch". Samples keep their order, so shuffling, sharding over workers,
+// class balancing and augmentation are those of the source format.
+//
+// Threads: free functions without shared state; thread-safe.
+#ifndef PSTRAIN_COMMON_DATA_PACKED_FORMAT_H_
+#define PSTRAIN_COMMON_DATA_PACKED_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/data/dataset.h"
+
+namespace pstrain::data {
+
+inline constexpr char kPackedMagic[8] = {'P', 'S', 'T', 'R', 'P', 'A', 'K', '1'};
+inline constexpr uint32_t kPackedFormatVersion = 1;
+inline constexpr int64_t kPackedHeaderBytes = 64;
+inline constexpr char kPackedSuffix[] = ".pspack";
+// Bounds a header may claim (a hostile or corrupt file asks for no more).
+inline constexpr int64_t kPackedMaxSampleBytes = int64_t{64} << 20;  // One image.
+inline constexpr int64_t kPackedMaxClasses = 1 << 20;
+inline constexpr int64_t kPackedMaxShards = 100000;
+
+struct PackOptions {
+  // Records per shard file; 0 picks enough records for about 256 MiB.
+  int64_t records_per_shard = 0;
+};
+
+struct PackSummary {
+  int64_t train_samples = 0, test_samples = 0;
+  int train_shards = 0, test_shards = 0;
+  int64_t bytes = 0;  // Written, over every file.
+};
+
+// "train-00002-of-00006.pspack".
+std::string PackedShardName(const std::string& split, int index, int count);
+
+// Writes both splits of `splits` into `dir` (created if missing; shard
+// files already there for a split are replaced, and shards of an older
+// packing with another count are removed). Each file is written atomically.
+absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
+                                               const PackOptions& options);
+
+// Reads one split ("train" or "test") of a packed directory: every shard
+// present, headers that agree, each record's checksum and label checked.
+// Errors are DATA_LOSS (or NOT_FOUND for a missing directory or shard) and
+// name the file, and the record for a bad one.
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split);
+
+// Both splits; the test split gets the train split's num_classes when larger.
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir);
+
+}  // namespace pstrain::data
+
+#endif  // PSTRAIN_COMMON_DATA_PACKED_FORMAT_H_
