@@ -5,7 +5,11 @@
 # is started again RESTART_AFTER seconds later with the same arguments (what
 # a supervisor or Kubernetes does), server 0 with the same --state-dir.
 #
-# Per mode it first trains one undisturbed job (the reference), then submits
+# Per mode it first trains one undisturbed job (the reference), then the
+# same job undisturbed with each of NOISE_SEEDS (the noise floor: how far
+# the final accuracy of a short run moves when only the seed, and so the
+# initial weights and the sample order, changes; a disturbed run trains its
+# samples in another order too). Then it submits
 # the same job (same seed) again and again while the kills go on, and reports
 # for every job: the test accuracy against the reference, the wall time lost
 # against the reference, the runs (restarts from a checkpoint), the steps
@@ -19,6 +23,7 @@
 # Usage: bench/chaos.sh [MODE...]      (default: sync async ssp average)
 # Environment (defaults): CHAOS_SECONDS=600 KILL_EVERY=45 RESTART_AFTER=2
 #   EPOCHS=3 SEED=1 CHECKPOINT_INTERVAL_S=60 JOB=examples/fashion-mnist.json
+#   NOISE_SEEDS="2 3" (undisturbed runs with other seeds; "" for none)
 #   PSTRAIN_BENCH_OUT=/tmp/pstrain-chaos PSTRAIN_BIN=build/bin (a copy lets you rebuild meanwhile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +38,7 @@ EPOCHS=${EPOCHS:-3}
 SEED=${SEED:-1}
 CHECKPOINT_INTERVAL_S=${CHECKPOINT_INTERVAL_S:-60}
 JOB=${JOB:-examples/fashion-mnist.json}
+NOISE_SEEDS=${NOISE_SEEDS-2 3}
 OUT=${PSTRAIN_BENCH_OUT:-/tmp/pstrain-chaos}
 JOB_TIMEOUT_S=${JOB_TIMEOUT_S:-1800}  # One job, undisturbed or not.
 mkdir -p "$OUT"
@@ -114,12 +120,28 @@ epoch_samples() {
   python3 -c "import json,sys; print(' '.join('%d/%d' % (e['samples'], e['expected']) for e in json.loads(sys.argv[1]).get('epoch_samples', [])) or '-')" "$1" 2>/dev/null
 }
 
-submit() {  # submit MODE -> job id
-  local extra=()
+# job_with_seed SEED -> the path of a copy of $JOB with that seed (its
+# model_file made absolute, so that the copy can live in $OUT).
+job_with_seed() {
+  local path="$OUT/job-seed$1.json"
+  python3 - "$ROOT/$JOB" "$1" "$path" <<'PY'
+import json, os, sys
+src, seed, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+job = json.load(open(src))
+job["seed"] = seed
+if "model_file" in job:
+    job["model_file"] = os.path.join(os.path.dirname(os.path.abspath(src)), job["model_file"])
+json.dump(job, open(dst, "w"), indent=1)
+PY
+  echo "$path"
+}
+
+submit() {  # submit MODE [JOB_FILE] -> job id
+  local job_file=${2:-$JOB} extra=()
   [[ $1 == average ]] && extra=(--averaging-frequency 5)
   local out
   for _ in $(seq 60); do  # Server 0 may be down for a moment.
-    if out=$("$BIN/pstrain" --server "$SERVER" --timeout-ms 10000 submit "$JOB" --workers 2 \
+    if out=$("$BIN/pstrain" --server "$SERVER" --timeout-ms 10000 submit "$job_file" --workers 2 \
                --mode "$1" --epochs "$EPOCHS" "${extra[@]}" 2>&1); then
       echo "$out" | grep -o 'job-[0-9]*' | head -1
       return
@@ -166,12 +188,12 @@ wait_job() {
   done
 }
 
-# run_job MODE: submits the job and waits for its end; sets job, s (its final
-# status) and wall (seconds from submit to end).
+# run_job MODE [JOB_FILE]: submits the job and waits for its end; sets job, s
+# (its final status) and wall (seconds from submit to end).
 run_job() {
   local t0
   t0=$(now)
-  job=$(submit "$1")
+  job=$(submit "$@")
   wait_job "$job" $(($(date +%s) + JOB_TIMEOUT_S))
   s=$FINAL
   wall=$(python3 -c "print(round($(now) - $t0, 1))")
@@ -191,6 +213,23 @@ for mode in "${MODES[@]}"; do
   report "undisturbed: state $(field "$s" state) test_accuracy $ref_acc wall ${ref_wall}s" \
          "steps $ref_steps samples per epoch $(epoch_samples "$s")"
   [[ $(field "$s" state) == SUCCEEDED ]] || { report "the undisturbed run failed: $s"; continue; }
+  # The noise floor: the same job undisturbed with other seeds.
+  if [[ -n $NOISE_SEEDS ]]; then
+    accs=("$ref_acc")
+    for seed in $NOISE_SEEDS; do
+      run_job "$mode" "$(job_with_seed "$seed")"
+      report "undisturbed, seed $seed: state $(field "$s" state) test_accuracy $(field "$s" test_accuracy)" \
+             "wall ${wall}s"
+      [[ $(field "$s" state) == SUCCEEDED ]] && accs+=("$(field "$s" test_accuracy)")
+    done
+    report "noise floor ($mode, seeds $SEED $NOISE_SEEDS, undisturbed): $(python3 -c "
+import statistics, sys
+a = [100 * float(x) for x in sys.argv[1:]]
+d = [x - a[0] for x in a]
+print('accuracy %.2f..%.2f, range %.2f points, stdev %.2f points; seed %s vs the others: %s points' % (
+    min(a), max(a), max(a) - min(a), statistics.stdev(a) if len(a) > 1 else 0.0, '$SEED',
+    ', '.join('%+.2f' % x for x in d[1:])))" "${accs[@]}")"
+  fi
 
   start_cluster
   CHAOS=1

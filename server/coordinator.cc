@@ -1174,10 +1174,26 @@ void Coordinator::StartQueuedJobs() {
         start_epoch = ckpt->epoch();
         start_step = ckpt->step();
         // The server-side optimizer counts iterations by version: go on from
-        // the checkpoint's step (average mode counts rounds and runs no
-        // optimizer on the server, so it starts again from 0). Workers learn
-        // every chunk's version from their first pull.
-        if (work.spec.mode() != v1::CONSISTENCY_AVERAGE) launch.initial_version = ckpt->step();
+        // the checkpoint's (average mode counts rounds and runs no optimizer
+        // on the server, so it starts again from 0). In sync mode the
+        // checkpoint is a cut at the global step. In async and ssp every
+        // push is a version, so a chunk's version is about members x steps:
+        // each chunk goes on from the version it was saved at (resuming at
+        // the step rewound the learning-rate schedule by half with two
+        // workers; the chaos run of ssp showed it as +0.7 points). Workers
+        // learn every chunk's version from their first pull.
+        const v1::ConsistencyMode mode = work.spec.mode();
+        if (mode != v1::CONSISTENCY_AVERAGE) launch.initial_version = ckpt->step();
+        if ((mode == v1::CONSISTENCY_ASYNC || mode == v1::CONSISTENCY_SSP) &&
+            ckpt->chunk_versions_size() > 0 &&
+            std::all_of(ckpt->chunk_versions().begin(), ckpt->chunk_versions().end(),
+                        [](int64_t v) { return v >= 0; })) {
+          launch.chunk_versions.assign(ckpt->chunk_versions().begin(),
+                                       ckpt->chunk_versions().end());
+          // A plan of another size (another shard count) gets the newest.
+          launch.initial_version =
+              *std::max_element(launch.chunk_versions.begin(), launch.chunk_versions.end());
+        }
       } else {
         status = ckpt.status();
       }

@@ -231,7 +231,9 @@ absl::Status ShardController::ConfigureJob(const JobLaunch& launch) {
       const ChunkInfo& c = plan.chunks[id];
       v1::ChunkValues* chunk = request.add_chunks();
       chunk->set_chunk_id(id);
-      chunk->set_version(launch.initial_version);
+      chunk->set_version(launch.chunk_versions.size() == plan.chunks.size()
+                             ? launch.chunk_versions[id]
+                             : launch.initial_version);
       const float* begin = launch.params[c.param].data() + c.offset;
       chunk->mutable_values()->Add(begin, begin + c.count);
       auto it = slots_by_param.find(c.param);

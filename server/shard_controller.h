@@ -89,6 +89,10 @@ struct JobLaunch {
   std::vector<std::vector<float>> params;
   std::map<std::string, std::vector<float>> optimizer_state;
   int64_t initial_version = 0;  // Version of every chunk (> 0 when resuming).
+  // By chunk id, when resuming async or ssp from a checkpoint that recorded
+  // them: each chunk goes on from its own version (its optimizer iteration
+  // count), else every chunk starts at initial_version.
+  std::vector<int64_t> chunk_versions;
 };
 
 // The whole model of a job read back from every shard.
