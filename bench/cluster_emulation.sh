@@ -26,10 +26,12 @@
 # (its per-step BENCH ONLY log lines); the bytes each link carried per step
 # are the veth counters (tx + rx of every host's eth0: headers, gRPC framing,
 # heartbeats and TLS records included) over the same window, divided by the
-# steps in it. The bound the links allow: FIXED_MS + the busiest link's bytes
-# per step / RATE (the sync protocol pushes, waits, then pulls, so a link's
-# two directions are not busy at the same time: each worker's link carries
-# its push and its pull; each server's link its share from every worker).
+# steps in it. Two bounds the links allow, each FIXED_MS + the busiest link's
+# time: "serial" counts a link's two directions one after the other (each
+# worker's link carries its push and then its pull; each server's link its
+# share of every worker's push, then of every pull); "duplex" counts each
+# direction alone, the lowest step time full-duplex links allow whatever the
+# schedule.
 #
 # Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
 #   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
@@ -168,14 +170,14 @@ net_up() {
     shape "$ns" eth0 "$rate"   # Host -> switch (its uplink).
   done
 }
-# link_bytes -> "name bytes ..." for every host: tx + rx of its eth0.
+# link_bytes -> "name tx rx ..." for every host: the bytes its eth0 sent and received.
 link_bytes() {
   local ns
   for ns in "${SERVER_NS[@]}" "${WORKER_NS[@]}"; do
     local tx rx
     tx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)
     rx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)
-    echo "${ns#"$TAG"-} $((tx + rx))"
+    echo "${ns#"$TAG"-} $tx $rx"
   done | paste -sd' '
 }
 
@@ -298,22 +300,26 @@ step_ms = statistics.median(gaps)
 mean_ms = (ends[steps[-1]] - ends[steps[0]]) / 1e3 / (steps[-1] - steps[0])
 def parse(x):
     v = x.split()
-    return {v[i]: int(v[i + 1]) for i in range(0, len(v), 2)}
+    return {v[i]: (int(v[i + 1]), int(v[i + 2])) for i in range(0, len(v), 3)}
 p0, p1 = parse(b0), parse(b1)
-per_step = {h: (p1[h] - p0[h]) / (s1 - s0) for h in p1}
-busiest = max(per_step, key=per_step.get)
-link_ms = per_step[busiest] * 8 / bits * 1e3
-bound_ms = fixed + link_ms
-wmb = statistics.mean(v for h, v in per_step.items() if h.startswith("w")) / 1e6
-smb = statistics.mean(v for h, v in per_step.items() if h.startswith("s")) / 1e6
+# Bytes per step each host sent (up) and received (down).
+up = {h: (p1[h][0] - p0[h][0]) / (s1 - s0) for h in p1}
+down = {h: (p1[h][1] - p0[h][1]) / (s1 - s0) for h in p1}
+ms = lambda b: b * 8 / bits * 1e3
+# Serial: a link's two directions one after the other (push, then pull).
+serial_ms = fixed + max(ms(up[h] + down[h]) for h in p1)
+# Duplex: each direction on its own (full-duplex links): no schedule beats it.
+duplex_ms = fixed + max(ms(max(up[h], down[h])) for h in p1)
+mean = lambda d, k: statistics.mean(v for h, v in d.items() if h.startswith(k)) / 1e6
 print("\t".join(str(x) for x in [
     f"bench_only_fixed_compute_ms={fixed}", n, s, codec, "tls" if tls == "1" else "plain", rate,
     "pinned" if pin == "1" else "shared", s1 - s0, f"{step_ms:.1f}", f"{mean_ms:.1f}",
-    f"{wmb:.2f}", f"{smb:.2f}", busiest, f"{link_ms:.1f}", f"{bound_ms:.1f}",
-    f"{step_ms / bound_ms:.2f}"]))
+    f"{mean(up, 'w'):.2f}", f"{mean(down, 'w'):.2f}", f"{mean(down, 's'):.2f}",
+    f"{mean(up, 's'):.2f}", f"{serial_ms:.1f}", f"{step_ms / serial_ms:.2f}",
+    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}"]))
 PY
 }
-HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_link_MB_per_step\tserver_link_MB_per_step\tbusiest_link\tlink_bound_ms\tbound_ms(fixed+link)\tstep/bound"
+HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex"
 header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }
 note() { echo "bench_only_fixed_compute_ms=$FIXED_MS $*" | tee -a "$RUN_DIR/notes.txt"; }
 when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM"; }
@@ -329,16 +335,15 @@ print(max(6, min(40, math.ceil($WINDOW_S * 1e3 / est_ms))))"
 efficiency() {
   python3 - "$RESULTS" "$FIXED_MS" <<'PY'
 import sys
-rows = [r for r in (l.rstrip("\n").split("\t") for l in open(sys.argv[1])) if len(r) > 8 and r[1].isdigit()]
+rows = [r for r in (l.rstrip("\n").split("\t") for l in open(sys.argv[1])) if len(r) > 16 and r[1].isdigit()]
 base = {}
 for r in rows:
     if r[1] == "1": base[(r[2], r[3], r[4], r[5], r[6])] = float(r[8])
-print(f"bench_only_fixed_compute_ms={sys.argv[2]}\tN\tS\tcodec\tstep_ms\tscaling_efficiency(step_N1/step_N)\tbound_efficiency(bound_N1/bound_N)")
-bound1 = {(r[2], r[3], r[4], r[5], r[6]): float(r[14]) for r in rows if r[1] == "1"}
+print(f"bench_only_fixed_compute_ms={sys.argv[2]}\tN\tS\tcodec\tstep_ms\tscaling_efficiency(step_N1/step_N)")
 for r in rows:
     key = (r[2], r[3], r[4], r[5], r[6])
     if key in base:
-        print(f"bench_only_fixed_compute_ms={sys.argv[2]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[8]}\t{base[key] / float(r[8]):.2f}\t{bound1[key] / float(r[14]):.2f}")
+        print(f"bench_only_fixed_compute_ms={sys.argv[2]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[8]}\t{base[key] / float(r[8]):.2f}")
 PY
 }
 

@@ -37,14 +37,14 @@ grep -q $'step_ms_median' "$OUT/stdout" || fail "no table header"
 python3 - "$OUT/stdout" <<'PY' || fail "no valid N=2 S=2 row"
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-rows = [r for r in rows if len(r) >= 16 and r[1] == "2" and r[2] == "2"]
+rows = [r for r in rows if len(r) >= 18 and r[1] == "2" and r[2] == "2"]
 assert len(rows) == 1, rows
 r = rows[0]
 assert r[0].startswith("bench_only_fixed_compute_ms=") and int(r[0].split("=")[1]) > 0, r
 assert r[3] == "none" and r[4] == "plain", r
 assert int(r[7]) >= 3, r                                     # steps measured
-assert float(r[8]) > 0 and float(r[14]) > 0, r               # step time, bound
-assert float(r[10]) > 1.0 and float(r[11]) > 1.0, r          # MB per step on the links
+assert float(r[8]) > 0 and float(r[14]) > 0 and float(r[16]) > 0, r  # step time, bounds
+assert float(r[10]) > 1.0 and float(r[12]) > 1.0, r          # MB per step pushed, received
 print("row ok:", "\t".join(r))
 PY
 echo "cluster_emulation smoke: ok"
