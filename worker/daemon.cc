@@ -630,9 +630,18 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   int resyncs_seen = 0;
   RemoteUpdater* updater_ptr = nullptr;
   Trainer* trainer_ptr = nullptr;  // Set whenever the trainer is (re)built below.
-  updater_options.on_step = [metrics, runner, &resyncs_seen, &updater_ptr,
+  updater_options.on_step = [this, metrics, runner, &resyncs_seen, &updater_ptr,
                              &trainer_ptr](const StepTimings& t) {
     runner->steps.fetch_add(1);
+    if (options_.bench_only_fixed_compute > absl::ZeroDuration()) {
+      // One line per step for bench/cluster_emulation.sh (BENCH ONLY runs).
+      Log(absl::StrFormat(
+          "%s: BENCH ONLY bench_only_fixed_compute_ms=%d step %d end_unix_us %d total_ms %.3f "
+          "pull_wait_ms %.3f compute_ms %.3f push_wait_ms %.3f",
+          runner->job_id, absl::ToInt64Milliseconds(options_.bench_only_fixed_compute), t.step,
+          absl::ToUnixMicros(absl::Now()), 1e3 * t.total_seconds, 1e3 * t.pull_wait_seconds,
+          1e3 * t.compute_seconds, 1e3 * t.push_wait_seconds));
+    }
     metrics->ObserveStep(t);
     if (trainer_ptr != nullptr) {
       metrics->ObserveData(trainer_ptr->last_data_wait_seconds(),
@@ -688,6 +697,13 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   // and world size (the same for every member) and hands out the samples a
   // lost member did not train as tails, trained after this member's share.
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
+  trainer_options.bench_only_fixed_compute = options_.bench_only_fixed_compute;
+  if (options_.bench_only_fixed_compute > absl::ZeroDuration()) {
+    Log(absl::StrCat(runner->job_id, ": BENCH ONLY: bench_only_fixed_compute_ms=",
+                     absl::ToInt64Milliseconds(options_.bench_only_fixed_compute),
+                     ": every step after the first sleeps instead of forward/backward and "
+                     "pushes the first step's gradients again; this job does not learn"));
+  }
   std::unique_ptr<Trainer> trainer;
   int64_t global_step = -1;
   std::map<int, int64_t> trained;  // Samples trained in this run, per epoch.

@@ -116,6 +116,11 @@ class WorkerDaemon {
     // channel.identity must be the same object (or both null).
     ChannelOptions channel;
     std::shared_ptr<CallIdentity> identity;
+    // BENCH ONLY (pstrain-worker --bench_only_fixed_compute_ms): replaces
+    // forward/backward of every step after the first with a sleep of this
+    // length (TrainerOptions::bench_only_fixed_compute). Zero: train for
+    // real. Set only from the command line, never from a job.
+    absl::Duration bench_only_fixed_compute = absl::ZeroDuration();
     // Directories a job's dataset may be read from (common/data/
     // path_policy.h); a dataset path elsewhere fails the job with the rule
     // before any file is opened. Empty: none (synthetic data only).

@@ -143,9 +143,32 @@ std::vector<int64_t> Trainer::SamplesOf(const data::WorkRange& range) {
 }
 
 absl::Status Trainer::RunStep(const DeviceBatch& batch, uint64_t dropout_seed) {
+  if (FixedComputeStep()) return RunFixedComputeStep();
   PSTRAIN_RETURN_IF_ERROR(updater_->BeforeStep(global_step_, *model_));
   PSTRAIN_RETURN_IF_ERROR(model_->Forward(batch.images, batch.labels, batch.n, true, dropout_seed));
   PSTRAIN_RETURN_IF_ERROR(model_->Backward());
+  ran_real_step_ = true;
+  return updater_->ApplyUpdate(global_step_, *model_);
+}
+
+bool Trainer::FixedComputeStep() const {
+  return ran_real_step_ && options_.bench_only_fixed_compute > absl::ZeroDuration();
+}
+
+// BENCH ONLY: BeforeStep ▸ a fixed sleep in place of Forward and Backward ▸
+// every layer's gradients announced in backward order (Model::Backward's
+// order) ▸ ApplyUpdate. The gradient buffers still hold the first step's.
+absl::Status Trainer::RunFixedComputeStep() {
+  PSTRAIN_RETURN_IF_ERROR(updater_->BeforeStep(global_step_, *model_));
+  absl::SleepFor(options_.bench_only_fixed_compute);
+  const ModelGraph& graph = model_->graph();
+  for (int l = static_cast<int>(graph.layers.size()) - 1; l >= 0; --l) {
+    std::vector<int> trainable;
+    for (int p : graph.layers[l].params) {
+      if (graph.params[p].trainable) trainable.push_back(p);
+    }
+    if (!trainable.empty()) updater_->OnGradientsReady(global_step_, l, trainable);
+  }
   return updater_->ApplyUpdate(global_step_, *model_);
 }
 
@@ -267,10 +290,13 @@ absl::StatusOr<EpochStats> Trainer::RunSegment(int epoch, const data::WorkSegmen
                                    (static_cast<uint64_t>(options.tail_index) << 24) ^
                                    static_cast<uint64_t>(s * 1024 + options_.rank))
                      : MixBits(options_.seed ^ 0xd50u, global_step_ * 1024 + options_.rank);
+    const bool fixed_compute = FixedComputeStep();
     PSTRAIN_RETURN_IF_ERROR(RunStep(batch, dropout_seed));
-    PSTRAIN_RETURN_IF_ERROR(EnqueueStats(batch, slot));
-    slot ^= 1;
-    PSTRAIN_RETURN_IF_ERROR(CollectStats(slot));  // The previous step's.
+    if (!fixed_compute) {  // A bench-only step has no loss or logits of its own.
+      PSTRAIN_RETURN_IF_ERROR(EnqueueStats(batch, slot));
+      slot ^= 1;
+      PSTRAIN_RETURN_IF_ERROR(CollectStats(slot));  // The previous step's.
+    }
     if (!options.tail) ++global_step_;
     ++stats.steps;
     stats.samples += batch.n;

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/data/dataset.h"
 #include "common/data/epoch_work.h"
@@ -77,6 +78,15 @@ struct TrainerOptions {
   bool balance = false;  // Class-balanced epochs (DatasetSpec.balance).
   int prefetch_batches = 4;
   int loader_threads = 1;
+  // BENCH ONLY (pstrain-worker --bench_only_fixed_compute_ms; never from a
+  // job spec): when positive, every step after the first runs no Forward or
+  // Backward. It sleeps this long instead, then hands every layer's
+  // gradients to the updater (in backward order) as backward would: the
+  // gradients of the first step, which ran for real, pushed again. The
+  // model does not learn and the step statistics stay at zero; the point is
+  // to make the network the bottleneck on a machine without compute to
+  // spare (bench/cluster_emulation.sh).
+  absl::Duration bench_only_fixed_compute = absl::ZeroDuration();
 };
 
 // Batch size, seed, augmentation and prefetch settings of `job` (rank and
@@ -154,6 +164,10 @@ class Trainer {
   Trainer(Model* model, ParameterUpdater* updater, TrainerOptions options)
       : model_(model), updater_(updater), options_(options) {}
   absl::Status RunStep(const DeviceBatch& batch, uint64_t dropout_seed);
+  // TrainerOptions::bench_only_fixed_compute: whether this step replaces
+  // Forward and Backward (every step after the first real one).
+  bool FixedComputeStep() const;
+  absl::Status RunFixedComputeStep();
   // Dataset indices of `range` (cached per epoch).
   std::vector<int64_t> SamplesOf(const data::WorkRange& range);
   absl::Status EnqueueStats(const DeviceBatch& batch, int slot);
@@ -171,6 +185,7 @@ class Trainer {
   int order_epoch_ = -1;        // Epoch whose order order_ holds.
   std::vector<int64_t> order_;  // Dataset index at each position.
   int64_t global_step_ = 0;
+  bool ran_real_step_ = false;  // For bench_only_fixed_compute.
   double last_data_wait_seconds_ = 0;
   // Double-buffered host copies for the one-step-late statistics.
   std::vector<PinnedBuffer> stats_host_;

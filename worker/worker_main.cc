@@ -22,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/daemon_util.h"
@@ -78,6 +79,13 @@ ABSL_FLAG(std::vector<std::string>, data_root, {},
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
+
+ABSL_FLAG(int, bench_only_fixed_compute_ms, 0,
+          "BENCH ONLY, daemon mode: every training step after the first sleeps this many "
+          "milliseconds instead of running forward/backward and pushes the first step's "
+          "gradients again, so that a benchmark on a small machine measures the network "
+          "(bench/cluster_emulation.sh). Jobs trained so do not learn. 0 = off. No job spec "
+          "can set it");
 
 namespace {
 
@@ -153,6 +161,16 @@ int RunDaemon() {
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  if (const int fixed_ms = absl::GetFlag(FLAGS_bench_only_fixed_compute_ms); fixed_ms != 0) {
+    if (fixed_ms < 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--bench_only_fixed_compute_ms must be >= 0, got ", fixed_ms)));
+    }
+    options.bench_only_fixed_compute = absl::Milliseconds(fixed_ms);
+    std::cerr << "pstrain-worker: BENCH ONLY: bench_only_fixed_compute_ms=" << fixed_ms
+              << ": forward/backward replaced by a fixed " << fixed_ms
+              << " ms per step; jobs run by this worker do not learn" << std::endl;
+  }
   std::unique_ptr<pstrain::MetricsHttpServer> metrics;
   std::unique_ptr<pstrain::GpuMetricsExporter> gpu_metrics;
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);

@@ -2,7 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "common/model_graph.h"
 #include "gmock/gmock.h"
@@ -33,6 +35,34 @@ TEST(JobSpecTest, UnknownFieldIsAnErrorNamingTheFile) {
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("typo.json"));
+}
+
+TEST(JobSpecTest, BenchOnlyFixedComputeCannotBeSetFromAJob) {
+  // pstrain-worker --bench_only_fixed_compute_ms is a command-line flag only:
+  // a job asking for it is refused, wherever in the spec it is written.
+  for (const char* json :
+       {R"({"bench_only_fixed_compute_ms": 5})", R"({"benchOnlyFixedComputeMs": 5})",
+        R"({"optimizer": {"bench_only_fixed_compute_ms": 5}})",
+        R"({"dataset": {"bench_only_fixed_compute_ms": 5}})"}) {
+    EXPECT_THAT(ParseJobSpec(json, "", "bench.json"),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bench.json")))
+        << json;
+  }
+  // And no field of JobSpec, or of any message under it, could carry it.
+  std::vector<const google::protobuf::Descriptor*> todo = {v1::JobSpec::descriptor()};
+  std::set<const google::protobuf::Descriptor*> seen;
+  while (!todo.empty()) {
+    const google::protobuf::Descriptor* message = todo.back();
+    todo.pop_back();
+    if (!seen.insert(message).second) continue;
+    for (int i = 0; i < message->field_count(); ++i) {
+      const google::protobuf::FieldDescriptor* field = message->field(i);
+      EXPECT_THAT(field->name(), ::testing::Not(HasSubstr("bench"))) << field->full_name();
+      EXPECT_THAT(field->name(), ::testing::Not(HasSubstr("fixed_compute"))) << field->full_name();
+      if (field->message_type() != nullptr) todo.push_back(field->message_type());
+    }
+  }
+  EXPECT_GT(seen.size(), 3u);  // The walk reached the nested messages.
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {

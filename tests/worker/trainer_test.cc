@@ -1,9 +1,11 @@
 // Trainer on the CPU: a share is trained whole (its last step takes the
 // rest, issue 9 part 6), tails run without moving the data position, and a
-// step beyond the trainer's largest batch is refused.
+// step beyond the trainer's largest batch is refused; the bench-only fixed
+// compute time replaces forward/backward after the first step.
 #include "worker/trainer.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -97,6 +99,70 @@ TEST(TrainerTest, AStepLargerThanTwoBatchesIsRefused) {
   auto s = Make(1000, 0, 1);
   EXPECT_THAT(s->trainer->RunSegment(0, {{0, 0, 500}, 1}, nullptr, SegmentOptions()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("more than 2")));
+}
+
+// Records what the trainer hands an updater: the layers announced per step
+// and the gradient of "fc/weight" at each ApplyUpdate. Changes no parameter.
+class RecordingUpdater final : public ParameterUpdater {
+ public:
+  void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) override {
+    ready_layers.push_back({step, layer});
+  }
+  absl::Status ApplyUpdate(int64_t step, Model& model) override {
+    const int p = model.FindParam("fc/weight");
+    std::vector<float> grad(model.grad(p).num_elements());
+    std::memcpy(grad.data(), model.grad(p).data(), grad.size() * sizeof(float));
+    grads.push_back(std::move(grad));
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<int64_t, int>> ready_layers;
+  std::vector<std::vector<float>> grads;
+};
+
+// One epoch of rank 1 of 3 over 1000 samples (5 steps, the last of 77
+// samples: larger than the first) with `fixed_compute`, recorded.
+std::unique_ptr<RecordingUpdater> RunRecorded(absl::Duration fixed_compute, EpochStats* stats) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend();
+  data::ImageDataset train = data::testing::CountingDataset(1000);
+  auto model = *Model::Create(Tiny(), backend.get());
+  EXPECT_OK(model->InitializeParameters());
+  auto updater = std::make_unique<RecordingUpdater>();
+  TrainerOptions options;
+  options.batch_size = 64;
+  options.rank = 1;
+  options.world_size = 3;
+  options.bench_only_fixed_compute = fixed_compute;
+  auto trainer = *Trainer::Create(model.get(), updater.get(), &train, data::Preprocess(), options);
+  absl::StatusOr<EpochStats> epoch = trainer->RunEpoch(0, nullptr);
+  EXPECT_OK(epoch.status());
+  if (epoch.ok()) *stats = *epoch;
+  return updater;
+}
+
+TEST(TrainerTest, BenchOnlyFixedComputeRunsOneRealStepThenReplaysItsGradients) {
+  EpochStats stats;
+  auto updater = RunRecorded(absl::Milliseconds(1), &stats);
+  EXPECT_EQ(stats.steps, 5);
+  EXPECT_EQ(stats.samples, 333);
+  // Every step announces the one trainable layer ("fc", index 1) once.
+  ASSERT_EQ(updater->ready_layers.size(), 5u);
+  for (int64_t step = 0; step < 5; ++step) {
+    EXPECT_EQ(updater->ready_layers[step], std::make_pair(step, 1));
+  }
+  // No forward/backward after the first step: its gradient, pushed again.
+  ASSERT_EQ(updater->grads.size(), 5u);
+  for (size_t i = 1; i < updater->grads.size(); ++i) {
+    EXPECT_EQ(updater->grads[i], updater->grads[0]) << "step " << i;
+  }
+}
+
+TEST(TrainerTest, WithoutFixedComputeEveryStepComputesItsOwnGradients) {
+  // The reference for the test above: the same steps, real gradients differ.
+  EpochStats stats;
+  auto updater = RunRecorded(absl::ZeroDuration(), &stats);
+  EXPECT_EQ(stats.steps, 5);
+  ASSERT_EQ(updater->grads.size(), 5u);
+  EXPECT_NE(updater->grads[1], updater->grads[0]);
 }
 
 }  // namespace

@@ -1,0 +1,427 @@
+#!/usr/bin/env bash
+# An emulated cluster on one machine (issue 11 part 4; the TLS figure of
+# issue 8). Every pstrain-server and every pstrain-worker runs in a Linux
+# network namespace of its own; each namespace's eth0 is one end of a veth
+# pair whose other end is a port of a bridge inside a namespace of this
+# script's own (the switch). Every host link is rate-limited in both
+# directions with tc tbf (RATE, e.g. 1gbit) on both ends of its veth pair,
+# plus netem delay (DELAY_MS) where the kernel has netem. Addresses are
+# 10.77.0.0/24, inside those namespaces only: servers 10.77.0.10+i, workers
+# 10.77.0.101+i. Nothing is created in the host's namespace (veths are
+# created straight into their namespaces) and everything is removed on exit,
+# Ctrl-C or failure (trap: processes, then namespaces, which takes their
+# veths and the bridge with them).
+#
+# Workers run the real daemon, client, wire and server, but with the
+# BENCH-ONLY command-line flag --bench_only_fixed_compute_ms=FIXED_MS: every
+# step after the first sleeps FIXED_MS instead of forward/backward and pushes
+# the first step's gradients again (the model does not learn), so that the
+# network, not the 2 cores, is the bottleneck. No job spec can set it. Every
+# line this script prints carries "bench_only_fixed_compute_ms=<value>" (0
+# for the Fashion-MNIST runs, which train for real).
+#
+# Per point (N workers, S shards, a codec) it submits bench/jobs/
+# dense-8mb-synthetic.json in sync mode, skips WARM steps, then measures
+# K steps: the step time is the median interval between worker 1's step ends
+# (its per-step BENCH ONLY log lines); the bytes each link carried per step
+# are the veth counters (tx + rx of every host's eth0: headers, gRPC framing,
+# heartbeats and TLS records included) over the same window, divided by the
+# steps in it. Two bounds the links allow, each FIXED_MS + the busiest link's
+# time: "serial" counts a link's two directions one after the other (each
+# worker's link carries its push and then its pull; each server's link its
+# share of every worker's push, then of every pull); "duplex" counts each
+# direction alone, the lowest step time full-duplex links allow whatever the
+# schedule.
+#
+# Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
+#   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
+#   sweep   N = 1 2 4 8, S = 1 2 4, codecs none and onebit (CODECS), at RATE
+#   tls     TLS + mTLS + tokens vs plaintext at N=1,S=1 and N=2,S=2 over
+#           10gbit and 1gbit links (TLS_RATES), servers pinned to core 0 and
+#           workers to core 1 (PIN=1)
+#   fmnist  examples/fashion-mnist.json (constant lr) with 2 workers and 2
+#           shards at 1gbit, real training, each codec: test accuracy after
+#           each epoch (epoch checkpoints evaluated afterwards) and the time
+#           to 0.90
+# Environment (defaults): RATE=1gbit DELAY_MS=0.1 FIXED_MS=10 CODECS="none
+#   onebit" NS_LIST="1 2 4 8" SS_LIST="1 2 4" WINDOW_S=4 WARM=3
+#   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
+#   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
+# Exit 77 (ctest's SKIP_RETURN_CODE) with the reason when this machine cannot
+# make network namespaces, veths, bridges or tbf (not root, no iproute2...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+WHAT=${1:-smoke}
+BIN=${PSTRAIN_BIN:-"$ROOT/build/bin"}
+OUT=${PSTRAIN_BENCH_OUT:-/tmp/pstrain-cluster-emulation}
+RATE=${RATE:-1gbit}
+DELAY_MS=${DELAY_MS:-0.1}
+FIXED_MS=${FIXED_MS:-10}
+WINDOW_S=${WINDOW_S:-4}
+WARM=${WARM:-3}
+JOB=${JOB:-"$ROOT/bench/jobs/dense-8mb-synthetic.json"}
+TAG="pse$$"  # Prefix of every namespace this run makes.
+NET=10.77.0
+PORT=7070
+
+skip() { echo "cluster_emulation: SKIP: $*" >&2; exit 77; }
+die() { echo "cluster_emulation: error: $*" >&2; exit 1; }
+case $WHAT in smoke | sweep | tls | fmnist | all) ;; *) die "unknown mode '$WHAT' (smoke|sweep|tls|fmnist|all)" ;; esac
+
+# --- Can this machine do it? (else exit 77) -----------------------------------
+[[ $(id -u) == 0 ]] || skip "needs root for network namespaces (uid $(id -u))"
+command -v ip >/dev/null || skip "iproute2's ip is missing"
+command -v tc >/dev/null || skip "iproute2's tc is missing"
+command -v python3 >/dev/null || skip "python3 is missing"
+for b in pstrain-server pstrain-worker pstrain; do
+  [[ -x $BIN/$b ]] || die "$BIN/$b is missing: build first"
+done
+mkdir -p "$OUT"
+RUN_DIR=$(mktemp -d "$OUT/run.XXXXXX")
+
+# --- Processes and namespaces, removed on any exit ------------------------------
+PIDS=()
+NAMESPACES=()
+stop_processes() {
+  local p deadline
+  ((${#PIDS[@]})) || return 0
+  kill -TERM "${PIDS[@]}" 2>/dev/null || true
+  deadline=$(($(date +%s) + 10))
+  for p in "${PIDS[@]}"; do
+    while kill -0 "$p" 2>/dev/null && (($(date +%s) < deadline)); do sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  PIDS=()
+}
+remove_namespaces() {
+  local ns
+  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  NAMESPACES=()
+}
+cleanup() {
+  stop_processes
+  remove_namespaces
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Probe: a namespace, a veth into a second one, a bridge and a tbf qdisc.
+ip netns add "$TAG-probe" 2>/dev/null || skip "cannot create a network namespace (ip netns add)"
+NAMESPACES+=("$TAG-probe" "$TAG-probe2")
+ip netns add "$TAG-probe2" 2>/dev/null || skip "cannot create a second network namespace"
+ip -n "$TAG-probe" link add pv0 type veth peer name eth0 netns "$TAG-probe2" 2>/dev/null ||
+  skip "cannot create a veth pair between namespaces"
+ip -n "$TAG-probe" link add br0 type bridge 2>/dev/null || skip "cannot create a bridge"
+tc -n "$TAG-probe" qdisc add dev pv0 root handle 1: tbf rate 1gbit burst 128kb latency 20ms \
+  2>/dev/null || skip "tc tbf is not available in this kernel"
+HAVE_NETEM=0
+tc -n "$TAG-probe" qdisc add dev pv0 parent 1:1 handle 10: netem delay 0.1ms 2>/dev/null &&
+  HAVE_NETEM=1
+remove_namespaces
+((HAVE_NETEM)) || echo "cluster_emulation: bench_only_fixed_compute_ms=$FIXED_MS note: this" \
+  "kernel has no netem qdisc: links are rate-limited (tbf) without added delay" >&2
+
+# --- The network ----------------------------------------------------------------
+# rate_bits RATE -> bits per second (tc's units: kbit, mbit, gbit).
+rate_bits() {
+  python3 -c "
+import re, sys
+m = re.fullmatch(r'([0-9.]+)([kmg]?)bit', sys.argv[1])
+if not m: sys.exit('bad rate ' + sys.argv[1])
+print(int(float(m.group(1)) * {'': 1, 'k': 1e3, 'm': 1e6, 'g': 1e9}[m.group(2)]))" "$1"
+}
+# shape NS DEV RATE: tbf at RATE on DEV's egress (+ netem delay when present).
+shape() {
+  local bits burst limit
+  bits=$(rate_bits "$3")
+  burst=$((bits / 8 / 1000 > 65536 ? bits / 8 / 1000 : 65536))   # 1 ms of traffic, >= 64 KiB.
+  limit=$((bits / 8 / 50 > 262144 ? bits / 8 / 50 : 262144))     # 20 ms of traffic.
+  tc -n "$1" qdisc add dev "$2" root handle 1: tbf rate "$3" burst "$burst" limit "$limit"
+  if ((HAVE_NETEM)); then
+    tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: netem delay "${DELAY_MS}ms"
+  fi
+}
+SW="$TAG-sw"
+SERVER_NS=() SERVER_IP=() WORKER_NS=() WORKER_IP=()
+# net_up N S RATE: the switch, S server hosts and N worker hosts.
+net_up() {
+  local n=$1 s=$2 rate=$3 i ns
+  remove_namespaces
+  ip netns add "$SW"
+  NAMESPACES+=("$SW")
+  ip -n "$SW" link add br0 type bridge
+  ip -n "$SW" link set br0 up
+  SERVER_NS=() SERVER_IP=() WORKER_NS=() WORKER_IP=()
+  for ((i = 0; i < s; i++)); do SERVER_NS+=("$TAG-s$i"); SERVER_IP+=("$NET.$((10 + i))"); done
+  for ((i = 1; i <= n; i++)); do WORKER_NS+=("$TAG-w$i"); WORKER_IP+=("$NET.$((100 + i))"); done
+  local hosts=("${SERVER_NS[@]}" "${WORKER_NS[@]}") ips=("${SERVER_IP[@]}" "${WORKER_IP[@]}")
+  for i in "${!hosts[@]}"; do
+    ns=${hosts[$i]}
+    ip netns add "$ns"
+    NAMESPACES+=("$ns")
+    ip -n "$ns" link set lo up
+    ip -n "$SW" link add "p$i" type veth peer name eth0 netns "$ns"
+    ip -n "$SW" link set "p$i" master br0 up
+    ip -n "$ns" addr add "${ips[$i]}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    shape "$SW" "p$i" "$rate"  # Switch -> host (the host's downlink).
+    shape "$ns" eth0 "$rate"   # Host -> switch (its uplink).
+  done
+}
+# link_bytes -> "name tx rx ..." for every host: the bytes its eth0 sent and received.
+link_bytes() {
+  local ns
+  for ns in "${SERVER_NS[@]}" "${WORKER_NS[@]}"; do
+    local tx rx
+    tx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)
+    rx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)
+    echo "${ns#"$TAG"-} $tx $rx"
+  done | paste -sd' '
+}
+
+# --- The cluster ------------------------------------------------------------------
+CERTS=""
+# start_cluster N S TLS(0|1) FIXED_MS PIN(0|1) [server args...]: servers, then
+# workers; returns once every worker has registered.
+start_cluster() {
+  local n=$1 s=$2 tls=$3 fixed=$4 pin=$5 i shards="" cpu_s="" cpu_w=""
+  shift 5
+  stop_processes
+  STATE=$(mktemp -d "$RUN_DIR/cluster.XXXXXX")
+  for ((i = 0; i < s; i++)); do shards+="${shards:+,}${SERVER_IP[$i]}:$PORT"; done
+  SERVER="${SERVER_IP[0]}:$PORT"
+  local server_sec=(--insecure) worker_sec=()
+  CLI_ENV=()
+  if ((tls)); then
+    if [[ -z $CERTS ]]; then
+      CERTS="$RUN_DIR/certs"
+      local names=() k
+      for k in $(seq 10 20); do names+=(--name "$NET.$k"); done
+      "$ROOT/deploy/local/make-certs.sh" "$CERTS" "${names[@]}" >"$RUN_DIR/make-certs.log" 2>&1 ||
+        die "make-certs failed: $(tail -3 "$RUN_DIR/make-certs.log")"
+    fi
+    server_sec=(--tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server-key.pem"
+      --tls-ca "$CERTS/ca.pem" --require-client-cert --token-file "$CERTS/tokens")
+    worker_sec=(--tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem"
+      --tls-key "$CERTS/worker-key.pem" --token-file "$CERTS/worker.token")
+    CLI_ENV=(PSTRAIN_TLS_CA="$CERTS/ca.pem" PSTRAIN_TLS_CERT="$CERTS/admin.pem"
+      PSTRAIN_TLS_KEY="$CERTS/admin-key.pem" PSTRAIN_TOKEN_FILE="$CERTS/admin.token")
+  fi
+  if ((pin)); then cpu_s=(taskset -c 0) cpu_w=(taskset -c 1); else cpu_s=() cpu_w=(); fi
+  for ((i = 0; i < s; i++)); do
+    ip netns exec "${SERVER_NS[$i]}" nice -n 10 "${cpu_s[@]}" "$BIN/pstrain-server" \
+      --listen "${SERVER_IP[$i]}:$PORT" --shards "$shards" --shard-index "$i" \
+      --state-dir "$STATE/state$i" "${server_sec[@]}" "$@" >"$STATE/server$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for ((i = 0; i < s; i++)); do
+    wait_for "server $i listening" 30 port_open "${SERVER_NS[$i]}" "${SERVER_IP[$i]}"
+  done
+  local fixed_flag=()
+  ((fixed > 0)) && fixed_flag=(--bench_only_fixed_compute_ms="$fixed")
+  for ((i = 0; i < n; i++)); do
+    ip netns exec "${WORKER_NS[$i]}" nice -n 10 "${cpu_w[@]}" "$BIN/pstrain-worker" \
+      --server "$SERVER" --device cpu --threads 1 "${fixed_flag[@]}" "${worker_sec[@]}" \
+      >"$STATE/worker$((i + 1)).log" 2>&1 &
+    PIDS+=($!)
+  done
+  local logs=()  # Named, not globbed: a background job creates its log later.
+  for ((i = 1; i <= n; i++)); do logs+=("$STATE/worker$i.log"); done
+  wait_for "workers registered" 60 all_logs_say "registered as" "${logs[@]}"
+}
+port_open() {  # port_open NS IP: a TCP connection to IP:PORT from NS succeeds.
+  ip netns exec "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/$PORT" 2>/dev/null
+}
+all_logs_say() {
+  local text=$1 f
+  shift
+  for f in "$@"; do grep -q "$text" "$f" 2>/dev/null || return 1; done
+}
+# wait_for WHAT SECONDS COMMAND...: polls COMMAND every POLL_S (0.1) s until it
+# succeeds; fails the run after SECONDS.
+wait_for() {
+  local what=$1 deadline=$(($(date +%s) + $2))
+  shift 2
+  until "$@"; do
+    (($(date +%s) < deadline)) || die "timed out waiting for $what (logs: $STATE)"
+    sleep "${POLL_S:-0.1}"
+  done
+}
+cli() { ip netns exec "${SERVER_NS[0]}" env "${CLI_ENV[@]}" "$BIN/pstrain" --server "$SERVER" --timeout-ms 10000 "$@"; }
+submit() {  # submit JOB N CODEC [extra...] -> job id
+  local job=$1 n=$2 codec=$3 out
+  shift 3
+  out=$(cli submit "$job" --workers "$n" --mode sync --compression "$codec" "$@" 2>&1) ||
+    die "submit failed: $out"
+  echo "$out" | grep -o 'job-[0-9]*' | head -1
+}
+# last_step LOG JOB -> the last step worker logged for JOB (-1: none yet).
+last_step() {
+  awk -v job="$2:" '$4 == job && /BENCH ONLY/ && /end_unix_us/ {for (i = 1; i < NF; i++) if ($i == "step") s = $(i + 1)} END {print (s == "" ? -1 : s)}' "$1"
+}
+step_reached() { (($(last_step "$1" "$2") >= $3)); }
+
+# --- One point of the N x S table -------------------------------------------------
+RESULTS="$RUN_DIR/results.tsv"
+# measure N S CODEC TLS RATE PIN K: prints one row and appends it to RESULTS.
+measure() {
+  local n=$1 s=$2 codec=$3 tls=$4 rate=$5 pin=$6 k=$7 job step0 step1 bytes0 bytes1
+  net_up "$n" "$s" "$rate"
+  start_cluster "$n" "$s" "$tls" "$FIXED_MS" "$pin"
+  job=$(submit "$JOB" "$n" "$codec")
+  local w1="$STATE/worker1.log" timeout_s=$((60 + 10 * (WARM + k) * (n / s + 1)))
+  # The counters are read as soon as the step's line appears (polled every
+  # 10 ms) at both ends of the window, so that the traffic of the next step
+  # counted at each end cancels out on average.
+  POLL_S=0.01 wait_for "step $WARM of $job" "$timeout_s" step_reached "$w1" "$job" "$WARM"
+  step0=$(last_step "$w1" "$job")
+  bytes0=$(link_bytes)
+  POLL_S=0.01 wait_for "step $((step0 + k)) of $job" "$timeout_s" step_reached "$w1" "$job" $((step0 + k))
+  bytes1=$(link_bytes)
+  step1=$(last_step "$w1" "$job")
+  cli cancel "$job" >/dev/null 2>&1 || true
+  stop_processes
+  python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate")" \
+    "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" <<'PY' | tee -a "$RESULTS"
+import statistics, sys
+log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed = sys.argv[1:]
+s0, s1, bits, fixed = int(s0), int(s1), int(bits), int(fixed)
+ends = {}
+for line in open(log):
+    f = line.split()
+    if len(f) > 4 and f[3] == job + ":" and "end_unix_us" in line:
+        d = dict(zip(f[::1], f[1::1]))
+        ends[int(d["step"])] = int(d["end_unix_us"])
+steps = [t for t in range(s0, s1 + 1) if t in ends]
+gaps = [(ends[b] - ends[a]) / 1e3 for a, b in zip(steps, steps[1:]) if b == a + 1]
+step_ms = statistics.median(gaps)
+mean_ms = (ends[steps[-1]] - ends[steps[0]]) / 1e3 / (steps[-1] - steps[0])
+def parse(x):
+    v = x.split()
+    return {v[i]: (int(v[i + 1]), int(v[i + 2])) for i in range(0, len(v), 3)}
+p0, p1 = parse(b0), parse(b1)
+# Bytes per step each host sent (up) and received (down).
+up = {h: (p1[h][0] - p0[h][0]) / (s1 - s0) for h in p1}
+down = {h: (p1[h][1] - p0[h][1]) / (s1 - s0) for h in p1}
+ms = lambda b: b * 8 / bits * 1e3
+# Serial: a link's two directions one after the other (push, then pull).
+serial_ms = fixed + max(ms(up[h] + down[h]) for h in p1)
+# Duplex: each direction on its own (full-duplex links): no schedule beats it.
+duplex_ms = fixed + max(ms(max(up[h], down[h])) for h in p1)
+mean = lambda d, k: statistics.mean(v for h, v in d.items() if h.startswith(k)) / 1e6
+print("\t".join(str(x) for x in [
+    f"bench_only_fixed_compute_ms={fixed}", n, s, codec, "tls" if tls == "1" else "plain", rate,
+    "pinned" if pin == "1" else "shared", s1 - s0, f"{step_ms:.1f}", f"{mean_ms:.1f}",
+    f"{mean(up, 'w'):.2f}", f"{mean(down, 'w'):.2f}", f"{mean(down, 's'):.2f}",
+    f"{mean(up, 's'):.2f}", f"{serial_ms:.1f}", f"{step_ms / serial_ms:.2f}",
+    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}"]))
+PY
+}
+HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex"
+header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }
+note() { echo "bench_only_fixed_compute_ms=$FIXED_MS $*" | tee -a "$RUN_DIR/notes.txt"; }
+when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM"; }
+# steps_for N S RATE: steps to measure so that the window lasts about WINDOW_S.
+steps_for() {
+  python3 -c "
+import math
+n, s, bits = $1, $2, $(rate_bits "$3")
+est_ms = $FIXED_MS + 2 * 8.43e6 * 8 / bits * 1e3 * max(1, n / s)
+print(max(6, min(40, math.ceil($WINDOW_S * 1e3 / est_ms))))"
+}
+# efficiency: per (S, codec, transport, rate), step(N=1) / step(N) from RESULTS.
+efficiency() {
+  python3 - "$RESULTS" "$FIXED_MS" <<'PY'
+import sys
+rows = [r for r in (l.rstrip("\n").split("\t") for l in open(sys.argv[1])) if len(r) > 16 and r[1].isdigit()]
+base = {}
+for r in rows:
+    if r[1] == "1": base[(r[2], r[3], r[4], r[5], r[6])] = float(r[8])
+print(f"bench_only_fixed_compute_ms={sys.argv[2]}\tN\tS\tcodec\tstep_ms\tscaling_efficiency(step_N1/step_N)")
+for r in rows:
+    key = (r[2], r[3], r[4], r[5], r[6])
+    if key in base:
+        print(f"bench_only_fixed_compute_ms={sys.argv[2]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[8]}\t{base[key] / float(r[8]):.2f}")
+PY
+}
+
+# --- Modes --------------------------------------------------------------------------
+if [[ $WHAT == smoke ]]; then
+  note "== smoke: N=2 S=2 none, $RATE links, $(when)"
+  WARM=2
+  header
+  measure 2 2 none 0 "$RATE" 0 8
+  efficiency
+  note "smoke: done; results in $RUN_DIR"
+fi
+
+if [[ $WHAT == sweep || $WHAT == all ]]; then
+  note "== sweep: sync, $(basename "$JOB") (8.43 MB of fp32), $RATE links (+${DELAY_MS} ms netem where available), fixed compute ${FIXED_MS} ms, $(when)"
+  header
+  for codec in ${CODECS:-none onebit}; do
+    for s in ${SS_LIST:-1 2 4}; do
+      for n in ${NS_LIST:-1 2 4 8}; do
+        measure "$n" "$s" "$codec" 0 "$RATE" 0 "$(steps_for "$n" "$s" "$RATE")"
+      done
+    done
+  done
+  efficiency | tee -a "$RUN_DIR/efficiency.tsv"
+fi
+
+if [[ $WHAT == tls || $WHAT == all ]]; then
+  note "== tls: TLS 1.3 + mTLS + tokens vs plaintext, servers on core 0, workers on core 1, $(when)"
+  header
+  for rate in ${TLS_RATES:-10gbit 1gbit}; do
+    for ns in "1 1" "2 2"; do
+      read -r n s <<<"$ns"
+      for tls in 0 1 0 1; do  # Interleaved, twice.
+        measure "$n" "$s" none "$tls" "$rate" 1 "$(steps_for "$n" "$s" "$rate")"
+      done
+    done
+  done
+fi
+
+if [[ $WHAT == fmnist || $WHAT == all ]]; then
+  FMNIST_EPOCHS=${FMNIST_EPOCHS:-3}
+  TTA_JOB="$RUN_DIR/fmnist-constant-lr.json"
+  python3 - "$ROOT/examples/fashion-mnist.json" "$TTA_JOB" <<'PY'
+import json, os, sys
+job = json.load(open(sys.argv[1]))
+job["optimizer"].pop("schedule", None)
+job["model_file"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), job["model_file"])
+json.dump(job, open(sys.argv[2], "w"), indent=1)
+PY
+  FIXED_MS=0
+  note "== fmnist: examples/fashion-mnist.json, constant lr 0.01 momentum 0.9, sync, 2 workers (2x64), 2 shards, 1gbit links, $FMNIST_EPOCHS epochs, real training, $(when)"
+  note "codec	epoch	seconds_since_submit	test_accuracy	vs_none_points"
+  net_up 2 2 1gbit
+  declare -A NONE_ACC
+  for codec in ${FMNIST_CODECS:-none fp16 bf16 topk:0.01 onebit}; do
+    start_cluster 2 2 0 0 0 --checkpoint-interval-s 0 --keep-checkpoints 100
+    t0=$(date +%s.%N)
+    out=$(timeout $((FMNIST_EPOCHS * 600)) ip netns exec "${SERVER_NS[0]}" "$BIN/pstrain" \
+      --server "$SERVER" --timeout-ms 30000 submit "$TTA_JOB" --workers 2 --mode sync \
+      --epochs "$FMNIST_EPOCHS" --compression "$codec" --watch --json 2>&1 | tail -1) || true
+    t1=$(date +%s.%N)
+    stop_processes
+    final=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('test_accuracy', 'nan'))" "$out" 2>/dev/null || echo nan)
+    tta="not reached"
+    e=0
+    for ckpt in $(ls "$STATE"/state0/jobs/*/checkpoints/ckpt-*.ckpt 2>/dev/null | sort); do
+      e=$((e + 1))
+      at=$(python3 -c "import os,sys; print(round(os.stat(sys.argv[1]).st_mtime - $t0, 1))" "$ckpt")
+      acc=$("$BIN/pstrain-worker" --evaluate "$ckpt" --device cpu 2>/dev/null | tail -1 |
+        python3 -c "import json,sys; print(round(json.loads(sys.stdin.read())['test_accuracy'], 4))")
+      [[ $codec == none ]] && NONE_ACC[$e]=$acc
+      delta=$(python3 -c "b='${NONE_ACC[$e]:-}'; print(f'{100 * ($acc - float(b)):+.2f}' if b else '')")
+      note "$codec	ckpt $e	$at	$acc	$delta"
+      if [[ $tta == "not reached" ]] && python3 -c "import sys; sys.exit(not $acc >= 0.90)"; then
+        tta="${at} s (checkpoint $e)"
+      fi
+    done
+    note "$codec: final test_accuracy $final, wall $(python3 -c "print(round($t1 - $t0, 1))") s, time to 0.90: $tta"
+  done
+fi
+note "results in $RUN_DIR"
