@@ -59,6 +59,18 @@ bool DecodeJpegInto(const unsigned char* data, size_t size, JpegErrorManager* er
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  // The size check comes before jpeg_start_decompress, which allocates for
+  // the header's dimensions (a progressive or multi-scan image keeps every
+  // coefficient of the whole image): found by jpeg_fuzzer, a 65496 x 65350
+  // header made libjpeg allocate 12.8 GB. libjpeg's own allocations are
+  // bounded as well, for what the header does not show.
+  const int64_t header_pixels = static_cast<int64_t>(cinfo.image_width) * cinfo.image_height;
+  if (header_pixels <= 0 || header_pixels > kMaxDecodedPixels) {
+    out->error = "image dimensions out of range";
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  cinfo.mem->max_memory_to_use = static_cast<long>(8 * kMaxDecodedPixels);
   cinfo.out_color_space = cinfo.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const int64_t pixels = static_cast<int64_t>(cinfo.output_width) * cinfo.output_height;

@@ -108,6 +108,25 @@ TEST(ImageCodecTest, JpegRoundTripIsClose) {
   EXPECT_NEAR(gray->pixels[0], 77, 2);
 }
 
+// Found by jpeg_fuzzer: the size check came after jpeg_start_decompress,
+// which for a progressive image allocates every coefficient of the whole
+// image, so a header claiming 65496 x 65350 made libjpeg allocate 12.8 GB
+// before the check could refuse it. Now the header is checked first.
+TEST(ImageCodecTest, AHugeJpegHeaderIsRefusedBeforeLibjpegAllocatesForIt) {
+  std::string jpeg = Jpeg(Solid(16, 8, {200, 100, 50}));
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  jpeg[sof + 1] = '\xc2';  // Progressive.
+  // Precision at sof + 4, then height and width, big-endian.
+  jpeg[sof + 5] = '\xff';
+  jpeg[sof + 6] = '\xd8';
+  jpeg[sof + 7] = '\xff';
+  jpeg[sof + 8] = '\x46';
+  absl::StatusOr<DecodedImage> decoded = DecodeImage(jpeg, "huge.jpg");
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(std::string(decoded.status().message()), HasSubstr("dimensions out of range"));
+}
+
 TEST(ImageCodecTest, ResizeIsNearestNeighbour) {
   // Upscale 2x2 -> 4x4: each source pixel becomes a 2x2 block.
   std::vector<uint8_t> out(3 * 16);
