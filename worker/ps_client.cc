@@ -234,10 +234,18 @@ class PushCall final : public GenericReactor {
       // before the failure is acknowledged, not applied again.
       auto* again = new PushCall(shard_, op_, header_, frames_, retry_, attempt_ + 1);
       StartAfter(backoff, [again] { again->Start(); });
-    } else {
-      op_->CallDone(result, version_);
+      delete this;
+      return;
     }
+    // The reactor (and its ClientContext, which holds a reference to the
+    // channel) goes before the operation is reported done: a caller that
+    // returns from Wait() and drops the client then drops the channel's
+    // last reference on its own thread, not on a gRPC thread that may
+    // still be tearing the channel down when the process exits.
+    const std::shared_ptr<OpState> op = op_;
+    const int64_t version = version_;
     delete this;
+    op->CallDone(result, version);
   }
 
  private:
@@ -363,10 +371,18 @@ class PullCall final : public GenericReactor {
       auto* again = new PullCall(shard_, op_, request_header_, std::move(rest), retry_,
                                  attempt_ + 1, min_version_);
       StartAfter(backoff, [again] { again->Start(); });
-    } else {
-      op_->CallDone(result, min_version_);
+      delete this;
+      return;
     }
+    // The reactor (and its ClientContext, which holds a reference to the
+    // channel) goes before the operation is reported done: a caller that
+    // returns from Wait() and drops the client then drops the channel's
+    // last reference on its own thread, not on a gRPC thread that may
+    // still be tearing the channel down when the process exits.
+    const std::shared_ptr<OpState> op = op_;
+    const int64_t version = min_version_;
     delete this;
+    op->CallDone(result, version);
   }
 
  private:
