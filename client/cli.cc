@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/onnx_export.h"
+#include "client/report.h"
 #include "client/summary.h"
 #include "common/build_info.h"
 #include "common/checkpoint.h"
@@ -48,7 +49,10 @@ constexpr char kUsage[] =
     "                  [--averaging-frequency K] [--epochs N]\n"
     "                  [--compression none|fp16|bf16|topk[:RATIO]|onebit] [--watch] [--json]\n"
     "                                submit a job (and follow it with --watch)\n"
-    "  status JOB [--json]           show a job's state, progress and test metrics\n"
+    "  status JOB [--json] [--report FILE.html]\n"
+    "                                show a job's state, progress and test metrics\n"
+    "  report JOB -o FILE.html       write the job's report: loss and accuracy curves,\n"
+    "                                confusion heat map, per-class metrics, spec, timing\n"
     "  list                          list the jobs, newest first\n"
     "  watch JOB                     follow a job until it ends (progress bar)\n"
     "  cancel JOB                    cancel a queued or running job\n"
@@ -175,28 +179,6 @@ bool ParseInt64(const std::string& text, int64_t min_value, int64_t* out) {
   return true;
 }
 
-ClassificationMetrics MetricsFromProto(const v1::EvalMetrics& m) {
-  ConfusionMatrix cm(m.num_classes());
-  const int k = m.num_classes();
-  if (m.confusion_size() == k * k) {
-    for (int t = 0; t < k; ++t) {
-      for (int p = 0; p < k; ++p) {
-        for (int64_t n = m.confusion(t * k + p); n > 0; --n) cm.Add(t, p);
-      }
-    }
-  }
-  ClassificationMetrics metrics = cm.Compute();
-  metrics.loss = m.loss();
-  if (m.confusion_size() != k * k) {
-    metrics.accuracy = m.accuracy();
-    metrics.macro_precision = m.precision();
-    metrics.macro_recall = m.recall();
-    metrics.macro_f1 = m.f1();
-    metrics.samples = m.samples();
-  }
-  return metrics;
-}
-
 // Calls `on_timeout` when Kick() was not called for `idle` (repeatedly, once
 // per idle period). Stops on destruction.
 class IdleWatchdog {
@@ -253,6 +235,9 @@ class Cli {
  private:
   int Submit(const std::vector<std::string>& args);
   int Status(const std::vector<std::string>& args);
+  int Report(const std::vector<std::string>& args);
+  // GetJob and GetJobHistory, then the HTML page written to `path`.
+  int WriteReport(const std::string& what, const v1::JobStatus& status, const std::string& path);
   int List(const std::vector<std::string>& args);
   int Watch(const std::vector<std::string>& args);
   int Cancel(const std::vector<std::string>& args);
@@ -440,6 +425,7 @@ int Cli::Run(std::vector<std::string> args) {
   }
   if (command == "submit") return Submit(rest);
   if (command == "status") return Status(rest);
+  if (command == "report") return Report(rest);
   if (command == "list") return List(rest);
   if (command == "watch") return Watch(rest);
   if (command == "cancel") return Cancel(rest);
@@ -599,11 +585,12 @@ int Cli::Submit(const std::vector<std::string>& args) {
 // status ------------------------------------------------------------------------
 
 constexpr char kStatusUsage[] =
-    "usage: pstrain status JOB [--json]\n"
-    "  Prints the job's state, reason, progress and (once it SUCCEEDED) test metrics.\n";
+    "usage: pstrain status JOB [--json] [--report FILE.html]\n"
+    "  Prints the job's state, reason, progress and (once it SUCCEEDED) test metrics.\n"
+    "  --report also writes the job's HTML report (see `pstrain report --help`).\n";
 
 int Cli::Status(const std::vector<std::string>& args) {
-  ParsedArgs parsed = ParseArgs(args, {}, {"--json"});
+  ParsedArgs parsed = ParseArgs(args, {"--report"}, {"--json"});
   if (parsed.help) return Usage("status", kStatusUsage, "");
   if (!parsed.error.empty()) return Usage("status", kStatusUsage, parsed.error);
   if (parsed.positional.size() != 1) return Usage("status", kStatusUsage, "expected one job id");
@@ -614,6 +601,11 @@ int Cli::Status(const std::vector<std::string>& args) {
   Deadline(&ctx);
   grpc::Status rpc = stub().GetJob(&ctx, request, &status);
   if (!rpc.ok()) return ReportRpcError("status", rpc);
+  if (parsed.values.count("--report")) {
+    if (const int rc = WriteReport("status", status, parsed.values["--report"]); rc != kExitOk) {
+      return rc;
+    }
+  }
   if (parsed.switches.count("--json")) {
     out_ << JobStatusJson(status) << std::endl;
     return kExitOk;
@@ -625,6 +617,53 @@ int Cli::Status(const std::vector<std::string>& args) {
     if (!status.reason().empty()) out_ << "reason: " << status.reason() << "\n";
   }
   out_ << std::flush;
+  return kExitOk;
+}
+
+// report ------------------------------------------------------------------------
+
+int Cli::Report(const std::vector<std::string>& args) {
+  static constexpr char kReportUsage[] =
+      "usage: pstrain report JOB -o FILE.html\n"
+      "  Writes one self-contained HTML page (no script, nothing fetched): the job's\n"
+      "  loss, accuracy and throughput over its steps, the confusion matrix as a heat\n"
+      "  map with per-class precision, recall and F1 once it SUCCEEDED, its spec and\n"
+      "  timing. Works for a running job too.\n";
+  ParsedArgs parsed = ParseArgs(args, {"-o", "--output"}, {});
+  if (parsed.help) return Usage("report", kReportUsage, "");
+  if (!parsed.error.empty()) return Usage("report", kReportUsage, parsed.error);
+  if (parsed.positional.size() != 1) return Usage("report", kReportUsage, "expected one job id");
+  std::string path = parsed.values.count("-o") ? parsed.values["-o"] : parsed.values["--output"];
+  if (path.empty()) return Usage("report", kReportUsage, "-o FILE.html is required");
+  v1::GetJobRequest request;
+  request.set_job_id(parsed.positional[0]);
+  v1::JobStatus status;
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  grpc::Status rpc = stub().GetJob(&ctx, request, &status);
+  if (!rpc.ok()) return ReportRpcError("report", rpc);
+  const int rc = WriteReport("report", status, path);
+  if (rc == kExitOk) {
+    out_ << status.job_id() << " " << JobStateName(status.state()) << ": report written to " << path
+         << std::endl;
+  }
+  return rc;
+}
+
+int Cli::WriteReport(const std::string& what, const v1::JobStatus& status,
+                     const std::string& path) {
+  v1::GetJobRequest request;
+  request.set_job_id(status.job_id());
+  v1::JobHistory history;
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  grpc::Status rpc = stub().GetJobHistory(&ctx, request, &history);
+  if (!rpc.ok()) return ReportRpcError(what, rpc);
+  const std::string html = RenderJobReport(status, history, absl::Now());
+  if (absl::Status s = WriteFileAtomically(path, html); !s.ok()) {
+    err_ << "pstrain " << what << ": " << s.message() << std::endl;
+    return kExitFailed;
+  }
   return kExitOk;
 }
 

@@ -117,6 +117,9 @@ struct Coordinator::Job {
   bool has_checkpoint = false;
   int64_t revision = 1;
   int64_t persisted_revision = 0;
+  v1::JobHistory history;
+  int64_t history_revision = 0;  // Bumped with every change to `history`.
+  int64_t persisted_history_revision = 0;
 };
 
 struct Coordinator::StartWork {
@@ -161,11 +164,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
   }
   if (options.max_queued_jobs < 1 || options.max_workers < 1 || options.max_id_bytes < 16 ||
       options.max_worker_info_bytes < 1 || options.max_reason_bytes < 1 ||
-      options.max_eval_samples < 1 || options.job_limits.max_parameters < 1 ||
-      options.job_limits.max_parameter_bytes < 4 || options.job_limits.max_name_bytes < 1 ||
+      options.max_eval_samples < 1 || options.max_history_points < 2 ||
+      options.job_limits.max_parameters < 1 || options.job_limits.max_parameter_bytes < 4 ||
+      options.job_limits.max_name_bytes < 1 ||
       options.forget_dead_workers_after <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "coordinator limits must be >= 1 (max_id_bytes >= 16, forget_dead_workers_after > 0)");
+        "coordinator limits must be >= 1 (max_id_bytes >= 16, max_history_points >= 2, "
+        "forget_dead_workers_after > 0)");
   }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   const bool start_thread = options.start_background_thread;
@@ -261,6 +266,17 @@ absl::Status Coordinator::LoadState() {
       Log(absl::StrCat(id, ": re-queued after a restart (",
                        job->has_checkpoint ? "from its checkpoint" : "from scratch", ")"));
     }
+    // The history is for reading back only: one that cannot be read costs
+    // the curves, never the job.
+    absl::StatusOr<v1::JobHistory> history = store_.LoadHistory(id);
+    if (history.ok()) {
+      job->history = *std::move(history);
+    } else {
+      Log(absl::StrCat(id, ": its history is lost: ", history.status().message()));
+      job->history.set_job_id(id);
+      job->history_revision = 1;  // Saved again, readable.
+    }
+    job->persisted_history_revision = 0;
     next_job_ = std::max(next_job_, n + 1);
     job_order_.push_back(id);
     jobs_[id] = std::move(job);
@@ -318,6 +334,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
     auto job = std::make_unique<Job>();
     job->graph = std::move(graph);
     job->status.set_job_id(job_id);
+    job->history.set_job_id(job_id);
     job->status.set_name(spec.name());
     job->status.set_state(v1::JOB_STATE_QUEUED);
     *job->status.mutable_spec() = std::move(spec);
@@ -338,6 +355,14 @@ absl::StatusOr<v1::JobStatus> Coordinator::GetJob(const std::string& job_id) con
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   return job->status;
+}
+
+absl::StatusOr<v1::JobHistory> Coordinator::GetJobHistory(const std::string& job_id) const {
+  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
+  return job->history;
 }
 
 std::vector<v1::JobStatus> Coordinator::ListJobs() const {
@@ -580,6 +605,7 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
       }
       const int old_epoch = job->status.epoch();
       RefreshAggregates(*job);
+      if (!report.finished()) RecordHistory(*job);
       if (report.finished() || job->status.epoch() != old_epoch) Wake();
     }
     Touch(*job);
@@ -719,6 +745,36 @@ Coordinator::Job* Coordinator::FindJob(const std::string& job_id) const {
 }
 
 void Coordinator::Touch(Job& job) { job.revision++; }
+
+void Coordinator::RecordHistory(Job& job) {
+  if (std::none_of(job.members.begin(), job.members.end(),
+                   [](const Member& m) { return m.reported; })) {
+    return;  // The figures are the previous run's.
+  }
+  const v1::JobStatus& s = job.status;
+  auto* points = job.history.mutable_points();
+  job.history.set_min_step_gap(std::max<int64_t>(1, job.history.min_step_gap()));
+  if (!points->empty() && s.step() < points->rbegin()->step() + job.history.min_step_gap()) return;
+  v1::HistoryPoint& p = *points->Add();
+  p.set_step(s.step());
+  p.set_epoch(s.epoch());
+  p.set_loss(s.loss());
+  p.set_train_accuracy(s.train_accuracy());
+  p.set_samples_per_sec(s.samples_per_sec());
+  p.set_unix_ms(ToUnixMs(Now()));
+  p.set_run(s.runs());
+  if (points->size() > options_.max_history_points) {
+    // Every other point goes (the newest stays), and later points come at
+    // twice the gap: a long job's history keeps its whole run, evenly.
+    int kept = 0;
+    for (int i = 0; i < points->size(); ++i) {
+      if (i % 2 == 0 || i == points->size() - 1) points->SwapElements(kept++, i);
+    }
+    points->DeleteSubrange(kept, points->size() - kept);
+    job.history.set_min_step_gap(job.history.min_step_gap() * 2);
+  }
+  job.history_revision++;
+}
 
 int Coordinator::IdleLiveWorkers() const {
   int n = 0;
@@ -1215,6 +1271,18 @@ void Coordinator::StartQueuedJobs() {
     job.phase = Phase::kRunning;
     job.start_epoch = start_epoch;
     job.start_step = start_step;
+    {
+      // The steps past the resume point were thrown away with the model
+      // that trained them: the history goes on from the kept one.
+      auto* points = job.history.mutable_points();
+      const auto past =
+          std::find_if(points->begin(), points->end(),
+                       [&](const v1::HistoryPoint& p) { return p.step() > start_step; });
+      if (past != points->end()) {
+        points->erase(past, points->end());
+        job.history_revision++;
+      }
+    }
     job.lost_pending.clear();
     {
       const v1::ConsistencyMode mode = job.status.spec().mode();
@@ -1470,10 +1538,14 @@ void Coordinator::PersistChangedJobs() {
   if (options_.state_dir.empty()) return;
   absl::MutexLock persist_lock(&persist_mu_);
   std::vector<std::pair<v1::JobStatus, int64_t>> changed;
+  std::vector<std::pair<v1::JobHistory, int64_t>> histories;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, job] : jobs_) {
       if (job->revision > job->persisted_revision) changed.emplace_back(job->status, job->revision);
+      if (job->history_revision > job->persisted_history_revision) {
+        histories.emplace_back(job->history, job->history_revision);
+      }
     }
   }
   for (const auto& [status, revision] : changed) {
@@ -1484,6 +1556,15 @@ void Coordinator::PersistChangedJobs() {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(status.job_id());
     job.persisted_revision = std::max(job.persisted_revision, revision);
+  }
+  for (const auto& [history, revision] : histories) {
+    if (absl::Status s = store_.SaveHistory(history); !s.ok()) {
+      Log(absl::StrCat(history.job_id(), ": could not save its history: ", s.message()));
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(history.job_id());
+    job.persisted_history_revision = std::max(job.persisted_history_revision, revision);
   }
 }
 

@@ -171,6 +171,9 @@ class Coordinator {
     // Test samples a job's eval shards may claim in total when the spec
     // does not say how large the test set is (TestSetBound).
     int64_t max_eval_samples = 100'000'000;
+    // Points of a job's history kept (v1::JobHistory; >= 2): past it every
+    // other point goes and the step gap doubles.
+    int max_history_points = 2000;
     // The clock; tests inject their own.
     std::function<absl::Time()> clock = [] { return absl::Now(); };
     // Run Tick() on an owned thread every tick_interval (and at once after
@@ -200,6 +203,9 @@ class Coordinator {
   absl::StatusOr<std::string> SubmitJob(v1::JobSpec spec);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id) const;
+  // The job's loss, accuracy and throughput over its steps. NOT_FOUND for
+  // an unknown id.
+  absl::StatusOr<v1::JobHistory> GetJobHistory(const std::string& job_id) const;
   // Newest first.
   std::vector<v1::JobStatus> ListJobs() const;
   // Idempotent: a finished job comes back unchanged.
@@ -305,6 +311,9 @@ class Coordinator {
   // Helpers that need mu_ held.
   Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A JobHistory point from the job's status, when its step moved on by
+  // the history's gap; thins the history past max_history_points.
+  void RecordHistory(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshAggregates(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobStatus.epoch_samples from the run's planner.
   void RefreshEpochSamples(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

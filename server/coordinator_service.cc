@@ -59,6 +59,19 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::GetJobHistory(grpc::ServerContext* context,
+                                               const v1::GetJobRequest* request,
+                                               v1::JobHistory* response) {
+  if (grpc::Status s = Admit(*context, Role::kAdmin, "GetJobHistory", *request); !s.ok()) {
+    return s;
+  }
+  if (request->job_id().empty()) return Invalid("GetJobHistory needs a job_id");
+  absl::StatusOr<v1::JobHistory> history = coordinator_->GetJobHistory(request->job_id());
+  if (!history.ok()) return ToGrpcStatus(history.status());
+  *response = *std::move(history);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest* request,
                                           v1::ListJobsResponse* response) {

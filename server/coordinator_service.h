@@ -48,8 +48,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   struct Options {
     int64_t max_message_bytes = int64_t{64} << 20;
     // Who may call what (null: everyone, as with Authorizer::Disabled()):
-    // SubmitJob, GetJob, ListJobs, CancelJob, WatchJob, DownloadModel and
-    // ListWorkers need the admin role; RegisterWorker, Heartbeat,
+    // SubmitJob, GetJob, GetJobHistory, ListJobs, CancelJob, WatchJob,
+    // DownloadModel and ListWorkers need the admin role; RegisterWorker, Heartbeat,
     // ReportProgress and EpochPlan the worker role, and the last three also
     // the worker credential of the worker id they name.
     std::shared_ptr<const Authorizer> authorizer;
@@ -66,6 +66,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::SubmitJobResponse* response) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::JobStatus* response) override;
+  grpc::Status GetJobHistory(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                             v1::JobHistory* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,

@@ -75,6 +75,27 @@ absl::Status JobStore::SaveJob(const v1::JobStatus& status) const {
   return WriteFileAtomically((dir / "status.pb").string(), status.SerializeAsString());
 }
 
+absl::StatusOr<v1::JobHistory> JobStore::LoadHistory(const std::string& job_id) const {
+  v1::JobHistory history;
+  history.set_job_id(job_id);
+  if (state_dir_.empty()) return history;
+  const fs::path path = fs::path(JobDir(job_id)) / "history.pb";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return history;
+  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path.string()));
+  if (!history.ParseFromString(bytes) || history.job_id() != job_id) {
+    return absl::DataLossError(absl::StrCat("corrupt job history ", path.string()));
+  }
+  return history;
+}
+
+absl::Status JobStore::SaveHistory(const v1::JobHistory& history) const {
+  if (state_dir_.empty()) return absl::OkStatus();
+  const fs::path dir = JobDir(history.job_id());
+  PSTRAIN_RETURN_IF_ERROR(MakeDirs(dir));
+  return WriteFileAtomically((dir / "history.pb").string(), history.SerializeAsString());
+}
+
 absl::StatusOr<int64_t> JobStore::LoadNextWorkerId() const {
   if (state_dir_.empty()) return 1;
   const std::string path = (fs::path(state_dir_) / "next_worker_id").string();

@@ -39,6 +39,12 @@ class JobStore {
   absl::StatusOr<std::vector<v1::JobStatus>> LoadJobs() const;
   absl::Status SaveJob(const v1::JobStatus& status) const;
 
+  // The job's saved history (<job dir>/history.pb); an empty one for the
+  // job when none was saved. DATA_LOSS naming the file for one that does
+  // not parse or names another job.
+  absl::StatusOr<v1::JobHistory> LoadHistory(const std::string& job_id) const;
+  absl::Status SaveHistory(const v1::JobHistory& history) const;
+
   // The next worker number to hand out: 1 when none was saved. DATA_LOSS for
   // a counter file that is not a positive number.
   absl::StatusOr<int64_t> LoadNextWorkerId() const;

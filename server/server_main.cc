@@ -96,6 +96,9 @@ ABSL_FLAG(int, max_reason_bytes, 4096, "A worker's error message is cut to this 
 ABSL_FLAG(int64_t, max_eval_samples, 100000000,
           "Most test samples a job's eval shards may claim together, when the job spec does not "
           "state the test set's size");
+ABSL_FLAG(int, max_history_points, 2000,
+          "Points of a job's loss and accuracy history kept (>= 2); past it every other point "
+          "is dropped and the step gap doubles");
 ABSL_FLAG(int, update_threads, 0,
           "Frames of one push stream (different chunks) decoded and applied at once, so that "
           "one worker's push spreads the update over the cores; 0 = the machine's cores");
@@ -390,8 +393,11 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_forget_dead_workers_after_s) < 1 ||
       absl::GetFlag(FLAGS_max_worker_info_bytes) < 1 || absl::GetFlag(FLAGS_max_reason_bytes) < 1 ||
       absl::GetFlag(FLAGS_max_eval_samples) < 1 || absl::GetFlag(FLAGS_max_waiting_pulls) < 1 ||
-      max_coordinator_message_bytes < (1 << 20) || max_shard_control_message_bytes < (1 << 20)) {
-    return Fail("limits must be >= 1 (--max-id-bytes >= 16, message sizes >= 1 MiB); see --help");
+      absl::GetFlag(FLAGS_max_history_points) < 2 || max_coordinator_message_bytes < (1 << 20) ||
+      max_shard_control_message_bytes < (1 << 20)) {
+    return Fail(
+        "limits must be >= 1 (--max-id-bytes >= 16, --max-history-points >= 2, message sizes >= "
+        "1 MiB); see --help");
   }
 
   absl::StatusOr<pstrain::DaemonSecurity> security_or =
@@ -477,6 +483,7 @@ int main(int argc, char** argv) {
     options.max_worker_info_bytes = absl::GetFlag(FLAGS_max_worker_info_bytes);
     options.max_reason_bytes = absl::GetFlag(FLAGS_max_reason_bytes);
     options.max_eval_samples = absl::GetFlag(FLAGS_max_eval_samples);
+    options.max_history_points = absl::GetFlag(FLAGS_max_history_points);
     auto created = pstrain::Coordinator::Create(std::move(options), controller.get());
     if (!created.ok()) return Fail(std::string(created.status().message()));
     coordinator = *std::move(created);

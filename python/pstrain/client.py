@@ -282,6 +282,24 @@ class Job:
         """The job's JobStatus now (GetJob)."""
         return JobStatus(self.client._unary("GetJob", service_pb2.GetJobRequest(job_id=self.id)))
 
+    def history(self):
+        """The job's training history (GetJobHistory): a dict of numpy arrays,
+        one entry per recorded point in step order: 'step', 'epoch', 'loss',
+        'train_accuracy', 'samples_per_sec' (all workers), 'unix_ms' and 'run'
+        (1 = the first run; a resumed run's points follow the kept model).
+        `pstrain report JOB -o F.html` draws the same points."""
+        reply = self.client._unary("GetJobHistory", service_pb2.GetJobRequest(job_id=self.id))
+        points = reply.points
+        return {
+            "step": np.array([p.step for p in points], dtype=np.int64),
+            "epoch": np.array([p.epoch for p in points], dtype=np.int32),
+            "loss": np.array([p.loss for p in points], dtype=np.float64),
+            "train_accuracy": np.array([p.train_accuracy for p in points], dtype=np.float64),
+            "samples_per_sec": np.array([p.samples_per_sec for p in points], dtype=np.float64),
+            "unix_ms": np.array([p.unix_ms for p in points], dtype=np.int64),
+            "run": np.array([p.run for p in points], dtype=np.int32),
+        }
+
     def metrics(self):
         """The test-set Metrics of a job that SUCCEEDED; FailedPreconditionError
         before (the metrics exist once every worker evaluated its shard)."""

@@ -10,6 +10,7 @@ errors the server gives reach Python as the matching exceptions."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -101,6 +102,97 @@ def test_status_and_metrics_are_the_clis(cluster, journey):
     assert metrics.accuracy == pytest.approx(np.trace(metrics.confusion) / TEST)
     assert metrics.f1 == pytest.approx(theirs["f1"], abs=1e-6)
     assert job_id in [s.job_id for s in client_for(cluster).jobs()]
+
+
+def colour_regions(rows, width, channels, classes):
+    """{name: (pixels, first row, last row)} of the pixels each classifier
+    in `classes` ({name: predicate(r, g, b)}) accepts, in one pass."""
+    found = {name: [0, None, None] for name in classes}
+    for y, row in enumerate(rows):
+        for x in range(0, width * channels, channels):
+            r, g, b = row[x], row[x + 1], row[x + 2]
+            if r > 235 and g > 235 and b > 235:
+                continue  # Background.
+            for name, accepts in classes.items():
+                if accepts(r, g, b):
+                    f = found[name]
+                    f[0] += 1
+                    f[1] = y if f[1] is None else f[1]
+                    f[2] = y
+    return {name: tuple(f) for name, f in found.items()}
+
+
+def near(rgb, tolerance):
+    return lambda r, g, b: (abs(r - rgb[0]) <= tolerance and abs(g - rgb[1]) <= tolerance
+                            and abs(b - rgb[2]) <= tolerance)
+
+
+def test_history_and_the_html_report_render_in_chromium(cluster, journey, tmp_path):
+    """The job's history (GetJobHistory) from Python, and `pstrain report`
+    rendered by headless Chromium: the DOM holds one polyline point per
+    history point in each curve, and the screenshot shows the curves' and
+    the heat map's colours where the page puts them."""
+    _, job_id, _ = journey
+    job = client_for(cluster).job(job_id)
+    status = job.status()
+    history = job.history()
+    steps = history["step"]
+    assert len(steps) >= 3, history
+    assert (np.diff(steps) > 0).all() and steps[-1] <= status.step, history
+    assert np.isfinite(history["loss"]).all() and (history["loss"] > 0).all(), history
+    assert ((history["train_accuracy"] >= 0) & (history["train_accuracy"] <= 1)).all(), history
+    assert history["loss"][-1] < history["loss"][0], history  # It trained.
+    assert (history["run"] == 1).all() and (np.diff(history["unix_ms"]) >= 0).all(), history
+
+    page = str(tmp_path / "report.html")
+    cli = cluster.cli("report", job_id, "-o", page)
+    assert cli.returncode == 0, cli.stderr
+    assert f"{job_id} SUCCEEDED: report written to {page}" in cli.stdout, cli.stdout
+    also = str(tmp_path / "status-report.html")
+    cli = cluster.cli("status", job_id, "--report", also)
+    assert cli.returncode == 0 and f"{job_id} SUCCEEDED" in cli.stdout, cli.stderr
+    with open(page) as a, open(also) as b:
+        strip = lambda text: re.sub(r"Written by pstrain at [^<]*", "", text)
+        assert strip(a.read()) == strip(b.read())
+
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is not installed (PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh)"
+    chrome = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--hide-scrollbars", "--force-device-scale-factor=1",
+              f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1360,2000"]
+    dom = subprocess.run(chrome + ["--dump-dom", "file://" + page], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for plot in ("loss-plot", "accuracy-plot", "throughput-plot"):
+        match = re.search(rf'<svg id="{plot}".*?<polyline [^>]*points="([^"]*)"', dom.stdout,
+                          re.S)
+        assert match, plot
+        assert len(match.group(1).split()) == len(steps), plot
+    assert len(re.findall(r'<rect class="cell"', dom.stdout)) == 100  # 10 x 10 classes
+    per_class = re.findall(r"<tr><td>\d+</td><td>[01]\.\d{4}</td>", dom.stdout)
+    assert len(per_class) == 10, per_class
+
+    shot = str(tmp_path / "report.png")
+    run = subprocess.run(chrome + [f"--screenshot={shot}", "file://" + page],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and os.path.exists(shot), run.stderr[-2000:]
+    sys.path.insert(0, os.path.join(REPO, "tests", "deploy"))
+    from png_stats import decode_png
+    with open(shot, "rb") as f:
+        width, height, channels, rows = decode_png(f.read())
+    found = colour_regions(rows, width, channels, {
+        "loss": near((0xd6, 0x27, 0x28), 40),
+        "accuracy": near((0x1f, 0x77, 0xb4), 25),
+        "throughput": near((0x2c, 0xa0, 0x2c), 40)})
+    for name in ("loss", "accuracy", "throughput"):
+        assert found[name][0] > 200, f"the {name} curve is not drawn: {found} ({shot})"
+    # The curves come first (loss beside accuracy, throughput below), then
+    # the heat map: its blue cells fill a 10 x 10 grid below the curves.
+    curves_end = max(found[name][2] for name in ("loss", "accuracy", "throughput"))
+    # The heat map's cells from about half a row's share up are blue.
+    heat = colour_regions(rows[curves_end + 1:], width, channels,
+                          {"heat": lambda r, g, b: b - r >= 50 and r < 140})["heat"]
+    assert heat[0] > 5000, f"the heat map is not drawn: {heat} below row {curves_end} ({shot})"
 
 
 def test_download_is_what_the_cli_downloads(cluster, journey, tmp_path):

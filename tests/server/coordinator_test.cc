@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoint.h"
 #include "common/chunking.h"
@@ -1067,6 +1068,110 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
     absl::MutexLock lock(&fakes_[0]->mu);
     for (const auto& c : fakes_[0]->jobs.at(running).config.chunks()) EXPECT_EQ(c.version(), 2);
   }
+}
+
+// Issue 12 (the report): the coordinator keeps each job's loss, accuracy and
+// throughput over its steps, bounded: past max_history_points every other
+// point goes and the step gap doubles, so a long job keeps its whole run.
+TEST_F(CoordinatorTest, TheHistoryFollowsTheStepsAndThinsPastItsBound) {
+  tweak_options_ = [](Coordinator::Options* o) { o->max_history_points = 4; };
+  Restart();
+  std::vector<std::string> w;
+  const std::string job = StartJob(2, &w);
+  ASSERT_OK_AND_ASSIGN(v1::JobHistory empty, coordinator_->GetJobHistory(job));
+  EXPECT_EQ(empty.job_id(), job);
+  EXPECT_EQ(empty.points_size(), 0);
+  // Only w[0] reports at first: the job's step is still the slowest
+  // member's (0), and the figures are w[0]'s alone.
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 0, 3, 2.0, 0.1, 10)).ok());
+  for (int64_t step = 1; step <= 6; ++step) {
+    now_ += absl::Seconds(1);
+    ASSERT_TRUE(
+        coordinator_->ReportProgress(Progress(w[0], job, 0, step, 2.0 / step, 0.1 * step, 10))
+            .ok());
+    ASSERT_TRUE(
+        coordinator_->ReportProgress(Progress(w[1], job, 0, step, 2.0 / step, 0.1 * step, 20))
+            .ok());
+  }
+  ASSERT_OK_AND_ASSIGN(v1::JobHistory h, coordinator_->GetJobHistory(job));
+  // Steps 0 (w[0] alone), 0 again is not a new point, then 1..6: 7 points
+  // through a bound of 4 -> thinned at the 5th (0,2,4 kept; gap 2), 6 next.
+  std::vector<int64_t> steps;
+  for (const v1::HistoryPoint& p : h.points()) steps.push_back(p.step());
+  EXPECT_THAT(steps, ElementsAre(0, 2, 4, 6));
+  EXPECT_EQ(h.min_step_gap(), 2);
+  const v1::HistoryPoint& last = h.points(3);
+  EXPECT_EQ(last.epoch(), 0);
+  EXPECT_DOUBLE_EQ(last.loss(), 2.0 / 6);
+  EXPECT_DOUBLE_EQ(last.train_accuracy(), 0.6);
+  EXPECT_DOUBLE_EQ(last.samples_per_sec(), 30);  // The sum over the workers.
+  EXPECT_EQ(last.unix_ms(), absl::ToUnixMillis(now_));
+  EXPECT_EQ(last.run(), 1);
+  // Step 7 is within the gap of 6; 8 is a point and thins again.
+  for (int64_t step : {7, 8}) {
+    for (const std::string& worker : w) {
+      ASSERT_TRUE(coordinator_->ReportProgress(Progress(worker, job, 0, step, 0.2, 0.9, 10)).ok());
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(h, coordinator_->GetJobHistory(job));
+  steps.clear();
+  for (const v1::HistoryPoint& p : h.points()) steps.push_back(p.step());
+  EXPECT_THAT(steps, ElementsAre(0, 4, 8));
+  EXPECT_EQ(h.min_step_gap(), 4);
+
+  EXPECT_EQ(coordinator_->GetJobHistory("job-99").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->GetJobHistory(std::string(4096, 'j')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, TheHistorySurvivesARestartAndAResumeDropsWhatItsCheckpointLost) {
+  std::vector<std::string> w;
+  const std::string job = StartJob(1, &w);
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 0, step, 1.0, 0.5, 10)).ok());
+  }
+  // Epoch 1 ends at step 2: the checkpoint is cut there.
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 2, 0.9, 0.6, 10)).ok());
+  Train(job, 2);
+  coordinator_->Tick();
+  ASSERT_TRUE(coordinator_->CheckpointPath(job).ok());
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 3, 0.8, 0.7, 10)).ok());
+  coordinator_->Tick();  // Persists.
+
+  Restart();
+  ASSERT_OK_AND_ASSIGN(v1::JobHistory saved, coordinator_->GetJobHistory(job));
+  ASSERT_EQ(saved.points_size(), 3);
+  EXPECT_EQ(saved.points(2).step(), 3);
+  EXPECT_DOUBLE_EQ(saved.points(2).loss(), 0.8);
+  // The resumed run starts at the checkpoint's step 2: step 3 was lost.
+  const std::string fresh = Register();
+  coordinator_->Tick();
+  ASSERT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);
+  ASSERT_OK_AND_ASSIGN(v1::JobHistory resumed, coordinator_->GetJobHistory(job));
+  ASSERT_EQ(resumed.points_size(), 2);
+  EXPECT_EQ(resumed.points(1).step(), 2);
+  ASSERT_TRUE(coordinator_->ReportProgress(Progress(fresh, job, 1, 3, 0.7, 0.8, 10)).ok());
+  ASSERT_OK_AND_ASSIGN(resumed, coordinator_->GetJobHistory(job));
+  ASSERT_EQ(resumed.points_size(), 3);
+  EXPECT_EQ(resumed.points(2).run(), 2);
+  EXPECT_DOUBLE_EQ(resumed.points(2).loss(), 0.7);
+  coordinator_->Tick();
+
+  // A history file that cannot be read costs the curves, not the job.
+  coordinator_.reset();
+  {
+    std::ofstream corrupt(fs::path(state_dir_) / "jobs" / job / "history.pb",
+                          std::ios::binary | std::ios::trunc);
+    corrupt << "\xff\xff\xff not a history";
+  }
+  log_.clear();
+  Restart();
+  EXPECT_EQ(Status(job).state(), v1::JOB_STATE_QUEUED);
+  ASSERT_OK_AND_ASSIGN(v1::JobHistory lost, coordinator_->GetJobHistory(job));
+  EXPECT_EQ(lost.job_id(), job);
+  EXPECT_EQ(lost.points_size(), 0);
+  EXPECT_THAT(absl::StrJoin(log_, "\n"), HasSubstr(job + ": its history is lost: corrupt job "
+                                                         "history"));
 }
 
 // Chaos run of ssp: a resumed async or ssp job went on at version = the

@@ -259,7 +259,7 @@ std::string* SecurityTest::other_certs_ = nullptr;
 TEST_F(SecurityTest, EveryRpcWithoutATokenIsUnauthenticated) {
   auto channel = Channel("");
   const std::vector<Method> methods = EveryMethod();
-  ASSERT_EQ(methods.size(), 18u);  // 11 Coordinator, 2 ParameterService, 5 ShardControl.
+  ASSERT_EQ(methods.size(), 19u);  // 12 Coordinator, 2 ParameterService, 5 ShardControl.
   for (const Method& m : methods) {
     grpc::Status status = Call(channel, m);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
