@@ -31,6 +31,8 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -84,6 +86,35 @@ class OpState {
     return version_ == std::numeric_limits<int64_t>::max() ? 0 : version_;
   }
 
+  // The calls in flight, for Cancel(): a call registers its context once
+  // gRPC holds it (false: the operation was cancelled, cancel it now) and
+  // unregisters in OnDone. Weak, so Cancel() never keeps an ended call's
+  // context, and TryCancel runs outside mu_ (gRPC may run OnDone inline).
+  bool Register(const std::shared_ptr<grpc::ClientContext>& ctx) {
+    absl::MutexLock lock(&mu_);
+    live_.emplace(ctx.get(), ctx);
+    return !cancelled_;
+  }
+  void Unregister(grpc::ClientContext* ctx) {
+    absl::MutexLock lock(&mu_);
+    live_.erase(ctx);
+  }
+  bool cancelled() const {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  void Cancel() {
+    std::vector<std::shared_ptr<grpc::ClientContext>> live;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      for (const auto& [raw, weak] : live_) {
+        if (std::shared_ptr<grpc::ClientContext> ctx = weak.lock()) live.push_back(std::move(ctx));
+      }
+    }
+    for (const auto& ctx : live) ctx->TryCancel();
+  }
+
  private:
   bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pending_calls_ == 0 && pending_slices_ == 0;
@@ -94,6 +125,8 @@ class OpState {
   int64_t pending_slices_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<grpc::ClientContext*, std::weak_ptr<grpc::ClientContext>> live_ ABSL_GUARDED_BY(mu_);
 };
 
 class Op final : public PendingOp {
@@ -103,6 +136,7 @@ class Op final : public PendingOp {
   ~Op() override { state_->Wait().IgnoreError(); }
   absl::Status Wait() override { return state_->Wait(); }
   int64_t version() const override { return state_->version(); }
+  void Cancel() override { state_->Cancel(); }
 
  private:
   std::shared_ptr<OpState> state_;
@@ -313,18 +347,19 @@ class PullCall final : public GenericReactor {
         retry_(retry),
         attempt_(attempt),
         min_version_(min_version) {
-    ctx_.set_deadline(AttemptDeadline(retry_));
-    ctx_.set_wait_for_ready(true);
+    ctx_->set_deadline(AttemptDeadline(retry_));
+    ctx_->set_wait_for_ready(true);
     v1::ChunkHeader with_ids = request_header_;
     for (const Dest& d : dests_) with_ids.add_chunk_ids(d.chunk_id);
     request_status_ = EncodeFrame(with_ids, nullptr, 0, &request_);
   }
 
   void Start() {
-    shard_->pull_stub->PrepareBidiStreamingCall(&ctx_, kPullMethod, grpc::StubOptions(), this);
+    shard_->pull_stub->PrepareBidiStreamingCall(ctx_.get(), kPullMethod, grpc::StubOptions(), this);
+    if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
     if (!request_status_.ok()) {
       error_ = request_status_;
-      ctx_.TryCancel();
+      ctx_->TryCancel();
     } else {
       BeforeGrpc(&request_);
       StartWriteLast(&request_, grpc::WriteOptions());
@@ -346,7 +381,7 @@ class PullCall final : public GenericReactor {
     absl::Status status = Receive();
     if (!status.ok()) {
       error_ = status;
-      ctx_.TryCancel();
+      ctx_->TryCancel();
       return;
     }
     BeforeGrpc(&reply_);
@@ -357,6 +392,7 @@ class PullCall final : public GenericReactor {
     AfterGrpc(this);
     AfterGrpc(&request_);
     AfterGrpc(&reply_);
+    op_->Unregister(ctx_.get());
     absl::Status result = error_;
     if (result.ok()) result = CallStatus(status, reached_server_, shard_->address, "pull");
     if (result.ok() && next_ != dests_.size()) {
@@ -365,7 +401,8 @@ class PullCall final : public GenericReactor {
                                            next_, " of ", dests_.size(), " chunks"));
     }
     const absl::Duration backoff = RetryBackoff(attempt_ + 1);
-    if (error_.ok() && RetryableCall(result) && absl::Now() + backoff < retry_.deadline) {
+    if (error_.ok() && RetryableCall(result) && !op_->cancelled() &&
+        absl::Now() + backoff < retry_.deadline) {
       // Pulls are idempotent: ask again for the chunks not received yet.
       std::vector<Dest> rest(dests_.begin() + static_cast<ptrdiff_t>(next_), dests_.end());
       auto* again = new PullCall(shard_, op_, request_header_, std::move(rest), retry_,
@@ -412,7 +449,8 @@ class PullCall final : public GenericReactor {
 
   const std::shared_ptr<ShardChannel> shard_;
   const std::shared_ptr<OpState> op_;
-  grpc::ClientContext ctx_;
+  // Shared with OpState's registry (weakly) so that Cancel() can reach it.
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   const v1::ChunkHeader request_header_;  // Without chunk_ids (a retry asks for the rest).
   const std::vector<Dest> dests_;
   const RetryPolicy retry_;

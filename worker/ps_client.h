@@ -50,6 +50,12 @@ class PendingOp {
   // version received is in version() afterwards.
   virtual absl::Status Wait() = 0;
   virtual int64_t version() const = 0;
+  // A pull stops waiting: its calls end at once and Wait() returns CANCELLED
+  // (chunks already received stay written). For a pull that waits on a
+  // version that will not come, e.g. after this worker's own push was
+  // refused. No effect on a push (its update is applied once or not at all
+  // either way) or on an operation that ended.
+  virtual void Cancel() {}
 };
 
 class PsClient {

@@ -199,12 +199,27 @@ absl::Status RemoteUpdater::ApplyUpdate(int64_t step, Model& model) {
     // PushGradients: the rest of backward's gradients, then running statistics.
     FlushGradients();
     PSTRAIN_RETURN_IF_ERROR(PushRunningStats());
+    // PullNext, in flight while the trainer takes the next batch. In sync
+    // mode it goes out with the pushes rather than after their answers: a
+    // shard answers the pull of version t+1 only once every member's push
+    // of t, this one's included, is applied, so the pull cannot overtake
+    // them (nor write a chunk's values before that chunk's push was sent),
+    // and a step waits one round trip less. Async and ssp pull after the
+    // answers, so that a pull sees this worker's own update.
+    const bool pipelined = options_.mode == v1::CONSISTENCY_SYNC && !need_resync_;
+    ++clock_;
+    if (pipelined) IssuePulls();
     PSTRAIN_RETURN_IF_ERROR(WaitPushes());
     last_applied_ = !need_resync_;  // Else this step's contribution was dropped.
     timings_.push_wait_seconds = absl::ToDoubleSeconds(absl::Now() - apply_start);
-    ++clock_;
-    // PullNext: in flight while the trainer takes the next batch.
-    if (!need_resync_) IssuePulls();
+    if (need_resync_ && pipelined) {
+      // A refused push: version t+1 may wait for it for good. BeforeStep
+      // resynchronises instead.
+      for (PullOp& pull : pulls_) pull.op->Cancel();
+      for (PullOp& pull : pulls_) pull.op->Wait().IgnoreError();
+      pulls_.clear();
+    }
+    if (!pipelined && !need_resync_) IssuePulls();
   }
   timings_.total_seconds = absl::ToDoubleSeconds(absl::Now() - step_start_);
   if (options_.on_step) options_.on_step(timings_);

@@ -294,6 +294,24 @@ TEST(PsClientTest, PullThatCannotBeSatisfiedFailsAtTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+// A pull waiting on a version that will not come (its own push was refused)
+// is cancelled by the updater: it ends at once, not at its deadline.
+TEST(PsClientTest, ACancelledPullEndsAtOnceWithCancelled) {
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0"});
+  auto client = cluster.Client("w0", absl::Seconds(30));
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 7, 0, Dests(pulled));
+  absl::SleepFor(absl::Milliseconds(300));  // Both shards hold it, waiting.
+  const absl::Time start = absl::Now();
+  pull->Cancel();
+  absl::Status status = pull->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  pull->Cancel();  // Again, and on an op that ended: nothing happens.
+  // The client goes on: a pull that can be served is.
+  EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait().ok());
+}
+
 TEST(PsClientTest, UnreachableShardIsUnavailableWithinTheDeadline) {
   const int port = UnusedPort();
   ASSERT_GT(port, 0);

@@ -5,14 +5,17 @@
 // an ABORTED push leads to a resync instead of a failure.
 #include "worker/remote_updater.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunking.h"
 #include "common/model_graph.h"
@@ -156,16 +159,36 @@ class FakeServer {
   bool reject_next_push_ = false;
 };
 
+// What the updater did, in order ("push", "wait push", "pull", "cancel pull").
+class EventLog {
+ public:
+  void Add(const std::string& event) {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+  }
+  std::vector<std::string> Take() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(events_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> events_;
+};
+
 class DoneOp final : public PendingOp {
  public:
-  explicit DoneOp(absl::Status status, int64_t version = 0)
-      : status_(std::move(status)), version_(version) {}
-  absl::Status Wait() override { return status_; }
-  int64_t version() const override { return version_; }
+  explicit DoneOp(absl::Status status, EventLog* log = nullptr)
+      : status_(std::move(status)), log_(log) {}
+  absl::Status Wait() override {
+    if (log_ != nullptr) log_->Add("wait push");
+    return status_;
+  }
+  int64_t version() const override { return 0; }
 
  private:
   absl::Status status_;
-  int64_t version_;
+  EventLog* log_;
 };
 
 // Pull ops run when waited on: the values are read at Wait(), as late as a
@@ -177,14 +200,17 @@ class LazyPullOp final : public PendingOp {
       : server_(server), kind_(kind), min_version_(min_version), slot_(slot),
         dests_(std::move(dests)) {}
   absl::Status Wait() override {
+    if (cancelled_) return absl::CancelledError("pull cancelled");
     absl::StatusOr<int64_t> v = server_->Pull(kind_, min_version_, slot_, dests_);
     if (!v.ok()) return v.status();
     version_ = *v;
     return absl::OkStatus();
   }
   int64_t version() const override { return version_; }
+  void Cancel() override { cancelled_ = true; }
 
  private:
+  bool cancelled_ = false;
   FakeServer* server_;
   v1::ChunkHeader::Kind kind_;
   int64_t min_version_;
@@ -199,12 +225,14 @@ class FakePsClient final : public PsClient {
   std::unique_ptr<PendingOp> Push(v1::ChunkHeader::Kind kind, int64_t version, int worker_clock,
                                   std::vector<ChunkRef> chunks, int slot) override {
     last_push_clock = worker_clock;
-    return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks));
+    log.Add("push");
+    return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks), &log);
   }
   std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
                                   int worker_clock, std::vector<ChunkDest> chunks,
                                   int slot) override {
     last_pull_clock = worker_clock;
+    log.Add("pull");
     return std::make_unique<LazyPullOp>(server_, kind, min_version, slot, std::move(chunks));
   }
   void SetGeneration(int64_t generation) override {}
@@ -212,6 +240,7 @@ class FakePsClient final : public PsClient {
   uint64_t incarnation() const override { return 1; }
 
   int last_push_clock = -1, last_pull_clock = -1;
+  EventLog log;
 
  private:
   FakeServer* server_;
@@ -508,6 +537,37 @@ TEST(RemoteUpdaterTest, AbortedPushIsDroppedAndTheNextStepResyncs) {
   EXPECT_EQ(w->updater->resyncs(), 1);
   for (const ChunkInfo& c : server.plan().chunks) {
     EXPECT_GE(server.Version(c.id), 1) << "chunk " << c.id;
+  }
+}
+
+// Issue 11 (a step's round trips): in sync mode the pull of version t+1
+// goes out with step t's pushes instead of after their answers (the shard
+// holds it until the step is applied); async and ssp pull after the
+// answers, to read their own update.
+TEST(RemoteUpdaterTest, SyncPullsGoOutWithThePushesAsyncAfterTheirAnswers) {
+  for (v1::ConsistencyMode mode : {v1::CONSISTENCY_SYNC, v1::CONSISTENCY_ASYNC}) {
+    FakeServer server(mode, TinyGraph(), TinyPlan(), 1);
+    auto w = Worker::Make(&server, Options(mode, 0), 4);
+    ASSERT_TRUE(w->updater->Start().ok());
+    ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
+    ASSERT_TRUE(w->Compute(0).ok());
+    w->client->log.Take();
+    ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+    const std::vector<std::string> events = w->client->log.Take();
+    const auto first_wait = std::find(events.begin(), events.end(), "wait push");
+    const auto pull = std::find(events.begin(), events.end(), "pull");
+    ASSERT_NE(first_wait, events.end());
+    ASSERT_NE(pull, events.end());
+    if (mode == v1::CONSISTENCY_SYNC) {
+      EXPECT_LT(pull, first_wait) << absl::StrJoin(events, ", ");
+    } else {
+      EXPECT_EQ(std::find(pull, events.end(), "wait push"), events.end())
+          << absl::StrJoin(events, ", ");
+    }
+    // Either way the next step starts from the applied update.
+    ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
+    EXPECT_EQ(w->updater->version(), 1);
+    EXPECT_EQ(w->updater->resyncs(), 0);
   }
 }
 
