@@ -226,12 +226,13 @@ class PushCall final : public GenericReactor {
         frames_(std::move(frames)),
         retry_(retry),
         attempt_(attempt) {
-    ctx_.set_deadline(AttemptDeadline(retry_));
-    ctx_.set_wait_for_ready(true);
+    ctx_->set_deadline(AttemptDeadline(retry_));
+    ctx_->set_wait_for_ready(true);
   }
 
   void Start() {
-    shard_->push_stub->PrepareBidiStreamingCall(&ctx_, kPushMethod, grpc::StubOptions(), this);
+    shard_->push_stub->PrepareBidiStreamingCall(ctx_.get(), kPushMethod, grpc::StubOptions(), this);
+    if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
     BeforeGrpc(&reply_);
     StartRead(&reply_);
     WriteNext();
@@ -261,9 +262,11 @@ class PushCall final : public GenericReactor {
     AfterGrpc(this);
     AfterGrpc(&reply_);
     AfterGrpc(&buffer_);
+    op_->Unregister(ctx_.get());
     const absl::Status result = CallStatus(status, reached_server_, shard_->address, "push");
     const absl::Duration backoff = RetryBackoff(attempt_ + 1);
-    if (!encode_failed_ && RetryableCall(result) && absl::Now() + backoff < retry_.deadline) {
+    if (!encode_failed_ && RetryableCall(result) && !op_->cancelled() &&
+        absl::Now() + backoff < retry_.deadline) {
       // The same frames with the same update id: what the shard applied
       // before the failure is acknowledged, not applied again.
       auto* again = new PushCall(shard_, op_, header_, frames_, retry_, attempt_ + 1);
@@ -306,7 +309,7 @@ class PushCall final : public GenericReactor {
     if (!encoded.ok()) {
       encode_failed_ = true;
       op_->Fail(encoded);
-      ctx_.TryCancel();
+      ctx_->TryCancel();
       return;
     }
     BeforeGrpc(&buffer_);
@@ -315,7 +318,8 @@ class PushCall final : public GenericReactor {
 
   const std::shared_ptr<ShardChannel> shard_;
   const std::shared_ptr<OpState> op_;
-  grpc::ClientContext ctx_;
+  // Shared with OpState's registry (weakly) so that Cancel() can reach it.
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   v1::ChunkHeader header_;
   const std::vector<Frame> frames_;
   const RetryPolicy retry_;
@@ -503,6 +507,7 @@ class GrpcPsClient final : public PsClient {
     header.set_incarnation(incarnation_);
     header.set_update_seq(next_update_seq_.fetch_add(1));
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    Track(op);
     const RetryPolicy retry = Retry();
     if (encoder_ != nullptr && kind == v1::ChunkHeader::KIND_GRADIENT) {
       // Encoded on the encoder thread, in Push order, never on the caller's
@@ -532,6 +537,7 @@ class GrpcPsClient final : public PsClient {
     const v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
     std::vector<PullCall*> calls;
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    Track(op);
     const RetryPolicy retry = Retry();
     for (size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
@@ -554,7 +560,36 @@ class GrpcPsClient final : public PsClient {
   const ChunkPlan& plan() const override { return plan_; }
   uint64_t incarnation() const override { return incarnation_; }
 
+  void CancelAll() override {
+    std::vector<std::shared_ptr<OpState>> live;
+    {
+      absl::MutexLock lock(&live_mu_);
+      cancelled_all_ = true;
+      for (const std::weak_ptr<OpState>& weak : live_ops_) {
+        if (std::shared_ptr<OpState> op = weak.lock()) live.push_back(std::move(op));
+      }
+      live_ops_.clear();
+    }
+    for (const auto& op : live) op->Cancel();
+  }
+
  private:
+  // Keeps a weak reference to every operation for CancelAll(); one made
+  // after it is cancelled at once.
+  void Track(const std::shared_ptr<OpState>& op) {
+    {
+      absl::MutexLock lock(&live_mu_);
+      if (!cancelled_all_) {
+        live_ops_.erase(std::remove_if(live_ops_.begin(), live_ops_.end(),
+                                       [](const std::weak_ptr<OpState>& w) { return w.expired(); }),
+                        live_ops_.end());
+        live_ops_.push_back(op);
+        return;
+      }
+    }
+    op->Cancel();
+  }
+
   RetryPolicy Retry() const {
     return {absl::Now() + options_.rpc_timeout,
             std::min(options_.attempt_timeout, options_.rpc_timeout)};
@@ -645,6 +680,9 @@ class GrpcPsClient final : public PsClient {
   // Constant after construction; calls in flight share ownership, so a
   // PendingOp may outlive the client.
   std::vector<std::shared_ptr<ShardChannel>> shards_;
+  absl::Mutex live_mu_;
+  std::vector<std::weak_ptr<OpState>> live_ops_ ABSL_GUARDED_BY(live_mu_);
+  bool cancelled_all_ ABSL_GUARDED_BY(live_mu_) = false;
 
   // Gradient compression (Options::compression), when on: the encoder and
   // its residuals belong to encoder_thread_.

@@ -50,11 +50,12 @@ class PendingOp {
   // version received is in version() afterwards.
   virtual absl::Status Wait() = 0;
   virtual int64_t version() const = 0;
-  // A pull stops waiting: its calls end at once and Wait() returns CANCELLED
-  // (chunks already received stay written). For a pull that waits on a
-  // version that will not come, e.g. after this worker's own push was
-  // refused. No effect on a push (its update is applied once or not at all
-  // either way) or on an operation that ended.
+  // The operation's calls end at once and Wait() returns CANCELLED. A pull
+  // keeps the chunks it received; a push's update may have been applied on
+  // some chunks and not others, as with a cut stream (each chunk's at most
+  // once). For a pull that waits on a version that will not come (this
+  // worker's own push was refused) and for a run that stops (CancelAll).
+  // No effect on an operation that ended.
   virtual void Cancel() {}
 };
 
@@ -110,6 +111,12 @@ class PsClient {
   virtual const ChunkPlan& plan() const = 0;
   // The non-zero incarnation of this client's update ids.
   virtual uint64_t incarnation() const = 0;
+  // Every operation in flight, and every later one, ends at once with
+  // CANCELLED (PendingOp::Cancel for pushes too: a push's update is then
+  // applied on some shards, or chunks, and not on others, as when its
+  // streams are cut). For a run that stops: a worker shutting down while
+  // the servers are gone must not wait out rpc_timeout on each call.
+  virtual void CancelAll() {}
 };
 
 }  // namespace pstrain

@@ -125,8 +125,12 @@ class RemoteUpdater final : public ParameterUpdater {
   // local steps are left over).
   absl::Status Finish();
 
-  // Makes the next BeforeStep (and any resync) return CANCELLED.
-  void Cancel() { cancelled_.store(true); }
+  // Makes the next BeforeStep (and any resync) return CANCELLED, and every
+  // push and pull in flight end at once (PsClient::CancelAll). Any thread.
+  void Cancel() {
+    cancelled_.store(true);
+    client_->CancelAll();
+  }
   bool cancelled() const { return cancelled_.load(); }
   // The worker's rank after a membership change (who pushes running
   // statistics in async and ssp).

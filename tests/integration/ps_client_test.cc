@@ -312,6 +312,44 @@ TEST(PsClientTest, ACancelledPullEndsAtOnceWithCancelled) {
   EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait().ok());
 }
 
+// A run that stops (a worker shutting down while the servers are gone too)
+// ends every call at once instead of waiting out rpc_timeout on each: a
+// SIGTERM'd worker took 2 minutes to exit in the emulated cluster.
+TEST(PsClientTest, CancelAllEndsEveryCallAtOnceAndEveryLaterOne) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  Cluster cluster(v1::CONSISTENCY_SYNC, 1, {"w0"});
+  PsClient::Options options;
+  options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};  // Nobody there.
+  options.job_id = kJob;
+  options.worker_id = "w0";
+  options.rpc_timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> gone, PsClient::Create(options, cluster.plan()));
+  std::vector<std::vector<float>> g = cluster.Buffers(1.0f);
+  std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
+  auto push = gone->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g));
+  auto pull = gone->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled));
+  absl::SleepFor(absl::Milliseconds(300));  // Both retrying.
+  const absl::Time start = absl::Now();
+  gone->CancelAll();
+  EXPECT_EQ(push->Wait().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(pull->Wait().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Later operations end at once too.
+  EXPECT_EQ(gone->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait().code(),
+            absl::StatusCode::kCancelled);
+
+  // Against a live shard: a pull waiting on a version ends at once.
+  auto client = cluster.Client("w0", absl::Seconds(30));
+  auto waiting = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 9, 0, Dests(pulled));
+  absl::SleepFor(absl::Milliseconds(300));
+  client->CancelAll();
+  EXPECT_EQ(waiting->Wait().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(cluster.shard(0).stats().pushes, 0);  // Nothing reached the shard.
+}
+
 TEST(PsClientTest, UnreachableShardIsUnavailableWithinTheDeadline) {
   const int port = UnusedPort();
   ASSERT_GT(port, 0);
