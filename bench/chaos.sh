@@ -113,11 +113,20 @@ start_cluster() {
 status() {
   "$BIN/pstrain" --server "$SERVER" --timeout-ms 5000 status "$1" --json 2>/dev/null | tail -1 || true
 }
-field() { python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('$2', ''))" "$1" 2>/dev/null; }
+# field STATUS_JSON PATH -> a field of the JobStatus (proto3 JSON: "state" is
+# JOB_STATE_..., int64 fields are strings; PATH may go into messages: test.accuracy).
+field() {
+  python3 -c "
+import json, sys
+value = json.loads(sys.argv[1])
+for key in sys.argv[2].split('.'):
+    value = value.get(key, '') if isinstance(value, dict) else ''
+print(value)" "$1" "$2" 2>/dev/null
+}
 # epoch_samples STATUS_JSON -> "60000/60000 60000/60000 ..." (samples trained
 # per epoch / the epoch's size, JobStatus.epoch_samples).
 epoch_samples() {
-  python3 -c "import json,sys; print(' '.join('%d/%d' % (e['samples'], e['expected']) for e in json.loads(sys.argv[1]).get('epoch_samples', [])) or '-')" "$1" 2>/dev/null
+  python3 -c "import json,sys; print(' '.join('%s/%s' % (e['samples'], e['expected']) for e in json.loads(sys.argv[1]).get('epoch_samples', [])) or '-')" "$1" 2>/dev/null
 }
 
 # job_with_seed SEED -> the path of a copy of $JOB with that seed (its
@@ -164,7 +173,7 @@ wait_job() {
   while true; do
     s=$(status "$job")
     state=$(field "$s" state)
-    case $state in SUCCEEDED | FAILED | CANCELLED) FINAL=$s; return ;; esac
+    case $state in JOB_STATE_SUCCEEDED | JOB_STATE_FAILED | JOB_STATE_CANCELLED) FINAL=$s; return ;; esac
     if (($(date +%s) > deadline)); then
       echo "chaos: $job did not end within ${JOB_TIMEOUT_S}s (last status: $s)" >&2
       FINAL=$s
@@ -208,19 +217,19 @@ for mode in "${MODES[@]}"; do
   CHAOS=0
   run_job "$mode"
   ref_wall=$wall
-  ref_acc=$(field "$s" test_accuracy)
+  ref_acc=$(field "$s" test.accuracy)
   ref_steps=$(field "$s" total_steps)
   report "undisturbed: state $(field "$s" state) test_accuracy $ref_acc wall ${ref_wall}s" \
          "steps $ref_steps samples per epoch $(epoch_samples "$s")"
-  [[ $(field "$s" state) == SUCCEEDED ]] || { report "the undisturbed run failed: $s"; continue; }
+  [[ $(field "$s" state) == JOB_STATE_SUCCEEDED ]] || { report "the undisturbed run failed: $s"; continue; }
   # The noise floor: the same job undisturbed with other seeds.
   if [[ -n $NOISE_SEEDS ]]; then
     accs=("$ref_acc")
     for seed in $NOISE_SEEDS; do
       run_job "$mode" "$(job_with_seed "$seed")"
-      report "undisturbed, seed $seed: state $(field "$s" state) test_accuracy $(field "$s" test_accuracy)" \
+      report "undisturbed, seed $seed: state $(field "$s" state) test_accuracy $(field "$s" test.accuracy)" \
              "wall ${wall}s"
-      [[ $(field "$s" state) == SUCCEEDED ]] && accs+=("$(field "$s" test_accuracy)")
+      [[ $(field "$s" state) == JOB_STATE_SUCCEEDED ]] && accs+=("$(field "$s" test.accuracy)")
     done
     report "noise floor ($mode, seeds $SEED $NOISE_SEEDS, undisturbed): $(python3 -c "
 import statistics, sys
@@ -243,12 +252,12 @@ print('accuracy %.2f..%.2f, range %.2f points, stdev %.2f points; seed %s vs the
   while (($(date +%s) + KILL_EVERY < CHAOS_END)); do
     run_job "$mode"
     state=$(field "$s" state)
-    acc=$(field "$s" test_accuracy)
+    acc=$(field "$s" test.accuracy)
     delta=""
     jobs_run=$((jobs_run + 1))
     lost=$(python3 -c "print(round(max(0.0, $wall - $ref_wall), 1))")
     lost_total=$(python3 -c "print($lost_total + $lost)")
-    if [[ $state == SUCCEEDED ]]; then
+    if [[ $state == JOB_STATE_SUCCEEDED ]]; then
       jobs_ok=$((jobs_ok + 1))
       delta=$(python3 -c "print(round(100 * (float('$acc') - $ref_acc), 2))")
       sum_delta=$(python3 -c "print($sum_delta + $delta)")
@@ -258,7 +267,7 @@ print('accuracy %.2f..%.2f, range %.2f points, stdev %.2f points; seed %s vs the
     steps_lost_total=$((steps_lost_total + ${steps_lost:-0}))
     report "  $job: state $state test_accuracy ${acc:-?} (${delta:-?} points) wall ${wall}s" \
            "(+${lost}s) runs $(field "$s" runs) steps_lost ${steps_lost:-?}" \
-           "workers_lost $(field "$s" workers_lost) samples per epoch $(epoch_samples "$s")$([[ $state != SUCCEEDED ]] && echo " reason: $(field "$s" reason)")"
+           "workers_lost $(field "$s" workers_lost) samples per epoch $(epoch_samples "$s")$([[ $state != JOB_STATE_SUCCEEDED ]] && echo " reason: $(field "$s" reason)")"
   done
   for n in server0 shard1; do DUPLICATES=$((DUPLICATES + $(duplicates "$n"))); done
   printf '%s' "$KILLS_LOG" >>"$OUT/kills-$mode.txt"

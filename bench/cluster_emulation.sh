@@ -406,7 +406,7 @@ PY
       --epochs "$FMNIST_EPOCHS" --compression "$codec" --watch --json 2>&1 | tail -1) || true
     t1=$(date +%s.%N)
     stop_processes
-    final=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('test_accuracy', 'nan'))" "$out" 2>/dev/null || echo nan)
+    final=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]).get('test', {}).get('accuracy', 'nan'))" "$out" 2>/dev/null || echo nan)
     tta="not reached"
     e=0
     for ckpt in $(ls "$STATE"/state0/jobs/*/checkpoints/ckpt-*.ckpt 2>/dev/null | sort); do

@@ -25,7 +25,14 @@ mkdir -p "$OUT"
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
-json_field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+# json_field PATH < the CLI's output -> a field of its last line, a JobStatus
+# in proto3 JSON (PATH may go into messages: test.accuracy).
+json_field() {
+  python3 -c "
+import functools, json, sys
+status = json.loads(sys.stdin.read().strip().splitlines()[-1])
+print(functools.reduce(lambda value, key: value[key], sys.argv[1].split('.'), status))" "$1"
+}
 
 PIDS=()
 stop_cluster() {
@@ -59,7 +66,7 @@ distributed() {
         --mode "$mode" --epochs "$epochs" --watch --json "$@" 2>&1 | tail -1)
   t1=$(date +%s.%N)
   stop_cluster
-  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))")"
+  echo "$(echo "$out" | json_field test.accuracy) $(python3 -c "print(round($t1-$t0,1))")"
 }
 
 # The value of an unlabelled counter on the server's /metrics.
@@ -79,7 +86,7 @@ compressed() {
   received=$(metric pstrain_server_push_bytes_total)
   represented=$(metric pstrain_server_push_represented_bytes_total)
   stop_cluster
-  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))") \
+  echo "$(echo "$out" | json_field test.accuracy) $(python3 -c "print(round($t1-$t0,1))") \
 $(echo "$out" | json_field step) $received $represented"
 }
 
@@ -89,7 +96,7 @@ standalone() {
   t0=$(date +%s.%N)
   out=$("$BIN/pstrain-worker" --standalone "$1" --device cpu --epochs "$2" --batch "$3" --checkpoint none)
   t1=$(date +%s.%N)
-  echo "$(echo "$out" | json_field test_accuracy) $(python3 -c "print(round($t1-$t0,1))")"
+  echo "$(echo "$out" | json_field test.accuracy) $(python3 -c "print(round($t1-$t0,1))")"
 }
 
 report() { echo "$*" | tee -a "$OUT/results.txt"; }

@@ -8,6 +8,16 @@
 //   int code = RunCli({"--server", "127.0.0.1:7070", "status", "job-1", "--json"}, env,
 //                     std::cout, std::cerr);
 //
+// `--json` prints the proto3 JSON mapping of the RPC's response on one line
+// (status and submit: v1.JobStatus; list: v1.ListJobsResponse; workers:
+// v1.ListWorkersResponse), the same object as Python's
+// json_format.MessageToDict(..., preserving_proto_field_name=True,
+// including_default_value_fields=True) of the message the Python client gets.
+//
+// Options are Abseil flags, parsed per command (never
+// absl::ParseCommandLine): "--name value", "--name=value", "--noname" for a
+// switch; each call starts from the flags' defaults.
+//
 // Global options (anywhere on the line): --server HOST:PORT (else
 // $PSTRAIN_SERVER, else 127.0.0.1:7070); TLS with --tls-ca FILE (the
 // servers' CA; else $PSTRAIN_TLS_CA), --tls-cert/--tls-key FILE for mTLS
@@ -22,7 +32,9 @@
 // failed, cancelled or unknown job or an RPC error, 2 a usage error or an
 // invalid job spec.
 //
-// Threads: RunCli may run on any thread; it blocks until the command ends.
+// Threads: RunCli may run on any thread, and on several at once (each call
+// parses and reads the process-wide flags under one lock); it blocks until
+// the command ends.
 #ifndef PSTRAIN_CLIENT_CLI_H_
 #define PSTRAIN_CLIENT_CLI_H_
 
@@ -53,12 +65,6 @@ struct CliEnvironment {
 // Runs `pstrain ARGS...` (ARGS without the program name); returns the exit code.
 int RunCli(const std::vector<std::string>& args, const CliEnvironment& env, std::ostream& out,
            std::ostream& err);
-
-// One JSON object (a single line) describing a job: job_id, name, state,
-// reason, epoch, epochs, step, total_steps, loss, train_accuracy,
-// samples_per_sec, workers, workers_lost, test_accuracy, precision, recall,
-// f1, test_loss, test_samples, confusion (rows).
-std::string JobStatusJson(const v1::JobStatus& status);
 
 // "SUCCEEDED", "RUNNING", ... (the enum name without its prefix).
 std::string JobStateName(v1::JobState state);

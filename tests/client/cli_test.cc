@@ -1,13 +1,15 @@
 // The pstrain CLI against an in-process fake Coordinator on 127.0.0.1: usage
-// errors, --json shapes, exit codes by job state, download, and deadlines
-// when the server does not answer.
+// errors, option spellings, --json as the proto3 JSON mapping of the RPC's
+// message, exit codes by job state, download, and deadlines when the server
+// does not answer.
 #include "client/cli.h"
 
-#include <grpcpp/grpcpp.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.grpc.pb.h"
 
@@ -228,6 +231,19 @@ class CliTest : public ::testing::Test {
     return parsed;
   }
 
+  // The last non-empty stdout line, parsed as a `Message` (which fails on a
+  // field the message does not have).
+  template <typename Message>
+  Message LastLineAs() {
+    std::vector<std::string> lines = absl::StrSplit(out_.str(), '\n', absl::SkipEmpty());
+    Message parsed;
+    EXPECT_FALSE(lines.empty());
+    if (lines.empty()) return parsed;
+    auto status = google::protobuf::util::JsonStringToMessage(lines.back(), &parsed);
+    EXPECT_TRUE(status.ok()) << status << " in: " << lines.back();
+    return parsed;
+  }
+
   FakeCoordinator fake_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -255,13 +271,105 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
 }
 
 TEST_F(CliTest, EverySubcommandHasHelp) {
-  for (const char* command :
-       {"submit", "status", "list", "watch", "cancel", "download", "workers", "summary"}) {
-    EXPECT_EQ(Run({command, "--help"}), 0) << command;
-    EXPECT_THAT(out_.str(), HasSubstr(std::string("usage: pstrain ") + command)) << command;
+  for (const char* command : {"submit", "status", "report", "list", "watch", "cancel", "download",
+                              "export", "prepare", "workers", "summary", "health"}) {
+    for (const char* help : {"--help", "-h"}) {
+      EXPECT_EQ(Run({command, help}), 0) << command;
+      EXPECT_THAT(out_.str(), HasSubstr(std::string("usage: pstrain ") + command)) << command;
+    }
   }
   EXPECT_EQ(RunCliRaw({"--help"}), 0);
   EXPECT_THAT(out_.str(), HasSubstr("download JOB -o FILE"));
+}
+
+// The option lists of --help come from the flags' help texts and defaults.
+TEST_F(CliTest, HelpListsTheFlagsWithTheirDefaults) {
+  ASSERT_EQ(Run({"submit", "--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("--averaging-frequency N"));
+  EXPECT_THAT(out_.str(), HasSubstr("local steps between parameter averages"));
+  EXPECT_THAT(out_.str(), HasSubstr("--watch "));
+  EXPECT_THAT(out_.str(), Not(HasSubstr("--watch WATCH")));  // A switch takes no value.
+  ASSERT_EQ(Run({"download", "--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("-o, --output FILE"));
+  ASSERT_EQ(RunCliRaw({"--help"}), 0);
+  EXPECT_THAT(out_.str(), HasSubstr("--timeout-ms N"));
+  EXPECT_THAT(out_.str(), HasSubstr("(default: 10000)"));
+  EXPECT_THAT(out_.str(), HasSubstr("--tls-server-name"));
+}
+
+// Every spelling the CLI always took still works, global options anywhere.
+TEST_F(CliTest, OptionSpellings) {
+  ASSERT_EQ(RunCliRaw({"submit", ExampleJob(), "--server=" + address_, "--mode=average",
+                       "--averaging-frequency", "7", "--epochs=3", "--nowatch"}),
+            0)
+      << err_.str();
+  ASSERT_EQ(RunCliRaw({"submit", ExampleJob(), "--averaging_frequency=9", "--server", address_,
+                       "--workers", "2", "--json=false"}),
+            0)
+      << err_.str();
+  EXPECT_EQ(out_.str(), "job-1\n");
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    ASSERT_EQ(fake_.submitted.size(), 2u);
+    EXPECT_EQ(fake_.submitted[0].mode(), v1::CONSISTENCY_AVERAGE);
+    EXPECT_EQ(fake_.submitted[0].averaging_frequency(), 7);
+    EXPECT_EQ(fake_.submitted[0].epochs(), 3);
+    EXPECT_EQ(fake_.submitted[1].averaging_frequency(), 9);
+    EXPECT_EQ(fake_.submitted[1].workers(), 2);
+  }
+  EXPECT_EQ(Run({"download", "job-1", "--output=" + (dir_ / "a.ckpt").string()}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("no checkpoint yet"));  // Parsed, then asked the server.
+  EXPECT_EQ(Run({"download", "job-1", "-o=" + (dir_ / "a.ckpt").string()}), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("no checkpoint yet"));
+  EXPECT_EQ(Run({"--timeout-ms", "0", "list"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--timeout-ms must be a positive integer"));
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--workers", "many"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--workers: 'many' is not a valid N"));
+}
+
+// Flags are process-wide: each RunCli starts from the defaults again.
+TEST_F(CliTest, EveryCallStartsFromTheDefaults) {
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--workers", "3", "--epochs", "4", "--json"}), 0)
+      << err_.str();
+  ASSERT_EQ(Run({"submit", ExampleJob()}), 0) << err_.str();
+  EXPECT_EQ(out_.str(), "job-1\n");  // No --json left over.
+  absl::MutexLock lock(&fake_.mu_);
+  ASSERT_EQ(fake_.submitted.size(), 2u);
+  EXPECT_EQ(fake_.submitted[0].workers(), 3);
+  EXPECT_NE(fake_.submitted[1].workers(), 3);  // The job file's.
+  EXPECT_NE(fake_.submitted[1].epochs(), 4);
+}
+
+// Flags are process-wide, and RunCli may run on several threads at once:
+// each call sees its own options (prepare refuses each --format by name,
+// without a server, so that the calls overlap as much as they can).
+TEST_F(CliTest, ConcurrentCallsKeepTheirOwnOptions) {
+  constexpr int kCalls = 2000;
+  auto prepare = [&](const std::string& format, int* mixed_up) {
+    for (int i = 0; i < kCalls; ++i) {
+      std::ostringstream out, err;
+      const int code =
+          RunCli({"prepare", "--format", format, "--path", "x", "-o", "y"}, env_, out, err);
+      if (code != 2 || err.str().find("got '" + format + "'") == std::string::npos) ++*mixed_up;
+    }
+  };
+  int mixed_up_a = 0, mixed_up_b = 0;
+  std::thread a(prepare, "format-a", &mixed_up_a);
+  std::thread b(prepare, "format-b", &mixed_up_b);
+  a.join();
+  b.join();
+  EXPECT_EQ(mixed_up_a, 0);
+  EXPECT_EQ(mixed_up_b, 0);
+}
+
+TEST_F(CliTest, AnOptionOfAnotherCommandIsAUsageError) {
+  EXPECT_EQ(Run({"status", "job-1", "--workers", "3"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown option '--workers'"));
+  EXPECT_THAT(err_.str(), HasSubstr("usage: pstrain status"));
+  EXPECT_EQ(Run({"list", "--flagfile=/etc/passwd"}), 2);  // Abseil's own flags too.
+  EXPECT_THAT(err_.str(), HasSubstr("unknown option '--flagfile=/etc/passwd'"));
+  EXPECT_EQ(Run({"list", "--nojson=1"}), 2);
+  EXPECT_EQ(Run({"watch", "job-1", "--noservice"}), 2);
 }
 
 TEST_F(CliTest, InvalidSpecIsRejectedLocallyWithExitTwo) {
@@ -290,10 +398,10 @@ TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
                  "--epochs", "4", "--json"}),
             0)
       << err_.str();
-  google::protobuf::Struct json = LastLineJson();
-  EXPECT_EQ(json.fields().at("job_id").string_value(), "job-1");
-  EXPECT_EQ(json.fields().at("state").string_value(), "QUEUED");
-  EXPECT_TRUE(json.fields().contains("test_accuracy"));
+  const v1::JobStatus status = LastLineAs<v1::JobStatus>();
+  EXPECT_EQ(status.job_id(), "job-1");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(status.spec().workers(), 3);
   absl::MutexLock lock(&fake_.mu_);
   ASSERT_EQ(fake_.submitted.size(), 1u);
   const v1::JobSpec& spec = fake_.submitted[0];
@@ -311,9 +419,9 @@ TEST_F(CliTest, SubmitWatchJsonEndsWithTheFinalStateAndExitsByIt) {
     fake_.watch_events = {Running("job-1", 100), Running("job-1", 900), Succeeded("job-1")};
   }
   ASSERT_EQ(Run({"submit", ExampleJob(), "--watch", "--json"}), 0) << err_.str();
-  google::protobuf::Struct json = LastLineJson();
-  EXPECT_EQ(json.fields().at("state").string_value(), "SUCCEEDED");
-  EXPECT_DOUBLE_EQ(json.fields().at("test_accuracy").number_value(), 0.75);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(LastLineAs<v1::JobStatus>(),
+                                                                 Succeeded("job-1")))
+      << out_.str();
   EXPECT_THAT(out_.str(), HasSubstr("step 900/1874"));
   EXPECT_THAT(out_.str(), HasSubstr("true\\pred"));  // The confusion matrix.
 
@@ -326,29 +434,39 @@ TEST_F(CliTest, SubmitWatchJsonEndsWithTheFinalStateAndExitsByIt) {
     fake_.watch_events = {Running("job-1", 5), failed};
   }
   EXPECT_EQ(Run({"submit", ExampleJob(), "--watch", "--json"}), 1);
-  json = LastLineJson();
-  EXPECT_EQ(json.fields().at("state").string_value(), "FAILED");
+  google::protobuf::Struct json = LastLineJson();
+  EXPECT_EQ(json.fields().at("state").string_value(), "JOB_STATE_FAILED");
   EXPECT_EQ(json.fields().at("reason").string_value(), "worker-2: training diverged");
 }
 
-TEST_F(CliTest, StatusJsonHasEveryDocumentedField) {
+TEST_F(CliTest, StatusJsonIsTheProto3MappingOfJobStatus) {
+  v1::JobStatus job = Succeeded("job-9");
+  job.set_reason("all 2 workers \"finished\"\n");
   {
     absl::MutexLock lock(&fake_.mu_);
-    v1::JobStatus s = Succeeded("job-9");
-    s.set_reason("all 2 workers \"finished\"");
-    fake_.jobs["job-9"] = s;
+    fake_.jobs["job-9"] = job;
   }
   ASSERT_EQ(Run({"status", "job-9", "--json"}), 0) << err_.str();
+  const std::string out = out_.str();
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;  // One line.
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(LastLineAs<v1::JobStatus>(), job))
+      << out_.str();
+  // The mapping: names as in the .proto, enums by name, 64-bit integers as
+  // strings, defaults printed, unset messages left out.
   google::protobuf::Struct json = LastLineJson();
-  for (const char* key : {"job_id", "state", "test_accuracy", "precision", "recall", "f1", "step",
-                          "epoch", "reason", "loss", "samples_per_sec", "workers", "confusion"}) {
-    EXPECT_TRUE(json.fields().contains(key)) << key;
-  }
-  EXPECT_EQ(json.fields().at("reason").string_value(), "all 2 workers \"finished\"");
-  EXPECT_DOUBLE_EQ(json.fields().at("f1").number_value(), 0.71);
-  EXPECT_DOUBLE_EQ(json.fields().at("step").number_value(), 1874);
+  EXPECT_EQ(json.fields().at("state").string_value(), "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(json.fields().at("reason").string_value(), "all 2 workers \"finished\"\n");
+  EXPECT_EQ(json.fields().at("step").string_value(), "1874");
+  EXPECT_DOUBLE_EQ(json.fields().at("epoch").number_value(), 2);
+  EXPECT_DOUBLE_EQ(json.fields().at("runs").number_value(), 0);
+  EXPECT_EQ(json.fields().at("stragglers").list_value().values_size(), 0);
   EXPECT_EQ(json.fields().at("workers").list_value().values_size(), 2);
-  EXPECT_EQ(json.fields().at("confusion").list_value().values_size(), 2);
+  const google::protobuf::Struct& test = json.fields().at("test").struct_value();
+  EXPECT_DOUBLE_EQ(test.fields().at("f1").number_value(), 0.71);
+  EXPECT_EQ(test.fields().at("samples").string_value(), "4");
+  EXPECT_EQ(test.fields().at("confusion").list_value().values_size(), 4);
+  EXPECT_TRUE(json.fields().contains("total_steps"));
+  EXPECT_TRUE(json.fields().contains("samples_per_sec"));
 
   EXPECT_EQ(Run({"status", "job-9"}), 0);
   EXPECT_THAT(out_.str(), HasSubstr("accuracy 0.7500"));
@@ -404,6 +522,26 @@ TEST_F(CliTest, ListAndWorkersPrintTables) {
   EXPECT_THAT(out_.str(), HasSubstr("worker-7"));
   EXPECT_THAT(out_.str(), HasSubstr("gpu-node-3"));
   EXPECT_THAT(out_.str(), HasSubstr("busy"));
+}
+
+TEST_F(CliTest, ListAndWorkersJsonAreTheirResponses) {
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.jobs["job-1"] = Succeeded("job-1");
+    fake_.jobs["job-2"] = Running("job-2", 7);
+  }
+  ASSERT_EQ(Run({"list", "--json"}), 0) << err_.str();
+  const auto jobs = LastLineAs<v1::ListJobsResponse>();
+  ASSERT_EQ(jobs.jobs_size(), 2) << out_.str();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(jobs.jobs(0), Succeeded("job-1")));
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(jobs.jobs(1), Running("job-2", 7)));
+  ASSERT_EQ(Run({"workers", "--json"}), 0) << err_.str();
+  const auto workers = LastLineAs<v1::ListWorkersResponse>();
+  ASSERT_EQ(workers.workers_size(), 1) << out_.str();
+  EXPECT_EQ(workers.workers(0).worker_id(), "worker-7");
+  EXPECT_EQ(workers.workers(0).info().gpus(), 2);
+  EXPECT_TRUE(workers.workers(0).alive());
 }
 
 TEST_F(CliTest, DownloadWritesAVerifiedCheckpoint) {

@@ -306,8 +306,8 @@ python3 - "$WORK/logs/job.log" <<'EOF' || fail "the CLI's last line does not say
 import json, sys
 status = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print("job %s: %s, test accuracy %s" % (status.get("job_id"), status.get("state"),
-                                        status.get("test_accuracy")))
-sys.exit(0 if "SUCCEEDED" in str(status.get("state")) else 1)
+                                        status.get("test", {}).get("accuracy")))
+sys.exit(0 if status.get("state") == "JOB_STATE_SUCCEEDED" else 1)
 EOF
 
 # ---- 5. scrape ----------------------------------------------------------------

@@ -7,7 +7,7 @@
 //   LocalCluster cluster({.workers = 2});
 //   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
 //   CommandResult r = cluster.Cli({"submit", job, "--workers", "2", "--watch", "--json"});
-//   auto json = ParseJson(r.LastLine());
+//   v1::JobStatus status = ParseJobStatus(r.LastLine());
 #ifndef PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
 #define PSTRAIN_TESTS_INTEGRATION_CLUSTER_H_
 
@@ -25,6 +25,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "pstrain/v1/service.pb.h"
 #include "tests/integration/process_util.h"
 
 namespace pstrain::testing {
@@ -222,6 +223,15 @@ inline google::protobuf::Struct ParseJson(const std::string& text) {
   google::protobuf::Struct out;
   auto status = google::protobuf::util::JsonStringToMessage(text, &out);
   EXPECT_TRUE(status.ok()) << "not JSON: " << text;
+  return out;
+}
+
+// Parses the JobStatus that `status --json` and `submit --json` print (the
+// proto3 JSON mapping; a field JobStatus does not have fails the test).
+inline v1::JobStatus ParseJobStatus(const std::string& text) {
+  v1::JobStatus out;
+  auto status = google::protobuf::util::JsonStringToMessage(text, &out);
+  EXPECT_TRUE(status.ok()) << status << ": not a JobStatus: " << text;
   return out;
 }
 

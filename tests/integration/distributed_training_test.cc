@@ -6,6 +6,7 @@
 #include <iterator>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_replace.h"
@@ -29,30 +30,27 @@ class DistributedTrainingTest : public ::testing::Test {
 };
 
 // Submits with --watch --json and returns the final JSON object.
-google::protobuf::Struct SubmitAndWatch(LocalCluster& cluster, const std::string& job,
-                                        const std::string& mode, int workers, int* exit_code,
-                                        std::vector<std::string> extra = {}) {
+v1::JobStatus SubmitAndWatch(LocalCluster& cluster, const std::string& job, const std::string& mode,
+                             int workers, int* exit_code, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"submit", job, "--workers", absl::StrCat(workers), "--mode",
                                    mode, "--watch", "--json"};
   args.insert(args.end(), extra.begin(), extra.end());
   CommandResult r = cluster.Cli(args);
   *exit_code = r.exit_code;
   EXPECT_EQ(r.exit_code, 0) << r.output << "\n" << cluster.Logs();
-  return ParseJson(r.LastLine());
+  return ParseJobStatus(r.LastLine());
 }
 
-// Every one of `epochs` epochs of the status JSON `s` counts `size` samples
-// trained (JobStatus.epoch_samples).
-void ExpectEveryEpochTrainedOnce(const google::protobuf::Struct& s, int epochs, int64_t size,
+// Every one of `epochs` epochs of `s` counts `size` samples trained
+// (JobStatus.epoch_samples).
+void ExpectEveryEpochTrainedOnce(const v1::JobStatus& s, int epochs, int64_t size,
                                  const std::string& context) {
-  ASSERT_TRUE(s.fields().contains("epoch_samples")) << context;
-  const auto& list = s.fields().at("epoch_samples").list_value();
-  ASSERT_EQ(list.values_size(), epochs) << context;
+  ASSERT_EQ(s.epoch_samples_size(), epochs) << context;
   for (int e = 0; e < epochs; ++e) {
-    const google::protobuf::Struct& row = list.values(e).struct_value();
-    EXPECT_EQ(NumberField(row, "epoch"), e) << context;
-    EXPECT_EQ(NumberField(row, "samples"), size) << "epoch " << e << "\n" << context;
-    EXPECT_EQ(NumberField(row, "expected"), size) << "epoch " << e << "\n" << context;
+    const v1::EpochSamples& row = s.epoch_samples(e);
+    EXPECT_EQ(row.epoch(), e) << context;
+    EXPECT_EQ(row.samples(), size) << "epoch " << e << "\n" << context;
+    EXPECT_EQ(row.expected(), size) << "epoch " << e << "\n" << context;
   }
 }
 
@@ -62,32 +60,30 @@ TEST_F(DistributedTrainingTest, SyncTwoWorkersReachesAccuracyFloor) {
   std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
   int code = 0;
   auto result = SubmitAndWatch(cluster, job, "sync", 2, &code);
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
-  EXPECT_GT(NumberField(result, "test_accuracy"), 0.70) << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(result.test().accuracy(), 0.70) << cluster.Logs();
 
   // status --json has the metrics the acceptance checks read.
-  CommandResult status = cluster.Cli({"status", StringField(result, "job_id"), "--json"});
+  CommandResult status = cluster.Cli({"status", result.job_id(), "--json"});
   ASSERT_EQ(status.exit_code, 0) << status.output;
-  auto s = ParseJson(status.LastLine());
-  for (const char* key : {"job_id", "state", "test_accuracy", "precision", "recall", "f1", "step",
-                          "epoch"}) {
-    EXPECT_TRUE(s.fields().contains(key)) << key << " missing in " << status.output;
-  }
-  EXPECT_EQ(NumberField(s, "epoch"), 2);
-  EXPECT_DOUBLE_EQ(NumberField(s, "test_accuracy"), NumberField(result, "test_accuracy"));
+  auto s = ParseJobStatus(status.LastLine());
+  EXPECT_GT(s.test().f1(), 0) << status.output;
+  EXPECT_EQ(s.test().confusion_size(), 100) << status.output;
+  EXPECT_EQ(s.epoch(), 2);
+  EXPECT_DOUBLE_EQ(s.test().accuracy(), result.test().accuracy());
   // Every sample once per epoch (the last step of each share takes its rest).
   ExpectEveryEpochTrainedOnce(s, 2, 6400, status.output);
 
   // The trained model downloads as a valid checkpoint.
   std::string model = dir_ + "/model.ckpt";
-  CommandResult download = cluster.Cli({"download", StringField(result, "job_id"), "-o", model});
+  CommandResult download = cluster.Cli({"download", result.job_id(), "-o", model});
   ASSERT_EQ(download.exit_code, 0) << download.output;
   CommandResult eval = RunCommand({BinPath("pstrain-worker"), "--evaluate", model, "--device", "cpu"});
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
-  auto evaluated = ParseJson(eval.LastLine());
+  auto evaluated = ParseJson(eval.LastLine());  // pstrain-worker --evaluate's JSON.
   // The server's model evaluated on the whole 2000-sample test subset matches
   // the accuracy merged from the workers' shards.
-  EXPECT_NEAR(NumberField(evaluated, "test_accuracy"), NumberField(result, "test_accuracy"), 1e-9);
+  EXPECT_NEAR(NumberField(evaluated, "test_accuracy"), result.test().accuracy(), 1e-9);
 }
 
 TEST_F(DistributedTrainingTest, AsyncTwoWorkersReachesAccuracyFloor) {
@@ -96,8 +92,8 @@ TEST_F(DistributedTrainingTest, AsyncTwoWorkersReachesAccuracyFloor) {
   std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
   int code = 0;
   auto result = SubmitAndWatch(cluster, job, "async", 2, &code);
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
-  EXPECT_GT(NumberField(result, "test_accuracy"), 0.65) << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(result.test().accuracy(), 0.65) << cluster.Logs();
 }
 
 TEST_F(DistributedTrainingTest, AverageModeWithKFiveReachesAccuracyFloor) {
@@ -107,8 +103,8 @@ TEST_F(DistributedTrainingTest, AverageModeWithKFiveReachesAccuracyFloor) {
   int code = 0;
   auto result =
       SubmitAndWatch(cluster, job, "average", 2, &code, {"--averaging-frequency", "5"});
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
-  EXPECT_GT(NumberField(result, "test_accuracy"), 0.65) << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(result.test().accuracy(), 0.65) << cluster.Logs();
 }
 
 // The value of an unlabelled Prometheus sample `name` in a /metrics text.
@@ -132,8 +128,8 @@ TEST_F(DistributedTrainingTest, OneBitCompressedSyncPushesReachTheFloorAtAThirty
   std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
   int code = 0;
   auto result = SubmitAndWatch(cluster, job, "sync", 2, &code, {"--compression", "onebit"});
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
-  EXPECT_GT(NumberField(result, "test_accuracy"), 0.70) << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(result.test().accuracy(), 0.70) << cluster.Logs();
   // The counters are refreshed every second.
   absl::SleepFor(absl::Milliseconds(1500));
   // /metrics is HTTPS with the server's certificate on a secure cluster.
@@ -162,8 +158,8 @@ TEST_F(DistributedTrainingTest, TwoServerShards) {
   std::string job = WriteFashionMnistJob(dir_, 3200, 1000, 2);
   int code = 0;
   auto result = SubmitAndWatch(cluster, job, "sync", 2, &code);
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED");
-  EXPECT_GT(NumberField(result, "test_accuracy"), 0.60) << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(result.test().accuracy(), 0.60) << cluster.Logs();
 }
 
 TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
@@ -172,7 +168,7 @@ TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
   std::string job = WriteFashionMnistJob(dir_, 6400, 1000, 3);
   CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
   ASSERT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
-  std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  std::string job_id = ParseJobStatus(submit.LastLine()).job_id();
   ASSERT_FALSE(job_id.empty()) << submit.output;
 
   // Wait until training is under way, then kill -9 one worker.
@@ -180,7 +176,7 @@ TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
   double step = 0;
   while (absl::Now() < deadline) {
     CommandResult s = cluster.Cli({"status", job_id, "--json"});
-    step = NumberField(ParseJson(s.LastLine()), "step");
+    step = ParseJobStatus(s.LastLine()).step();
     if (step >= 20) break;
     absl::SleepFor(absl::Milliseconds(300));
   }
@@ -190,9 +186,9 @@ TEST_F(DistributedTrainingTest, KillNineOfOneWorkerMidJobStillSucceeds) {
   CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
   EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
   CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  auto s = ParseJson(status.LastLine());
-  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
-  EXPECT_GT(NumberField(s, "test_accuracy"), 0.55);
+  auto s = ParseJobStatus(status.LastLine());
+  EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << status.output << cluster.Logs();
+  EXPECT_GT(s.test().accuracy(), 0.55);
   // Issue 9 part 6: the lost worker's untrained samples went to the
   // survivor within the epoch: every epoch trained the whole training set.
   ExpectEveryEpochTrainedOnce(s, 3, 6400, status.output + cluster.Logs());
@@ -206,7 +202,7 @@ bool WaitForStep(LocalCluster& cluster, const std::string& job_id, double step,
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     CommandResult s = cluster.Cli({"status", job_id, "--json"});
-    if (NumberField(ParseJson(s.LastLine()), "step") >= step) return true;
+    if (ParseJobStatus(s.LastLine()).step() >= step) return true;
     absl::SleepFor(absl::Milliseconds(300));
   }
   return false;
@@ -216,28 +212,32 @@ bool WaitForStep(LocalCluster& cluster, const std::string& job_id, double step,
 std::string SubmitSync(LocalCluster& cluster, const std::string& job) {
   CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--mode", "sync", "--json"});
   EXPECT_EQ(submit.exit_code, 0) << submit.output << cluster.Logs();
-  return StringField(ParseJson(submit.LastLine()), "job_id");
+  return ParseJobStatus(submit.LastLine()).job_id();
 }
 
-// Watches `job_id` to its end and returns its final status (JSON).
-// Polls `pstrain status JOB --json` until its line contains `text`; false
-// if it does not within `timeout`.
-bool WaitForStatus(LocalCluster& cluster, const std::string& job_id, const std::string& text,
-                   absl::Duration timeout) {
+// Polls `pstrain status JOB --json` until `done` holds for the JobStatus it
+// prints; false if it does not within `timeout`.
+bool WaitForStatus(LocalCluster& cluster, const std::string& job_id,
+                   absl::FunctionRef<bool(const v1::JobStatus&)> done, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    if (absl::StrContains(cluster.Cli({"status", job_id, "--json"}).LastLine(), text)) return true;
+    v1::JobStatus status;
+    const std::string json = cluster.Cli({"status", job_id, "--json"}).LastLine();
+    if (google::protobuf::util::JsonStringToMessage(json, &status).ok() && done(status)) {
+      return true;
+    }
     absl::SleepFor(absl::Milliseconds(200));
   }
   return false;
 }
 
-google::protobuf::Struct WatchToTheEnd(LocalCluster& cluster, const std::string& job_id) {
+// Watches `job_id` to its end and returns its final status.
+v1::JobStatus WatchToTheEnd(LocalCluster& cluster, const std::string& job_id) {
   CommandResult watch = cluster.Cli({"watch", job_id}, absl::Minutes(8));
   EXPECT_EQ(watch.exit_code, 0) << watch.output << cluster.Logs();
   CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  google::protobuf::Struct s = ParseJson(status.LastLine());
-  EXPECT_EQ(StringField(s, "state"), "SUCCEEDED") << status.output << cluster.Logs();
+  v1::JobStatus s = ParseJobStatus(status.LastLine());
+  EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << status.output << cluster.Logs();
   return s;
 }
 
@@ -255,18 +255,17 @@ TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckp
   std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 3);
   int code = 0;
   auto undisturbed = SubmitAndWatch(cluster, job, "sync", 2, &code);
-  ASSERT_EQ(StringField(undisturbed, "state"), "SUCCEEDED") << cluster.Logs();
+  ASSERT_EQ(undisturbed.state(), v1::JOB_STATE_SUCCEEDED) << cluster.Logs();
 
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
   ASSERT_TRUE(cluster.RestartServer(0)) << cluster.Logs();
 
   auto s = WatchToTheEnd(cluster, job_id);
-  EXPECT_EQ(NumberField(s, "runs"), 2) << cluster.Logs();
-  EXPECT_GE(NumberField(s, "steps_lost"), 0);
-  EXPECT_LT(NumberField(s, "steps_lost"), 50);  // Less than an epoch.
-  EXPECT_NEAR(NumberField(s, "test_accuracy"), NumberField(undisturbed, "test_accuracy"), 0.005)
-      << cluster.Logs();
+  EXPECT_EQ(s.runs(), 2) << cluster.Logs();
+  EXPECT_GE(s.steps_lost(), 0);
+  EXPECT_LT(s.steps_lost(), 50);  // Less than an epoch.
+  EXPECT_NEAR(s.test().accuracy(), undisturbed.test().accuracy(), 0.005) << cluster.Logs();
   // The same worker processes trained the resumed run, under their old ids.
   for (int w = 0; w < 2; ++w) {
     EXPECT_TRUE(absl::StrContains(cluster.worker(w).output(), "registered as worker-"))
@@ -290,9 +289,9 @@ TEST_F(DistributedTrainingTest, KillNineOfAShardMidJobResumesFromTheCheckpoint) 
   ASSERT_TRUE(cluster.RestartServer(1)) << cluster.Logs();
 
   auto s = WatchToTheEnd(cluster, job_id);
-  EXPECT_EQ(NumberField(s, "runs"), 2) << cluster.Logs();
-  EXPECT_LT(NumberField(s, "steps_lost"), 50);
-  EXPECT_GT(NumberField(s, "test_accuracy"), 0.6) << cluster.Logs();
+  EXPECT_EQ(s.runs(), 2) << cluster.Logs();
+  EXPECT_LT(s.steps_lost(), 50);
+  EXPECT_GT(s.test().accuracy(), 0.6) << cluster.Logs();
   EXPECT_TRUE(absl::StrContains(cluster.server(0).output(), "no longer holds the job"))
       << cluster.Logs();
 }
@@ -307,11 +306,16 @@ TEST_F(DistributedTrainingTest, ASigstopStragglerIsReportedThenDropped) {
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 20)) << cluster.Logs();
   cluster.worker(1).Kill(SIGSTOP);
-  EXPECT_TRUE(WaitForStatus(cluster, job_id, "\"stragglers\": [\"worker-2\"]", absl::Seconds(20)))
+  EXPECT_TRUE(WaitForStatus(
+      cluster, job_id,
+      [](const v1::JobStatus& s) {
+        return s.stragglers_size() == 1 && s.stragglers(0) == "worker-2";
+      },
+      absl::Seconds(20)))
       << cluster.Logs();
 
   auto s = WatchToTheEnd(cluster, job_id);
-  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
+  EXPECT_EQ(s.workers_lost(), 1) << cluster.Logs();
   // Its untrained samples went to the other worker within the epoch.
   ExpectEveryEpochTrainedOnce(s, 2, 6400, cluster.Logs());
   EXPECT_TRUE(absl::StrContains(cluster.Logs(), "samples a lost worker left")) << cluster.Logs();
@@ -329,13 +333,15 @@ TEST_F(DistributedTrainingTest, ADroppedWorkerThatComesBackRejoinsAtTheNextEpoch
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 10)) << cluster.Logs();
   cluster.worker(1).Kill(SIGSTOP);
-  const bool dropped = WaitForStatus(cluster, job_id, "\"workers_lost\": 1", absl::Seconds(30));
+  const bool dropped = WaitForStatus(
+      cluster, job_id, [](const v1::JobStatus& s) { return s.workers_lost() == 1; },
+      absl::Seconds(30));
   cluster.worker(1).Kill(SIGCONT);
   ASSERT_TRUE(dropped) << cluster.Logs();
 
   auto s = WatchToTheEnd(cluster, job_id);
-  EXPECT_EQ(NumberField(s, "workers_lost"), 1) << cluster.Logs();
-  EXPECT_GE(NumberField(s, "runs"), 2) << cluster.Logs();
+  EXPECT_EQ(s.workers_lost(), 1) << cluster.Logs();
+  EXPECT_GE(s.runs(), 2) << cluster.Logs();
   // Both workers started both runs ("rank R of 2, run ..." four times).
   const std::string logs = cluster.Logs();
   int two_worker_starts = 0;
@@ -353,18 +359,18 @@ TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   std::string job = WriteFashionMnistJob(dir_, 60000, 1000, 20);
   CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--json"});
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
-  std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  std::string job_id = ParseJobStatus(submit.LastLine()).job_id();
   absl::SleepFor(absl::Seconds(3));
   CommandResult cancel = cluster.Cli({"cancel", job_id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
   CommandResult status = cluster.Cli({"status", job_id, "--json"});
-  EXPECT_EQ(StringField(ParseJson(status.LastLine()), "state"), "CANCELLED") << status.output;
+  EXPECT_EQ(ParseJobStatus(status.LastLine()).state(), v1::JOB_STATE_CANCELLED) << status.output;
 
   // The workers return to the pool: a second job runs to completion.
   std::string small = WriteFashionMnistJob(dir_, 1280, 500, 1);
   int code = 0;
   auto result = SubmitAndWatch(cluster, small, "sync", 2, &code);
-  EXPECT_EQ(StringField(result, "state"), "SUCCEEDED") << cluster.Logs();
+  EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED) << cluster.Logs();
 }
 
 TEST_F(DistributedTrainingTest, BadSpecIsRejectedAtSubmit) {
@@ -401,14 +407,13 @@ TEST_F(DistributedTrainingTest, ADatasetOutsideTheWorkersDataRootFailsTheJob) {
       text, {{"/usr/share/datasets/fashion-mnist", "/usr/share/datasets/../../../etc"}});
   CommandResult r = cluster.Cli({"submit", evil, "--workers", "1", "--watch", "--json"});
   EXPECT_NE(r.exit_code, 0) << r.output;
-  auto s = ParseJson(r.LastLine());
-  EXPECT_EQ(StringField(s, "state"), "FAILED") << r.output;
-  EXPECT_TRUE(absl::StrContains(StringField(s, "reason"), "--data-root allow-list"))
-      << StringField(s, "reason");
-  EXPECT_FALSE(absl::StrContains(StringField(s, "reason"), "/etc")) << StringField(s, "reason");
+  auto s = ParseJobStatus(r.LastLine());
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED) << r.output;
+  EXPECT_TRUE(absl::StrContains(s.reason(), "--data-root allow-list")) << s.reason();
+  EXPECT_FALSE(absl::StrContains(s.reason(), "/etc")) << s.reason();
   int code = 0;
   auto ok = SubmitAndWatch(cluster, job, "sync", 1, &code);
-  EXPECT_EQ(StringField(ok, "state"), "SUCCEEDED") << cluster.Logs();
+  EXPECT_EQ(ok.state(), v1::JOB_STATE_SUCCEEDED) << cluster.Logs();
 }
 
 }  // namespace

@@ -98,17 +98,15 @@ TEST(MalformedPushTest, RejectedWithInvalidArgumentAndTheModelIsUntouched) {
   std::string job = WriteFashionMnistJob(dir, 6400, 500, 3);
   CommandResult submit = cluster.Cli({"submit", job, "--workers", "1", "--mode", "sync", "--json"});
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
-  const std::string job_id = StringField(ParseJson(submit.LastLine()), "job_id");
+  const std::string job_id = ParseJobStatus(submit.LastLine()).job_id();
 
   // Wait until training runs, then freeze the worker.
   std::string worker_id;
   absl::Time deadline = absl::Now() + absl::Minutes(3);
   while (absl::Now() < deadline) {
-    auto s = ParseJson(cluster.Cli({"status", job_id, "--json"}).LastLine());
-    auto it = s.fields().find("workers");
-    if (NumberField(s, "step") >= 5 && it != s.fields().end() &&
-        it->second.list_value().values_size() == 1) {
-      worker_id = it->second.list_value().values(0).string_value();
+    auto s = ParseJobStatus(cluster.Cli({"status", job_id, "--json"}).LastLine());
+    if (s.step() >= 5 && s.workers_size() == 1) {
+      worker_id = s.workers(0);
       break;
     }
     absl::SleepFor(absl::Milliseconds(200));

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from google.protobuf import json_format
 
 import pstrain
 from pstrain import layers
@@ -85,23 +86,30 @@ def test_cli_exports_a_job_by_id(cluster, journey, tmp_path):
 
 
 def test_status_and_metrics_are_the_clis(cluster, journey):
+    """`pstrain status --json` is the proto3 JSON mapping of the JobStatus the
+    Python client gets: the same dict as json_format.MessageToDict."""
     _, job_id, _ = journey
     cli = cluster.cli("status", job_id, "--json")
     assert cli.returncode == 0, cli.stderr
     theirs = json.loads(cli.stdout.strip().splitlines()[-1])
     job = client_for(cluster).job(job_id)
     status = job.status()
-    assert status.state == theirs["state"] == "SUCCEEDED"
+    assert theirs == json_format.MessageToDict(
+        status.proto, preserving_proto_field_name=True, including_default_value_fields=True)
+    assert status.state == "SUCCEEDED" and theirs["state"] == "JOB_STATE_SUCCEEDED"
     assert (status.epoch, status.step, status.epochs) == (
-        theirs["epoch"], theirs["step"], theirs["epochs"])
+        theirs["epoch"], int(theirs["step"]), theirs["spec"]["epochs"])
     metrics = job.metrics()
     assert metrics.confusion.shape == (10, 10) and metrics.confusion.dtype == np.int64
-    assert metrics.confusion.tolist() == theirs["confusion"]
-    assert metrics.samples == theirs["test_samples"] == metrics.confusion.sum() == TEST
-    assert metrics.accuracy == pytest.approx(theirs["test_accuracy"], abs=1e-6)
+    assert metrics.confusion.flatten().tolist() == [int(c) for c in theirs["test"]["confusion"]]
+    assert metrics.samples == int(theirs["test"]["samples"]) == metrics.confusion.sum() == TEST
+    assert metrics.accuracy == theirs["test"]["accuracy"]
     assert metrics.accuracy == pytest.approx(np.trace(metrics.confusion) / TEST)
-    assert metrics.f1 == pytest.approx(theirs["f1"], abs=1e-6)
+    assert metrics.f1 == theirs["test"]["f1"]
     assert job_id in [s.job_id for s in client_for(cluster).jobs()]
+    listed = cluster.cli("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert theirs in json.loads(listed.stdout)["jobs"]
 
 
 def colour_regions(rows, width, channels, classes):

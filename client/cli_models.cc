@@ -1,0 +1,339 @@
+// The model and data commands: download, export, summary, prepare.
+#include <google/protobuf/struct.pb.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/cli_internal.h"
+#include "client/onnx_export.h"
+#include "client/summary.h"
+#include "common/checkpoint.h"
+#include "common/data/dataset.h"
+#include "common/data/packed_format.h"
+#include "common/job_spec.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(std::string, format, "",
+          "The source's format: idx, cifar10 or image_folder (instead of JOB.json)");
+ABSL_FLAG(std::string, path, "", "The source dataset (with --format)");
+ABSL_FLAG(std::string, image_size, "",
+          "image_folder: decode and resize every image to HxW, e.g. 64x64");
+ABSL_FLAG(std::optional<int64_t>, records_per_shard, std::nullopt,
+          "Records per shard (>= 1; default: about 256 MiB per shard)");
+
+namespace pstrain::cli_internal {
+namespace {
+
+// The dataset of `prepare --format F --path P [--image-size HxW]`;
+// INVALID_ARGUMENT names the bad option.
+absl::StatusOr<v1::DatasetSpec> DatasetFromOptions(const std::string& format,
+                                                   const std::string& path,
+                                                   const std::string& image_size) {
+  static const auto* kFormats = new std::map<std::string, v1::DatasetFormat>{
+      {"idx", v1::DATASET_FORMAT_IDX},
+      {"cifar10", v1::DATASET_FORMAT_CIFAR10},
+      {"image_folder", v1::DATASET_FORMAT_IMAGE_FOLDER},
+      {"image-folder", v1::DATASET_FORMAT_IMAGE_FOLDER}};
+  auto it = kFormats->find(format);
+  if (it == kFormats->end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be idx, cifar10 or image_folder, got '", format, "'"));
+  }
+  v1::DatasetSpec spec;
+  spec.set_format(it->second);
+  spec.set_path(path);
+  if (!image_size.empty()) {
+    const size_t x = image_size.find('x');
+    int h = 0, w = 0;
+    if (x == std::string::npos || !absl::SimpleAtoi(image_size.substr(0, x), &h) ||
+        !absl::SimpleAtoi(image_size.substr(x + 1), &w) || h <= 0 || w <= 0 || h > 65536 ||
+        w > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--image-size must be HxW, e.g. 64x64, got '", image_size, "'"));
+    }
+    spec.set_image_height(h);
+    spec.set_image_width(w);
+  }
+  return spec;
+}
+
+// `text` as a JSON string literal.
+std::string JsonString(const std::string& text) {
+  google::protobuf::Value value;
+  value.set_string_value(text);
+  absl::StatusOr<std::string> json = ProtoJson(value);  // A Value always prints.
+  return json.ok() ? *json : "\"\"";
+}
+
+}  // namespace
+
+// download ----------------------------------------------------------------------
+
+int Cli::Download(const std::vector<std::string>& args) {
+  static const Command kDownload = {
+      "download",
+      "usage: pstrain download JOB -o FILE\n"
+      "  Saves the job's latest checkpoint to FILE (written to FILE.tmp, verified,\n"
+      "  then renamed). Gives up when no data arrives for --timeout-ms.\n",
+      {&absl::GetFlagReflectionHandle(FLAGS_output)}};
+  std::string path;
+  Parsed parsed = ParseCommand(kDownload, args, [&] { path = absl::GetFlag(FLAGS_output); });
+  if (parsed.exit_code) return *parsed.exit_code;
+  if (parsed.positional.size() != 1 || path.empty()) {
+    return Usage(kDownload, "expected a job id and -o FILE");
+  }
+  v1::Checkpoint ckpt;
+  int64_t bytes = 0;
+  const int rc = FetchCheckpoint("download", parsed.positional[0], path, &ckpt, &bytes);
+  if (rc != kExitOk) return rc;
+  out_ << absl::StrFormat("%s: %d bytes, %d tensors, step %d, epoch %d\n", path, bytes,
+                          ckpt.parameters_size(), ckpt.step(), ckpt.epoch())
+       << std::flush;
+  return kExitOk;
+}
+
+int Cli::FetchCheckpoint(const std::string& what, const std::string& job_id,
+                         const std::string& path, v1::Checkpoint* ckpt, int64_t* bytes) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    err_ << "pstrain " << what << ": error: cannot write " << tmp << std::endl;
+    return kExitFailed;
+  }
+  auto fail = [&](const std::string& message) {
+    file.close();
+    std::remove(tmp.c_str());
+    err_ << "pstrain " << what << ": error: " << message << std::endl;
+    return kExitFailed;
+  };
+  v1::DownloadModelRequest request;
+  request.set_job_id(job_id);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineFromNow(absl::Hours(1)));
+  bool idle_timeout = false;
+  int64_t written = 0, total = -1;
+  grpc::Status end;
+  {
+    IdleWatchdog watchdog(absl::Milliseconds(timeout_ms_), [&ctx, &idle_timeout] {
+      idle_timeout = true;
+      ctx.TryCancel();
+    });
+    std::unique_ptr<grpc::ClientReader<v1::ModelChunk>> reader =
+        stub().DownloadModel(&ctx, request);
+    v1::ModelChunk chunk;
+    while (reader->Read(&chunk)) {
+      watchdog.Kick();
+      if (chunk.offset() != written) {
+        ctx.TryCancel();
+        reader->Finish().IgnoreError();
+        return fail(absl::StrCat("chunk at offset ", chunk.offset(), " after ", written,
+                                 " bytes: the stream is out of order"));
+      }
+      total = chunk.total_bytes();
+      file.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+      written += static_cast<int64_t>(chunk.data().size());
+    }
+    end = reader->Finish();
+  }
+  if (idle_timeout) {
+    return fail(absl::StrCat("no data from ", server_, " for ", timeout_ms_,
+                             " ms (see --timeout-ms) [DEADLINE_EXCEEDED]"));
+  }
+  if (!end.ok()) {
+    file.close();
+    std::remove(tmp.c_str());
+    return ReportRpcError(what, end);
+  }
+  if (total < 0 || written != total) {
+    return fail(absl::StrCat("received ", written, " of ", total, " bytes"));
+  }
+  file.close();
+  if (!file) return fail(absl::StrCat("writing ", tmp, " failed"));
+  absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(tmp);
+  if (!read.ok()) {
+    return fail(absl::StrCat("the downloaded checkpoint is invalid: ", read.status().message()));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return fail(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  *ckpt = *std::move(read);
+  *bytes = written;
+  return kExitOk;
+}
+
+// workers -----------------------------------------------------------------------
+// export ------------------------------------------------------------------------
+
+int Cli::Export(const std::vector<std::string>& args) {
+  static const Command kExport = {
+      "export",
+      "usage: pstrain export CKPT|JOB -o FILE.onnx\n"
+      "  Writes the model of a checkpoint file (or of a job's latest checkpoint,\n"
+      "  downloaded from the server) as an ONNX inference graph (opset 13): input\n"
+      "  'input' [batch, C, H, W] normalised as in training ((pixel/255 - mean) /\n"
+      "  std, recorded in the model's metadata), outputs 'logits' and\n"
+      "  'probabilities'. Dropout is left out; batch norm uses the running\n"
+      "  statistics.\n",
+      {&absl::GetFlagReflectionHandle(FLAGS_output)},
+      /*dials_server=*/false};  // Not for a checkpoint file: Export checks when it dials.
+  std::string path;
+  Parsed parsed = ParseCommand(kExport, args, [&] { path = absl::GetFlag(FLAGS_output); });
+  if (parsed.exit_code) return *parsed.exit_code;
+  if (parsed.positional.size() != 1 || path.empty()) {
+    return Usage(kExport, "expected a checkpoint file or job id and -o FILE.onnx");
+  }
+  const std::string& source = parsed.positional[0];
+  v1::Checkpoint ckpt;
+  if (std::filesystem::is_regular_file(source)) {
+    absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(source);
+    if (!read.ok()) {
+      err_ << "pstrain export: error: " << read.status().message() << std::endl;
+      return kExitFailed;
+    }
+    ckpt = *std::move(read);
+  } else {
+    // A job id: its latest checkpoint, downloaded beside the output.
+    if (std::optional<int> rc = CheckChannelOptions()) return *rc;
+    const std::string downloaded = path + ".ckpt";
+    int64_t bytes = 0;
+    const int rc = FetchCheckpoint("export", source, downloaded, &ckpt, &bytes);
+    std::remove(downloaded.c_str());
+    if (rc != kExitOk) return rc;
+  }
+  absl::StatusOr<onnx::ModelProto> model = ExportOnnx(ckpt);
+  if (!model.ok()) {
+    err_ << "pstrain export: error: " << model.status().message() << std::endl;
+    return kExitFailed;
+  }
+  if (absl::Status s = WriteOnnxFile(*model, path); !s.ok()) {
+    err_ << "pstrain export: error: " << s.message() << std::endl;
+    return kExitFailed;
+  }
+  out_ << absl::StrFormat("%s: ONNX opset %d, %d nodes, %d initializers, step %d, epoch %d\n", path,
+                          kOnnxOpset, model->graph().node_size(), model->graph().initializer_size(),
+                          ckpt.step(), ckpt.epoch())
+       << std::flush;
+  return kExitOk;
+}
+
+// summary -----------------------------------------------------------------------
+
+int Cli::Summary(const std::vector<std::string>& args) {
+  static const Command kSummary = {
+      "summary",
+      "usage: pstrain summary JOB.json\n"
+      "  Validates the job's model and prints a table of layer, output shape and\n"
+      "  parameter count, plus the totals. Exits 2 if the model is invalid.\n",
+      {},
+      /*dials_server=*/false};
+  Parsed parsed = ParseCommand(kSummary, args, [] {});
+  if (parsed.exit_code) return *parsed.exit_code;
+  if (parsed.positional.size() != 1) return Usage(kSummary, "expected one file");
+  absl::StatusOr<std::string> table = SummarizeJobFile(parsed.positional[0]);
+  if (!table.ok()) {
+    err_ << "pstrain summary: error: " << table.status().message() << std::endl;
+    return kExitUsage;
+  }
+  out_ << *table << std::flush;
+  return kExitOk;
+}
+
+// prepare -----------------------------------------------------------------------
+
+int Cli::Prepare(const std::vector<std::string>& args) {
+  static const Command kPrepare = {
+      "prepare",
+      "usage: pstrain prepare JOB.json -o DIR [--records-per-shard N]\n"
+      "       pstrain prepare --format idx|cifar10|image_folder --path SRC\n"
+      "                       [--image-size HxW] -o DIR [--records-per-shard N]\n"
+      "  Reads a dataset once (the job file's, or SRC in the given format; image\n"
+      "  folders are decoded and resized to HxW) and writes both splits to DIR as\n"
+      "  shards of fixed-shape, decoded uint8 records with a CRC-32 each. A job then\n"
+      "  reads them with a copy, without decoding: \"dataset\": {\"format\":\n"
+      "  \"DATASET_FORMAT_PACKED\", \"path\": \"DIR\", ...} (mean, std, augmentation and\n"
+      "  balance as before).\n",
+      {&absl::GetFlagReflectionHandle(FLAGS_output), &absl::GetFlagReflectionHandle(FLAGS_format),
+       &absl::GetFlagReflectionHandle(FLAGS_path), &absl::GetFlagReflectionHandle(FLAGS_image_size),
+       &absl::GetFlagReflectionHandle(FLAGS_records_per_shard)},
+      /*dials_server=*/false};
+  std::string dir, format, path, image_size;
+  std::optional<int64_t> records_per_shard;
+  Parsed parsed = ParseCommand(kPrepare, args, [&] {
+    dir = absl::GetFlag(FLAGS_output);
+    format = absl::GetFlag(FLAGS_format);
+    path = absl::GetFlag(FLAGS_path);
+    image_size = absl::GetFlag(FLAGS_image_size);
+    records_per_shard = absl::GetFlag(FLAGS_records_per_shard);
+  });
+  if (parsed.exit_code) return *parsed.exit_code;
+  if (dir.empty() || parsed.positional.size() > 1 || parsed.positional.empty() == format.empty()) {
+    return Usage(kPrepare, "expected JOB.json or --format and --path, and -o DIR");
+  }
+  data::PackOptions options;
+  if (records_per_shard) {
+    if (*records_per_shard < 1) {
+      return Usage(kPrepare, "--records-per-shard must be a positive integer");
+    }
+    options.records_per_shard = *records_per_shard;
+  }
+  v1::DatasetSpec spec;
+  if (!parsed.positional.empty()) {
+    absl::StatusOr<v1::JobSpec> job = LoadJobSpec(parsed.positional[0]);
+    if (!job.ok()) {
+      err_ << "pstrain prepare: " << job.status().message() << std::endl;
+      return kExitUsage;
+    }
+    spec = job->dataset();
+  } else {
+    absl::StatusOr<v1::DatasetSpec> from_options = DatasetFromOptions(format, path, image_size);
+    if (!from_options.ok()) return Usage(kPrepare, std::string(from_options.status().message()));
+    spec = *std::move(from_options);
+  }
+  if (spec.format() == v1::DATASET_FORMAT_PACKED || spec.format() == v1::DATASET_FORMAT_SYNTHETIC) {
+    err_ << "pstrain prepare: the dataset is " << v1::DatasetFormat_Name(spec.format())
+         << " already; nothing to pack" << std::endl;
+    return kExitUsage;
+  }
+  // Everything is packed: the job's limits apply when it reads the shards.
+  spec.clear_train_limit();
+  spec.clear_test_limit();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<data::DatasetSplits> splits = data::LoadDataset(spec);
+  if (!splits.ok()) {
+    err_ << "pstrain prepare: error: " << splits.status().message() << std::endl;
+    return kExitFailed;
+  }
+  const absl::Time loaded = absl::Now();
+  absl::StatusOr<data::PackSummary> summary = data::WritePackedDataset(*splits, dir, options);
+  if (!summary.ok()) {
+    err_ << "pstrain prepare: error: " << summary.status().message() << std::endl;
+    return kExitFailed;
+  }
+  const absl::Time written = absl::Now();
+  out_ << absl::StrFormat(
+              "%s: train %d samples in %d shards, test %d samples in %d shards, %dx%dx%d, %d "
+              "classes, %.1f MB (read and decoded in %.2f s, written in %.2f s)\n",
+              dir, summary->train_samples, summary->train_shards, summary->test_samples,
+              summary->test_shards, splits->train.channels, splits->train.height,
+              splits->train.width, splits->train.num_classes, summary->bytes / 1e6,
+              absl::ToDoubleSeconds(loaded - start), absl::ToDoubleSeconds(written - loaded))
+       << absl::StrFormat(
+              "use it as: \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", "
+              "\"path\": %s, ...}\n",
+              JsonString(dir))
+       << std::flush;
+  return kExitOk;
+}
+
+}  // namespace pstrain::cli_internal
