@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli.h"
 
 namespace pstrain {
 namespace {
@@ -20,13 +21,6 @@ namespace {
 // Heat-map cells drawn at most: past this many classes the matrix is left to
 // the per-class table (a 1000-class matrix would be a million rectangles).
 constexpr int kMaxHeatMapClasses = 60;
-
-std::string StateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  constexpr absl::string_view kPrefix = "JOB_STATE_";
-  if (absl::string_view(name).substr(0, kPrefix.size()) == kPrefix) name.erase(0, kPrefix.size());
-  return name.empty() ? "UNKNOWN" : name;
-}
 
 // "CONSISTENCY_SYNC" -> "sync".
 std::string EnumName(const std::string& name, absl::string_view prefix) {
@@ -325,7 +319,7 @@ ClassificationMetrics MetricsFromProto(const v1::EvalMetrics& m) {
 std::string RenderJobReport(const v1::JobStatus& status, const v1::JobHistory& history,
                             absl::Time now) {
   const v1::JobSpec& spec = status.spec();
-  const std::string state = StateName(status.state());
+  const std::string state = JobStateName(status.state());
   std::string title = status.job_id();
   if (!status.name().empty()) absl::StrAppend(&title, " \xC2\xB7 ", status.name());
 
