@@ -520,11 +520,19 @@ int main(int argc, char** argv) {
   pstrain::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port then
+  // listens too, and the kernel splits new connections between the two (a
+  // client reached the wrong one and failed its TLS handshake). One port,
+  // one server: the second one fails to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, security.server_credentials, &port);
   shard_services.Register(&builder);
   if (coordinator_service != nullptr) builder.RegisterService(coordinator_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", listen,
+                             " (is another process listening there? see --listen)"));
+  }
   const std::string address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   // With --listen HOST:0 and no --shards, workers learn the chosen port.
   if (coordinator != nullptr && !shards_given) coordinator->SetShardAddresses({address});

@@ -41,12 +41,15 @@ absl::StatusOr<HealthServer> StartHealthServer(const std::string& address) {
   EnableHealthAndReflection();
   HealthServer result;
   grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // One port, one server.
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &result.port);
   // Health checks are tiny; a small thread pool bounds what a flood can take.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   result.server = builder.BuildAndStart();
   if (result.server == nullptr || result.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (health service)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (health service; is another process listening "
+                                               "there?)"));
   }
   return result;
 }
