@@ -37,10 +37,12 @@ struct CudnnContext {
 inline constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 
 // Convolution (cross-correlation, as in backend.h) with FMA math only (no
-// TF32), so that results match the CPU backend to fp32 rounding. The forward,
-// backward-data and backward-filter algorithms are chosen once, here, by
-// cuDNN's heuristics, preferring deterministic ones; the plan owns one
-// workspace large enough for all three.
+// TF32) and no Winograd transforms unless PSTRAIN_CUDNN_TRANSFORMS allows them
+// (cudnn_plans.cc), so that results match the CPU backend to fp32 rounding.
+// The forward, backward-data and backward-filter algorithms are chosen once,
+// here, by timing each on this shape (cudnnFind*, as PyTorch's
+// cudnn.benchmark does), the fastest winning unless a deterministic one is
+// within 10% of it; the plan owns one workspace large enough for all three.
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
                                                                   const Conv2dConfig& config);
 
