@@ -1,6 +1,7 @@
 #include "worker/data_prefetcher.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -166,15 +167,17 @@ void DataPrefetcher::AssembleLoop() {
   }
 }
 
-absl::Status DataPrefetcher::ReleaseCopiedBuffers() {
+absl::Status DataPrefetcher::ReleaseCopiedBuffers(size_t keep) {
   absl::Status status;
   std::vector<int> released;
-  for (InFlight& copy : in_flight_) {
+  size_t done = 0;
+  for (; done + keep < in_flight_.size(); ++done) {
+    InFlight& copy = in_flight_[done];
     absl::Status waited = copy.copied->Wait();
     if (!waited.ok() && status.ok()) status = waited;
     released.push_back(copy.slot);
   }
-  in_flight_.clear();
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
   if (!released.empty()) {
     absl::MutexLock lock(&mu_);
     free_slots_.insert(free_slots_.end(), released.begin(), released.end());
@@ -257,9 +260,12 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
   if (!epoch_started_) {
     return absl::FailedPreconditionError("prefetch: Next() called before StartEpoch()");
   }
-  // The previous batch's copy has been enqueued before its compute; by now it
-  // has normally finished, so this wait is short.
-  PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers());
+  // A batch's copy is enqueued before its compute, so the copy of the batch
+  // before last finished when the step before that did. Waiting for that one
+  // (not the last) lets the caller queue a second step while the device runs
+  // the first. A pool of one buffer cannot spare it.
+  PSTRAIN_RETURN_IF_ERROR(ReleaseCopiedBuffers(
+      std::min<size_t>(1, static_cast<size_t>(options_.prefetch_batches - 1))));
   last_wait_seconds_ = 0;
   if (next_to_take_ >= static_cast<int64_t>(owner_ends_->size())) return DeviceBatch{};
 

@@ -131,8 +131,9 @@ class DataPrefetcher {
   absl::Status Init();
   // The producer threads' loop.
   void AssembleLoop();
-  // Waits on every pending copy event and returns its pinned buffer to the pool.
-  absl::Status ReleaseCopiedBuffers();
+  // Waits on the oldest pending copy events until at most `keep` remain and
+  // returns their pinned buffers to the pool.
+  absl::Status ReleaseCopiedBuffers(size_t keep = 0);
   // Makes `order` and `ends` the current work, from batch `first_batch`.
   void Begin(uint64_t aug_key, std::vector<int64_t> order, std::vector<int64_t> ends,
              int64_t first_batch);

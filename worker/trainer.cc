@@ -110,11 +110,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model* model, Parameter
   // Room for the largest step (the last one of a share takes its rest).
   const size_t bytes = sizeof(float) + static_cast<size_t>(kMaxBatchFactor * options.batch_size) *
                                            (classes * sizeof(float) + sizeof(int32_t));
-  for (int slot = 0; slot < 2; ++slot) {
+  for (int slot = 0; slot < kStatsSlots; ++slot) {
     PSTRAIN_ASSIGN_OR_RETURN(PinnedBuffer host, model->backend()->AllocatePinned(bytes));
     trainer->stats_host_.push_back(std::move(host));
     trainer->stats_event_.emplace_back();
     trainer->stats_batch_.push_back(0);
+    trainer->stats_step_.push_back(0);
   }
   model->SetGradientReadyCallback([t = trainer.get()](int layer, absl::Span<const int> params) {
     t->updater_->OnGradientsReady(t->global_step_, layer, params);
@@ -185,6 +186,7 @@ absl::Status Trainer::EnqueueStats(const DeviceBatch& batch, int slot) {
                                 sizeof(int32_t) * batch.n));
   PSTRAIN_ASSIGN_OR_RETURN(stats_event_[slot], backend->RecordEvent());
   stats_batch_[slot] = batch.n;
+  stats_step_[slot] = global_step_;
   return absl::OkStatus();
 }
 
@@ -201,9 +203,9 @@ absl::Status Trainer::CollectStats(int slot) {
   const int32_t* labels =
       reinterpret_cast<const int32_t*>(host + sizeof(float) * (1 + n * classes));
   if (!std::isfinite(loss)) {
-    return absl::InternalError(absl::StrCat(
-        "training diverged: loss is ", loss, " at step ", global_step_,
-        " (lower the learning rate or check the data normalisation)"));
+    return absl::InternalError(
+        absl::StrCat("training diverged: loss is ", loss, " at step ", stats_step_[slot],
+                     " (lower the learning rate or check the data normalisation)"));
   }
   for (int i = 0; i < n; ++i) {
     const float* row = logits + static_cast<int64_t>(i) * classes;
@@ -294,8 +296,8 @@ absl::StatusOr<EpochStats> Trainer::RunSegment(int epoch, const data::WorkSegmen
     PSTRAIN_RETURN_IF_ERROR(RunStep(batch, dropout_seed));
     if (!fixed_compute) {  // A bench-only step has no loss or logits of its own.
       PSTRAIN_RETURN_IF_ERROR(EnqueueStats(batch, slot));
-      slot ^= 1;
-      PSTRAIN_RETURN_IF_ERROR(CollectStats(slot));  // The previous step's.
+      slot = (slot + 1) % kStatsSlots;
+      PSTRAIN_RETURN_IF_ERROR(CollectStats(slot));  // The oldest step's.
     }
     if (!options.tail) ++global_step_;
     ++stats.steps;
@@ -305,7 +307,9 @@ absl::StatusOr<EpochStats> Trainer::RunSegment(int epoch, const data::WorkSegmen
       report(s + 1);
     }
   }
-  PSTRAIN_RETURN_IF_ERROR(CollectStats(slot ^ 1));
+  for (int i = 1; i < kStatsSlots; ++i) {  // The steps still pending, oldest first.
+    PSTRAIN_RETURN_IF_ERROR(CollectStats((slot + i) % kStatsSlots));
+  }
   PSTRAIN_RETURN_IF_ERROR(model_->backend()->Synchronize());
   stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   stats.mean_loss = epoch_loss_batches_ ? epoch_loss_sum_ / epoch_loss_batches_ : 0;

@@ -187,10 +187,15 @@ class Trainer {
   int64_t global_step_ = 0;
   bool ran_real_step_ = false;  // For bench_only_fixed_compute.
   double last_data_wait_seconds_ = 0;
-  // Double-buffered host copies for the one-step-late statistics.
+  // Host copies of each step's loss, logits and labels, read kStatsSlots - 1
+  // steps late, so that the host queues that many steps ahead of the device
+  // instead of waiting for each (on a GPU, launching a small model's step
+  // takes about as long as running it).
+  static constexpr int kStatsSlots = 3;
   std::vector<PinnedBuffer> stats_host_;
   std::vector<std::unique_ptr<Event>> stats_event_;
   std::vector<int> stats_batch_;
+  std::vector<int64_t> stats_step_;  // The global step each slot holds.
   double epoch_loss_sum_ = 0;
   int64_t epoch_correct_ = 0, epoch_seen_ = 0, epoch_loss_batches_ = 0;
 };
