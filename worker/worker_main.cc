@@ -31,6 +31,7 @@
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
 #include "common/rpc/security_flags.h"
+#include "common/status_macros.h"
 #include "kernels/backend_loader.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
@@ -65,8 +66,9 @@ ABSL_FLAG(std::string, server, "",
           "Daemon mode: the coordinator (pstrain-server 0) at HOST:PORT; register, take "
           "assignments and train them until SIGINT/SIGTERM");
 ABSL_FLAG(int, metrics_port, 0,
-          "Daemon mode: serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Daemon mode: address /metrics binds to");
+          "Serve Prometheus /metrics on METRICS_HOST:PORT while the daemon (or a --standalone "
+          "run: the per-GPU gauges) runs (0 = off)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address /metrics binds to");
 ABSL_FLAG(int, health_port, 0,
           "Daemon mode: serve gRPC health (grpc.health.v1.Health) and reflection on "
           "HEALTH_HOST:PORT (0 = off). Service \"\" is SERVING while the process runs; "
@@ -136,6 +138,49 @@ bool DaemonMode(int argc, char** argv) {
   return false;
 }
 
+// /metrics of this process (--metrics-port), with the per-GPU gauges.
+struct WorkerMetrics {
+  std::shared_ptr<prometheus::Registry> registry;  // Outlives the two below.
+  std::unique_ptr<pstrain::GpuMetricsExporter> gpu;
+  std::unique_ptr<pstrain::MetricsHttpServer> server;
+  std::string address;  // HOST:PORT it listens on.
+};
+
+// Serves `registry` on --metrics-host:--metrics-port: HTTPS with --tls-cert,
+// plain HTTP only on loopback (or --insecure). Per-GPU gauges through NVML,
+// loaded at run time: without a driver they say "no GPU"
+// (pstrain_worker_gpus 0, pstrain_worker_gpu_available 0).
+absl::Status StartWorkerMetrics(const pstrain::DaemonSecurity& security,
+                                const std::shared_ptr<prometheus::Registry>& registry,
+                                WorkerMetrics* metrics) {
+  metrics->registry = registry;
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  metrics->gpu = std::make_unique<pstrain::GpuMetricsExporter>(pstrain::GpuMonitor::Open(),
+                                                               registry.get(), absl::Seconds(1));
+  if (!metrics->gpu->monitor().available()) {
+    std::cerr << "pstrain-worker: no GPU metrics: " << metrics->gpu->monitor().unavailable_reason()
+              << std::endl;
+  }
+  const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  std::optional<pstrain::MetricsTls> tls;
+  if (!security.tls.cert_file.empty()) {
+    tls = pstrain::MetricsTls{security.tls.cert_file, security.tls.key_file};
+  } else {
+    std::string warning;
+    PSTRAIN_RETURN_IF_ERROR(pstrain::CheckListenPolicy(
+        "--metrics-host", metrics_host + ":" + std::to_string(metrics_port),
+        /*tls_enabled=*/false, /*tokens_enabled=*/true, security.insecure, &warning));
+    if (!warning.empty()) std::cerr << warning << std::endl;
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(
+      metrics->server,
+      pstrain::MetricsEndpoint::Start(metrics_host, metrics_port, registry, tls ? &*tls : nullptr));
+  metrics->address = metrics_host + ":" + std::to_string(metrics->server->port());
+  std::cout << "metrics on " << (tls ? "https://" : "http://") << metrics->address << "/metrics"
+            << std::endl;
+  return absl::OkStatus();
+}
+
 int RunDaemon() {
   pstrain::TuneAllocatorForLargeMessages();
   // SIGINT and SIGTERM are taken by a thread that shuts the daemon down;
@@ -171,39 +216,12 @@ int RunDaemon() {
               << ": forward/backward replaced by a fixed " << fixed_ms
               << " ms per step; jobs run by this worker do not learn" << std::endl;
   }
-  std::unique_ptr<pstrain::MetricsHttpServer> metrics;
-  std::unique_ptr<pstrain::GpuMetricsExporter> gpu_metrics;
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port > 0) {
+  WorkerMetrics metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
     options.registry = std::make_shared<prometheus::Registry>();
-    // Per-GPU gauges through NVML, loaded at run time: without a driver they
-    // say "no GPU" (pstrain_worker_gpus 0, pstrain_worker_gpu_available 0).
-    gpu_metrics = std::make_unique<pstrain::GpuMetricsExporter>(
-        pstrain::GpuMonitor::Open(), options.registry.get(), absl::Seconds(1));
-    if (!gpu_metrics->monitor().available()) {
-      std::cerr << "pstrain-worker: no GPU metrics: " << gpu_metrics->monitor().unavailable_reason()
-                << std::endl;
-    }
-    // HTTPS with --tls-cert; plain HTTP only on loopback (or --insecure).
-    const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
-    std::optional<pstrain::MetricsTls> tls;
-    if (!security->tls.cert_file.empty()) {
-      tls = pstrain::MetricsTls{security->tls.cert_file, security->tls.key_file};
-    } else {
-      std::string warning;
-      absl::Status allowed = pstrain::CheckListenPolicy(
-          "--metrics-host", metrics_host + ":" + std::to_string(metrics_port),
-          /*tls_enabled=*/false, /*tokens_enabled=*/true, security->insecure, &warning);
-      if (!allowed.ok()) return Fail(allowed);
-      if (!warning.empty()) std::cerr << warning << std::endl;
-    }
-    auto endpoint = pstrain::MetricsEndpoint::Start(metrics_host, metrics_port, options.registry,
-                                                    tls ? &*tls : nullptr);
-    if (!endpoint.ok()) return Fail(endpoint.status());
-    metrics = *std::move(endpoint);
-    options.metrics_address = metrics_host + ":" + std::to_string(metrics->port());
-    std::cout << "metrics on " << (tls ? "https://" : "http://") << options.metrics_address
-              << "/metrics" << std::endl;
+    absl::Status started = StartWorkerMetrics(*security, options.registry, &metrics);
+    if (!started.ok()) return Fail(started);
+    options.metrics_address = metrics.address;
   }
   pstrain::HealthServer health;
   if (const int health_port = absl::GetFlag(FLAGS_health_port); health_port > 0) {
@@ -244,7 +262,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
-      "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR]\n"
+      "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR] [--metrics-port "
+      "P]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D] [--limit N] "
       "[--logits-out F.npy] [--inputs-out F.npy]\n"
       "  pstrain-worker --server HOST:PORT [--metrics-port P] [--health-port P] [--device D] "
@@ -297,6 +316,15 @@ int main(int argc, char** argv) {
     options.checkpoint_path = (job->name().empty() ? std::string("model") : job->name()) + ".ckpt";
   } else if (options.checkpoint_path == "none") {
     options.checkpoint_path.clear();
+  }
+  // /metrics while it trains: the per-GPU gauges (utilization, memory, power).
+  WorkerMetrics metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    absl::StatusOr<pstrain::DaemonSecurity> security = pstrain::DaemonSecurityFromFlags(false);
+    if (!security.ok()) return Fail(security.status());
+    absl::Status started =
+        StartWorkerMetrics(*security, std::make_shared<prometheus::Registry>(), &metrics);
+    if (!started.ok()) return Fail(started);
   }
   auto result = pstrain::RunStandalone(*job, options, std::cout);
   if (!result.ok()) return Fail(result.status());
