@@ -6,8 +6,15 @@ Cases (from the training-engine issue):
   resnet-small synthetic 3x64x64 images (examples/models/resnet-small-64.json), batch 128
 Both sides build the model from the same spec file (bench/torch_from_spec.py).
 PyTorch keeps the data in pinned host memory and copies each batch with
-non_blocking=True, as pstrain's prefetcher does. Rounds alternate; medians and
+non_blocking=True, as pstrain's prefetcher does. Each run trains --epochs epochs
+and only epochs 2.. are timed, on both sides. Rounds alternate; medians and
 ratios are printed.
+
+pstrain's fp32 is strict IEEE fp32 (cuBLAS default math, cuDNN FMA-only
+algorithms), so the reference it is held to is PyTorch eager with TF32 off
+(torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 =
+False). PyTorch's own default, which runs convolutions in TF32, is printed
+beside it for context.
 
 Usage: python3 bench/train_gpu_vs_pytorch.py --binary build/bin/pstrain-worker [--rounds 3]
 (On the lent GPU machine see docs/BENCHMARKS.md for the libraries to carry.)
@@ -16,6 +23,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,40 +55,57 @@ def synthetic(n, shape):
     return x, y
 
 
-def torch_rate(spec_file, x, y, batch, lr):
+def torch_rate(spec_file, x, y, batch, lr, tf32, epochs):
+    """Samples/s over epochs 2..epochs (the first one warms up: cuDNN's
+    benchmark search, allocator growth), timed with a device sync at each end."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default either way.
     with open(os.path.join(ROOT, spec_file)) as f:
         model = SpecModel(json.load(f)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    steps, warmup = len(x) // batch, 10
-    for s in range(steps):
-        if s == warmup:
+    steps = len(x) // batch
+    for epoch in range(epochs):
+        if epoch == 1:
             torch.cuda.synchronize()
             start = time.perf_counter()
-        xb = x[s * batch:(s + 1) * batch].cuda(non_blocking=True)
-        yb = y[s * batch:(s + 1) * batch].cuda(non_blocking=True)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(xb), yb).backward()
-        opt.step()
+        for s in range(steps):
+            xb = x[s * batch:(s + 1) * batch].cuda(non_blocking=True)
+            yb = y[s * batch:(s + 1) * batch].cuda(non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(xb), yb).backward()
+            opt.step()
     torch.cuda.synchronize()
-    return (steps - warmup) * batch / (time.perf_counter() - start)
+    return (epochs - 1) * steps * batch / (time.perf_counter() - start)
 
 
-def ours_rate(binary, job, batch, limit, data_dir):
+EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .* ([0-9.]+) samples/s")
+
+
+def ours_rate(binary, job, batch, limit, epochs):
+    """Samples/s over epochs 2..epochs, from the trainer's per-epoch lines (each
+    epoch's samples over its wall time, data waits included): the same window
+    as torch_rate's."""
     cmd = [binary, "--standalone", os.path.join(ROOT, job), "--device", "cuda", "--batch", str(batch),
-           "--checkpoint", "none"]
+           "--epochs", str(epochs), "--checkpoint", "none"]
     if limit:
         cmd += ["--limit", str(limit)]
-    env = dict(os.environ)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rates = [float(m.group(3)) for m in map(EPOCH_LINE.match, out.splitlines()) if m]
+    if len(rates) != epochs:
+        raise RuntimeError(f"expected {epochs} epoch lines from pstrain-worker, got: {out[-2000:]}")
+    steady = rates[1:]
     line = json.loads(out.strip().splitlines()[-1])
-    return line["train_samples_per_sec"], line["device"]
+    # Equal samples per epoch: the rate over them is the harmonic mean.
+    return len(steady) / sum(1 / r for r in steady), line["device"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=os.path.join(ROOT, "build/bin/pstrain-worker"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4,
+                    help="epochs per run; the first is warm-up and not timed (both sides)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -93,16 +118,19 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     for name, spec, job, batch, lr, limit, data in cases:
         x, y = data()
-        ours, theirs = [], []
+        ours, theirs, theirs_tf32 = [], [], []
         for r in range(args.rounds):
-            rate, device = ours_rate(args.binary, job, batch, limit, args.data)
+            rate, device = ours_rate(args.binary, job, batch, limit, args.epochs)
             ours.append(rate)
-            theirs.append(torch_rate(spec, x, y, batch, lr))
-            print(f"  {name} round {r + 1}: pstrain {ours[-1]:.0f} ({device}), PyTorch {theirs[-1]:.0f} samples/s",
+            theirs.append(torch_rate(spec, x, y, batch, lr, tf32=False, epochs=args.epochs))
+            theirs_tf32.append(torch_rate(spec, x, y, batch, lr, tf32=True, epochs=args.epochs))
+            print(f"  {name} round {r + 1}: pstrain {ours[-1]:.0f} ({device}), PyTorch fp32 "
+                  f"{theirs[-1]:.0f}, PyTorch default (TF32 conv) {theirs_tf32[-1]:.0f} samples/s",
                   flush=True)
-        o, t = statistics.median(ours), statistics.median(theirs)
-        print(f"{name}: pstrain median {o:.0f} samples/s, PyTorch eager median {t:.0f} samples/s, "
-              f"ratio {o / t:.2f}x")
+        o, t, t32 = statistics.median(ours), statistics.median(theirs), statistics.median(theirs_tf32)
+        print(f"{name}: pstrain median {o:.0f} samples/s, PyTorch eager fp32 median {t:.0f} "
+              f"samples/s, ratio {o / t:.2f}x; PyTorch default (TF32 conv) {t32:.0f}, "
+              f"ratio {o / t32:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
