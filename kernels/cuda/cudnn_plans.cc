@@ -38,7 +38,7 @@ absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w) {
 // they are left out and pstrain's fp32 keeps the CPU backend's numbers.
 // PSTRAIN_CUDNN_TRANSFORMS (read once per process) changes that: "none"
 // (plain multiply-add algorithms only), "fft" (the default), "winograd" or
-// "fft,winograd" (PyTorch's choice: on resnet-small, 1.08x faster).
+// "fft,winograd" (PyTorch's choice: resnet-small trains 1.09x faster on an H200).
 struct AllowedTransforms {
   bool fft = true;
   bool winograd = false;
