@@ -9,6 +9,9 @@
 #      bf16, topk 1%, onebit; same seed), with the final test accuracy, the
 #      wall time, and the push bytes the server received per worker step
 #      beside the F32 bytes they represent (its /metrics counters).
+#      PSTRAIN_JOB picks another job file (bench/jobs/fmnist-chaos.json: the
+#      schedule annealed over 3 epochs, a seed-to-seed spread of 0.07 points
+#      instead of 0.49) and PSTRAIN_CODECS the codecs (the first is the base).
 #   2. time to 0.90 test accuracy: constant learning rate (no schedule), epochs
 #      E = 1, 2, ... until the test accuracy reaches 0.90, standalone (batch 64)
 #      and two workers (sync, 2 x 64); the figure is the wall time of the first
@@ -111,12 +114,12 @@ if [[ $WHAT == accuracy || $WHAT == all ]]; then
 fi
 
 if [[ $WHAT == compression || $WHAT == all ]]; then
-  JOB=examples/fashion-mnist.json
+  JOB=${PSTRAIN_JOB:-examples/fashion-mnist.json}
   EPOCHS=${PSTRAIN_EPOCHS:-3}
   report "== compression, $JOB, sync, 2 workers (2x64), $EPOCHS epochs, seed of the job, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p')"
   report "codec     test_accuracy  vs_none(points)  seconds  push_bytes_per_worker_step  fp32_bytes_per_worker_step  ratio"
   base=""
-  for codec in none fp16 bf16 topk:0.01 onebit; do
+  for codec in ${PSTRAIN_CODECS:-none fp16 bf16 topk:0.01 onebit}; do
     read -r acc secs steps received represented <<<"$(compressed $JOB "$EPOCHS" $codec)"
     [[ -z $base ]] && base=$acc
     report "$(python3 -c "
