@@ -34,6 +34,9 @@ ABSL_FLAG(std::optional<int>, averaging_frequency, std::nullopt,
 ABSL_FLAG(std::optional<int>, epochs, std::nullopt, "Epochs to train (>= 1)");
 ABSL_FLAG(std::string, compression, "",
           "How workers push gradients: none, fp16, bf16, topk[:RATIO] or onebit");
+ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
+          "topk and onebit: chunks of fewer F32 bytes are pushed whole (0 = compress every "
+          "chunk; 262144 keeps convolution kernels and biases exact)");
 ABSL_FLAG(bool, watch, false, "Follow the job like `pstrain watch` and exit by its end state");
 ABSL_FLAG(std::string, report, "", "Also write the job's HTML report to this file");
 
@@ -73,6 +76,7 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
 struct SubmitOverrides {
   std::optional<int> workers, staleness, averaging_frequency, epochs;
   std::string mode, compression;
+  std::optional<int64_t> min_compress_bytes;
 };
 
 // Applies `o` to `job`; INVALID_ARGUMENT names the bad option.
@@ -102,6 +106,13 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
   if (!o.compression.empty()) {
     PSTRAIN_ASSIGN_OR_RETURN(*job.mutable_compression(), ParseCompression(o.compression));
   }
+  if (o.min_compress_bytes) {
+    if (*o.min_compress_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--min-compress-bytes must be an integer >= 0, got '", *o.min_compress_bytes, "'"));
+    }
+    job.mutable_compression()->set_min_compress_bytes(*o.min_compress_bytes);
+  }
   if (o.workers) job.set_workers(*o.workers);
   if (o.staleness) job.set_staleness(*o.staleness);
   if (o.averaging_frequency) job.set_averaging_frequency(*o.averaging_frequency);
@@ -122,12 +133,14 @@ int Cli::Submit(const std::vector<std::string>& args) {
       "  line is the job's JobStatus as JSON.\n"
       "  --compression sets how workers push gradients (sync, async, ssp): fp16 or\n"
       "  bf16 halves the bytes; topk sends the largest RATIO of each chunk (default\n"
-      "  0.01) and onebit one sign bit per value, both with error feedback.\n",
+      "  0.01) and onebit one sign bit per value, both with error feedback;\n"
+      "  --min-compress-bytes 262144 sends their chunks under 256 KiB whole.\n",
       {&absl::GetFlagReflectionHandle(FLAGS_workers), &absl::GetFlagReflectionHandle(FLAGS_mode),
        &absl::GetFlagReflectionHandle(FLAGS_staleness),
        &absl::GetFlagReflectionHandle(FLAGS_averaging_frequency),
        &absl::GetFlagReflectionHandle(FLAGS_epochs),
        &absl::GetFlagReflectionHandle(FLAGS_compression),
+       &absl::GetFlagReflectionHandle(FLAGS_min_compress_bytes),
        &absl::GetFlagReflectionHandle(FLAGS_watch), &absl::GetFlagReflectionHandle(FLAGS_json)}};
   SubmitOverrides overrides;
   bool watch = false, json = false;
@@ -137,7 +150,8 @@ int Cli::Submit(const std::vector<std::string>& args) {
                  .averaging_frequency = absl::GetFlag(FLAGS_averaging_frequency),
                  .epochs = absl::GetFlag(FLAGS_epochs),
                  .mode = absl::GetFlag(FLAGS_mode),
-                 .compression = absl::GetFlag(FLAGS_compression)};
+                 .compression = absl::GetFlag(FLAGS_compression),
+                 .min_compress_bytes = absl::GetFlag(FLAGS_min_compress_bytes)};
     watch = absl::GetFlag(FLAGS_watch);
     json = absl::GetFlag(FLAGS_json);
   });

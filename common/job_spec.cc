@@ -183,6 +183,18 @@ absl::Status ValidateCompression(const v1::CompressionSpec& spec) {
         absl::StrCat("compression.topk_ratio is only for COMPRESSION_TOPK; method is ",
                      v1::CompressionSpec::Method_Name(spec.method())));
   }
+  if (spec.min_compress_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression.min_compress_bytes must be >= 0, got ", spec.min_compress_bytes()));
+  }
+  if (spec.min_compress_bytes() != 0 &&
+      spec.method() != v1::CompressionSpec::COMPRESSION_TOPK &&
+      spec.method() != v1::CompressionSpec::COMPRESSION_ONEBIT) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression.min_compress_bytes is only for COMPRESSION_TOPK and COMPRESSION_ONEBIT; "
+        "method is ",
+        v1::CompressionSpec::Method_Name(spec.method())));
+  }
   return absl::OkStatus();
 }
 

@@ -176,7 +176,10 @@ absl::Status DecodeGradient(const v1::ChunkHeader& header, const void* payload, 
 // --- GradientEncoder ------------------------------------------------------------
 
 GradientEncoder::GradientEncoder(const v1::CompressionSpec& spec, ChunkPlan plan)
-    : method_(spec.method()), topk_ratio_(spec.topk_ratio()), plan_(std::move(plan)) {
+    : method_(spec.method()),
+      topk_ratio_(spec.topk_ratio()),
+      min_compress_bytes_(spec.min_compress_bytes()),
+      plan_(std::move(plan)) {
   residuals_.resize(plan_.chunks.size());
 }
 
@@ -205,7 +208,11 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
         absl::StrCat("chunk ", chunk_id, " has ", n, " elements, got ", gradient.size()));
   }
   out->encoded_count = 0;
-  switch (method_) {
+  const bool lossy = method_ == v1::CompressionSpec::COMPRESSION_TOPK ||
+                     method_ == v1::CompressionSpec::COMPRESSION_ONEBIT;
+  // A chunk under min_compress_bytes goes whole (and keeps no residual).
+  const bool whole = lossy && n * int64_t{4} < min_compress_bytes_;
+  switch (whole ? v1::CompressionSpec::COMPRESSION_NONE : method_) {
     case v1::CompressionSpec::COMPRESSION_NONE:
       out->dtype = v1::DTYPE_F32;
       out->encoding = v1::ChunkHeader::ENCODING_DENSE;

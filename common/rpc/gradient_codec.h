@@ -86,7 +86,8 @@ class GradientEncoder {
 
   // Encodes chunk `chunk_id`'s gradient (plan.chunks[chunk_id].count floats).
   // TOPK and ONEBIT add the chunk's residual first and keep what was not
-  // sent. INVALID_ARGUMENT for an unknown chunk, a wrong size or a
+  // sent; a chunk of fewer than spec.min_compress_bytes F32 bytes is sent
+  // whole (DENSE F32) and has no residual. INVALID_ARGUMENT for an unknown chunk, a wrong size or a
   // non-finite value (the residual is then left as it was).
   absl::Status Encode(int chunk_id, absl::Span<const float> gradient, EncodedGradient* out);
 
@@ -105,6 +106,7 @@ class GradientEncoder {
 
   const v1::CompressionSpec::Method method_;
   const float topk_ratio_;
+  const int64_t min_compress_bytes_;  // Smaller chunks go as F32.
   const ChunkPlan plan_;
   std::vector<std::vector<float>> residuals_;  // By chunk id.
   std::vector<float> scratch_;                 // p = g + r before it is accepted.

@@ -486,7 +486,8 @@ class Client:
 
     def submit(self, model, dataset, optimizer, epochs, batch_size=64, workers=1, mode="sync",
                name=None, seed=0, staleness=0, averaging_frequency=0,
-               average_optimizer_state=False, compression="none", topk_ratio=0.0):
+               average_optimizer_state=False, compression="none", topk_ratio=0.0,
+               min_compress_bytes=0):
         """Submits a job and returns its Job. The server validates it: a bad
         job raises InvalidArgumentError with the server's message (a bad model
         cannot get here: a Model is checked when it is made).
@@ -496,7 +497,9 @@ class Client:
         "average" (every averaging_frequency local steps; 0 = 5); compression:
         how workers push gradients in sync, async and ssp: "none", "fp16",
         "bf16", "topk" (the largest topk_ratio of each chunk; 0 = 0.01) or
-        "onebit" (sign bits and a scale), the last two with error feedback.
+        "onebit" (sign bits and a scale), the last two with error feedback;
+        min_compress_bytes: with those two, chunks of fewer F32 bytes go whole
+        (0 = compress every chunk; 262144 keeps small layers exact).
         """
         if not isinstance(model, Model):
             raise TypeError(f"submit: model must be a pstrain.Model, got {type(model).__name__}")
@@ -512,7 +515,8 @@ class Client:
             staleness=int(staleness), averaging_frequency=int(averaging_frequency),
             average_optimizer_state=bool(average_optimizer_state),
             compression=job_pb2.CompressionSpec(method=COMPRESSION[compression],
-                                                topk_ratio=float(topk_ratio)))
+                                                topk_ratio=float(topk_ratio),
+                                                min_compress_bytes=int(min_compress_bytes)))
         return self.submit_spec(spec)
 
     def submit_spec(self, spec):

@@ -264,6 +264,11 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_THAT(err_.str(), HasSubstr("--mode must be sync, async, ssp or average"));
   EXPECT_EQ(Run({"submit", ExampleJob(), "--workers", "0"}), 2);
   EXPECT_EQ(Run({"submit", ExampleJob(), "--epochs"}), 2);
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--compression", "topk", "--min-compress-bytes", "-1"}),
+            2);
+  EXPECT_THAT(err_.str(), HasSubstr("--min-compress-bytes must be an integer >= 0"));
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--compression", "fp16", "--min-compress-bytes", "9"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("min_compress_bytes is only for COMPRESSION_TOPK"));
   EXPECT_EQ(Run({"--timeout-ms", "soon", "list"}), 2);
   EXPECT_EQ(Run({"submit", (dir_ / "missing.json").string()}), 2);
   absl::MutexLock lock(&fake_.mu_);
@@ -395,7 +400,8 @@ TEST_F(CliTest, ServerSideValidationErrorExitsTwo) {
 
 TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
   ASSERT_EQ(Run({"submit", ExampleJob(), "--workers", "3", "--mode", "ssp", "--staleness", "2",
-                 "--epochs", "4", "--json"}),
+                 "--epochs", "4", "--compression", "topk:0.02", "--min-compress-bytes", "262144",
+                 "--json"}),
             0)
       << err_.str();
   const v1::JobStatus status = LastLineAs<v1::JobStatus>();
@@ -409,6 +415,9 @@ TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
   EXPECT_EQ(spec.mode(), v1::CONSISTENCY_SSP);
   EXPECT_EQ(spec.staleness(), 2);
   EXPECT_EQ(spec.epochs(), 4);
+  EXPECT_EQ(spec.compression().method(), v1::CompressionSpec::COMPRESSION_TOPK);
+  EXPECT_FLOAT_EQ(spec.compression().topk_ratio(), 0.02f);
+  EXPECT_EQ(spec.compression().min_compress_bytes(), 262144);
   EXPECT_TRUE(spec.model_file().empty());
   EXPECT_GT(spec.model().layers_size(), 0);
 }

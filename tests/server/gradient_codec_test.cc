@@ -78,6 +78,26 @@ TEST(CompressionSpecTest, ValidatesMethodAndRatio) {
               HasSubstr("compression.method 42 is not a known method"));
 }
 
+TEST(CompressionSpecTest, MinCompressBytesIsForTopKAndOneBitAndNotNegative) {
+  for (auto method :
+       {v1::CompressionSpec::COMPRESSION_TOPK, v1::CompressionSpec::COMPRESSION_ONEBIT}) {
+    v1::CompressionSpec spec = Spec(method);
+    spec.set_min_compress_bytes(262144);
+    EXPECT_TRUE(ValidateCompression(spec).ok());
+    spec.set_min_compress_bytes(-1);
+    EXPECT_THAT(ValidateCompression(spec).message(),
+                HasSubstr("min_compress_bytes must be >= 0, got -1"));
+  }
+  for (auto method : {v1::CompressionSpec::COMPRESSION_NONE, v1::CompressionSpec::COMPRESSION_FP16,
+                      v1::CompressionSpec::COMPRESSION_BF16}) {
+    v1::CompressionSpec spec = Spec(method);
+    spec.set_min_compress_bytes(4096);
+    EXPECT_THAT(
+        ValidateCompression(spec).message(),
+        HasSubstr("min_compress_bytes is only for COMPRESSION_TOPK and COMPRESSION_ONEBIT"));
+  }
+}
+
 TEST(CompressionSpecTest, TopKCountIsCeilingClampedToOneAndN) {
   EXPECT_EQ(TopKCount(0.01f, 1000), 10);
   EXPECT_EQ(TopKCount(0.01f, 1001), 11);
@@ -153,6 +173,42 @@ TEST(GradientCodecTest, TopKSendsTheLargestMagnitudesAndKeepsTheRestExactly) {
   absl::Span<const float> r = encoder.residual(0);
   ASSERT_EQ(r.size(), static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(d[i] + r[i], g[i]) << i;
+}
+
+// Under min_compress_bytes a chunk goes whole, exactly, and keeps no
+// residual; from it up, as before. A two-chunk plan: 1000 and 1024 elements
+// (4000 and 4096 bytes) against a limit of 4096 bytes.
+TEST(GradientCodecTest, ChunksUnderMinCompressBytesArePushedWholeWithoutResidual) {
+  ChunkPlan plan = OneChunkPlan(1000);
+  ChunkInfo second = plan.chunks[0];
+  second.id = 1;
+  second.param = 1;
+  second.count = 1024;
+  plan.chunks.push_back(second);
+  plan.by_param.push_back({1});
+  for (auto method :
+       {v1::CompressionSpec::COMPRESSION_TOPK, v1::CompressionSpec::COMPRESSION_ONEBIT}) {
+    SCOPED_TRACE(v1::CompressionSpec::Method_Name(method));
+    v1::CompressionSpec spec = Spec(method);
+    spec.set_min_compress_bytes(4096);
+    GradientEncoder encoder(spec, plan);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> small = RandomGradient(1000, 20 + step);
+      EncodedGradient e;
+      ASSERT_TRUE(encoder.Encode(0, small, &e).ok());
+      EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
+      EXPECT_EQ(e.dtype, v1::DTYPE_F32);
+      EXPECT_EQ(e.bytes.size(), 4000u);
+      EXPECT_EQ(Decode(e, 1000), small);  // Exact: nothing held back.
+      EXPECT_TRUE(encoder.residual(0).empty());
+
+      const std::vector<float> large = RandomGradient(1024, 40 + step);
+      ASSERT_TRUE(encoder.Encode(1, large, &e).ok());
+      EXPECT_NE(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
+      EXPECT_LT(e.bytes.size(), 4096u / 4);
+      EXPECT_EQ(encoder.residual(1).size(), 1024u);
+    }
+  }
 }
 
 TEST(GradientCodecTest, OneBitSendsSignsAndTheMeanMagnitude) {
