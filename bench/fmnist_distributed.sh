@@ -11,7 +11,8 @@
 #      beside the F32 bytes they represent (its /metrics counters).
 #      PSTRAIN_JOB picks another job file (bench/jobs/fmnist-chaos.json: the
 #      schedule annealed over 3 epochs, a seed-to-seed spread of 0.07 points
-#      instead of 0.49) and PSTRAIN_CODECS the codecs (the first is the base).
+#      instead of 0.49) and PSTRAIN_CODECS the codecs (the first is the base;
+#      topk:0.01@262144 adds --min-compress-bytes 262144).
 #   2. time to 0.90 test accuracy: constant learning rate (no schedule), epochs
 #      E = 1, 2, ... until the test accuracy reaches 0.90, standalone (batch 64)
 #      and two workers (sync, 2 x 64); the figure is the wall time of the first
@@ -76,13 +77,17 @@ distributed() {
 metric() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
 
 # compressed JOB EPOCHS CODEC -> "accuracy seconds steps received_bytes represented_bytes"
+# CODEC is a --compression value, optionally @BYTES for --min-compress-bytes
+# (topk:0.01@262144: chunks under 256 KiB go whole).
 compressed() {
   local job=$1 epochs=$2 codec=$3
+  local extra=()
+  [[ $codec == *@* ]] && extra=(--min-compress-bytes "${codec#*@}")
   start_cluster
   local t0 t1 out
   t0=$(date +%s.%N)
   out=$("$BIN/pstrain" --server "127.0.0.1:$PORT" --timeout-ms 30000 submit "$job" --workers 2 \
-        --mode sync --epochs "$epochs" --compression "$codec" --watch --json 2>&1 | tail -1)
+        --mode sync --epochs "$epochs" --compression "${codec%@*}" "${extra[@]}" --watch --json 2>&1 | tail -1)
   t1=$(date +%s.%N)
   sleep 1.5  # The counters refresh every second.
   local received represented

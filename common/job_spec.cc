@@ -187,8 +187,7 @@ absl::Status ValidateCompression(const v1::CompressionSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "compression.min_compress_bytes must be >= 0, got ", spec.min_compress_bytes()));
   }
-  if (spec.min_compress_bytes() != 0 &&
-      spec.method() != v1::CompressionSpec::COMPRESSION_TOPK &&
+  if (spec.min_compress_bytes() != 0 && spec.method() != v1::CompressionSpec::COMPRESSION_TOPK &&
       spec.method() != v1::CompressionSpec::COMPRESSION_ONEBIT) {
     return absl::InvalidArgumentError(absl::StrCat(
         "compression.min_compress_bytes is only for COMPRESSION_TOPK and COMPRESSION_ONEBIT; "
