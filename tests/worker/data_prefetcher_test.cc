@@ -4,8 +4,10 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -92,13 +94,15 @@ INSTANTIATE_TEST_SUITE_P(Devices, DataPrefetcherTest,
                            return info.param == DeviceType::kCpu ? "cpu" : "cuda";
                          });
 
+// Pools of 1 and 2 buffers too: Next() keeps the copy of the last batch in
+// flight only when the pool can spare it (a pool of one cannot).
 TEST_P(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
   data::ImageDataset ds = CountingDataset(103);
-  for (int threads : {1, 3}) {
-    SCOPED_TRACE(threads);
+  for (auto [threads, pool] : {std::pair{1, 3}, {3, 3}, {1, 1}, {2, 2}}) {
+    SCOPED_TRACE(absl::StrCat(threads, " threads, ", pool, " buffers"));
     PrefetchOptions options;
     options.batch_size = 10;
-    options.prefetch_batches = 3;
+    options.prefetch_batches = pool;
     options.threads = threads;
     options.seed = 17;
     std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
