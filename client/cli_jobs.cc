@@ -35,8 +35,8 @@ ABSL_FLAG(std::optional<int>, epochs, std::nullopt, "Epochs to train (>= 1)");
 ABSL_FLAG(std::string, compression, "",
           "How workers push gradients: none, fp16, bf16, topk[:RATIO] or onebit");
 ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
-          "topk and onebit: chunks of fewer F32 bytes are pushed whole (0 = compress every "
-          "chunk; 262144 keeps convolution kernels and biases exact)");
+          "topk and onebit: parameters of fewer F32 bytes are pushed whole (0 = compress "
+          "every parameter; 262144 keeps convolution kernels and biases exact)");
 ABSL_FLAG(bool, watch, false, "Follow the job like `pstrain watch` and exit by its end state");
 ABSL_FLAG(std::string, report, "", "Also write the job's HTML report to this file");
 

@@ -1,6 +1,7 @@
 #include "common/chunking.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <optional>
 
@@ -8,24 +9,43 @@
 
 namespace pstrain {
 
+int64_t AutoChunkBytes(int64_t model_bytes, int num_shards) {
+  const int64_t shards = std::max(num_shards, 1);
+  int64_t chunk = kDefaultChunkBytes;
+  // chunk * kMinChunksPerShard * shards <= 2^20 * 2^3 * 2^31: no overflow.
+  while (chunk > kMinAutoChunkBytes && model_bytes < chunk * kMinChunksPerShard * shards) {
+    chunk /= 2;
+  }
+  return chunk;
+}
+
 absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, int64_t chunk_bytes) {
   if (num_shards < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_shards must be >= 1, got ", num_shards));
   }
-  if (chunk_bytes < 4 || chunk_bytes > kMaxChunkBytes) {
+  if (chunk_bytes != kAutoChunkBytes && (chunk_bytes < 4 || chunk_bytes > kMaxChunkBytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes must be in [4, ", kMaxChunkBytes, "], got ", chunk_bytes));
   }
-  const int64_t per_chunk = chunk_bytes / 4;
-  // Count first, so that a huge model is refused before the plan grows.
-  int64_t num_chunks = 0;
+  // Sizes first (overflow-checked), so that a huge model is refused before
+  // the plan grows.
+  std::vector<int64_t> sizes;
+  sizes.reserve(graph.params.size());
+  int64_t model_elements = 0;
   for (const ParamInfo& p : graph.params) {
     std::optional<int64_t> n = p.shape.CheckedNumElements();
-    if (!n) {
+    if (!n || *n > INT64_MAX / 4 - model_elements) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter ", p.name, " ", p.shape.ToString(), " is too large"));
     }
-    const int64_t chunks = *n / per_chunk + (*n % per_chunk != 0 ? 1 : 0);
+    model_elements += *n;
+    sizes.push_back(*n);
+  }
+  if (chunk_bytes == kAutoChunkBytes) chunk_bytes = AutoChunkBytes(model_elements * 4, num_shards);
+  const int64_t per_chunk = chunk_bytes / 4;
+  int64_t num_chunks = 0;
+  for (int64_t n : sizes) {
+    const int64_t chunks = n / per_chunk + (n % per_chunk != 0 ? 1 : 0);
     if (chunks > kMaxChunks || (num_chunks += chunks) > kMaxChunks) {
       return absl::InvalidArgumentError(absl::StrCat("the model needs more than ", kMaxChunks,
                                                      " chunks of ", chunk_bytes, " bytes"));
@@ -34,9 +54,10 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   ChunkPlan plan;
   plan.chunks.reserve(static_cast<size_t>(num_chunks));
   plan.num_shards = num_shards;
+  plan.chunk_bytes = chunk_bytes;
   plan.by_param.resize(graph.params.size());
   for (size_t p = 0; p < graph.params.size(); ++p) {
-    const int64_t n = graph.params[p].shape.num_elements();
+    const int64_t n = sizes[p];
     for (int64_t offset = 0; offset < n; offset += per_chunk) {
       ChunkInfo c;
       c.id = static_cast<int>(plan.chunks.size());

@@ -19,6 +19,11 @@ namespace pstrain {
 // 1 MiB of fp32 values: the transport lessons' sweet spot, far below gRPC's
 // limits. Chunks never exceed kMaxChunkBytes (4 MiB).
 inline constexpr int64_t kDefaultChunkBytes = int64_t{1} << 20;
+// PlanChunks' chunk_bytes that asks for AutoChunkBytes(model, num_shards).
+inline constexpr int64_t kAutoChunkBytes = 0;
+// AutoChunkBytes' floor, and the chunks it wants every shard to hold.
+inline constexpr int64_t kMinAutoChunkBytes = int64_t{64} << 10;
+inline constexpr int64_t kMinChunksPerShard = 8;
 inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 // Most chunks one plan may hold (1 TiB of parameters at the default chunk
 // size); a plan's memory is ~40 bytes per chunk.
@@ -38,17 +43,30 @@ struct ChunkPlan {
   std::vector<std::vector<int>> by_param;  // Chunk ids of each parameter, in order.
   std::vector<std::vector<int>> by_shard;  // Chunk ids owned by each shard.
   std::vector<int64_t> shard_bytes;        // Bytes owned by each shard.
+  int64_t chunk_bytes = 0;                 // The chunk size used (auto resolved).
 };
 
+// The chunk size of kAutoChunkBytes plans: kDefaultChunkBytes, halved while a
+// shard would hold fewer than kMinChunksPerShard chunks of it (model_bytes /
+// num_shards / chunk < kMinChunksPerShard), down to kMinAutoChunkBytes; a
+// power of two. Why: a shard answers a sync pull of a chunk once every
+// worker's push of it is in, so a shard that holds one chunk cannot send
+// before its whole push arrived, and each link carries the push and then the
+// pull; with at least 8 chunks per shard the pull of the first chunks runs
+// while the last ones are pushed (docs/BENCHMARKS.md, "Emulated cluster").
+int64_t AutoChunkBytes(int64_t model_bytes, int num_shards);
+
 // Cuts every parameter (running statistics included) into chunks of at most
-// chunk_bytes (small parameters are not merged: a chunk never spans two
-// parameters), then assigns chunks to shards greedily by bytes, largest
-// first, so that shard loads differ by at most one chunk. Deterministic.
-// INVALID_ARGUMENT for num_shards < 1, chunk_bytes outside [4, kMaxChunkBytes],
-// or more than kMaxChunks chunks (counted, overflow-checked, before anything
-// is allocated).
+// chunk_bytes (kAutoChunkBytes: AutoChunkBytes of the model's fp32 bytes;
+// small parameters are not merged: a chunk never spans two parameters), then
+// assigns chunks to shards greedily by bytes, largest first, so that shard
+// loads differ by at most one chunk. Deterministic: servers and workers plan
+// the same from the same model and shard count. INVALID_ARGUMENT for
+// num_shards < 1, chunk_bytes neither kAutoChunkBytes nor in
+// [4, kMaxChunkBytes], or more than kMaxChunks chunks (counted,
+// overflow-checked, before anything is allocated).
 absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
-                                     int64_t chunk_bytes = kDefaultChunkBytes);
+                                     int64_t chunk_bytes = kAutoChunkBytes);
 
 }  // namespace pstrain
 

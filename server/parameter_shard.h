@@ -98,7 +98,7 @@ struct ShardJobConfig {
   std::string job_id;
   v1::JobSpec spec;  // Model inline.
   int num_shards = 1;
-  int64_t chunk_bytes = kDefaultChunkBytes;
+  int64_t chunk_bytes = kAutoChunkBytes;  // 0: AutoChunkBytes, as workers plan.
   std::vector<std::string> members;  // Active worker ids.
   int64_t generation = 1;
 };

@@ -110,7 +110,7 @@ class ShardController {
   // Shard i of the chunk plan is shards[i]. `chunk_bytes` is the plan's chunk
   // size (the same on workers: see common/chunking.h).
   explicit ShardController(std::vector<std::unique_ptr<ShardClient>> shards,
-                           int64_t chunk_bytes = kDefaultChunkBytes);
+                           int64_t chunk_bytes = kAutoChunkBytes);
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
   int64_t chunk_bytes() const { return chunk_bytes_; }

@@ -176,11 +176,18 @@ absl::Status DecodeGradient(const v1::ChunkHeader& header, const void* payload, 
 // --- GradientEncoder ------------------------------------------------------------
 
 GradientEncoder::GradientEncoder(const v1::CompressionSpec& spec, ChunkPlan plan)
-    : method_(spec.method()),
-      topk_ratio_(spec.topk_ratio()),
-      min_compress_bytes_(spec.min_compress_bytes()),
-      plan_(std::move(plan)) {
+    : method_(spec.method()), topk_ratio_(spec.topk_ratio()), plan_(std::move(plan)) {
   residuals_.resize(plan_.chunks.size());
+  // Whole parameters, not chunks, are measured: how finely a plan cuts a
+  // large parameter (more shards, smaller chunks) must not stop compressing it.
+  whole_.assign(plan_.chunks.size(), false);
+  if (!error_feedback()) return;
+  for (const std::vector<int>& chunks : plan_.by_param) {
+    int64_t bytes = 0;
+    for (int id : chunks) bytes += plan_.chunks[id].count * int64_t{4};
+    if (bytes >= spec.min_compress_bytes()) continue;
+    for (int id : chunks) whole_[id] = true;
+  }
 }
 
 bool GradientEncoder::error_feedback() const {
@@ -208,11 +215,8 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
         absl::StrCat("chunk ", chunk_id, " has ", n, " elements, got ", gradient.size()));
   }
   out->encoded_count = 0;
-  const bool lossy = method_ == v1::CompressionSpec::COMPRESSION_TOPK ||
-                     method_ == v1::CompressionSpec::COMPRESSION_ONEBIT;
-  // A chunk under min_compress_bytes goes whole (and keeps no residual).
-  const bool whole = lossy && n * int64_t{4} < min_compress_bytes_;
-  switch (whole ? v1::CompressionSpec::COMPRESSION_NONE : method_) {
+  // A parameter under min_compress_bytes goes whole (and keeps no residual).
+  switch (whole_[chunk_id] ? v1::CompressionSpec::COMPRESSION_NONE : method_) {
     case v1::CompressionSpec::COMPRESSION_NONE:
       out->dtype = v1::DTYPE_F32;
       out->encoding = v1::ChunkHeader::ENCODING_DENSE;

@@ -86,9 +86,9 @@ class GradientEncoder {
 
   // Encodes chunk `chunk_id`'s gradient (plan.chunks[chunk_id].count floats).
   // TOPK and ONEBIT add the chunk's residual first and keep what was not
-  // sent; a chunk of fewer than spec.min_compress_bytes F32 bytes is sent
-  // whole (DENSE F32) and has no residual. INVALID_ARGUMENT for an unknown chunk, a wrong size or a
-  // non-finite value (the residual is then left as it was).
+  // sent; a chunk of a parameter of fewer than spec.min_compress_bytes F32
+  // bytes is sent whole (DENSE F32) and has no residual. INVALID_ARGUMENT for an unknown chunk, a
+  // wrong size or a non-finite value (the residual is then left as it was).
   absl::Status Encode(int chunk_id, absl::Span<const float> gradient, EncodedGradient* out);
 
   // Forgets every residual (a new run starts from a checkpoint).
@@ -106,8 +106,8 @@ class GradientEncoder {
 
   const v1::CompressionSpec::Method method_;
   const float topk_ratio_;
-  const int64_t min_compress_bytes_;  // Smaller chunks go as F32.
   const ChunkPlan plan_;
+  std::vector<bool> whole_;  // By chunk id: its parameter is under min_compress_bytes.
   std::vector<std::vector<float>> residuals_;  // By chunk id.
   std::vector<float> scratch_;                 // p = g + r before it is accepted.
   std::vector<uint32_t> order_;                // TOPK selection.

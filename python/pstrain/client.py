@@ -498,8 +498,8 @@ class Client:
         how workers push gradients in sync, async and ssp: "none", "fp16",
         "bf16", "topk" (the largest topk_ratio of each chunk; 0 = 0.01) or
         "onebit" (sign bits and a scale), the last two with error feedback;
-        min_compress_bytes: with those two, chunks of fewer F32 bytes go whole
-        (0 = compress every chunk; 262144 keeps small layers exact).
+        min_compress_bytes: with those two, parameters of fewer F32 bytes go
+        whole (0 = compress every parameter; 262144 keeps small layers exact).
         """
         if not isinstance(model, Model):
             raise TypeError(f"submit: model must be a pstrain.Model, got {type(model).__name__}")

@@ -66,6 +66,62 @@ TEST(ChunkingTest, DeterministicAndValidated) {
   EXPECT_FALSE(PlanChunks(graph, 1, kMaxChunkBytes + 1).ok());
 }
 
+// The dense 2048 -> 1024 -> 10 model of bench/jobs/dense-8mb-synthetic.json.
+ModelGraph Dense8Mb() {
+  v1::ModelSpec model;
+  model.add_input_shape(1);
+  model.add_input_shape(32);
+  model.add_input_shape(64);
+  model.set_num_classes(10);
+  model.add_layers()->set_name("flatten");
+  model.mutable_layers(0)->mutable_flatten();
+  model.add_layers()->set_name("fc1");
+  model.mutable_layers(1)->mutable_dense()->set_units(1024);
+  model.add_layers()->set_name("logits");
+  model.mutable_layers(2)->mutable_dense()->set_units(10);
+  model.add_layers()->set_name("loss");
+  model.mutable_layers(3)->mutable_softmax_cross_entropy();
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return *graph;
+}
+
+TEST(ChunkingTest, AutoChunkBytesHalvesUntilEveryShardHoldsEightChunks) {
+  EXPECT_EQ(AutoChunkBytes(int64_t{100} << 20, 1), kDefaultChunkBytes);  // Large: 1 MiB.
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 1), kDefaultChunkBytes);    // Exactly 8 chunks.
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 2), int64_t{512} << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 8), int64_t{128} << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 64), kMinAutoChunkBytes);  // Floor: 16 KiB wanted.
+  EXPECT_EQ(AutoChunkBytes(0, 1), kMinAutoChunkBytes);
+  EXPECT_EQ(AutoChunkBytes(INT64_MAX, INT32_MAX), kDefaultChunkBytes);  // No overflow.
+}
+
+// Plans made with the default chunk size (kAutoChunkBytes, as servers and
+// workers make them) give every shard of an 8.4 MB model at least 8 chunks,
+// where 1 MiB chunks gave each of 8 shards one or two.
+TEST(ChunkingTest, DefaultPlansGiveEveryShardEightChunksOfAnEightMegabyteModel) {
+  ModelGraph graph = Dense8Mb();
+  for (int shards : {1, 2, 4, 8}) {
+    SCOPED_TRACE(shards);
+    absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->chunk_bytes, kDefaultChunkBytes / shards);
+    for (const std::vector<int>& owned : plan->by_shard) EXPECT_GE(owned.size(), 8u);
+    for (const ChunkInfo& c : plan->chunks) EXPECT_LE(c.count * 4, plan->chunk_bytes);
+    absl::StatusOr<ChunkPlan> same = PlanChunks(graph, shards, plan->chunk_bytes);
+    ASSERT_TRUE(same.ok());
+    ASSERT_EQ(same->chunks.size(), plan->chunks.size());
+    for (size_t i = 0; i < plan->chunks.size(); ++i) {
+      EXPECT_EQ(same->chunks[i].count, plan->chunks[i].count);
+      EXPECT_EQ(same->chunks[i].shard, plan->chunks[i].shard);
+    }
+  }
+  absl::StatusOr<ChunkPlan> fixed = PlanChunks(graph, 8, kDefaultChunkBytes);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->chunk_bytes, kDefaultChunkBytes);  // An explicit size is kept.
+  EXPECT_LE(fixed->by_shard[7].size(), 2u);
+}
+
 // Regression (issue 8): a dense layer of 2^31-1 units grew the plan past
 // 3 GiB at submit. The chunks are counted before anything is allocated.
 TEST(ChunkingTest, ADenseLayerOf2To31UnitsIsRefusedBeforeThePlanGrows) {

@@ -175,10 +175,10 @@ TEST(GradientCodecTest, TopKSendsTheLargestMagnitudesAndKeepsTheRestExactly) {
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(d[i] + r[i], g[i]) << i;
 }
 
-// Under min_compress_bytes a chunk goes whole, exactly, and keeps no
+// Under min_compress_bytes a parameter goes whole, exactly, and keeps no
 // residual; from it up, as before. A two-chunk plan: 1000 and 1024 elements
 // (4000 and 4096 bytes) against a limit of 4096 bytes.
-TEST(GradientCodecTest, ChunksUnderMinCompressBytesArePushedWholeWithoutResidual) {
+TEST(GradientCodecTest, ParametersUnderMinCompressBytesArePushedWholeWithoutResidual) {
   ChunkPlan plan = OneChunkPlan(1000);
   ChunkInfo second = plan.chunks[0];
   second.id = 1;
@@ -208,6 +208,34 @@ TEST(GradientCodecTest, ChunksUnderMinCompressBytesArePushedWholeWithoutResidual
       EXPECT_LT(e.bytes.size(), 4096u / 4);
       EXPECT_EQ(encoder.residual(1).size(), 1024u);
     }
+  }
+}
+
+// min_compress_bytes measures the parameter, not the chunk: a parameter of
+// 8192 bytes cut into two chunks of 4096 (more shards cut finer, see
+// AutoChunkBytes) is still compressed under a limit of 6000, while a
+// one-chunk parameter of 4000 bytes is not.
+TEST(GradientCodecTest, MinCompressBytesMeasuresTheWholeParameterNotItsChunks) {
+  ChunkPlan plan = OneChunkPlan(1000);
+  for (int i = 1; i <= 2; ++i) {
+    ChunkInfo c = plan.chunks[0];
+    c.id = i;
+    c.param = 1;
+    c.offset = (i - 1) * 1024;
+    c.count = 1024;
+    plan.chunks.push_back(c);
+  }
+  plan.by_param.push_back({1, 2});
+  v1::CompressionSpec spec = Spec(v1::CompressionSpec::COMPRESSION_ONEBIT);
+  spec.set_min_compress_bytes(6000);
+  GradientEncoder encoder(spec, plan);
+  EncodedGradient e;
+  ASSERT_TRUE(encoder.Encode(0, RandomGradient(1000, 3), &e).ok());
+  EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
+  for (int id : {1, 2}) {
+    ASSERT_TRUE(encoder.Encode(id, RandomGradient(1024, 4 + id), &e).ok());
+    EXPECT_NE(e.encoding, v1::ChunkHeader::ENCODING_DENSE) << "chunk " << id;
+    EXPECT_EQ(encoder.residual(id).size(), 1024u);
   }
 }
 
