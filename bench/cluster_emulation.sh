@@ -5,7 +5,12 @@
 # pair whose other end is a port of a bridge inside a namespace of this
 # script's own (the switch). Every host link is rate-limited in both
 # directions with tc tbf (RATE, e.g. 1gbit) on both ends of its veth pair,
-# plus netem delay (DELAY_MS) where the kernel has netem. Addresses are
+# plus netem delay (DELAY_MS) where the kernel has netem. TCP in the
+# namespaces is loss-based, as on a stock Linux host: cubic where the host
+# lets namespaces pick it (net.ipv4.tcp_allowed_congestion_control), else
+# reno (TCP_CC overrides); namespaces otherwise inherit the host's default,
+# which on these VMs is bbr, and bbr overfills the 20 ms queues (15 % of
+# segments retransmitted at N = 8, S = 8). Addresses are
 # 10.77.0.0/24, inside those namespaces only: servers 10.77.0.10+i, workers
 # 10.77.0.101+i. Nothing is created in the host's namespace (veths are
 # created straight into their namespaces) and everything is removed on exit,
@@ -31,11 +36,13 @@
 # worker's link carries its push and then its pull; each server's link its
 # share of every worker's push, then of every pull); "duplex" counts each
 # direction alone, the lowest step time full-duplex links allow whatever the
-# schedule.
+# schedule. retrans_% is the share of TCP segments all hosts retransmitted
+# in the window (nstat).
 #
 # Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
 #   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
-#   sweep   N = 1 2 4 8, S = 1 2 4, codecs none and onebit (CODECS), at RATE
+#   sweep   N = 1 2 4 8 (NS_LIST), S = 1 2 4 (SS_LIST), codecs none and onebit
+#           (CODECS), at RATE
 #   tls     TLS + mTLS + tokens vs plaintext at N=1,S=1 and N=2,S=2 over
 #           10gbit and 1gbit links (TLS_RATES), servers pinned to core 0 and
 #           workers to core 1 (PIN=1)
@@ -43,10 +50,13 @@
 #           shards at 1gbit, real training, each codec: test accuracy after
 #           each epoch (epoch checkpoints evaluated afterwards) and the time
 #           to 0.90
+# RATE=100mbit FIXED_MS=100 is the same cluster slowed ten times (a tenth
+# of the work per second for the daemons, veths and tbf on this host).
 # Environment (defaults): RATE=1gbit DELAY_MS=0.1 FIXED_MS=10 CODECS="none
 #   onebit" NS_LIST="1 2 4 8" SS_LIST="1 2 4" WINDOW_S=4 WARM=3
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
+#   TCP_CC=cubic (reno where namespaces may not use cubic)
 # Exit 77 (ctest's SKIP_RETURN_CODE) with the reason when this machine cannot
 # make network namespaces, veths, bridges or tbf (not root, no iproute2...).
 set -euo pipefail
@@ -61,6 +71,13 @@ FIXED_MS=${FIXED_MS:-10}
 WINDOW_S=${WINDOW_S:-4}
 WARM=${WARM:-3}
 JOB=${JOB:-"$ROOT/bench/jobs/dense-8mb-synthetic.json"}
+# TCP congestion control inside the namespaces: Linux's default (cubic) when
+# the host lets namespaces choose it (net.ipv4.tcp_allowed_congestion_control),
+# else reno, also loss-based and alike at LAN round-trip times.
+if [[ -z ${TCP_CC:-} ]]; then
+  TCP_CC=reno
+  grep -qw cubic /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null && TCP_CC=cubic
+fi
 TAG="pse$$"  # Prefix of every namespace this run makes.
 NET=10.77.0
 PORT=7070
@@ -162,6 +179,7 @@ net_up() {
     ip netns add "$ns"
     NAMESPACES+=("$ns")
     ip -n "$ns" link set lo up
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC"
     ip -n "$SW" link add "p$i" type veth peer name eth0 netns "$ns"
     ip -n "$SW" link set "p$i" master br0 up
     ip -n "$ns" addr add "${ips[$i]}/24" dev eth0
@@ -179,6 +197,13 @@ link_bytes() {
     rx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)
     echo "${ns#"$TAG"-} $tx $rx"
   done | paste -sd' '
+}
+# tcp_segs -> "OUT RETRANS": TCP segments sent and retransmitted by every host.
+tcp_segs() {
+  local ns
+  for ns in "${SERVER_NS[@]}" "${WORKER_NS[@]}"; do
+    ip netns exec "$ns" nstat -az TcpOutSegs TcpRetransSegs | awk 'NR > 1 {print $2}' | paste -sd' '
+  done | awk '{o += $1; r += $2} END {print o, r}'
 }
 
 # --- The cluster ------------------------------------------------------------------
@@ -267,7 +292,7 @@ step_reached() { (($(last_step "$1" "$2") >= $3)); }
 RESULTS="$RUN_DIR/results.tsv"
 # measure N S CODEC TLS RATE PIN K: prints one row and appends it to RESULTS.
 measure() {
-  local n=$1 s=$2 codec=$3 tls=$4 rate=$5 pin=$6 k=$7 job step0 step1 bytes0 bytes1
+  local n=$1 s=$2 codec=$3 tls=$4 rate=$5 pin=$6 k=$7 job step0 step1 bytes0 bytes1 segs0 segs1
   net_up "$n" "$s" "$rate"
   start_cluster "$n" "$s" "$tls" "$FIXED_MS" "$pin"
   job=$(submit "$JOB" "$n" "$codec")
@@ -278,15 +303,19 @@ measure() {
   POLL_S=0.01 wait_for "step $WARM of $job" "$timeout_s" step_reached "$w1" "$job" "$WARM"
   step0=$(last_step "$w1" "$job")
   bytes0=$(link_bytes)
+  segs0=$(tcp_segs)
   POLL_S=0.01 wait_for "step $((step0 + k)) of $job" "$timeout_s" step_reached "$w1" "$job" $((step0 + k))
   bytes1=$(link_bytes)
+  segs1=$(tcp_segs)
   step1=$(last_step "$w1" "$job")
   cli cancel "$job" >/dev/null 2>&1 || true
   stop_processes
   python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate")" \
-    "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" <<'PY' | tee -a "$RESULTS"
+    "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" "$segs0" "$segs1" <<'PY' | tee -a "$RESULTS"
 import statistics, sys
-log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed = sys.argv[1:]
+log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed, g0, g1 = sys.argv[1:]
+(o0, r0), (o1, r1) = map(int, g0.split()), map(int, g1.split())
+retrans = (r1 - r0) / max(1, o1 - o0)
 s0, s1, bits, fixed = int(s0), int(s1), int(bits), int(fixed)
 ends = {}
 for line in open(log):
@@ -316,13 +345,13 @@ print("\t".join(str(x) for x in [
     "pinned" if pin == "1" else "shared", s1 - s0, f"{step_ms:.1f}", f"{mean_ms:.1f}",
     f"{mean(up, 'w'):.2f}", f"{mean(down, 'w'):.2f}", f"{mean(down, 's'):.2f}",
     f"{mean(up, 's'):.2f}", f"{serial_ms:.1f}", f"{step_ms / serial_ms:.2f}",
-    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}"]))
+    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}", f"{100 * retrans:.2f}"]))
 PY
 }
-HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex"
+HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%"
 header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }
 note() { echo "bench_only_fixed_compute_ms=$FIXED_MS $*" | tee -a "$RUN_DIR/notes.txt"; }
-when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM"; }
+when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM, tcp $TCP_CC"; }
 # steps_for N S RATE: steps to measure so that the window lasts about WINDOW_S.
 steps_for() {
   python3 -c "
