@@ -5,7 +5,9 @@
 #   build/bin, the CUDA module, the test modules and the ctest files;
 #   build/devlibs: every shared library they load that is neither glibc's,
 #     the compiler's runtime nor CUDA's (from ldd);
-#   devdata/fashion-mnist: the dataset.
+#   devdata/fashion-mnist: the dataset;
+#   devdata/certs: a CA, certificates and tokens (deploy/local/make-certs.sh)
+#     for transport_bench's TLS variants (the device machine may lack openssl).
 # Usage: bench/gpu_bundle.sh   (after cmake --build build), then carry .devcarry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +25,6 @@ ldd build/bin/* build/lib/libpstrain_cuda.so build/test_modules/*.so 2>/dev/null
   grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcublas|libcublasLt|libcudnn[a-z_]*|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$STAGE/build/devlibs/"; done
 cp -r /usr/share/datasets/fashion-mnist "$STAGE/devdata/"
+deploy/local/make-certs.sh "$STAGE/devdata/certs" >/dev/null
 tar -C "$STAGE" -cf - build devdata | xz -T2 -6 >.devcarry/bundle.tar.xz
 ls -la .devcarry/bundle.tar.xz

@@ -16,6 +16,11 @@
 #                3 epochs (EPOCHS): accuracy, wall time, each worker's step-phase histogram
 #   ctest        the ctest suite, less what needs tools the machine lacks (python,
 #                containers, deploy, Prometheus, TensorBoard) and the Python venvs
+#   cpuhost      not GPU work, and not in the default list: the device's host CPU
+#                (an Intel Xeon with 16 cores, where ours is an AMD EPYC) for issue
+#                11 part 0 and issue 8's TLS figure: transport_bench plaintext and
+#                with TLS + mTLS + tokens on 2 and on 4 cores (taskset), and
+#                bench/train_cpu_vs_pytorch.py on 2 cores, as the issue's Xeon had
 #
 # Usage: bench/gpu_session.sh [STAGE...]       (default: every stage, in that order)
 # On the device machine the build comes from .devcarry/bundle.tar.xz
@@ -55,7 +60,7 @@ if [[ -d build/devlibs ]]; then
                 -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
   export LD_LIBRARY_PATH="$ROOT/build/devlibs:${CUDA_DIRS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-PY=python3
+PY=${PY:-python3}
 # For a dry run of the script on a machine without a GPU: DEVICE=cpu,
 # ACCURACY_ARGS="--epochs 1 --limit 2000", EPOCHS=1.
 DEVICE=${DEVICE:-cuda}
@@ -264,6 +269,27 @@ for w, part in enumerate(re.split(r"# ---- \w+ worker \d\n", text)[:2], 1):
           ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items())))
 PY
   done
+}
+
+stage_cpuhost() {
+  local log=$OUT/cpuhost.log rc=0 cores certs=$ROOT/devdata/certs
+  if [[ ! -f $certs/ca.pem ]]; then  # Not from the bundle: make them (needs openssl).
+    certs=$OUT/certs
+    deploy/local/make-certs.sh "$certs" >/dev/null || { say "cpuhost: no certificates"; return 1; }
+  fi
+  {
+    echo "== cpuhost $(date -u +%FT%TZ): $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+    for cores in 0-1 0-3; do
+      echo "== transport_bench --reps=7 --tls_certs, taskset -c $cores"
+      taskset -c "$cores" timeout 400 "$BIN/transport_bench" --reps=7 \
+        --tls_certs="$certs" || rc=1
+    done
+    echo "== bench/train_cpu_vs_pytorch.py --rounds 3, taskset -c 0-1"
+    taskset -c 0-1 timeout 600 $PY bench/train_cpu_vs_pytorch.py --rounds 3 || rc=1
+  } >"$log" 2>&1
+  say "cpuhost: $(sed -n 's/^== cpuhost [^ ]*: //p' "$log")"
+  grep -E '^== transport|GB/s|ratio|median' "$log" | tee -a "$SUMMARY" >/dev/null
+  return $rc
 }
 
 stage_ctest() {

@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "build/bin/pstrain-worker"))
     args = ap.parse_args()
 
-    cores = os.cpu_count()
+    cores = len(os.sched_getaffinity(0))  # What taskset or a cpuset allows, as OpenMP counts.
     torch.set_num_threads(cores)
     torch.set_num_interop_threads(cores)
     x, y = load_fmnist(args.samples)
