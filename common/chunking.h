@@ -19,12 +19,12 @@ namespace pstrain {
 // 1 MiB of fp32 values: the transport lessons' sweet spot, far below gRPC's
 // limits. Chunks never exceed kMaxChunkBytes (4 MiB).
 inline constexpr int64_t kDefaultChunkBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 // PlanChunks' chunk_bytes that asks for AutoChunkBytes(model, num_shards).
 inline constexpr int64_t kAutoChunkBytes = 0;
 // AutoChunkBytes' floor, and the chunks it wants every shard to hold.
 inline constexpr int64_t kMinAutoChunkBytes = int64_t{64} << 10;
 inline constexpr int64_t kMinChunksPerShard = 8;
-inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 // Most chunks one plan may hold (1 TiB of parameters at the default chunk
 // size); a plan's memory is ~40 bytes per chunk.
 inline constexpr int64_t kMaxChunks = int64_t{1} << 20;

@@ -1,7 +1,10 @@
 #include "common/chunking.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 
@@ -66,22 +69,28 @@ TEST(ChunkingTest, DeterministicAndValidated) {
   EXPECT_FALSE(PlanChunks(graph, 1, kMaxChunkBytes + 1).ok());
 }
 
+// A stack of dense layers (fc1, fc2, ...; the last has num_classes units)
+// over `input` (flattened first when it has more than one dimension), then
+// softmax cross-entropy.
+absl::StatusOr<ModelGraph> DenseGraph(std::initializer_list<int> input,
+                                      std::initializer_list<int> hidden, int num_classes) {
+  v1::ModelSpec model;
+  for (int d : input) model.add_input_shape(d);
+  model.set_num_classes(num_classes);
+  if (input.size() > 1) model.add_layers()->mutable_flatten();
+  std::vector<int> units(hidden);
+  units.push_back(num_classes);
+  for (int u : units) model.add_layers()->mutable_dense()->set_units(u);
+  model.add_layers()->mutable_softmax_cross_entropy();
+  for (int i = 0; i < model.layers_size(); ++i) {
+    model.mutable_layers(i)->set_name(absl::StrCat("layer", i));
+  }
+  return BuildModelGraph(model);
+}
+
 // The dense 2048 -> 1024 -> 10 model of bench/jobs/dense-8mb-synthetic.json.
 ModelGraph Dense8Mb() {
-  v1::ModelSpec model;
-  model.add_input_shape(1);
-  model.add_input_shape(32);
-  model.add_input_shape(64);
-  model.set_num_classes(10);
-  model.add_layers()->set_name("flatten");
-  model.mutable_layers(0)->mutable_flatten();
-  model.add_layers()->set_name("fc1");
-  model.mutable_layers(1)->mutable_dense()->set_units(1024);
-  model.add_layers()->set_name("logits");
-  model.mutable_layers(2)->mutable_dense()->set_units(10);
-  model.add_layers()->set_name("loss");
-  model.mutable_layers(3)->mutable_softmax_cross_entropy();
-  absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
+  absl::StatusOr<ModelGraph> graph = DenseGraph({1, 32, 64}, {1024}, 10);
   EXPECT_TRUE(graph.ok()) << graph.status();
   return *graph;
 }
@@ -125,16 +134,7 @@ TEST(ChunkingTest, DefaultPlansGiveEveryShardEightChunksOfAnEightMegabyteModel) 
 // Regression (issue 8): a dense layer of 2^31-1 units grew the plan past
 // 3 GiB at submit. The chunks are counted before anything is allocated.
 TEST(ChunkingTest, ADenseLayerOf2To31UnitsIsRefusedBeforeThePlanGrows) {
-  v1::ModelSpec model;
-  model.add_input_shape(400);
-  model.set_num_classes(2);
-  model.add_layers()->set_name("fc1");
-  model.mutable_layers(0)->mutable_dense()->set_units(2147483647);
-  model.add_layers()->set_name("fc2");
-  model.mutable_layers(1)->mutable_dense()->set_units(2);
-  model.add_layers()->set_name("loss");
-  model.mutable_layers(2)->mutable_softmax_cross_entropy();
-  absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
+  absl::StatusOr<ModelGraph> graph = DenseGraph({400}, {2147483647}, 2);
   ASSERT_TRUE(graph.ok()) << graph.status();
   absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, 1);
   ASSERT_FALSE(plan.ok());
