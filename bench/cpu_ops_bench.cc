@@ -4,8 +4,13 @@
 // the blocked convolution layouts in the same process, so the layouts are
 // compared under the same machine load; the PyTorch 1.13 figure (845
 // samples/s, 2 threads, same model) is quoted for the ratio, not measured.
+// Each ReLU before a max-pool runs fused as worker/model.h runs it (pool of
+// the ReLU's input, then ReLU of the pooled output; backward masks the
+// pooled gradient, then pools); the last variant runs the blocked layout
+// layer by layer, so the fusion is measured against it in the same run.
 //
-//   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T] [--layout=auto|plain|blocked|all]
+//   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T]
+//       [--layout=auto|plain|blocked|blocked-unfused|all]
 //
 // Medians are what the machine delivered; the min column is the op's cost
 // when nothing competed for the cores. The OpenMP wait policy in effect is
@@ -53,7 +58,9 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (arg.rfind("--layout=", 0) == 0) {
       flags.layout = arg.substr(9);
     } else {
-      std::fprintf(stderr, "usage: %s [--reps=N] [--threads=T] [--layout=auto|plain|blocked|all]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--reps=N] [--threads=T] "
+                   "[--layout=auto|plain|blocked|blocked-unfused|all]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -108,13 +115,14 @@ struct Op {
 };
 
 // Returns the median step time in ms (ops run back to back, as in training).
-double RunLayout(CpuConvLayout layout, const char* layout_name, const Flags& flags) {
+double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, const Flags& flags) {
   CpuBackendOptions options;
   options.num_threads = flags.threads;
   options.conv_layout = layout;
   std::unique_ptr<Backend> backend = CreateCpuBackend(options);
   Backend* b = backend.get();
-  std::printf("\n== %s, conv layout %s ==\n", b->Describe().c_str(), layout_name);
+  std::printf("\n== %s, conv layout %s, ReLU + max-pool %s ==\n", b->Describe().c_str(),
+              layout_name, fused ? "fused" : "layer by layer");
 
   Model m(b);
   const int64_t n = kBatch;
@@ -201,22 +209,29 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, const Flags& fla
   sgd.learning_rate = 0.01f;
   sgd.momentum = 0.9f;
 
+  // Fused, the pools read the convolutions' outputs and the ReLUs run on
+  // (and mask the gradients of) the pooled outputs: what worker/model.cc does.
+  const float* pool1_in = fused ? c1 : r1;
+  const float* pool2_in = fused ? c2 : r2;
+  float* pool1_dx = fused ? dc1 : dr1;
+  float* pool2_dx = fused ? dc2 : dr2;
   std::vector<Op> ops = {
       {"conv1 forward", [&] { return k1->Forward(x, w1, b1, c1); }},
       {"relu1 forward", [&] { return b->ActivationForward(relu, 0, c1, r1, n * 32 * 784); }},
-      {"pool1 forward", [&] { return q1->Forward(r1, p1, true); }},
+      {"pool1 forward", [&] { return q1->Forward(pool1_in, p1, true); }},
+      {"relu1 on pooled", [&] { return b->ActivationForward(relu, 0, p1, p1, n * 32 * 196); }},
       {"conv2 forward", [&] { return k2->Forward(p1, w2, b2, c2); }},
       {"relu2 forward", [&] { return b->ActivationForward(relu, 0, c2, r2, n * 64 * 196); }},
-      {"pool2 forward", [&] { return q2->Forward(r2, p2, true); }},
+      {"pool2 forward", [&] { return q2->Forward(pool2_in, p2, true); }},
+      {"relu2 on pooled", [&] { return b->ActivationForward(relu, 0, p2, p2, n * 3136); }},
       {"fc1 gemm forward", [&] { return b->Gemm(false, true, n, 1024, 3136, 1, p2, w3, 0, h3); }},
       {"fc1 bias", [&] { return b->AddBias(h3, b3, n, 1024, 1); }},
       {"relu3 forward", [&] { return b->ActivationForward(relu, 0, h3, r3, n * 1024); }},
       {"dropout forward", [&] { return b->DropoutForward(r3, d3, mask, n * 1024, 0.5f, 7); }},
       {"fc2 gemm forward", [&] { return b->Gemm(false, true, n, 10, 1024, 1, d3, w4, 0, logits); }},
       {"fc2 bias", [&] { return b->AddBias(logits, b4, n, 10, 1); }},
-      {"softmax xent", [&] {
-         return b->SoftmaxCrossEntropy(logits, labels, n, 10, loss, dlogits, nullptr);
-       }},
+      {"softmax xent",
+       [&] { return b->SoftmaxCrossEntropy(logits, labels, n, 10, loss, dlogits, nullptr); }},
       {"fc2 dW", [&] { return b->Gemm(true, false, 10, 1024, n, 1, dlogits, d3, 0, dw4); }},
       {"fc2 db", [&] { return b->BiasGrad(dlogits, db4, n, 10, 1); }},
       {"fc2 dx", [&] { return b->Gemm(false, false, n, 1024, 10, 1, dlogits, w4, 0, dd3); }},
@@ -226,16 +241,21 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, const Flags& fla
       {"fc1 dW", [&] { return b->Gemm(true, false, 1024, 3136, n, 1, dh3, p2, 0, dw3); }},
       {"fc1 db", [&] { return b->BiasGrad(dh3, db3, n, 1024, 1); }},
       {"fc1 dx", [&] { return b->Gemm(false, false, n, 3136, 1024, 1, dh3, w3, 0, dp2); }},
-      {"pool2 backward", [&] { return q2->Backward(r2, p2, dp2, dr2); }},
+      {"relu2 mask pooled dy",
+       [&] { return b->ActivationBackward(relu, 0, p2, p2, dp2, dp2, n * 3136); }},
+      {"pool2 backward", [&] { return q2->Backward(pool2_in, p2, dp2, pool2_dx); }},
       {"relu2 backward",
        [&] { return b->ActivationBackward(relu, 0, c2, r2, dr2, dc2, n * 64 * 196); }},
       {"conv2 backward filter", [&] { return k2->BackwardFilter(p1, dc2, dw2, db2); }},
       {"conv2 backward data", [&] { return k2->BackwardData(dc2, w2, dp1); }},
-      {"pool1 backward", [&] { return q1->Backward(r1, p1, dp1, dr1); }},
+      {"relu1 mask pooled dy",
+       [&] { return b->ActivationBackward(relu, 0, p1, p1, dp1, dp1, n * 32 * 196); }},
+      {"pool1 backward", [&] { return q1->Backward(pool1_in, p1, dp1, pool1_dx); }},
       {"relu1 backward",
        [&] { return b->ActivationBackward(relu, 0, c1, r1, dr1, dc1, n * 32 * 784); }},
       {"conv1 backward filter", [&] { return k1->BackwardFilter(x, dc1, dw1, db1); }},
-      {"sgd momentum (all params)", [&] {
+      {"sgd momentum (all params)",
+       [&] {
          for (const Param& p : params) {
            absl::Status s = b->SgdUpdate(p.p, p.g, p.v, p.count, sgd);
            if (!s.ok()) return s;
@@ -243,6 +263,17 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, const Flags& fla
          return absl::OkStatus();
        }},
   };
+
+  // Each variant runs only its own ops.
+  auto fused_only = [](const std::string& name) {
+    return name.find("pooled") != std::string::npos;
+  };
+  auto unfused_only = [](const std::string& name) {
+    return name == "relu1 forward" || name == "relu2 forward" || name == "relu1 backward" ||
+           name == "relu2 backward";
+  };
+  std::erase_if(ops,
+                [&](const Op& op) { return fused ? unfused_only(op.name) : fused_only(op.name); });
 
   using Clock = std::chrono::steady_clock;
   // Warm up (first calls JIT-compile and fault pages in), then time whole
@@ -289,10 +320,12 @@ int main(int argc, char** argv) {
   struct Variant {
     const char* name;
     CpuConvLayout layout;
+    bool fused;
   };
-  const Variant variants[] = {{"auto", CpuConvLayout::kAuto},
-                              {"plain", CpuConvLayout::kPlain},
-                              {"blocked", CpuConvLayout::kBlocked}};
+  const Variant variants[] = {{"auto", CpuConvLayout::kAuto, true},
+                              {"plain", CpuConvLayout::kPlain, true},
+                              {"blocked", CpuConvLayout::kBlocked, true},
+                              {"blocked-unfused", CpuConvLayout::kBlocked, false}};
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   const char* spin = std::getenv("GOMP_SPINCOUNT");
   std::printf("OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", policy ? policy : "(unset)",
@@ -300,7 +333,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, double>> results;
   for (const Variant& v : variants) {
     if (flags.layout != "all" && flags.layout != v.name) continue;
-    results.push_back({v.name, pstrain::RunLayout(v.layout, v.name, flags)});
+    results.push_back({v.name, pstrain::RunLayout(v.layout, v.name, v.fused, flags)});
   }
   if (results.empty()) {
     std::fprintf(stderr, "unknown --layout=%s\n", flags.layout.c_str());
@@ -308,7 +341,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\nsummary (median step, batch 64):\n");
   for (const auto& [name, ms] : results) {
-    std::printf("  %-8s %8.3f ms  %6.0f samples/s  %.2fx PyTorch\n", name, ms,
+    std::printf("  %-16s %8.3f ms  %6.0f samples/s  %.2fx PyTorch\n", name, ms,
                 pstrain::kBatch * 1000.0 / ms, pstrain::kBatch * 1000.0 / ms / 845.0);
   }
   return 0;

@@ -8,6 +8,10 @@ with every thread pool set to the core count. Rounds alternate between the two
 so that machine noise hits both; the medians and their ratio are printed.
 
 Usage: /usr/bin/python3 bench/train_cpu_vs_pytorch.py [--samples 12800] [--rounds 3]
+           [--baseline OTHER_WORKER_BINARY]
+
+--baseline adds a second pstrain build (the one before a change) to every round,
+so that a change is measured before and after in the same alternating run.
 """
 import argparse
 import gzip
@@ -77,24 +81,32 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--binary", default=os.path.join(ROOT, "build/bin/pstrain-worker"))
+    ap.add_argument("--baseline", help="another pstrain-worker build, run in every round too")
     args = ap.parse_args()
 
     cores = len(os.sched_getaffinity(0))  # What taskset or a cpuset allows, as OpenMP counts.
     torch.set_num_threads(cores)
     torch.set_num_interop_threads(cores)
     x, y = load_fmnist(args.samples)
-    ours, theirs = [], []
+    ours, theirs, base = [], [], []
     for r in range(args.rounds):
         ours.append(pstrain_samples_per_sec(args.binary, args.samples, args.batch))
         theirs.append(torch_samples_per_sec(x, y, args.batch))
-        print(f"round {r + 1}: pstrain {ours[-1]:.1f} samples/s, PyTorch {theirs[-1]:.1f} samples/s",
-              flush=True)
+        line = f"round {r + 1}: pstrain {ours[-1]:.1f} samples/s, PyTorch {theirs[-1]:.1f} samples/s"
+        if args.baseline:
+            base.append(pstrain_samples_per_sec(args.baseline, args.samples, args.batch))
+            line += f", baseline {base[-1]:.1f} samples/s"
+        print(line, flush=True)
     o, t = statistics.median(ours), statistics.median(theirs)
     print(f"fmnist-cnn CPU training, batch {args.batch}, {cores} cores, {args.samples} samples/round, "
           f"{args.rounds} rounds")
     print(f"  pstrain  median {o:8.1f} samples/s")
     print(f"  PyTorch {torch.__version__} median {t:8.1f} samples/s (threads={torch.get_num_threads()})")
     print(f"  ratio pstrain/PyTorch = {o / t:.2f}x")
+    if base:
+        b = statistics.median(base)
+        print(f"  baseline {args.baseline} median {b:8.1f} samples/s = {b / t:.2f}x PyTorch; "
+              f"pstrain/baseline = {o / b:.3f}x")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,19 @@ PSTRAIN_HOST_DEVICE bool DropoutKeep(uint64_t seed, uint64_t index, float rate) 
   return UniformFloat(seed, index) >= rate;
 }
 
+// DropoutKeep in integers, for loops that vectorise (no 64-bit integer to
+// float conversion): UniformFloat is h * 2^-24 with h = MixBits >> 40 exact
+// in a float, and rate * 2^24 is exact too, so u >= rate exactly when
+// h >= ceil(rate * 2^24). For rate in [0, 1).
+PSTRAIN_HOST_DEVICE uint32_t DropoutKeepThreshold(float rate) {
+  const float scaled = rate * 16777216.0f;
+  const uint32_t floor = static_cast<uint32_t>(scaled);
+  return static_cast<float>(floor) == scaled ? floor : floor + 1;
+}
+PSTRAIN_HOST_DEVICE bool DropoutKeepBits(uint64_t seed, uint64_t index, uint32_t threshold) {
+  return (MixBits(seed, index) >> 40) >= threshold;
+}
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_RNG_H_

@@ -11,7 +11,23 @@
 
 namespace pstrain {
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend) {
+namespace {
+
+// The max-pool layer that ReLU layer `l` can run fused into, or -1: the
+// pool must be the ReLU's only consumer and read nothing else.
+int FusablePool(const ModelGraph& g, int l) {
+  const LayerInfo& relu = g.layers[l];
+  if (relu.type != LayerType::kRelu || relu.consumers.size() != 1) return -1;
+  const int pool = relu.consumers[0];
+  const LayerInfo& info = g.layers[pool];
+  if (info.type != LayerType::kMaxPool || info.inputs.size() != 1) return -1;
+  return pool;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend,
+                                                     const ModelOptions& options) {
   if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: null backend");
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec));
   std::unique_ptr<Model> model(new Model(std::move(graph), backend));
@@ -19,6 +35,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
   for (const LayerInfo& info : g.layers) {
     PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info));
     model->layers_.push_back(std::move(layer));
+  }
+  model->fused_with_.assign(g.layers.size(), -1);
+  if (options.fuse_relu_max_pool) {
+    for (int l = 0; l < static_cast<int>(g.layers.size()); ++l) {
+      const int pool = FusablePool(g, l);
+      if (pool < 0) continue;
+      model->fused_with_[l] = pool;
+      model->fused_with_[pool] = l;
+    }
   }
   for (const ParamInfo& p : g.params) {
     PSTRAIN_ASSIGN_OR_RETURN(Tensor value, backend->AllocateTensor(p.shape));
@@ -51,7 +76,14 @@ absl::Status Model::PrepareBatch(int batch) {
     outputs_.clear();
     d_outputs_.clear();
     scratch_.clear();
-    for (const LayerInfo& info : graph_.layers) {
+    for (size_t l = 0; l < graph_.layers.size(); ++l) {
+      const LayerInfo& info = graph_.layers[l];
+      if (graph_.layers[l].type == LayerType::kRelu && fused_with_[l] >= 0) {
+        outputs_.emplace_back();  // Nothing reads a fused ReLU's output.
+        d_outputs_.emplace_back();
+        scratch_.emplace_back();
+        continue;
+      }
       std::vector<int64_t> dims{batch};
       for (int64_t d : info.output_shape.dims()) dims.push_back(d);
       Shape shape = info.output_shape.rank() == 0 ? Shape{1} : Shape(std::move(dims));
@@ -86,17 +118,21 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
   input_ = images;
   labels_ = labels;
   last_forward_training_ = training;
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     const LayerInfo& info = graph_.layers[l];
+    const bool fused = fused_with_[l] >= 0;
+    if (fused && info.type == LayerType::kRelu) continue;  // Runs inside its pool.
     ForwardArgs args;
     args.batch = batch;
-    for (int in : info.inputs) args.inputs.push_back(in < 0 ? images : outputs_[in].data());
-    args.output = static_cast<int>(l) == graph_.loss_layer ? loss_.data() : outputs_[l].data();
+    for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
+      args.inputs.push_back(InputOf(l, static_cast<int>(slot)));
+    }
+    args.output = l == graph_.loss_layer ? loss_.data() : outputs_[l].data();
     for (int p : info.params) args.params.push_back(params_[p].data());
     args.training = training;
     args.seed = MixBits(seed, l);
     args.labels = labels;
-    absl::Status status = layers_[l]->Forward(backend_, args);
+    absl::Status status = fused ? FusedForward(l, args) : layers_[l]->Forward(backend_, args);
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("forward of layer '", info.name, "': ", status.message()));
@@ -114,9 +150,13 @@ absl::Status Model::Backward() {
   std::vector<bool> written(layers_.size(), false);
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     const LayerInfo& info = graph_.layers[l];
+    const bool fused = fused_with_[l] >= 0;
+    if (fused && info.type == LayerType::kMaxPool) continue;  // Runs with its ReLU.
     BackwardArgs args;
     args.batch = batch;
-    for (int in : info.inputs) args.inputs.push_back(in < 0 ? input_ : outputs_[in].data());
+    for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
+      args.inputs.push_back(InputOf(l, static_cast<int>(slot)));
+    }
     args.output = l == graph_.loss_layer ? loss_.data() : outputs_[l].data();
     args.d_output = d_outputs_[l].data();
     std::vector<int> accumulate;  // Input slots written to scratch, to add afterwards.
@@ -140,7 +180,8 @@ absl::Status Model::Backward() {
       args.params.push_back(params_[p].data());
       args.d_params.push_back(graph_.params[p].trainable ? grads_[p].data() : nullptr);
     }
-    absl::Status status = layers_[l]->Backward(backend_, args);
+    absl::Status status =
+        fused ? FusedBackward(l, args.d_inputs[0]) : layers_[l]->Backward(backend_, args);
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("backward of layer '", info.name, "': ", status.message()));
@@ -159,6 +200,44 @@ absl::Status Model::Backward() {
     }
   }
   return absl::OkStatus();
+}
+
+const float* Model::InputOf(int l, int slot) const {
+  const int in = graph_.layers[l].inputs[slot];
+  return in < 0 ? input_ : outputs_[in].data();
+}
+
+// pool(relu(x)) computed as relu(pool(x)): max-pooling commutes with any
+// non-decreasing function, and the ReLU then touches a quarter of the
+// elements (for 2x2 windows) and needs no buffer of its own.
+absl::Status Model::FusedForward(int pool, const ForwardArgs& pool_args) {
+  const int relu = fused_with_[pool];
+  ForwardArgs args = pool_args;
+  args.inputs = {InputOf(relu, 0)};
+  PSTRAIN_RETURN_IF_ERROR(layers_[pool]->Forward(backend_, args));
+  const int64_t count = args.batch * graph_.layers[pool].output_shape.num_elements();
+  return backend_->ActivationForward(Activation::kRelu, 0.f, args.output, args.output, count);
+}
+
+// The gradient w.r.t. the fused ReLU's input: the pooled output y (already
+// ReLU-ed) masks dy in place (y > 0 exactly where the unfused ReLU passes
+// the gradient of the window's winner), then the pool routes the masked dy
+// to each window's winner in x, which for y > 0 is the element equal to y.
+absl::Status Model::FusedBackward(int relu, float* d_relu_input) {
+  if (d_relu_input == nullptr) return absl::OkStatus();
+  const int pool = fused_with_[relu];
+  const float* y = outputs_[pool].data();
+  float* dy = d_outputs_[pool].data();
+  const int64_t count = prepared_batch_ * graph_.layers[pool].output_shape.num_elements();
+  PSTRAIN_RETURN_IF_ERROR(
+      backend_->ActivationBackward(Activation::kRelu, 0.f, y, y, dy, dy, count));
+  BackwardArgs args;
+  args.batch = prepared_batch_;
+  args.inputs = {InputOf(relu, 0)};
+  args.output = y;
+  args.d_output = dy;
+  args.d_inputs = {d_relu_input};
+  return layers_[pool]->Backward(backend_, args);
 }
 
 const float* Model::logits() const {

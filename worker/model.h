@@ -14,6 +14,14 @@
 // ("conv1/weight"). Between steps, a caller may overwrite param(i) (e.g. with
 // weights pulled from a parameter server): the next Forward uses them.
 //
+// ReLU followed by max-pooling runs fused, as the pooling of the ReLU's input
+// followed by a ReLU of the (four times smaller) pooled output: the two
+// commute, and in backward the pooled output masks the gradient before the
+// pooling routes it. Loss, outputs and gradients are bit-identical to the
+// layer-by-layer order for finite inputs (a NaN reaching such a ReLU gives 0
+// unfused and 0 for its whole window fused; training has diverged either
+// way). ModelOptions::fuse_relu_max_pool turns it off.
+//
 // Threads: one thread at a time (the Backend's rule). The gradient callback
 // runs on that thread, in the middle of Backward.
 #ifndef PSTRAIN_WORKER_MODEL_H_
@@ -35,6 +43,12 @@
 
 namespace pstrain {
 
+struct ModelOptions {
+  // Fuse each ReLU whose only consumer is a max-pool into that pool (see
+  // above). Off only to compare against the layer-by-layer order.
+  bool fuse_relu_max_pool = true;
+};
+
 class Model {
  public:
   // Fires once per layer with trainable parameters, in backward order, as soon
@@ -45,8 +59,8 @@ class Model {
 
   // Validates the spec (BuildModelGraph) and allocates every parameter and
   // gradient. Activations are allocated on first use of a batch size.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelSpec& spec,
-                                                       Backend* backend);
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelSpec& spec, Backend* backend,
+                                                       const ModelOptions& options = {});
 
   // Deterministic initialisation from spec.init_seed: Glorot-uniform weights,
   // zero biases and betas, unit gammas and running variances, zero running
@@ -91,12 +105,20 @@ class Model {
  private:
   Model(ModelGraph graph, Backend* backend) : graph_(std::move(graph)), backend_(backend) {}
   absl::Status PrepareBatch(int batch);
+  // Layer l's input slot i: the model input or a producer's output.
+  const float* InputOf(int l, int slot) const;
+  // The fused ReLU -> max-pool pair ending at pool layer `pool`.
+  absl::Status FusedForward(int pool, const ForwardArgs& pool_args);
+  absl::Status FusedBackward(int relu, float* d_relu_input);
 
   // Constant after construction.
   const ModelGraph graph_;
   Backend* const backend_;
 
   std::vector<std::unique_ptr<Layer>> layers_;
+  // Per layer: for a fused ReLU, the max-pool layer it runs inside; for that
+  // pool, the ReLU; -1 elsewhere. A fused ReLU has no activation buffers.
+  std::vector<int> fused_with_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
   std::vector<Tensor> outputs_;    // Per layer, [batch, output_shape].

@@ -267,9 +267,10 @@ class CpuBackend final : public Backend {
           absl::StrCat("DropoutForward: rate must be in [0, 1), got ", rate));
     }
     const float scale = 1.f / (1.f - rate);
+    const uint32_t threshold = DropoutKeepThreshold(rate);  // DropoutKeep, vectorisable.
 #pragma omp parallel for simd schedule(static) num_threads(threads_) if (count >= kParallelElements / 4)
     for (int64_t i = 0; i < count; ++i) {
-      const float keep = DropoutKeep(seed, static_cast<uint64_t>(i), rate) ? scale : 0.f;
+      const float keep = DropoutKeepBits(seed, static_cast<uint64_t>(i), threshold) ? scale : 0.f;
       mask[i] = keep;
       y[i] = x[i] * keep;
     }

@@ -5,14 +5,15 @@
 // gradients and its backward-data pass are exercised: a wrong d(input) shows
 // up as a wrong gradient of the parameters upstream.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/rng.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "common/rng.h"
 #include "worker/model.h"
 
 namespace pstrain {
@@ -51,12 +52,17 @@ std::string VectorModel(const std::string& layer_json) {
 
 std::vector<GradCase> Cases() {
   return {
-      {"conv2d_stride2_pad1", ImageModel(R"({"name":"t","conv2d":{"filters":3,"kernel_size":3,"stride":2,"padding":1}})")},
-      {"conv2d_nonsquare_nobias", ImageModel(R"({"name":"t","conv2d":{"filters":3,"kernel_h":3,"kernel_w":1,"no_bias":true}})")},
+      {"conv2d_stride2_pad1",
+       ImageModel(R"({"name":"t","conv2d":{"filters":3,"kernel_size":3,"stride":2,"padding":1}})")},
+      {"conv2d_nonsquare_nobias",
+       ImageModel(
+           R"({"name":"t","conv2d":{"filters":3,"kernel_h":3,"kernel_w":1,"no_bias":true}})")},
       {"max_pool", ImageModel(R"({"name":"t","max_pool":{"pool_size":2}})")},
-      {"max_pool_overlap_pad", ImageModel(R"({"name":"t","max_pool":{"pool_size":3,"stride":2,"padding":1}})")},
+      {"max_pool_overlap_pad",
+       ImageModel(R"({"name":"t","max_pool":{"pool_size":3,"stride":2,"padding":1}})")},
       {"avg_pool", ImageModel(R"({"name":"t","avg_pool":{"pool_size":2}})")},
-      {"avg_pool_pad", ImageModel(R"({"name":"t","avg_pool":{"pool_size":3,"stride":2,"padding":1}})")},
+      {"avg_pool_pad",
+       ImageModel(R"({"name":"t","avg_pool":{"pool_size":3,"stride":2,"padding":1}})")},
       {"relu", ImageModel(R"({"name":"t","relu":{}})")},
       {"leaky_relu", ImageModel(R"({"name":"t","leaky_relu":{"alpha":0.1}})")},
       {"tanh", ImageModel(R"({"name":"t","tanh":{}})")},
@@ -65,11 +71,21 @@ std::vector<GradCase> Cases() {
       {"batch_norm_spatial", ImageModel(R"({"name":"t","batch_norm":{}})")},
       {"batch_norm_vector", VectorModel(R"({"name":"t","batch_norm":{}})")},
       {"dense", VectorModel(R"({"name":"t","dense":{"units":4}})")},
-      {"dense_nobias_tanh", VectorModel(R"({"name":"t","dense":{"units":4,"no_bias":true}},{"name":"t2","tanh":{}})")},
-      {"flatten_then_dense", ImageModel(R"({"name":"t","relu":{}},{"name":"t2","flatten":{}},{"name":"t3","dense":{"units":5}})")},
+      {"dense_nobias_tanh",
+       VectorModel(R"({"name":"t","dense":{"units":4,"no_bias":true}},{"name":"t2","tanh":{}})")},
+      // ReLU then max-pool runs fused (worker/model.h).
+      {"relu_then_max_pool",
+       ImageModel(R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":2}})")},
+      {"relu_then_max_pool_overlap_pad",
+       ImageModel(
+           R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":3,"stride":2,"padding":1}})")},
+      {"flatten_then_dense",
+       ImageModel(
+           R"({"name":"t","relu":{}},{"name":"t2","flatten":{}},{"name":"t3","dense":{"units":5}})")},
       // Residual: conv -> (a: conv) + (skip: conv output) -> add; conv output
       // has two consumers, so gradient accumulation is exercised too.
-      {"add_residual", ImageModel(R"({"name":"a","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
+      {"add_residual",
+       ImageModel(R"({"name":"a","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
                                       {"name":"t","add":{},"inputs":["a","conv"]})")},
       {"add_three_inputs", ImageModel(R"({"name":"a","relu":{},"inputs":["conv"]},
                                           {"name":"b","tanh":{},"inputs":["conv"]},
@@ -162,6 +178,103 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(AllLayers, LayerGradientTest, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Loss, logits and every gradient of one training step, read back.
+struct StepResult {
+  float loss = 0;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> grads;
+};
+
+StepResult RunStep(const std::string& json, bool fuse, const std::vector<float>& host_x,
+                   const std::vector<int32_t>& host_labels) {
+  StepResult result;
+  std::unique_ptr<Backend> backend = CreateCpuBackend();
+  ModelOptions options;
+  options.fuse_relu_max_pool = fuse;
+  auto model_or = Model::Create(ParseModel(json), backend.get(), options);
+  EXPECT_TRUE(model_or.ok()) << model_or.status();
+  if (!model_or.ok()) return result;
+  Model& model = **model_or;
+  EXPECT_TRUE(model.InitializeParameters().ok());
+  const int batch = static_cast<int>(host_labels.size());
+  auto x = backend->AllocateTensor(Shape{static_cast<int64_t>(host_x.size())});
+  auto labels = backend->Allocate(host_labels.size() * sizeof(int32_t));
+  EXPECT_TRUE(x.ok() && labels.ok());
+  EXPECT_TRUE(backend->CopyHostToDevice(x->data(), host_x.data(), x->bytes()).ok());
+  EXPECT_TRUE(backend
+                  ->CopyHostToDevice(labels->data(), host_labels.data(),
+                                     host_labels.size() * sizeof(int32_t))
+                  .ok());
+  EXPECT_TRUE(model
+                  .Forward(x->data(), static_cast<const int32_t*>(labels->data()), batch,
+                           /*training=*/true, /*seed=*/7)
+                  .ok());
+  EXPECT_TRUE(model.Backward().ok());
+  EXPECT_TRUE(backend->CopyDeviceToHost(&result.loss, model.loss(), sizeof(float)).ok());
+  result.logits.resize(batch * model.graph().num_classes);
+  EXPECT_TRUE(backend
+                  ->CopyDeviceToHost(result.logits.data(), model.logits(),
+                                     result.logits.size() * sizeof(float))
+                  .ok());
+  for (int p = 0; p < model.num_params(); ++p) {
+    if (!model.param_info(p).trainable) continue;
+    std::vector<float> g(model.grad(p).num_elements());
+    EXPECT_TRUE(
+        backend->CopyDeviceToHost(g.data(), model.grad(p).data(), model.grad(p).bytes()).ok());
+    result.grads.push_back(std::move(g));
+  }
+  EXPECT_TRUE(backend->Synchronize().ok());
+  return result;
+}
+
+// The fused ReLU -> max-pool path must give what the layers give one by one,
+// bit for bit, including windows whose maximum is negative or exactly zero
+// and windows with ties (inputs on a coarse grid with many zeros).
+TEST(ModelFusionTest, ReluMaxPoolFusedMatchesLayerByLayerBitForBit) {
+  const std::vector<std::string> models = {
+      ImageModel(R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":2}})"),
+      ImageModel(
+          R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":3,"stride":2,"padding":1}})"),
+      // The ReLU reads the model input: nothing needs its input gradient.
+      R"({"name":"g","input_shape":[2,6,6],"num_classes":3,"init_seed":3,"layers":[
+        {"name":"r","relu":{}}, {"name":"p","max_pool":{"pool_size":2}},
+        {"name":"conv","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
+        {"name":"flat","flatten":{}}, {"name":"fc","dense":{"units":3}},
+        {"name":"loss","softmax_cross_entropy":{}}]})",
+      // A ReLU read by a pool and by an add is not fused; the pool after the
+      // add's ReLU is.
+      R"({"name":"g","input_shape":[2,6,6],"num_classes":3,"init_seed":3,"layers":[
+        {"name":"conv","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
+        {"name":"r","relu":{}}, {"name":"c2","conv2d":{"filters":4,"kernel_size":3,"padding":1}},
+        {"name":"sum","add":{},"inputs":["c2","r"]}, {"name":"r2","relu":{}},
+        {"name":"p","max_pool":{"pool_size":2}},
+        {"name":"flat","flatten":{}}, {"name":"fc","dense":{"units":3}},
+        {"name":"loss","softmax_cross_entropy":{}}]})",
+  };
+  const int batch = 4;
+  std::vector<float> host_x(batch * 2 * 6 * 6);
+  for (size_t i = 0; i < host_x.size(); ++i) {
+    host_x[i] = std::round(4.f * UniformFloat(21, i) - 2.5f) / 2.f;  // -1.5 .. 1, many ties.
+  }
+  const std::vector<int32_t> labels = {0, 2, 1, 2};
+  for (const std::string& json : models) {
+    SCOPED_TRACE(json);
+    const StepResult fused = RunStep(json, true, host_x, labels);
+    const StepResult plain = RunStep(json, false, host_x, labels);
+    EXPECT_EQ(std::memcmp(&fused.loss, &plain.loss, sizeof(float)), 0)
+        << fused.loss << " vs " << plain.loss;
+    EXPECT_EQ(fused.logits, plain.logits);
+    ASSERT_EQ(fused.grads.size(), plain.grads.size());
+    for (size_t p = 0; p < fused.grads.size(); ++p) {
+      ASSERT_EQ(fused.grads[p].size(), plain.grads[p].size());
+      EXPECT_EQ(std::memcmp(fused.grads[p].data(), plain.grads[p].data(),
+                            fused.grads[p].size() * sizeof(float)),
+                0)
+          << "gradient " << p;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace pstrain
