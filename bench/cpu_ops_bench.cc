@@ -6,8 +6,10 @@
 // samples/s, 2 threads, same model) is quoted for the ratio, not measured.
 // Each ReLU before a max-pool runs fused as worker/model.h runs it (pool of
 // the ReLU's input, then ReLU of the pooled output; backward masks the
-// pooled gradient, then pools); the last variant runs the blocked layout
-// layer by layer, so the fusion is measured against it in the same run.
+// pooled gradient, then pools), and conv2's backward passes run as one call
+// (Conv2dPlan::Backward, as the conv layer makes it); the last variant runs
+// the blocked layout layer by layer with separate backward passes, so these
+// fusions are measured against it in the same run.
 //
 //   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T]
 //       [--layout=auto|plain|blocked|blocked-unfused|all]
@@ -246,6 +248,9 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
       {"pool2 backward", [&] { return q2->Backward(pool2_in, p2, dp2, pool2_dx); }},
       {"relu2 backward",
        [&] { return b->ActivationBackward(relu, 0, c2, r2, dr2, dc2, n * 64 * 196); }},
+      // One call, as the conv layer makes it: dy is converted to the blocked
+      // layout once for both passes.
+      {"conv2 backward filter+data", [&] { return k2->Backward(p1, dc2, w2, dp1, dw2, db2); }},
       {"conv2 backward filter", [&] { return k2->BackwardFilter(p1, dc2, dw2, db2); }},
       {"conv2 backward data", [&] { return k2->BackwardData(dc2, w2, dp1); }},
       {"relu1 mask pooled dy",
@@ -264,13 +269,16 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
        }},
   };
 
-  // Each variant runs only its own ops.
+  // Each variant runs only its own ops: the layer-by-layer one is the step
+  // as it ran before the fusions (separate ReLUs, separate conv backward
+  // passes that each convert dy).
   auto fused_only = [](const std::string& name) {
-    return name.find("pooled") != std::string::npos;
+    return name.find("pooled") != std::string::npos || name == "conv2 backward filter+data";
   };
   auto unfused_only = [](const std::string& name) {
     return name == "relu1 forward" || name == "relu2 forward" || name == "relu1 backward" ||
-           name == "relu2 backward";
+           name == "relu2 backward" || name == "conv2 backward filter" ||
+           name == "conv2 backward data";
   };
   std::erase_if(ops,
                 [&](const Op& op) { return fused ? unfused_only(op.name) : fused_only(op.name); });

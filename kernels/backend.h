@@ -170,6 +170,15 @@ class Conv2dPlan {
   virtual absl::Status BackwardData(const float* dy, const float* w, float* dx) = 0;
   // dw, and dbias unless nullptr, given x and dy.
   virtual absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) = 0;
+  // Both backward passes of one step: BackwardFilter, then BackwardData
+  // unless dx is nullptr. A plan may share work between them (the CPU plan
+  // converts dy to its internal layout once).
+  virtual absl::Status Backward(const float* x, const float* dy, const float* w, float* dx,
+                                float* dw, float* dbias) {
+    absl::Status status = BackwardFilter(x, dy, dw, dbias);
+    if (!status.ok() || dx == nullptr) return status;
+    return BackwardData(dy, w, dx);
+  }
 };
 
 enum class PoolMode {

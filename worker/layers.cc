@@ -60,12 +60,8 @@ class Conv2dLayer final : public Layer {
   }
 
   absl::Status Backward(Backend*, const BackwardArgs& a) override {
-    PSTRAIN_RETURN_IF_ERROR(plan_->BackwardFilter(a.inputs[0], a.d_output, a.d_params[0],
-                                                  has_bias_ ? a.d_params[1] : nullptr));
-    if (a.d_inputs[0] != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(plan_->BackwardData(a.d_output, a.params[0], a.d_inputs[0]));
-    }
-    return absl::OkStatus();
+    return plan_->Backward(a.inputs[0], a.d_output, a.params[0], a.d_inputs[0], a.d_params[0],
+                           has_bias_ ? a.d_params[1] : nullptr);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,22 +19,58 @@ absl::StatusOr<std::unique_ptr<LocalUpdater>> LocalUpdater::Create(const v1::Opt
                                                                    Model* model) {
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                            Optimizer::Create(spec, model->backend()));
-  std::unique_ptr<LocalUpdater> updater(new LocalUpdater(std::move(optimizer)));
+  std::unique_ptr<LocalUpdater> updater(new LocalUpdater(std::move(optimizer), model));
+  updater->slot_of_param_.assign(model->num_params(), -1);
   for (int i = 0; i < model->num_params(); ++i) {
     const ParamInfo& p = model->param_info(i);
     if (!p.trainable) continue;
     PSTRAIN_ASSIGN_OR_RETURN(int index,
                              updater->optimizer_->AddParameter(p.name, p.shape.num_elements()));
+    updater->slot_of_param_[i] = static_cast<int>(updater->slots_.size());
     updater->slots_.emplace_back(i, index);
   }
+  updater->applied_.assign(updater->slots_.size(), false);
   return updater;
 }
 
-absl::Status LocalUpdater::ApplyUpdate(int64_t step, Model& model) {
-  for (const auto& [param, index] : slots_) {
-    PSTRAIN_RETURN_IF_ERROR(
-        optimizer_->Apply(index, model.param(param).data(), model.grad(param).data(), step));
+absl::Status LocalUpdater::BeforeStep(int64_t step, Model& model) {
+  std::fill(applied_.begin(), applied_.end(), false);
+  deferred_error_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status LocalUpdater::ApplyOne(int slot, int64_t step) {
+  if (applied_[slot]) return absl::OkStatus();
+  const auto [param, index] = slots_[slot];
+  PSTRAIN_RETURN_IF_ERROR(
+      optimizer_->Apply(index, model_->param(param).data(), model_->grad(param).data(), step));
+  applied_[slot] = true;
+  return absl::OkStatus();
+}
+
+void LocalUpdater::OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) {
+  if (!deferred_error_.ok()) return;
+  for (int param : params) {
+    const int slot = param >= 0 && param < static_cast<int>(slot_of_param_.size())
+                         ? slot_of_param_[param]
+                         : -1;
+    if (slot < 0) continue;
+    deferred_error_ = ApplyOne(slot, step);
+    if (!deferred_error_.ok()) return;
   }
+}
+
+absl::Status LocalUpdater::ApplyUpdate(int64_t step, Model& model) {
+  if (&model != model_) {
+    return absl::InvalidArgumentError("LocalUpdater::ApplyUpdate: not the model it was made for");
+  }
+  PSTRAIN_RETURN_IF_ERROR(std::exchange(deferred_error_, absl::OkStatus()));
+  for (int slot = 0; slot < static_cast<int>(slots_.size()); ++slot) {
+    PSTRAIN_RETURN_IF_ERROR(ApplyOne(slot, step));
+  }
+  // The next step starts from scratch even if nobody calls BeforeStep (the
+  // average mode's RemoteUpdater calls only ApplyUpdate).
+  std::fill(applied_.begin(), applied_.end(), false);
   return absl::OkStatus();
 }
 

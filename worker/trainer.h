@@ -56,17 +56,32 @@ class ParameterUpdater {
 };
 
 // The standalone updater: a local Optimizer over every trainable parameter.
+// Each layer's parameters are updated as soon as backward has produced their
+// gradients (the layer's backward is done with them, and no earlier layer
+// reads them), while the gradients are still in cache; ApplyUpdate updates
+// whatever was not announced and reports the first error. Same results as
+// updating everything in ApplyUpdate: each parameter's update reads only its
+// own gradient and state.
 class LocalUpdater final : public ParameterUpdater {
  public:
   static absl::StatusOr<std::unique_ptr<LocalUpdater>> Create(const v1::OptimizerSpec& spec,
                                                               Model* model);
+  absl::Status BeforeStep(int64_t step, Model& model) override;
+  void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) override;
   absl::Status ApplyUpdate(int64_t step, Model& model) override;
   Optimizer& optimizer() { return *optimizer_; }
 
  private:
-  explicit LocalUpdater(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
+  LocalUpdater(std::unique_ptr<Optimizer> optimizer, Model* model)
+      : optimizer_(std::move(optimizer)), model_(model) {}
+  absl::Status ApplyOne(int slot, int64_t step);
+
   std::unique_ptr<Optimizer> optimizer_;
+  Model* const model_;
   std::vector<std::pair<int, int>> slots_;  // (model param index, optimizer index).
+  std::vector<int> slot_of_param_;          // Per model param: index into slots_, or -1.
+  std::vector<bool> applied_;               // Per slot: updated during this step.
+  absl::Status deferred_error_;             // From OnGradientsReady, for ApplyUpdate.
 };
 
 struct TrainerOptions {

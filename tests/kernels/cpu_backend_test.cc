@@ -368,6 +368,30 @@ TEST_P(ConvTest, ForwardAndBothBackwardPassesMatchNaiveLoops) {
   Tensor tdw2 = Zeros(w_count);
   ASSERT_TRUE((*plan)->BackwardFilter(tx.data(), tdy.data(), tdw2.data(), nullptr).ok());
   ExpectAllClose(Download(tdw2), dw, 1e-4, "backward filter without bias");
+
+  // The combined pass (dy converted once) gives the separate passes' bits,
+  // on a fresh plan whose first call it is, and again with another dy.
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> fresh = backend_->CreateConv2d(c);
+  ASSERT_TRUE(fresh.ok());
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> dy_r = RandomVector(y_count, 30 + round);
+    Tensor tdy_r = Upload(dy_r), sdx = Zeros(x_count), sdw = Zeros(w_count),
+           sdb = Zeros(c.filters), cdx = Zeros(x_count), cdw = Zeros(w_count),
+           cdb = Zeros(c.filters), cdw2 = Zeros(w_count);
+    ASSERT_TRUE((*fresh)
+                    ->Backward(tx.data(), tdy_r.data(), tw.data(), cdx.data(), cdw.data(),
+                               cdb.data())
+                    .ok());
+    ASSERT_TRUE((*plan)->BackwardFilter(tx.data(), tdy_r.data(), sdw.data(), sdb.data()).ok());
+    ASSERT_TRUE((*plan)->BackwardData(tdy_r.data(), tw.data(), sdx.data()).ok());
+    EXPECT_EQ(Download(cdx), Download(sdx)) << "round " << round;
+    EXPECT_EQ(Download(cdw), Download(sdw)) << "round " << round;
+    EXPECT_EQ(Download(cdb), Download(sdb)) << "round " << round;
+    // No dx (the first layer) and no bias.
+    ASSERT_TRUE(
+        (*fresh)->Backward(tx.data(), tdy_r.data(), tw.data(), nullptr, cdw2.data(), nullptr).ok());
+    EXPECT_EQ(Download(cdw2), Download(sdw)) << "round " << round;
+  }
 }
 
 std::vector<ConvCase> ConvCases() {
