@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/data/dataset.h"
@@ -163,6 +164,89 @@ TEST(TrainerTest, WithoutFixedComputeEveryStepComputesItsOwnGradients) {
   EXPECT_EQ(stats.steps, 5);
   ASSERT_EQ(updater->grads.size(), 5u);
   EXPECT_NE(updater->grads[1], updater->grads[0]);
+}
+
+// Two dense layers, so that one layer's update can land while the other's
+// backward is still to run.
+v1::ModelSpec TwoLayers() {
+  v1::ModelSpec spec = Tiny();
+  spec.clear_layers();
+  for (const char* name : {"flatten", "fc0", "fc1", "loss"}) {
+    auto* layer = spec.add_layers();
+    layer->set_name(name);
+    if (std::string(name) == "flatten") layer->mutable_flatten();
+    if (std::string(name) == "fc0") layer->mutable_dense()->set_units(8);
+    if (std::string(name) == "fc1") layer->mutable_dense()->set_units(10);
+    if (std::string(name) == "loss") layer->mutable_softmax_cross_entropy();
+  }
+  return spec;
+}
+
+// Passes everything to a LocalUpdater, except (when `defer`) the per-layer
+// announcements, so that every update waits for ApplyUpdate. When fc0's
+// gradients are announced it records whether fc1's weights had already
+// changed this step.
+class ForwardingUpdater final : public ParameterUpdater {
+ public:
+  ForwardingUpdater(LocalUpdater* inner, Model* model, bool defer)
+      : inner_(inner), model_(model), defer_(defer) {}
+  absl::Status BeforeStep(int64_t step, Model& model) override {
+    fc1_before_ = Fc1();
+    return inner_->BeforeStep(step, model);
+  }
+  void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) override {
+    if (model_->graph().layers[layer].name == "fc0")
+      fc1_changed_early.push_back(Fc1() != fc1_before_);
+    if (!defer_) inner_->OnGradientsReady(step, layer, params);
+  }
+  absl::Status ApplyUpdate(int64_t step, Model& model) override {
+    return inner_->ApplyUpdate(step, model);
+  }
+  std::vector<bool> fc1_changed_early;
+
+ private:
+  std::vector<float> Fc1() const {
+    Tensor& t = model_->param(model_->FindParam("fc1/weight"));
+    std::vector<float> v(t.num_elements());
+    std::memcpy(v.data(), t.data(), t.bytes());
+    return v;
+  }
+  LocalUpdater* inner_;
+  Model* model_;
+  const bool defer_;
+  std::vector<float> fc1_before_;
+};
+
+TEST(TrainerTest, LocalUpdaterUpdatesEachLayerAsSoonAsItsGradientsAreReadyWithTheSameResult) {
+  for (v1::OptimizerType type : {v1::OPTIMIZER_SGD, v1::OPTIMIZER_ADAM}) {
+    std::vector<std::vector<float>> finals[2];
+    for (bool defer : {false, true}) {
+      std::unique_ptr<Backend> backend = CreateCpuBackend();
+      data::ImageDataset train = data::testing::CountingDataset(300);
+      std::unique_ptr<Model> model = *Model::Create(TwoLayers(), backend.get());
+      ASSERT_OK(model->InitializeParameters());
+      v1::OptimizerSpec spec;
+      spec.set_type(type);
+      spec.set_learning_rate(0.01f);
+      if (type == v1::OPTIMIZER_SGD) spec.set_momentum(0.9f);
+      std::unique_ptr<LocalUpdater> local = *LocalUpdater::Create(spec, model.get());
+      ForwardingUpdater updater(local.get(), model.get(), defer);
+      TrainerOptions options;
+      options.batch_size = 32;
+      std::unique_ptr<Trainer> trainer =
+          *Trainer::Create(model.get(), &updater, &train, data::Preprocess(), options);
+      ASSERT_OK(trainer->RunEpoch(0, nullptr).status());
+      ASSERT_FALSE(updater.fc1_changed_early.empty());
+      for (bool changed : updater.fc1_changed_early) EXPECT_EQ(changed, !defer);
+      for (int p = 0; p < model->num_params(); ++p) {
+        Tensor& t = model->param(p);
+        std::vector<float> v(t.num_elements());
+        std::memcpy(v.data(), t.data(), t.bytes());
+        finals[defer].push_back(std::move(v));
+      }
+    }
+    EXPECT_EQ(finals[0], finals[1]) << "optimizer " << type;
+  }
 }
 
 }  // namespace
