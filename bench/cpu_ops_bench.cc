@@ -4,12 +4,10 @@
 // the blocked convolution layouts in the same process, so the layouts are
 // compared under the same machine load; the PyTorch 1.13 figure (845
 // samples/s, 2 threads, same model) is quoted for the ratio, not measured.
-// Each ReLU before a max-pool runs fused as worker/model.h runs it (pool of
-// the ReLU's input, then ReLU of the pooled output; backward masks the
-// pooled gradient, then pools), and conv2's backward passes run as one call
-// (Conv2dPlan::Backward, as the conv layer makes it); the last variant runs
-// the blocked layout layer by layer with separate backward passes, so these
-// fusions are measured against it in the same run.
+// Each conv -> ReLU -> max-pool runs as the model runs it on the CPU, as one
+// ConvReluPoolPlan; the last variant runs the blocked layout layer by layer
+// with separate backward passes (the step before these fusions), so they are
+// measured against it in the same run.
 //
 //   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T]
 //       [--layout=auto|plain|blocked|blocked-unfused|all]
@@ -123,8 +121,8 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
   options.conv_layout = layout;
   std::unique_ptr<Backend> backend = CreateCpuBackend(options);
   Backend* b = backend.get();
-  std::printf("\n== %s, conv layout %s, ReLU + max-pool %s ==\n", b->Describe().c_str(),
-              layout_name, fused ? "fused" : "layer by layer");
+  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s ==\n", b->Describe().c_str(),
+              layout_name, fused ? "as one plan" : "layer by layer");
 
   Model m(b);
   const int64_t n = kBatch;
@@ -211,77 +209,92 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
   sgd.learning_rate = 0.01f;
   sgd.momentum = 0.9f;
 
-  // Fused, the pools read the convolutions' outputs and the ReLUs run on
-  // (and mask the gradients of) the pooled outputs: what worker/model.cc does.
-  const float* pool1_in = fused ? c1 : r1;
-  const float* pool2_in = fused ? c2 : r2;
-  float* pool1_dx = fused ? dc1 : dr1;
-  float* pool2_dx = fused ? dc2 : dr2;
-  std::vector<Op> ops = {
-      {"conv1 forward", [&] { return k1->Forward(x, w1, b1, c1); }},
-      {"relu1 forward", [&] { return b->ActivationForward(relu, 0, c1, r1, n * 32 * 784); }},
-      {"pool1 forward", [&] { return q1->Forward(pool1_in, p1, true); }},
-      {"relu1 on pooled", [&] { return b->ActivationForward(relu, 0, p1, p1, n * 32 * 196); }},
-      {"conv2 forward", [&] { return k2->Forward(p1, w2, b2, c2); }},
-      {"relu2 forward", [&] { return b->ActivationForward(relu, 0, c2, r2, n * 64 * 196); }},
-      {"pool2 forward", [&] { return q2->Forward(pool2_in, p2, true); }},
-      {"relu2 on pooled", [&] { return b->ActivationForward(relu, 0, p2, p2, n * 3136); }},
-      {"fc1 gemm forward", [&] { return b->Gemm(false, true, n, 1024, 3136, 1, p2, w3, 0, h3); }},
-      {"fc1 bias", [&] { return b->AddBias(h3, b3, n, 1024, 1); }},
-      {"relu3 forward", [&] { return b->ActivationForward(relu, 0, h3, r3, n * 1024); }},
-      {"dropout forward", [&] { return b->DropoutForward(r3, d3, mask, n * 1024, 0.5f, 7); }},
-      {"fc2 gemm forward", [&] { return b->Gemm(false, true, n, 10, 1024, 1, d3, w4, 0, logits); }},
-      {"fc2 bias", [&] { return b->AddBias(logits, b4, n, 10, 1); }},
-      {"softmax xent",
-       [&] { return b->SoftmaxCrossEntropy(logits, labels, n, 10, loss, dlogits, nullptr); }},
-      {"fc2 dW", [&] { return b->Gemm(true, false, 10, 1024, n, 1, dlogits, d3, 0, dw4); }},
-      {"fc2 db", [&] { return b->BiasGrad(dlogits, db4, n, 10, 1); }},
-      {"fc2 dx", [&] { return b->Gemm(false, false, n, 1024, 10, 1, dlogits, w4, 0, dd3); }},
-      {"dropout backward", [&] { return b->Multiply(dd3, mask, dr3, n * 1024); }},
-      {"relu3 backward",
-       [&] { return b->ActivationBackward(relu, 0, h3, r3, dr3, dh3, n * 1024); }},
-      {"fc1 dW", [&] { return b->Gemm(true, false, 1024, 3136, n, 1, dh3, p2, 0, dw3); }},
-      {"fc1 db", [&] { return b->BiasGrad(dh3, db3, n, 1024, 1); }},
-      {"fc1 dx", [&] { return b->Gemm(false, false, n, 3136, 1024, 1, dh3, w3, 0, dp2); }},
-      {"relu2 mask pooled dy",
-       [&] { return b->ActivationBackward(relu, 0, p2, p2, dp2, dp2, n * 3136); }},
-      {"pool2 backward", [&] { return q2->Backward(pool2_in, p2, dp2, pool2_dx); }},
-      {"relu2 backward",
-       [&] { return b->ActivationBackward(relu, 0, c2, r2, dr2, dc2, n * 64 * 196); }},
-      // One call, as the conv layer makes it: dy is converted to the blocked
-      // layout once for both passes.
-      {"conv2 backward filter+data", [&] { return k2->Backward(p1, dc2, w2, dp1, dw2, db2); }},
-      {"conv2 backward filter", [&] { return k2->BackwardFilter(p1, dc2, dw2, db2); }},
-      {"conv2 backward data", [&] { return k2->BackwardData(dc2, w2, dp1); }},
-      {"relu1 mask pooled dy",
-       [&] { return b->ActivationBackward(relu, 0, p1, p1, dp1, dp1, n * 32 * 196); }},
-      {"pool1 backward", [&] { return q1->Backward(pool1_in, p1, dp1, pool1_dx); }},
-      {"relu1 backward",
-       [&] { return b->ActivationBackward(relu, 0, c1, r1, dr1, dc1, n * 32 * 784); }},
-      {"conv1 backward filter", [&] { return k1->BackwardFilter(x, dc1, dw1, db1); }},
-      {"sgd momentum (all params)",
-       [&] {
-         for (const Param& p : params) {
-           absl::Status s = b->SgdUpdate(p.p, p.g, p.v, p.count, sgd);
-           if (!s.ok()) return s;
-         }
-         return absl::OkStatus();
-       }},
+  // The fused variant runs each conv -> ReLU -> max-pool as the model runs
+  // it on the CPU: one ConvReluPoolPlan (the convolution's output stays in
+  // oneDNN's blocked layout). The layer-by-layer variant runs the step as it
+  // ran before: a plan per op, separate ReLUs, separate conv backward passes.
+  absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> block1_plan =
+      b->CreateConvReluPool(conv1, /*with_bias=*/true, pool1);
+  absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> block2_plan =
+      b->CreateConvReluPool(conv2, /*with_bias=*/true, pool2);
+  if (fused && (!block1_plan.ok() || !block2_plan.ok())) {
+    std::printf("  (no conv + ReLU + pool plans on this backend: %s)\n",
+                (block1_plan.ok() ? block2_plan : block1_plan).status().ToString().c_str());
+    return 0;
+  }
+  ConvReluPoolPlan* block1 = block1_plan.ok() ? block1_plan->get() : nullptr;
+  ConvReluPoolPlan* block2 = block2_plan.ok() ? block2_plan->get() : nullptr;
+  enum Only { kBoth, kFused, kUnfused };
+  struct TaggedOp {
+    Only only;
+    Op op;
   };
-
-  // Each variant runs only its own ops: the layer-by-layer one is the step
-  // as it ran before the fusions (separate ReLUs, separate conv backward
-  // passes that each convert dy).
-  auto fused_only = [](const std::string& name) {
-    return name.find("pooled") != std::string::npos || name == "conv2 backward filter+data";
+  std::vector<TaggedOp> tagged = {
+      {kFused, {"conv1+relu+pool1 forward", [&] { return block1->Forward(x, w1, b1, p1, true); }}},
+      {kUnfused, {"conv1 forward", [&] { return k1->Forward(x, w1, b1, c1); }}},
+      {kUnfused,
+       {"relu1 forward", [&] { return b->ActivationForward(relu, 0, c1, r1, n * 32 * 784); }}},
+      {kUnfused, {"pool1 forward", [&] { return q1->Forward(r1, p1, true); }}},
+      {kFused, {"conv2+relu+pool2 forward", [&] { return block2->Forward(p1, w2, b2, p2, true); }}},
+      {kUnfused, {"conv2 forward", [&] { return k2->Forward(p1, w2, b2, c2); }}},
+      {kUnfused,
+       {"relu2 forward", [&] { return b->ActivationForward(relu, 0, c2, r2, n * 64 * 196); }}},
+      {kUnfused, {"pool2 forward", [&] { return q2->Forward(r2, p2, true); }}},
+      {kBoth,
+       {"fc1 gemm forward", [&] { return b->Gemm(false, true, n, 1024, 3136, 1, p2, w3, 0, h3); }}},
+      {kBoth, {"fc1 bias", [&] { return b->AddBias(h3, b3, n, 1024, 1); }}},
+      {kBoth, {"relu3 forward", [&] { return b->ActivationForward(relu, 0, h3, r3, n * 1024); }}},
+      {kBoth,
+       {"dropout forward", [&] { return b->DropoutForward(r3, d3, mask, n * 1024, 0.5f, 7); }}},
+      {kBoth,
+       {"fc2 gemm forward",
+        [&] { return b->Gemm(false, true, n, 10, 1024, 1, d3, w4, 0, logits); }}},
+      {kBoth, {"fc2 bias", [&] { return b->AddBias(logits, b4, n, 10, 1); }}},
+      {kBoth,
+       {"softmax xent",
+        [&] { return b->SoftmaxCrossEntropy(logits, labels, n, 10, loss, dlogits, nullptr); }}},
+      {kBoth,
+       {"fc2 dW", [&] { return b->Gemm(true, false, 10, 1024, n, 1, dlogits, d3, 0, dw4); }}},
+      {kBoth, {"fc2 db", [&] { return b->BiasGrad(dlogits, db4, n, 10, 1); }}},
+      {kBoth,
+       {"fc2 dx", [&] { return b->Gemm(false, false, n, 1024, 10, 1, dlogits, w4, 0, dd3); }}},
+      {kBoth, {"dropout backward", [&] { return b->Multiply(dd3, mask, dr3, n * 1024); }}},
+      {kBoth,
+       {"relu3 backward",
+        [&] { return b->ActivationBackward(relu, 0, h3, r3, dr3, dh3, n * 1024); }}},
+      {kBoth, {"fc1 dW", [&] { return b->Gemm(true, false, 1024, 3136, n, 1, dh3, p2, 0, dw3); }}},
+      {kBoth, {"fc1 db", [&] { return b->BiasGrad(dh3, db3, n, 1024, 1); }}},
+      {kBoth, {"fc1 dx", [&] { return b->Gemm(false, false, n, 3136, 1024, 1, dh3, w3, 0, dp2); }}},
+      {kFused,
+       {"conv2+relu+pool2 backward", [&] { return block2->Backward(p1, w2, dp2, dp1, dw2, db2); }}},
+      {kUnfused, {"pool2 backward", [&] { return q2->Backward(r2, p2, dp2, dr2); }}},
+      {kUnfused,
+       {"relu2 backward",
+        [&] { return b->ActivationBackward(relu, 0, c2, r2, dr2, dc2, n * 64 * 196); }}},
+      {kUnfused, {"conv2 backward filter", [&] { return k2->BackwardFilter(p1, dc2, dw2, db2); }}},
+      {kUnfused, {"conv2 backward data", [&] { return k2->BackwardData(dc2, w2, dp1); }}},
+      {kFused,
+       {"conv1+relu+pool1 backward",
+        [&] { return block1->Backward(x, w1, dp1, nullptr, dw1, db1); }}},
+      {kUnfused, {"pool1 backward", [&] { return q1->Backward(r1, p1, dp1, dr1); }}},
+      {kUnfused,
+       {"relu1 backward",
+        [&] { return b->ActivationBackward(relu, 0, c1, r1, dr1, dc1, n * 32 * 784); }}},
+      {kUnfused, {"conv1 backward filter", [&] { return k1->BackwardFilter(x, dc1, dw1, db1); }}},
+      {kBoth,
+       {"sgd momentum (all params)",
+        [&] {
+          for (const Param& p : params) {
+            absl::Status s = b->SgdUpdate(p.p, p.g, p.v, p.count, sgd);
+            if (!s.ok()) return s;
+          }
+          return absl::OkStatus();
+        }}},
   };
-  auto unfused_only = [](const std::string& name) {
-    return name == "relu1 forward" || name == "relu2 forward" || name == "relu1 backward" ||
-           name == "relu2 backward" || name == "conv2 backward filter" ||
-           name == "conv2 backward data";
-  };
-  std::erase_if(ops,
-                [&](const Op& op) { return fused ? unfused_only(op.name) : fused_only(op.name); });
+  std::vector<Op> ops;
+  for (TaggedOp& t : tagged) {
+    if (t.only == kBoth || (t.only == kFused) == fused) ops.push_back(std::move(t.op));
+  }
 
   using Clock = std::chrono::steady_clock;
   // Warm up (first calls JIT-compile and fault pages in), then time whole

@@ -203,6 +203,26 @@ class Pool2dPlan {
   virtual absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) = 0;
 };
 
+// A convolution, a ReLU and a max-pool as one plan, for a backend that can
+// keep the convolution's output in its own layout: the CPU keeps it in
+// oneDNN's blocked layout, so that neither that output nor its gradient is
+// converted to NCHW and back, and pools there. x and dx are the
+// convolution's input and its gradient, y and dy the pool's output and its
+// gradient, all NCHW. Results are those of the three ops one after another.
+class ConvReluPoolPlan {
+ public:
+  virtual ~ConvReluPoolPlan() = default;
+  // y = maxpool(relu(conv(x, w) + bias)); `bias` is nullptr exactly when the
+  // plan was created without one. `training` keeps what Backward needs.
+  virtual absl::Status Forward(const float* x, const float* w, const float* bias, float* y,
+                               bool training) = 0;
+  // Requires the most recent Forward to have been a training one with the
+  // same x and w. dx may be nullptr (nobody needs it); dbias is nullptr
+  // exactly when there is no bias.
+  virtual absl::Status Backward(const float* x, const float* w, const float* dy, float* dx,
+                                float* dw, float* dbias) = 0;
+};
+
 struct BatchNormConfig {
   int n = 0, c = 0, spatial = 1;  // Input [N, C, spatial...] (spatial = H*W, or 1).
   float epsilon = 1e-5f;
@@ -290,6 +310,13 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) = 0;
   virtual absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(
       const BatchNormConfig& config) = 0;
+  // Optional. `pool` must be a max-pool over the convolution's output
+  // shape. UNIMPLEMENTED (the default, and the CPU backend's answer for
+  // shapes it does not fuse) means: run the three ops instead.
+  virtual absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateConvReluPool(
+      const Conv2dConfig& conv, bool with_bias, const Pool2dConfig& pool) {
+    return absl::UnimplementedError("CreateConvReluPool: this backend runs the ops one by one");
+  }
 
   // --- Element-wise ----------------------------------------------------------
   // `alpha` is the negative slope for kLeakyRelu and ignored otherwise.

@@ -30,21 +30,48 @@ class PlanCache {
   std::map<int, std::unique_ptr<Plan>> plans_;
 };
 
+}  // namespace
+
+Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch) {
+  const v1::Conv2dLayer& c = info.spec.conv2d();
+  const Shape& in = info.input_shapes[0];
+  Conv2dConfig config;
+  config.n = batch;
+  config.c = static_cast<int>(in[0]);
+  config.h = static_cast<int>(in[1]);
+  config.w = static_cast<int>(in[2]);
+  config.filters = c.filters();
+  config.kernel_h = c.kernel_h() > 0 ? c.kernel_h() : c.kernel_size();
+  config.kernel_w = c.kernel_w() > 0 ? c.kernel_w() : c.kernel_size();
+  config.stride_h = config.stride_w = c.stride() == 0 ? 1 : c.stride();
+  config.pad_h = config.pad_w = c.padding();
+  return config;
+}
+
+bool ConvHasBias(const LayerInfo& info) { return !info.spec.conv2d().no_bias(); }
+
+Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch) {
+  const bool max = info.type == LayerType::kMaxPool;
+  const v1::Pool2dLayer& p = max ? info.spec.max_pool() : info.spec.avg_pool();
+  const Shape& in = info.input_shapes[0];
+  Pool2dConfig config;
+  config.mode = max ? PoolMode::kMax : PoolMode::kAverage;
+  config.n = batch;
+  config.c = static_cast<int>(in[0]);
+  config.h = static_cast<int>(in[1]);
+  config.w = static_cast<int>(in[2]);
+  config.window = p.pool_size();
+  config.stride = p.stride() == 0 ? p.pool_size() : p.stride();
+  config.pad = p.padding();
+  return config;
+}
+
+namespace {
+
 class Conv2dLayer final : public Layer {
  public:
-  explicit Conv2dLayer(const LayerInfo& info) : Layer(info) {
-    const v1::Conv2dLayer& c = info.spec.conv2d();
-    const Shape& in = info.input_shapes[0];
-    config_.c = static_cast<int>(in[0]);
-    config_.h = static_cast<int>(in[1]);
-    config_.w = static_cast<int>(in[2]);
-    config_.filters = c.filters();
-    config_.kernel_h = c.kernel_h() > 0 ? c.kernel_h() : c.kernel_size();
-    config_.kernel_w = c.kernel_w() > 0 ? c.kernel_w() : c.kernel_size();
-    config_.stride_h = config_.stride_w = c.stride() == 0 ? 1 : c.stride();
-    config_.pad_h = config_.pad_w = c.padding();
-    has_bias_ = !c.no_bias();
-  }
+  explicit Conv2dLayer(const LayerInfo& info)
+      : Layer(info), config_(Conv2dConfigFor(info, 0)), has_bias_(ConvHasBias(info)) {}
 
   absl::Status Prepare(Backend* backend, int batch) override {
     PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
@@ -65,26 +92,15 @@ class Conv2dLayer final : public Layer {
   }
 
  private:
-  Conv2dConfig config_;
-  bool has_bias_ = true;
+  const Conv2dConfig config_;
+  const bool has_bias_;
   PlanCache<Conv2dPlan> plans_;
   Conv2dPlan* plan_ = nullptr;
 };
 
 class Pool2dLayer final : public Layer {
  public:
-  Pool2dLayer(const LayerInfo& info, PoolMode mode) : Layer(info) {
-    const v1::Pool2dLayer& p =
-        mode == PoolMode::kMax ? info.spec.max_pool() : info.spec.avg_pool();
-    const Shape& in = info.input_shapes[0];
-    config_.mode = mode;
-    config_.c = static_cast<int>(in[0]);
-    config_.h = static_cast<int>(in[1]);
-    config_.w = static_cast<int>(in[2]);
-    config_.window = p.pool_size();
-    config_.stride = p.stride() == 0 ? p.pool_size() : p.stride();
-    config_.pad = p.padding();
-  }
+  explicit Pool2dLayer(const LayerInfo& info) : Layer(info), config_(Pool2dConfigFor(info, 0)) {}
 
   absl::Status Prepare(Backend* backend, int batch) override {
     PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
@@ -105,7 +121,7 @@ class Pool2dLayer final : public Layer {
   }
 
  private:
-  Pool2dConfig config_;
+  const Pool2dConfig config_;
   PlanCache<Pool2dPlan> plans_;
   Pool2dPlan* plan_ = nullptr;
 };
@@ -325,26 +341,29 @@ using LayerFactory = std::function<std::unique_ptr<Layer>(const LayerInfo&)>;
 const std::map<LayerType, LayerFactory>& LayerFactories() {
   static const auto* factories = new std::map<LayerType, LayerFactory>{
       {LayerType::kConv2d, [](const LayerInfo& i) { return std::make_unique<Conv2dLayer>(i); }},
-      {LayerType::kMaxPool,
-       [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i, PoolMode::kMax); }},
-      {LayerType::kAvgPool,
-       [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i, PoolMode::kAverage); }},
+      {LayerType::kMaxPool, [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i); }},
+      {LayerType::kAvgPool, [](const LayerInfo& i) { return std::make_unique<Pool2dLayer>(i); }},
       {LayerType::kDense, [](const LayerInfo& i) { return std::make_unique<DenseLayer>(i); }},
       {LayerType::kRelu,
-       [](const LayerInfo& i) { return std::make_unique<ActivationLayer>(i, Activation::kRelu, 0.f); }},
+       [](const LayerInfo& i) {
+         return std::make_unique<ActivationLayer>(i, Activation::kRelu, 0.f);
+       }},
       {LayerType::kLeakyRelu,
        [](const LayerInfo& i) {
          float alpha = i.spec.leaky_relu().alpha() > 0 ? i.spec.leaky_relu().alpha() : 0.01f;
          return std::make_unique<ActivationLayer>(i, Activation::kLeakyRelu, alpha);
        }},
       {LayerType::kTanh,
-       [](const LayerInfo& i) { return std::make_unique<ActivationLayer>(i, Activation::kTanh, 0.f); }},
+       [](const LayerInfo& i) {
+         return std::make_unique<ActivationLayer>(i, Activation::kTanh, 0.f);
+       }},
       {LayerType::kSigmoid,
        [](const LayerInfo& i) {
          return std::make_unique<ActivationLayer>(i, Activation::kSigmoid, 0.f);
        }},
       {LayerType::kDropout, [](const LayerInfo& i) { return std::make_unique<DropoutLayer>(i); }},
-      {LayerType::kBatchNorm, [](const LayerInfo& i) { return std::make_unique<BatchNormLayer>(i); }},
+      {LayerType::kBatchNorm,
+       [](const LayerInfo& i) { return std::make_unique<BatchNormLayer>(i); }},
       {LayerType::kFlatten, [](const LayerInfo& i) { return std::make_unique<FlattenLayer>(i); }},
       {LayerType::kAdd, [](const LayerInfo& i) { return std::make_unique<AddLayer>(i); }},
       {LayerType::kSoftmaxCrossEntropy,

@@ -70,6 +70,12 @@ class Layer {
   const LayerInfo info_;  // Constant after construction.
 };
 
+// The plan configurations of a conv2d or pool layer at `batch` samples, as
+// the layers build them (the model uses them for fused plans).
+Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch);
+bool ConvHasBias(const LayerInfo& info);
+Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_WORKER_LAYERS_H_

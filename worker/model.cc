@@ -36,6 +36,25 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
     PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info));
     model->layers_.push_back(std::move(layer));
   }
+  model->block_of_.assign(g.layers.size(), -1);
+  if (options.fuse_relu_max_pool && options.fuse_conv_relu_pool) {
+    for (int l = 0; l < static_cast<int>(g.layers.size()); ++l) {
+      const LayerInfo& conv = g.layers[l];
+      if (conv.type != LayerType::kConv2d || conv.consumers.size() != 1) continue;
+      const int relu = conv.consumers[0];
+      if (g.layers[relu].inputs.size() != 1) continue;
+      const int pool = FusablePool(g, relu);
+      if (pool < 0) continue;
+      ConvBlock block;
+      block.conv = l;
+      block.relu = relu;
+      block.pool = pool;
+      for (int member : {l, relu, pool}) {
+        model->block_of_[member] = static_cast<int>(model->blocks_.size());
+      }
+      model->blocks_.push_back(std::move(block));
+    }
+  }
   model->fused_with_.assign(g.layers.size(), -1);
   if (options.fuse_relu_max_pool) {
     for (int l = 0; l < static_cast<int>(g.layers.size()); ++l) {
@@ -70,16 +89,44 @@ absl::Status Model::InitializeParameters() {
   return backend_->Synchronize();
 }
 
+absl::Status Model::PrepareBlocks(int batch) {
+  for (ConvBlock& block : blocks_) {
+    if (!block.active) continue;
+    auto it = block.plans.find(batch);
+    if (it == block.plans.end()) {
+      const LayerInfo& conv = graph_.layers[block.conv];
+      absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> plan =
+          backend_->CreateConvReluPool(Conv2dConfigFor(conv, batch), ConvHasBias(conv),
+                                       Pool2dConfigFor(graph_.layers[block.pool], batch));
+      if (absl::IsUnimplemented(plan.status()) && batch_ == 0) {
+        block.active = false;  // Decided before any buffer was laid out.
+        continue;
+      }
+      if (!plan.ok()) {
+        return absl::Status(
+            plan.status().code(),
+            absl::StrCat("layers '", conv.name, "' to '", graph_.layers[block.pool].name,
+                         "' as one plan: ", plan.status().message()));
+      }
+      it = block.plans.emplace(batch, *std::move(plan)).first;
+    }
+    block.plan = it->second.get();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Model::PrepareBatch(int batch) {
   if (batch <= 0) return absl::InvalidArgumentError(absl::StrCat("batch must be > 0, got ", batch));
+  if (batch != prepared_batch_) PSTRAIN_RETURN_IF_ERROR(PrepareBlocks(batch));
   if (batch > batch_) {
     outputs_.clear();
     d_outputs_.clear();
     scratch_.clear();
     for (size_t l = 0; l < graph_.layers.size(); ++l) {
       const LayerInfo& info = graph_.layers[l];
-      if (graph_.layers[l].type == LayerType::kRelu && fused_with_[l] >= 0) {
-        outputs_.emplace_back();  // Nothing reads a fused ReLU's output.
+      const bool inside_block = InBlock(l) && static_cast<int>(l) != blocks_[block_of_[l]].pool;
+      if (inside_block || (graph_.layers[l].type == LayerType::kRelu && fused_with_[l] >= 0)) {
+        outputs_.emplace_back();  // Nothing reads a fused ReLU's (or block's conv's) output.
         d_outputs_.emplace_back();
         scratch_.emplace_back();
         continue;
@@ -103,7 +150,10 @@ absl::Status Model::PrepareBatch(int batch) {
     batch_ = batch;
   }
   if (batch != prepared_batch_) {
-    for (auto& layer : layers_) PSTRAIN_RETURN_IF_ERROR(layer->Prepare(backend_, batch));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (InBlock(static_cast<int>(l))) continue;  // The block's plan does their work.
+      PSTRAIN_RETURN_IF_ERROR(layers_[l]->Prepare(backend_, batch));
+    }
     prepared_batch_ = batch;
   }
   return absl::OkStatus();
@@ -120,6 +170,20 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
   last_forward_training_ = training;
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     const LayerInfo& info = graph_.layers[l];
+    if (InBlock(l)) {
+      const ConvBlock& block = blocks_[block_of_[l]];
+      if (l != block.pool) continue;  // The block runs at its pool.
+      const LayerInfo& conv = graph_.layers[block.conv];
+      absl::Status status =
+          block.plan->Forward(InputOf(block.conv, 0), params_[conv.params[0]].data(),
+                              conv.params.size() > 1 ? params_[conv.params[1]].data() : nullptr,
+                              outputs_[l].data(), training);
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("forward of layers '", conv.name, "' to '",
+                                                        info.name, "': ", status.message()));
+      }
+      continue;
+    }
     const bool fused = fused_with_[l] >= 0;
     if (fused && info.type == LayerType::kRelu) continue;  // Runs inside its pool.
     ForwardArgs args;
@@ -150,7 +214,9 @@ absl::Status Model::Backward() {
   std::vector<bool> written(layers_.size(), false);
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     const LayerInfo& info = graph_.layers[l];
-    const bool fused = fused_with_[l] >= 0;
+    const bool in_block = InBlock(l);
+    if (in_block && l != blocks_[block_of_[l]].conv) continue;  // The block runs at its conv.
+    const bool fused = !in_block && fused_with_[l] >= 0;
     if (fused && info.type == LayerType::kMaxPool) continue;  // Runs with its ReLU.
     BackwardArgs args;
     args.batch = batch;
@@ -180,8 +246,17 @@ absl::Status Model::Backward() {
       args.params.push_back(params_[p].data());
       args.d_params.push_back(graph_.params[p].trainable ? grads_[p].data() : nullptr);
     }
-    absl::Status status =
-        fused ? FusedBackward(l, args.d_inputs[0]) : layers_[l]->Backward(backend_, args);
+    absl::Status status;
+    if (in_block) {
+      const ConvBlock& block = blocks_[block_of_[l]];
+      status = block.plan->Backward(args.inputs[0], args.params[0], d_outputs_[block.pool].data(),
+                                    args.d_inputs[0], args.d_params[0],
+                                    args.d_params.size() > 1 ? args.d_params[1] : nullptr);
+    } else if (fused) {
+      status = FusedBackward(l, args.d_inputs[0]);
+    } else {
+      status = layers_[l]->Backward(backend_, args);
+    }
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("backward of layer '", info.name, "': ", status.message()));

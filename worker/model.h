@@ -14,7 +14,12 @@
 // ("conv1/weight"). Between steps, a caller may overwrite param(i) (e.g. with
 // weights pulled from a parameter server): the next Forward uses them.
 //
-// ReLU followed by max-pooling runs fused, as the pooling of the ReLU's input
+// A convolution whose only consumer is a ReLU whose only consumer is a
+// max-pool runs as one ConvReluPoolPlan where the backend has one (the CPU:
+// the convolution's output never leaves oneDNN's blocked layout); the
+// convolution's and the ReLU's outputs then get no buffers. Otherwise, and
+// on backends without such plans,
+// a ReLU followed by max-pooling runs fused, as the pooling of the ReLU's input
 // followed by a ReLU of the (four times smaller) pooled output: the two
 // commute, and in backward the pooled output masks the gradient before the
 // pooling routes it. Loss, outputs and gradients are bit-identical to the
@@ -29,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,9 +50,11 @@
 namespace pstrain {
 
 struct ModelOptions {
-  // Fuse each ReLU whose only consumer is a max-pool into that pool (see
-  // above). Off only to compare against the layer-by-layer order.
+  // Fuse each ReLU whose only consumer is a max-pool into that pool, and
+  // (where the backend can) a convolution into such a pair (see above). Off
+  // only to compare against the layer-by-layer order.
   bool fuse_relu_max_pool = true;
+  bool fuse_conv_relu_pool = true;
 };
 
 class Model {
@@ -110,6 +118,11 @@ class Model {
   // The fused ReLU -> max-pool pair ending at pool layer `pool`.
   absl::Status FusedForward(int pool, const ForwardArgs& pool_args);
   absl::Status FusedBackward(int relu, float* d_relu_input);
+  // Layer l is part of a conv -> ReLU -> max-pool block run as one plan.
+  bool InBlock(int l) const { return block_of_[l] >= 0 && blocks_[block_of_[l]].active; }
+  // Creates (or finds) each block's plan for `batch`; the first time, a
+  // block the backend cannot run as one plan is turned off for good.
+  absl::Status PrepareBlocks(int batch);
 
   // Constant after construction.
   const ModelGraph graph_;
@@ -119,6 +132,14 @@ class Model {
   // Per layer: for a fused ReLU, the max-pool layer it runs inside; for that
   // pool, the ReLU; -1 elsewhere. A fused ReLU has no activation buffers.
   std::vector<int> fused_with_;
+  struct ConvBlock {
+    int conv = -1, relu = -1, pool = -1;
+    bool active = true;                                      // False once the backend declined it.
+    std::map<int, std::unique_ptr<ConvReluPoolPlan>> plans;  // Per batch size.
+    ConvReluPoolPlan* plan = nullptr;                        // For prepared_batch_.
+  };
+  std::vector<ConvBlock> blocks_;
+  std::vector<int> block_of_;  // Per layer: its index in blocks_, or -1.
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
   std::vector<Tensor> outputs_;    // Per layer, [batch, output_shape].

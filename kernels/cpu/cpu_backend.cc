@@ -188,6 +188,15 @@ class CpuBackend final : public Backend {
     return cpu_internal::CreateCpuConv2dPlan(ctx_, config, options_.conv_layout, threads_);
   }
 
+  absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateConvReluPool(
+      const Conv2dConfig& conv, bool with_bias, const Pool2dConfig& pool) override {
+    PSTRAIN_RETURN_IF_ERROR(ctx_status_);
+    if (options_.conv_layout == CpuConvLayout::kPlain) {
+      return absl::UnimplementedError("CreateConvReluPool: plain layout asked for");
+    }
+    return cpu_internal::CreateCpuConvReluPoolPlan(ctx_, conv, with_bias, pool, threads_);
+  }
+
   absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) override {
     return cpu_internal::CreateCpuPool2dPlan(config, threads_);
   }

@@ -12,7 +12,6 @@
 #include "kernels/cpu/cpu_plans.h"
 
 namespace pstrain::cpu_internal {
-namespace {
 
 absl::Status ValidateConv2dConfig(const Conv2dConfig& c) {
   if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.filters <= 0 || c.kernel_h <= 0 ||
@@ -29,6 +28,8 @@ absl::Status ValidateConv2dConfig(const Conv2dConfig& c) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // kAuto runs every primitive blocked. Measured with bench/cpu_ops_bench on
 // the 2-core AVX-512 machine (quiet, 2 threads, fmnist-cnn, batch 64), the

@@ -20,6 +20,15 @@
 
 namespace pstrain::cpu_internal {
 
+absl::Status ValidateConv2dConfig(const Conv2dConfig& config);
+absl::Status ValidatePool2dConfig(const Pool2dConfig& config);
+
+// UNIMPLEMENTED when oneDNN has no primitive for the shapes (the model then
+// runs the ops one by one).
+absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
+    std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
+    const Pool2dConfig& pool, int num_threads);
+
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, CpuConvLayout layout,
     int num_threads);

@@ -20,10 +20,6 @@
 #include "kernels/cpu/cpu_plans.h"
 
 namespace pstrain::cpu_internal {
-namespace {
-
-// Planes are handed out to threads only when there is this much work.
-constexpr int64_t kParallelElements = int64_t{1} << 14;
 
 absl::Status ValidatePool2dConfig(const Pool2dConfig& c) {
   if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.window <= 0 || c.stride <= 0 ||
@@ -44,6 +40,11 @@ absl::Status ValidatePool2dConfig(const Pool2dConfig& c) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Planes are handed out to threads only when there is this much work.
+constexpr int64_t kParallelElements = int64_t{1} << 14;
 
 class CpuPool2dPlan final : public Pool2dPlan {
  public:

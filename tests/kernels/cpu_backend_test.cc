@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "common/rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "common/rng.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -407,6 +408,110 @@ std::vector<ConvCase> ConvCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(ShapesAndLayouts, ConvTest, ::testing::ValuesIn(ConvCases()));
+
+// --- Convolution, ReLU and max-pool as one plan ----------------------------------
+
+TEST_F(CpuBackendTest, ConvReluPoolPlanGivesTheBitsOfTheThreeOps) {
+  struct Case {
+    Conv2dConfig conv;
+    bool bias;
+    int window;
+  };
+  const Case cases[] = {
+      {MakeConv(4, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2), true, 2},   // fmnist conv1 block
+      {MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), true, 2},  // fmnist conv2 block
+      {MakeConv(2, 3, 9, 9, 5, 3, 3, 1, 1, 1, 1), false, 3},     // no bias, 3x3 windows
+  };
+  for (const Case& k : cases) {
+    const Conv2dConfig& c = k.conv;
+    Pool2dConfig p;
+    p.mode = PoolMode::kMax;
+    p.n = c.n;
+    p.c = c.filters;
+    p.h = c.out_h();
+    p.w = c.out_w();
+    p.window = p.stride = k.window;
+    absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> fused =
+        backend_->CreateConvReluPool(c, k.bias, p);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    absl::StatusOr<std::unique_ptr<Conv2dPlan>> conv = backend_->CreateConv2d(c);
+    absl::StatusOr<std::unique_ptr<Pool2dPlan>> pool = backend_->CreatePool2d(p);
+    ASSERT_TRUE(conv.ok() && pool.ok());
+
+    const size_t x_count = static_cast<size_t>(c.n) * c.c * c.h * c.w;
+    const size_t w_count = static_cast<size_t>(c.filters) * c.c * c.kernel_h * c.kernel_w;
+    const size_t conv_count = static_cast<size_t>(c.n) * c.filters * c.out_h() * c.out_w();
+    const size_t y_count = static_cast<size_t>(p.n) * p.c * p.out_h() * p.out_w();
+    // Coarse values: ties in the windows and pooled outputs that are exactly 0.
+    std::vector<float> x = RandomVector(x_count, 40), w = RandomVector(w_count, 41);
+    for (float& v : x) v = std::round(v * 2.f) / 2.f;
+    for (float& v : w) v = std::round(v * 4.f) / 4.f;
+    std::vector<float> bias = RandomVector(c.filters, 42), dy = RandomVector(y_count, 43);
+    Tensor tx = Upload(x), tw = Upload(w), tb = Upload(bias), tdy = Upload(dy);
+    const float* b = k.bias ? tb.data() : nullptr;
+
+    // The three ops, as the layers run them.
+    Tensor conv_y = Zeros(conv_count), relu_y = Zeros(conv_count), y = Zeros(y_count);
+    Tensor d_relu = Zeros(conv_count), d_conv = Zeros(conv_count), dx = Zeros(x_count),
+           dw = Zeros(w_count), db = Zeros(c.filters);
+    ASSERT_OK((*conv)->Forward(tx.data(), tw.data(), b, conv_y.data()));
+    ASSERT_OK(backend_->ActivationForward(Activation::kRelu, 0, conv_y.data(), relu_y.data(),
+                                          conv_count));
+    ASSERT_OK((*pool)->Forward(relu_y.data(), y.data(), true));
+    ASSERT_OK((*pool)->Backward(relu_y.data(), y.data(), tdy.data(), d_relu.data()));
+    ASSERT_OK(backend_->ActivationBackward(Activation::kRelu, 0, conv_y.data(), relu_y.data(),
+                                           d_relu.data(), d_conv.data(), conv_count));
+    ASSERT_OK((*conv)->Backward(tx.data(), d_conv.data(), tw.data(), dx.data(), dw.data(),
+                                k.bias ? db.data() : nullptr));
+
+    Tensor fy = Zeros(y_count), fdx = Zeros(x_count), fdw = Zeros(w_count), fdb = Zeros(c.filters);
+    ASSERT_OK((*fused)->Forward(tx.data(), tw.data(), b, fy.data(), /*training=*/true));
+    ASSERT_OK((*fused)->Backward(tx.data(), tw.data(), tdy.data(), fdx.data(), fdw.data(),
+                                 k.bias ? fdb.data() : nullptr));
+    EXPECT_EQ(Download(fy), Download(y)) << "forward, " << c.c << " channels";
+    EXPECT_EQ(Download(fdx), Download(dx)) << "dx, " << c.c << " channels";
+    EXPECT_EQ(Download(fdw), Download(dw)) << "dw, " << c.c << " channels";
+    EXPECT_EQ(Download(fdb), Download(db)) << "dbias, " << c.c << " channels";
+    // Without dx (a first layer), and a backward without its training forward.
+    ASSERT_OK((*fused)->Backward(tx.data(), tw.data(), tdy.data(), nullptr, fdw.data(),
+                                 k.bias ? fdb.data() : nullptr));
+    EXPECT_EQ(Download(fdw), Download(dw));
+    ASSERT_OK((*fused)->Forward(tx.data(), tw.data(), b, fy.data(), /*training=*/false));
+    EXPECT_EQ((*fused)
+                  ->Backward(tx.data(), tw.data(), tdy.data(), fdx.data(), fdw.data(),
+                             k.bias ? fdb.data() : nullptr)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_F(CpuBackendTest, ConvReluPoolPlanDeclinesWhatItDoesNotFuse) {
+  const Conv2dConfig c = MakeConv(2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1);
+  Pool2dConfig p;
+  p.n = 2;
+  p.c = 4;
+  p.h = p.w = 8;
+  p.window = 3;
+  p.stride = 2;  // Overlapping windows.
+  EXPECT_EQ(backend_->CreateConvReluPool(c, true, p).status().code(),
+            absl::StatusCode::kUnimplemented);
+  p.window = p.stride = 3;  // 8 is not a multiple of 3: a column is dropped.
+  EXPECT_EQ(backend_->CreateConvReluPool(c, true, p).status().code(),
+            absl::StatusCode::kUnimplemented);
+  p.mode = PoolMode::kAverage;
+  EXPECT_EQ(backend_->CreateConvReluPool(c, true, p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p.mode = PoolMode::kMax;
+  p.window = p.stride = 2;
+  p.c = 5;  // Not the convolution's output.
+  EXPECT_EQ(backend_->CreateConvReluPool(c, true, p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  CpuBackendOptions plain;
+  plain.conv_layout = CpuConvLayout::kPlain;
+  p.c = 4;
+  EXPECT_EQ(CreateCpuBackend(plain)->CreateConvReluPool(c, true, p).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
 
 TEST_F(CpuBackendTest, Conv2dRejectsBadConfigsAndPointers) {
   Conv2dConfig bad = MakeConv(1, 1, 4, 4, 2, 3, 3, 1, 1, 0, 0);

@@ -228,11 +228,22 @@ StepResult RunStep(const std::string& json, bool fuse, const std::vector<float>&
   return result;
 }
 
-// The fused ReLU -> max-pool path must give what the layers give one by one,
+// The fused ReLU -> max-pool path, and the conv -> ReLU -> max-pool plan
+// where the backend has one, must give what the layers give one by one,
 // bit for bit, including windows whose maximum is negative or exactly zero
 // and windows with ties (inputs on a coarse grid with many zeros).
 TEST(ModelFusionTest, ReluMaxPoolFusedMatchesLayerByLayerBitForBit) {
   const std::vector<std::string> models = {
+      // Two conv -> ReLU -> max-pool blocks (the CPU runs each as one plan),
+      // the second without bias and reading the first's output.
+      R"({"name":"g","input_shape":[2,8,8],"num_classes":3,"init_seed":3,"layers":[
+        {"name":"c1","conv2d":{"filters":4,"kernel_size":3,"padding":1}}, {"name":"r1","relu":{}},
+        {"name":"p1","max_pool":{"pool_size":2}},
+        {"name":"c2","conv2d":{"filters":5,"kernel_size":3,"padding":1,"no_bias":true}},
+        {"name":"r2","relu":{}}, {"name":"p2","max_pool":{"pool_size":2}},
+        {"name":"flat","flatten":{}}, {"name":"fc","dense":{"units":3}},
+        {"name":"loss","softmax_cross_entropy":{}}]})",
+      ImageModel(R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":3}})"),
       ImageModel(R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":2}})"),
       ImageModel(
           R"({"name":"t","relu":{}},{"name":"t2","max_pool":{"pool_size":3,"stride":2,"padding":1}})"),
@@ -253,7 +264,7 @@ TEST(ModelFusionTest, ReluMaxPoolFusedMatchesLayerByLayerBitForBit) {
         {"name":"loss","softmax_cross_entropy":{}}]})",
   };
   const int batch = 4;
-  std::vector<float> host_x(batch * 2 * 6 * 6);
+  std::vector<float> host_x(batch * 2 * 8 * 8);  // Models read [2, 6, 6] or [2, 8, 8].
   for (size_t i = 0; i < host_x.size(); ++i) {
     host_x[i] = std::round(4.f * UniformFloat(21, i) - 2.5f) / 2.f;  // -1.5 .. 1, many ties.
   }
