@@ -12,6 +12,8 @@ Usage: /usr/bin/python3 bench/train_cpu_vs_pytorch.py [--samples 12800] [--round
 
 --baseline adds a second pstrain build (the one before a change) to every round,
 so that a change is measured before and after in the same alternating run.
+OpenMP settings in the environment (OMP_PROC_BIND, OMP_PLACES) apply to both
+sides.
 """
 import argparse
 import gzip
@@ -22,9 +24,14 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn as nn
+# The cores this run may use, read before torch loads OpenMP: with
+# OMP_PROC_BIND set, OpenMP binds this (the initial) thread to one core at
+# start-up, and pstrain's process, started from it, would inherit that.
+CORES = os.sched_getaffinity(0)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_from_spec import SpecModel  # noqa: E402
@@ -71,7 +78,8 @@ def torch_samples_per_sec(x, y, batch):
 def pstrain_samples_per_sec(binary, samples, batch):
     cmd = [binary, "--standalone", os.path.join(ROOT, "bench/jobs/fmnist-cnn-bench.json"),
            "--device", "cpu", "--limit", str(samples), "--batch", str(batch), "--checkpoint", "none"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, CORES)).stdout
     return json.loads(out.strip().splitlines()[-1])["train_samples_per_sec"]
 
 
@@ -84,7 +92,7 @@ def main():
     ap.add_argument("--baseline", help="another pstrain-worker build, run in every round too")
     args = ap.parse_args()
 
-    cores = len(os.sched_getaffinity(0))  # What taskset or a cpuset allows, as OpenMP counts.
+    cores = len(CORES)  # What taskset or a cpuset allows, as OpenMP counts.
     torch.set_num_threads(cores)
     torch.set_num_interop_threads(cores)
     x, y = load_fmnist(args.samples)
