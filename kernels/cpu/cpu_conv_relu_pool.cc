@@ -106,10 +106,12 @@ absl::StatusOr<float*> DataOf(const DnnlMemory& memory) {
   return static_cast<float*>(data);
 }
 
-// oneDNN's answer for shapes it has no primitive for becomes UNIMPLEMENTED,
-// which tells the model to run the ops one by one.
+// oneDNN's answer for shapes it has no primitive for (or whose arguments it
+// rejects in this combination) becomes UNIMPLEMENTED, which tells the model
+// to run the ops one by one. Running out of memory stays an error: the ops
+// one by one would need the same buffers.
 absl::Status AsUnimplemented(const absl::Status& status) {
-  if (status.ok()) return status;
+  if (status.ok() || absl::IsResourceExhausted(status)) return status;
   return absl::UnimplementedError(absl::StrCat("ConvReluPool: ", status.message()));
 }
 
