@@ -11,6 +11,7 @@
 //
 //   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T]
 //       [--layout=auto|plain|blocked|blocked-unfused|all]
+//       [--gemm=measured|matmul|sgemm]   (CpuBackendOptions::gemm; default measured)
 //
 // Medians are what the machine delivered; the min column is the op's cost
 // when nothing competed for the cores. The OpenMP wait policy in effect is
@@ -45,6 +46,8 @@ struct Flags {
   int reps = 30;
   int threads = 0;
   std::string layout = "all";
+  CpuGemmChoice gemm = CpuGemmChoice::kMeasured;
+  std::string gemm_name = "measured";
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -57,11 +60,17 @@ Flags ParseFlags(int argc, char** argv) {
       flags.threads = std::atoi(arg.c_str() + 10);
     } else if (arg.rfind("--layout=", 0) == 0) {
       flags.layout = arg.substr(9);
+    } else if (arg == "--gemm=measured" || arg == "--gemm=matmul" || arg == "--gemm=sgemm") {
+      flags.gemm_name = arg.substr(7);
+      flags.gemm = flags.gemm_name == "matmul"  ? CpuGemmChoice::kMatmul
+                   : flags.gemm_name == "sgemm" ? CpuGemmChoice::kSgemm
+                                                : CpuGemmChoice::kMeasured;
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--reps=N] [--threads=T] "
-                   "[--layout=auto|plain|blocked|blocked-unfused|all]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--reps=N] [--threads=T] "
+          "[--layout=auto|plain|blocked|blocked-unfused|all] [--gemm=measured|matmul|sgemm]\n",
+          argv[0]);
       std::exit(2);
     }
   }
@@ -119,10 +128,12 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
   CpuBackendOptions options;
   options.num_threads = flags.threads;
   options.conv_layout = layout;
+  options.gemm = flags.gemm;
   std::unique_ptr<Backend> backend = CreateCpuBackend(options);
   Backend* b = backend.get();
-  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s ==\n", b->Describe().c_str(),
-              layout_name, fused ? "as one plan" : "layer by layer");
+  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s, gemm %s ==\n",
+              b->Describe().c_str(), layout_name, fused ? "as one plan" : "layer by layer",
+              flags.gemm_name.c_str());
 
   Model m(b);
   const int64_t n = kBatch;

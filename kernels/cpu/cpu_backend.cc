@@ -70,7 +70,7 @@ class CpuBackend final : public Backend {
     } else {
       ctx_status_ = ctx.status();
     }
-    gemm_ = std::make_unique<cpu_internal::CpuGemm>(ctx_, threads_);
+    gemm_ = std::make_unique<cpu_internal::CpuGemm>(ctx_, threads_, options_.gemm);
   }
 
   DeviceType type() const override { return DeviceType::kCpu; }

@@ -44,11 +44,25 @@ enum class CpuConvLayout {
   kBlocked,  // oneDNN's preferred blocked layouts (format_tag any) + reorders.
 };
 
+// Which oneDNN routine runs a large GEMM (>= 2^20 multiply-adds; smaller ones
+// always run on dnnl_sgemm).
+enum class CpuGemmChoice {
+  // Per shape, whichever of the two ran faster when the shape was first
+  // seen (a few timed trials into scratch memory; see cpu_plans.h). The
+  // choice holds for the backend's life, so one process computes each shape
+  // the same way every step; two processes may choose differently when the
+  // two are close, and their results then differ in the last bits.
+  kMeasured,
+  kMatmul,  // The matmul primitive (brgemm kernels) for every large shape.
+  kSgemm,   // dnnl_sgemm for every shape.
+};
+
 struct CpuBackendOptions {
   // OpenMP threads for every op; 0: omp_get_max_threads() as it was when the
   // first CPU backend was created (the cores, or OMP_NUM_THREADS).
   int num_threads = 0;
   CpuConvLayout conv_layout = CpuConvLayout::kAuto;
+  CpuGemmChoice gemm = CpuGemmChoice::kMeasured;
 };
 
 // Never fails: CreateCpuBackend() in backend.h is this with default options.

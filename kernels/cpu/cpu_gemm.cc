@@ -1,44 +1,94 @@
-// CpuGemm: oneDNN matmul primitives per shape for large products, dnnl_sgemm
-// for the rest.
+// CpuGemm: per large shape, a oneDNN matmul primitive or dnnl_sgemm, measured
+// or chosen (cpu_plans.h); dnnl_sgemm for small products.
 #include <omp.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
+#include <new>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_plans.h"
 
 namespace pstrain::cpu_internal {
 
-CpuGemm::CpuGemm(std::shared_ptr<DnnlContext> ctx, int num_threads)
-    : ctx_(std::move(ctx)), num_threads_(num_threads) {}
+CpuGemm::CpuGemm(std::shared_ptr<DnnlContext> ctx, int num_threads, CpuGemmChoice choice)
+    : ctx_(std::move(ctx)), num_threads_(num_threads), choice_(choice) {}
 
 absl::Status CpuGemm::Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                           float alpha, const float* a, const float* b, float beta, float* c) {
   omp_set_num_threads(num_threads_);
-  if (ctx_ == nullptr || m * n * k < kMatmulMinMacs) {
-    PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
-                                            alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta,
-                                            c, n),
-                                 "Gemm");
-    return absl::OkStatus();
+  const Key key(trans_a, trans_b, m, n, k, alpha, beta);
+  if (ctx_ == nullptr || m * n * k < kMatmulMinMacs || choice_ == CpuGemmChoice::kSgemm) {
+    return RunSgemm(key, a, b, c);
   }
-  PSTRAIN_ASSIGN_OR_RETURN(Matmul * matmul, GetMatmul(Key(trans_a, trans_b, m, n, k, alpha, beta)));
-  PSTRAIN_RETURN_IF_ERROR(Bind(matmul->a, a, "Gemm"));
-  PSTRAIN_RETURN_IF_ERROR(Bind(matmul->b, b, "Gemm"));
-  PSTRAIN_RETURN_IF_ERROR(Bind(matmul->c, c, "Gemm"));
-  return matmul->primitive.Execute(*ctx_,
-                                   {{DNNL_ARG_SRC, matmul->a.get()},
-                                    {DNNL_ARG_WEIGHTS, matmul->b.get()},
-                                    {DNNL_ARG_DST, matmul->c.get()}},
-                                   "Gemm");
+  PSTRAIN_ASSIGN_OR_RETURN(Shape * shape, GetShape(key, a, b, c));
+  if (shape->use_sgemm) return RunSgemm(key, a, b, c);
+  return RunMatmul(*shape->matmul, a, b, c);
 }
 
-absl::StatusOr<CpuGemm::Matmul*> CpuGemm::GetMatmul(const Key& key) {
-  auto it = matmuls_.find(key);
-  if (it != matmuls_.end()) return it->second.get();
-  if (matmuls_.size() >= kMaxCachedShapes) matmuls_.clear();
+absl::Status CpuGemm::RunSgemm(const Key& key, const float* a, const float* b, float* c) {
+  const auto [trans_a, trans_b, m, n, k, alpha, beta] = key;
+  PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n),
+                               "Gemm");
+  return absl::OkStatus();
+}
 
+absl::Status CpuGemm::RunMatmul(Matmul& matmul, const float* a, const float* b, float* c) {
+  PSTRAIN_RETURN_IF_ERROR(Bind(matmul.a, a, "Gemm"));
+  PSTRAIN_RETURN_IF_ERROR(Bind(matmul.b, b, "Gemm"));
+  PSTRAIN_RETURN_IF_ERROR(Bind(matmul.c, c, "Gemm"));
+  return matmul.primitive.Execute(*ctx_,
+                                  {{DNNL_ARG_SRC, matmul.a.get()},
+                                   {DNNL_ARG_WEIGHTS, matmul.b.get()},
+                                   {DNNL_ARG_DST, matmul.c.get()}},
+                                  "Gemm");
+}
+
+absl::StatusOr<CpuGemm::Shape*> CpuGemm::GetShape(const Key& key, const float* a, const float* b,
+                                                  const float* c) {
+  auto it = shapes_.find(key);
+  if (it != shapes_.end()) return &it->second;
+  if (shapes_.size() >= kMaxCachedShapes) shapes_.clear();
+
+  Shape shape;
+  PSTRAIN_ASSIGN_OR_RETURN(shape.matmul, CreateMatmul(key));
+  if (choice_ == CpuGemmChoice::kMeasured) {
+    // Trials write scratch memory, never C: with beta != 0 they read a copy
+    // of it, so the caller's C is accumulated into exactly once.
+    const auto [trans_a, trans_b, m, n, k, alpha, beta] = key;
+    std::unique_ptr<float[]> scratch(new (std::nothrow) float[static_cast<size_t>(m * n)]);
+    if (scratch == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Gemm: no memory for a ", m, "x", n, " trial output"));
+    }
+    if (beta != 0.f) std::copy_n(c, m * n, scratch.get());
+    double best_matmul = std::numeric_limits<double>::infinity();
+    double best_sgemm = std::numeric_limits<double>::infinity();
+    for (int trial = 0; trial < kTrials; ++trial) {
+      absl::Time start = absl::Now();
+      PSTRAIN_RETURN_IF_ERROR(RunMatmul(*shape.matmul, a, b, scratch.get()));
+      best_matmul = std::min(best_matmul, absl::ToDoubleSeconds(absl::Now() - start));
+      start = absl::Now();
+      PSTRAIN_RETURN_IF_ERROR(RunSgemm(key, a, b, scratch.get()));
+      best_sgemm = std::min(best_sgemm, absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    // The matmul primitive unless dnnl_sgemm is clearly faster, so that a
+    // near tie does not flip from one process to the next.
+    if (best_sgemm < kSgemmMargin * best_matmul) {
+      shape.use_sgemm = true;
+      shape.matmul.reset();
+    }
+  }
+  return &shapes_.emplace(key, std::move(shape)).first->second;
+}
+
+absl::StatusOr<std::unique_ptr<CpuGemm::Matmul>> CpuGemm::CreateMatmul(const Key& key) {
   const auto [trans_a, trans_b, m, n, k, alpha, beta] = key;
   // op(A) is [m, k] and op(B) is [k, n]; a transpose is just other strides.
   dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
@@ -79,9 +129,7 @@ absl::StatusOr<CpuGemm::Matmul*> CpuGemm::GetMatmul(const Key& key) {
   PSTRAIN_ASSIGN_OR_RETURN(matmul->a, CreateMemory(a_md, *ctx_, /*allocate=*/false, "Gemm"));
   PSTRAIN_ASSIGN_OR_RETURN(matmul->b, CreateMemory(b_md, *ctx_, /*allocate=*/false, "Gemm"));
   PSTRAIN_ASSIGN_OR_RETURN(matmul->c, CreateMemory(c_md, *ctx_, /*allocate=*/false, "Gemm"));
-  Matmul* out = matmul.get();
-  matmuls_.emplace(key, std::move(matmul));
-  return out;
+  return matmul;
 }
 
 }  // namespace pstrain::cpu_internal

@@ -39,15 +39,20 @@ absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(const Pool2dConf
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
     const BatchNormConfig& config, int num_threads);
 
-// Row-major C = alpha * op(A) * op(B) + beta * C, as Backend::Gemm. Large
-// products run on oneDNN matmul primitives (brgemm kernels), created once per
-// shape and kept (up to kMaxCachedShapes, then the cache starts over); small
-// ones on dnnl_sgemm. Measured on the 2-core AVX-512 machine: for
-// [64,3136] x [1024,3136]^T (a dense layer's forward) dnnl_sgemm took ~1.8x
-// the time of the matmul primitive, which handles the transposes as strides.
+// Row-major C = alpha * op(A) * op(B) + beta * C, as Backend::Gemm. Small
+// products run on dnnl_sgemm. Large ones run on a oneDNN matmul primitive
+// (brgemm kernels, created once per shape and kept) or on dnnl_sgemm,
+// whichever CpuGemmChoice says; kMeasured times both on the shape's first
+// call (kTrials runs each, alternating, on the caller's operands into
+// scratch memory, so C is written once) and keeps the faster for the
+// shape. Neither wins everywhere: on the 2-core AVX-512 Xeon dnnl_sgemm ran
+// a dense layer's forward ([64,3136] x [1024,3136]^T) ~1.8x slower than the
+// primitive; on a Zen 4 EPYC the primitive is faster for that forward, and
+// dnnl_sgemm for the same layer's two backward products (dW, [1024,64] x
+// [64,3136]: 2.4 vs 2.7 ms; dx, [64,1024] x [1024,3136]: 1.9 vs 2.3 ms).
 class CpuGemm {
  public:
-  CpuGemm(std::shared_ptr<DnnlContext> ctx, int num_threads);
+  CpuGemm(std::shared_ptr<DnnlContext> ctx, int num_threads, CpuGemmChoice choice);
   // Arguments are validated by the caller.
   absl::Status Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, const float* b, float beta, float* c);
@@ -56,19 +61,31 @@ class CpuGemm {
   static constexpr size_t kMaxCachedShapes = 64;
   // Products with fewer multiply-adds go to dnnl_sgemm.
   static constexpr int64_t kMatmulMinMacs = int64_t{1} << 20;
+  static constexpr int kTrials = 3;
+  // dnnl_sgemm is kept only when its best trial took less than this share of
+  // the primitive's.
+  static constexpr double kSgemmMargin = 0.95;
 
   struct Matmul {
     DnnlPrimitive primitive;
     DnnlMemory a, b, c;
   };
+  struct Shape {
+    bool use_sgemm = false;
+    std::unique_ptr<Matmul> matmul;  // Null when use_sgemm.
+  };
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, float>;
-  absl::StatusOr<Matmul*> GetMatmul(const Key& key);
+  absl::StatusOr<Shape*> GetShape(const Key& key, const float* a, const float* b, const float* c);
+  absl::StatusOr<std::unique_ptr<Matmul>> CreateMatmul(const Key& key);
+  absl::Status RunMatmul(Matmul& matmul, const float* a, const float* b, float* c);
+  absl::Status RunSgemm(const Key& key, const float* a, const float* b, float* c);
 
   // Constant after construction.
   const std::shared_ptr<DnnlContext> ctx_;
   const int num_threads_;
+  const CpuGemmChoice choice_;
 
-  std::map<Key, std::unique_ptr<Matmul>> matmuls_;
+  std::map<Key, Shape> shapes_;
 };
 
 }  // namespace pstrain::cpu_internal

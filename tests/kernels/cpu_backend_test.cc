@@ -123,14 +123,20 @@ TEST_F(CpuBackendTest, AllocatesAlignedMemoryAndCopies) {
 
 struct GemmCase {
   bool trans_a, trans_b;
+  CpuGemmChoice choice;
 };
 
 class GemmTest : public CpuBackendTest, public ::testing::WithParamInterface<GemmCase> {};
 
 TEST_P(GemmTest, MatchesNaiveProduct) {
   const GemmCase p = GetParam();
-  // Small shapes run on dnnl_sgemm, large ones on cached matmul primitives;
-  // the large shape repeats with fresh buffers to exercise the cache.
+  CpuBackendOptions options;
+  options.gemm = p.choice;
+  std::unique_ptr<Backend> backend = CreateCpuBackend(options);
+  // Small shapes run on dnnl_sgemm, large ones as the choice says (cached
+  // per shape); the large shape repeats with fresh buffers to exercise the
+  // cache. Its first call has beta != 0: with kMeasured, the timed trials
+  // must not accumulate into C.
   uint32_t seed = 2;
   for (auto [m, n, k, alpha, beta] :
        {std::tuple<int64_t, int64_t, int64_t, float, float>{3, 5, 7, 0.75f, -0.5f},
@@ -154,19 +160,28 @@ TEST_P(GemmTest, MatchesNaiveProduct) {
       }
     }
     Tensor ta = Upload(a), tb = Upload(b), tc = Upload(c0);
-    ASSERT_TRUE(backend_->Gemm(p.trans_a, p.trans_b, m, n, k, alpha, ta.data(), tb.data(), beta,
-                               tc.data())
-                    .ok());
+    ASSERT_TRUE(
+        backend->Gemm(p.trans_a, p.trans_b, m, n, k, alpha, ta.data(), tb.data(), beta, tc.data())
+            .ok());
     ExpectAllClose(Download(tc), expected, 1e-4, "gemm");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
-                         ::testing::Values(GemmCase{false, false}, GemmCase{false, true},
-                                           GemmCase{true, false}, GemmCase{true, true}));
+std::vector<GemmCase> AllGemmCases() {
+  std::vector<GemmCase> cases;
+  for (CpuGemmChoice choice :
+       {CpuGemmChoice::kMeasured, CpuGemmChoice::kMatmul, CpuGemmChoice::kSgemm}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) cases.push_back({trans_a, trans_b, choice});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposesAndChoices, GemmTest, ::testing::ValuesIn(AllGemmCases()));
 
 TEST_F(CpuBackendTest, GemmWithZeroBetaIgnoresGarbageInC) {
-  for (int64_t size : {int64_t{5}, int64_t{128}}) {  // sgemm and matmul paths.
+  for (int64_t size : {int64_t{5}, int64_t{128}}) {  // sgemm and measured paths.
     std::vector<float> a = RandomVector(size * size, 5), b = RandomVector(size * size, 6);
     Tensor ta = Upload(a), tb = Upload(b);
     Tensor tc =
