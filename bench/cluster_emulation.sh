@@ -57,6 +57,11 @@
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
+# Host TCP settings to try (none by default): SERVER_SYSCTLS and
+#   WORKER_SYSCTLS, ';'-separated key=value pairs set in each server's or
+#   worker's namespace (e.g. "net.ipv4.tcp_wmem=4096 16384 65536"), and
+#   ROUTE_OPTS, options of every host's route to the others (e.g.
+#   "rto_min 5ms"). rto_per_step counts TCP retransmission timeouts.
 # Exit 77 (ctest's SKIP_RETURN_CODE) with the reason when this machine cannot
 # make network namespaces, veths, bridges or tbf (not root, no iproute2...).
 set -euo pipefail
@@ -180,10 +185,21 @@ net_up() {
     NAMESPACES+=("$ns")
     ip -n "$ns" link set lo up
     ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC"
+    local kv kvs=()
+    if ((i < s)); then
+      IFS=';' read -ra kvs <<<"${SERVER_SYSCTLS:-}"
+    else
+      IFS=';' read -ra kvs <<<"${WORKER_SYSCTLS:-}"
+    fi
+    for kv in "${kvs[@]}"; do [[ -z $kv ]] || ip netns exec "$ns" sysctl -qw "$kv"; done
     ip -n "$SW" link add "p$i" type veth peer name eth0 netns "$ns"
     ip -n "$SW" link set "p$i" master br0 up
     ip -n "$ns" addr add "${ips[$i]}/24" dev eth0
     ip -n "$ns" link set eth0 up
+    if [[ -n ${ROUTE_OPTS:-} ]]; then
+      # shellcheck disable=SC2086
+      ip -n "$ns" route replace "$NET.0/24" dev eth0 proto kernel scope link src "${ips[$i]}" $ROUTE_OPTS
+    fi
     shape "$SW" "p$i" "$rate"  # Switch -> host (the host's downlink).
     shape "$ns" eth0 "$rate"   # Host -> switch (its uplink).
   done
@@ -198,12 +214,14 @@ link_bytes() {
     echo "${ns#"$TAG"-} $tx $rx"
   done | paste -sd' '
 }
-# tcp_segs -> "OUT RETRANS": TCP segments sent and retransmitted by every host.
+# tcp_segs -> "OUT RETRANS RTO": TCP segments sent and retransmitted, and
+# retransmission timeouts, of every host.
 tcp_segs() {
   local ns
   for ns in "${SERVER_NS[@]}" "${WORKER_NS[@]}"; do
-    ip netns exec "$ns" nstat -az TcpOutSegs TcpRetransSegs | awk 'NR > 1 {print $2}' | paste -sd' '
-  done | awk '{o += $1; r += $2} END {print o, r}'
+    ip netns exec "$ns" nstat -az TcpOutSegs TcpRetransSegs TcpExtTCPTimeouts |
+      awk 'NR > 1 {v[$1] = $2} END {print v["TcpOutSegs"] + 0, v["TcpRetransSegs"] + 0, v["TcpExtTCPTimeouts"] + 0}'
+  done | awk '{o += $1; r += $2; t += $3} END {print o, r, t}'
 }
 
 # --- The cluster ------------------------------------------------------------------
@@ -314,7 +332,7 @@ measure() {
     "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" "$segs0" "$segs1" <<'PY' | tee -a "$RESULTS"
 import statistics, sys
 log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed, g0, g1 = sys.argv[1:]
-(o0, r0), (o1, r1) = map(int, g0.split()), map(int, g1.split())
+(o0, r0, t0), (o1, r1, t1) = map(int, g0.split()), map(int, g1.split())
 retrans = (r1 - r0) / max(1, o1 - o0)
 s0, s1, bits, fixed = int(s0), int(s1), int(bits), int(fixed)
 ends = {}
@@ -345,10 +363,11 @@ print("\t".join(str(x) for x in [
     "pinned" if pin == "1" else "shared", s1 - s0, f"{step_ms:.1f}", f"{mean_ms:.1f}",
     f"{mean(up, 'w'):.2f}", f"{mean(down, 'w'):.2f}", f"{mean(down, 's'):.2f}",
     f"{mean(up, 's'):.2f}", f"{serial_ms:.1f}", f"{step_ms / serial_ms:.2f}",
-    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}", f"{100 * retrans:.2f}"]))
+    f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}", f"{100 * retrans:.2f}",
+    f"{(t1 - t0) / (s1 - s0):.2f}"]))
 PY
 }
-HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%"
+HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%\trto_per_step"
 header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }
 note() { echo "bench_only_fixed_compute_ms=$FIXED_MS $*" | tee -a "$RUN_DIR/notes.txt"; }
 when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM, tcp $TCP_CC"; }

@@ -68,6 +68,9 @@ ABSL_FLAG(int, model_mb, 100, "Model size in MB (10^6 bytes) of fp32 values");
 ABSL_FLAG(int, reps, 7, "Timed repetitions per variant (median reported)");
 ABSL_FLAG(std::string, tls_certs, "",
           "Directory made by deploy/local/make-certs.sh: adds the TLS variants (empty: none)");
+ABSL_FLAG(int, only, -1,
+          "Run only the variant at this index of the table (0: push then pull, 1: pipelined, "
+          "...) --reps times and print its median, for a profiler; -1: all, interleaved");
 ABSL_FLAG(bool, tune_malloc, true,
           "Raise glibc's mmap/trim thresholds as the daemons do (TuneAllocatorForLargeMessages)");
 
@@ -630,6 +633,18 @@ int Main() {
     variants.emplace_back("pstrain pipelined, TLS + mTLS + tokens",
                           [&] { return ps_tls->Pipelined(); });
     variants.emplace_back("plain gRPC protobuf, TLS + mTLS", [&] { return ref_tls->Proto(); });
+  }
+  if (const int only = absl::GetFlag(FLAGS_only); only >= 0) {
+    if (only >= static_cast<int>(variants.size())) {
+      std::fprintf(stderr, "--only=%d: there are %zu variants\n", only, variants.size());
+      return 2;
+    }
+    std::vector<Variant> one = {variants[only]};
+    TimeInterleaved(reps, &one);
+    if (one[0].failed) return 1;
+    std::printf("%-44s %9.1f ms %12.3f GB/s (alone, median of %d)\n", one[0].name.c_str(),
+                Median(one[0].seconds) * 1e3, bytes / Median(one[0].seconds) / 1e9, reps);
+    return 0;
   }
   TimeInterleaved(reps, &variants);
 
