@@ -8,7 +8,6 @@
 #include <new>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
@@ -58,18 +57,19 @@ absl::StatusOr<CpuGemm::Shape*> CpuGemm::GetShape(const Key& key, const float* a
 
   Shape shape;
   PSTRAIN_ASSIGN_OR_RETURN(shape.matmul, CreateMatmul(key));
+  const auto [trans_a, trans_b, m, n, k, alpha, beta] = key;
+  // Trials write scratch memory, never C: with beta != 0 they read a copy
+  // of it, so the caller's C is accumulated into exactly once. Without the
+  // memory for it the shape keeps the primitive, unmeasured.
+  std::unique_ptr<float[]> scratch;
   if (choice_ == CpuGemmChoice::kMeasured) {
-    // Trials write scratch memory, never C: with beta != 0 they read a copy
-    // of it, so the caller's C is accumulated into exactly once.
-    const auto [trans_a, trans_b, m, n, k, alpha, beta] = key;
-    std::unique_ptr<float[]> scratch(new (std::nothrow) float[static_cast<size_t>(m * n)]);
-    if (scratch == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("Gemm: no memory for a ", m, "x", n, " trial output"));
-    }
+    scratch.reset(new (std::nothrow) float[static_cast<size_t>(m * n)]);
+  }
+  if (scratch != nullptr) {
     if (beta != 0.f) std::copy_n(c, m * n, scratch.get());
     double best_matmul = std::numeric_limits<double>::infinity();
     double best_sgemm = std::numeric_limits<double>::infinity();
+    const absl::Time trials_start = absl::Now();
     for (int trial = 0; trial < kTrials; ++trial) {
       absl::Time start = absl::Now();
       PSTRAIN_RETURN_IF_ERROR(RunMatmul(*shape.matmul, a, b, scratch.get()));
@@ -77,6 +77,8 @@ absl::StatusOr<CpuGemm::Shape*> CpuGemm::GetShape(const Key& key, const float* a
       start = absl::Now();
       PSTRAIN_RETURN_IF_ERROR(RunSgemm(key, a, b, scratch.get()));
       best_sgemm = std::min(best_sgemm, absl::ToDoubleSeconds(absl::Now() - start));
+      // A product so large that one pair takes long is measured once.
+      if (absl::Now() - trials_start > kMaxTrialTime) break;
     }
     // The matmul primitive unless dnnl_sgemm is clearly faster, so that a
     // near tie does not flip from one process to the next.

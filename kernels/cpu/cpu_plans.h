@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/dnnl_helpers.h"
@@ -43,9 +44,9 @@ absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
 // products run on dnnl_sgemm. Large ones run on a oneDNN matmul primitive
 // (brgemm kernels, created once per shape and kept) or on dnnl_sgemm,
 // whichever CpuGemmChoice says; kMeasured times both on the shape's first
-// call (kTrials runs each, alternating, on the caller's operands into
-// scratch memory, so C is written once) and keeps the faster for the
-// shape. Neither wins everywhere: on the 2-core AVX-512 Xeon dnnl_sgemm ran
+// call (kTrials runs each, alternating, fewer past kMaxTrialTime, on the
+// caller's operands into scratch memory, so C is written once) and keeps
+// the faster for the shape. Neither wins everywhere: on the 2-core AVX-512 Xeon dnnl_sgemm ran
 // a dense layer's forward ([64,3136] x [1024,3136]^T) ~1.8x slower than the
 // primitive; on a Zen 4 EPYC the primitive is faster for that forward, and
 // dnnl_sgemm for the same layer's two backward products (dW, [1024,64] x
@@ -65,6 +66,8 @@ class CpuGemm {
   // dnnl_sgemm is kept only when its best trial took less than this share of
   // the primitive's.
   static constexpr double kSgemmMargin = 0.95;
+  // Trials stop after the first pair that ends past this much measuring.
+  static constexpr absl::Duration kMaxTrialTime = absl::Milliseconds(100);
 
   struct Matmul {
     DnnlPrimitive primitive;
