@@ -46,11 +46,11 @@ absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
 // whichever CpuGemmChoice says; kMeasured times both on the shape's first
 // call (kTrials runs each, alternating, fewer past kMaxTrialTime, on the
 // caller's operands into scratch memory, so C is written once) and keeps
-// the faster for the shape. Neither wins everywhere: on the 2-core AVX-512 Xeon dnnl_sgemm ran
-// a dense layer's forward ([64,3136] x [1024,3136]^T) ~1.8x slower than the
-// primitive; on a Zen 4 EPYC the primitive is faster for that forward, and
-// dnnl_sgemm for the same layer's two backward products (dW, [1024,64] x
-// [64,3136]: 2.4 vs 2.7 ms; dx, [64,1024] x [1024,3136]: 1.9 vs 2.3 ms).
+// the faster for the shape. Neither wins everywhere: on the 2-core AVX-512
+// machine of 2026-11-21 dnnl_sgemm ran a dense layer's forward ([64,3136] x
+// [1024,3136]^T) ~1.8x slower than the primitive; on a Zen 4 EPYC the
+// primitive is still faster for that forward, dnnl_sgemm for the same
+// layer's dx ([64,1024] x [1024,3136]: 1.9 vs 2.2 ms), and dW is a near tie.
 class CpuGemm {
  public:
   CpuGemm(std::shared_ptr<DnnlContext> ctx, int num_threads, CpuGemmChoice choice);
