@@ -15,8 +15,132 @@
 namespace pstrain {
 namespace {
 
-constexpr float kMaxHalf = 65504.0f;
-constexpr float kMaxBf16 = 3.38953139e38f;  // 0x7F7F: the largest finite bfloat16.
+// The loops of the lossy codecs, written branch-free so that they
+// vectorise; each is compiled for the baseline and, in its Avx2 wrapper,
+// for AVX2, picked at run time (CpuHasAvx2; see wire.cc for why not
+// target_clones).
+#define PSTRAIN_INLINE_LOOP inline __attribute__((always_inline))
+
+PSTRAIN_INLINE_LOOP void AddIntoLoop(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// Whether any element is not finite (exponent bits all ones).
+PSTRAIN_INLINE_LOOP bool AnyNonFiniteLoop(const float* p, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, 4);
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any != 0;
+}
+
+// The sum of |p| in double, over eight independent partial sums (so that
+// the additions need not wait on each other).
+PSTRAIN_INLINE_LOOP double SumOfMagnitudesLoop(const float* p, int64_t n) {
+  double partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) partial[j] += static_cast<double>(std::fabs(p[i + j]));
+  }
+  double sum = 0;
+  for (; i < n; ++i) sum += static_cast<double>(std::fabs(p[i]));
+  for (double v : partial) sum += v;
+  return sum;
+}
+
+// Bit i of `bits` (LSB first) is set when p[i] < 0; the residual p[i] then
+// gains `scale`, else it loses it (what decoding gives back: -scale or
+// +scale). `bits` holds (n + 7) / 8 zeroed bytes.
+PSTRAIN_INLINE_LOOP void PackSignsLoop(float* p, int64_t n, float scale, uint8_t* bits) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t byte = 0;
+    for (int j = 0; j < 8; ++j) {
+      const bool negative = p[i + j] < 0.0f;
+      byte |= static_cast<uint32_t>(negative) << j;
+      p[i + j] -= negative ? -scale : scale;
+    }
+    bits[i / 8] = static_cast<uint8_t>(byte);
+  }
+  for (; i < n; ++i) {
+    const bool negative = p[i] < 0.0f;
+    bits[i / 8] |= static_cast<uint8_t>(static_cast<uint32_t>(negative) << (i % 8));
+    p[i] -= negative ? -scale : scale;
+  }
+}
+
+// out[i] = -scale where bit i is set, else scale (scale >= 0: the bit is
+// the sign bit).
+PSTRAIN_INLINE_LOOP void UnpackSignsLoop(const uint8_t* bits, int64_t n, float scale, float* out) {
+  uint32_t magnitude;
+  std::memcpy(&magnitude, &scale, 4);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t v = magnitude | (((uint32_t{bits[i >> 3]} >> (i & 7)) & 1u) << 31);
+    std::memcpy(out + i, &v, 4);
+  }
+}
+#undef PSTRAIN_INLINE_LOOP
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void AddIntoAvx2(const float* a, const float* b, int64_t n,
+                                                 float* out) {
+  AddIntoLoop(a, b, n, out);
+}
+__attribute__((target("avx2"))) bool AnyNonFiniteAvx2(const float* p, int64_t n) {
+  return AnyNonFiniteLoop(p, n);
+}
+__attribute__((target("avx2"))) double SumOfMagnitudesAvx2(const float* p, int64_t n) {
+  return SumOfMagnitudesLoop(p, n);
+}
+__attribute__((target("avx2"))) void PackSignsAvx2(float* p, int64_t n, float scale,
+                                                   uint8_t* bits) {
+  PackSignsLoop(p, n, scale, bits);
+}
+__attribute__((target("avx2"))) void UnpackSignsAvx2(const uint8_t* bits, int64_t n, float scale,
+                                                     float* out) {
+  UnpackSignsLoop(bits, n, scale, out);
+}
+constexpr bool kX86 = true;
+#else
+constexpr bool kX86 = false;
+void AddIntoAvx2(const float*, const float*, int64_t, float*) {}
+bool AnyNonFiniteAvx2(const float*, int64_t) { return false; }
+double SumOfMagnitudesAvx2(const float*, int64_t) { return 0; }
+void PackSignsAvx2(float*, int64_t, float, uint8_t*) {}
+void UnpackSignsAvx2(const uint8_t*, int64_t, float, float*) {}
+#endif
+
+bool UseAvx2() { return kX86 && CpuHasAvx2(); }
+
+void AddInto(const float* a, const float* b, int64_t n, float* out) {
+  if (UseAvx2()) return AddIntoAvx2(a, b, n, out);
+  AddIntoLoop(a, b, n, out);
+}
+
+// The first element that is not finite, or -1.
+int64_t FirstNonFiniteIndex(const float* p, int64_t n) {
+  if (!(UseAvx2() ? AnyNonFiniteAvx2(p, n) : AnyNonFiniteLoop(p, n))) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i])) return i;
+  }
+  return -1;
+}
+
+double SumOfMagnitudes(const float* p, int64_t n) {
+  return UseAvx2() ? SumOfMagnitudesAvx2(p, n) : SumOfMagnitudesLoop(p, n);
+}
+
+void PackSigns(float* p, int64_t n, float scale, uint8_t* bits) {
+  if (UseAvx2()) return PackSignsAvx2(p, n, scale, bits);
+  PackSignsLoop(p, n, scale, bits);
+}
+
+void UnpackSigns(const uint8_t* bits, int64_t n, float scale, float* out) {
+  if (UseAvx2()) return UnpackSignsAvx2(bits, n, scale, out);
+  UnpackSignsLoop(bits, n, scale, out);
+}
 
 void StoreU32(uint8_t* dst, uint32_t v) {
   for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -162,9 +286,7 @@ absl::Status DecodeGradient(const v1::ChunkHeader& header, const void* payload, 
         return absl::InvalidArgumentError(
             absl::StrCat(ChunkName(header), ": the unused bits of the last sign byte are not 0"));
       }
-      for (int64_t i = 0; i < n; ++i) {
-        out[i] = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
-      }
+      UnpackSigns(bits, n, scale, out.data());
       return absl::OkStatus();
     }
     default:
@@ -225,22 +347,13 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
       return absl::OkStatus();
     case v1::CompressionSpec::COMPRESSION_FP16:
     case v1::CompressionSpec::COMPRESSION_BF16: {
-      const bool half = method_ == v1::CompressionSpec::COMPRESSION_FP16;
-      const float limit = half ? kMaxHalf : kMaxBf16;
-      out->dtype = half ? v1::DTYPE_F16 : v1::DTYPE_BF16;
+      // Saturate rather than overflow to infinity; NaN stays NaN (and is
+      // refused by the shard like any non-finite gradient).
+      out->dtype =
+          method_ == v1::CompressionSpec::COMPRESSION_FP16 ? v1::DTYPE_F16 : v1::DTYPE_BF16;
       out->encoding = v1::ChunkHeader::ENCODING_DENSE;
       out->bytes.resize(static_cast<size_t>(n) * 2);
-      uint8_t* dst = out->bytes.data();
-      for (int64_t i = 0; i < n; ++i) {
-        // Saturate rather than overflow to infinity; NaN stays NaN (and is
-        // refused by the shard like any non-finite gradient).
-        const float v =
-            std::isnan(gradient[i]) ? gradient[i] : std::clamp(gradient[i], -limit, limit);
-        const uint16_t h = half ? FloatToHalf(v) : FloatToBf16(v);
-        dst[2 * i] = static_cast<uint8_t>(h);
-        dst[2 * i + 1] = static_cast<uint8_t>(h >> 8);
-      }
-      return absl::OkStatus();
+      return ConvertFromF32(out->dtype, gradient.data(), n, out->bytes.data(), /*saturate=*/true);
     }
     case v1::CompressionSpec::COMPRESSION_TOPK:
     case v1::CompressionSpec::COMPRESSION_ONEBIT:
@@ -252,13 +365,14 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
   // p = g + r, accepted into the residual only once encoded.
   std::vector<float>& residual = residuals_[chunk_id];
   scratch_.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const float p = gradient[i] + (residual.empty() ? 0.0f : residual[i]);
-    if (!std::isfinite(p)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the gradient of chunk ", chunk_id, " is not finite at element ", i));
-    }
-    scratch_[i] = p;
+  if (residual.empty()) {
+    std::copy(gradient.begin(), gradient.end(), scratch_.begin());
+  } else {
+    AddInto(gradient.data(), residual.data(), n, scratch_.data());
+  }
+  if (const int64_t bad = FirstNonFiniteIndex(scratch_.data(), n); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the gradient of chunk ", chunk_id, " is not finite at element ", bad));
   }
   absl::Status status = method_ == v1::CompressionSpec::COMPRESSION_TOPK
                             ? EncodeTopK(scratch_, out)
@@ -298,8 +412,7 @@ absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient*
 
 absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient* out) {
   const int64_t n = static_cast<int64_t>(p.size());
-  double sum = 0;
-  for (float v : p) sum += std::fabs(v);
+  const double sum = SumOfMagnitudes(p.data(), n);
   const float scale = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
   if (!std::isfinite(scale)) {
     return absl::InvalidArgumentError("the mean magnitude of a gradient chunk is not finite");
@@ -309,15 +422,7 @@ absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient*
   out->encoded_count = 0;
   out->bytes.assign(4 + static_cast<size_t>((n + 7) / 8), 0);
   StoreF32(out->bytes.data(), scale);
-  uint8_t* bits = out->bytes.data() + 4;
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[i] < 0.0f) {
-      bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-      p[i] += scale;
-    } else {
-      p[i] -= scale;
-    }
-  }
+  PackSigns(p.data(), n, scale, out->bytes.data() + 4);
   return absl::OkStatus();
 }
 

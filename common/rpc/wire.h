@@ -176,9 +176,18 @@ uint16_t FloatToBf16(float f);
 // Converts `count` elements of `dtype` (F32, F16 or BF16) at src to floats.
 // INVALID_ARGUMENT for other dtypes.
 absl::Status ConvertToF32(v1::DType dtype, const void* src, int64_t count, float* dst);
-// Converts floats to F16 or BF16 (dst holds count * 2 bytes). INVALID_ARGUMENT
-// for other dtypes.
-absl::Status ConvertFromF32(v1::DType dtype, const float* src, int64_t count, void* dst);
+// Converts floats to F16 or BF16 (dst holds count * 2 bytes, little-endian),
+// rounding to nearest even. With `saturate`, magnitudes beyond the dtype's
+// largest finite value become it instead of infinity; NaN stays NaN.
+// INVALID_ARGUMENT for other dtypes. Both directions run vectorised (F16C
+// where the CPU has it) and give the bits of the scalar functions above,
+// NaN payloads aside.
+absl::Status ConvertFromF32(v1::DType dtype, const float* src, int64_t count, void* dst,
+                            bool saturate = false);
+
+// True on an x86 CPU with AVX2 (which also has F16C): the codecs' bulk loops
+// then run their AVX2 builds.
+bool CpuHasAvx2();
 
 }  // namespace pstrain
 

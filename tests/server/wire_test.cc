@@ -2,7 +2,9 @@
 // decode error, the buffer pool, and the fp16/bf16 conversions.
 #include "common/rpc/wire.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -252,6 +254,71 @@ TEST(WireTest, ConvertBuffers) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ConvertFromF32(v1::DTYPE_F32, values.data(), 4, copy.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The bulk conversions (vectorised; F16C where the CPU has it) give the bits
+// of the scalar functions: every F16 and BF16 pattern back to float, and a
+// spread of float patterns (every 4099th, plus the edges) to both, with and
+// without saturation. NaN only has to stay NaN.
+TEST(WireTest, BulkConversionsMatchTheScalarFunctions) {
+  std::vector<uint8_t> all(65536 * 2);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    all[2 * h] = static_cast<uint8_t>(h & 0xff);
+    all[2 * h + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  std::vector<float> back(65536);
+  for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    ASSERT_TRUE(ConvertToF32(dtype, all.data(), 65536, back.data()).ok());
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const float expected = dtype == v1::DTYPE_F16 ? HalfToFloat(static_cast<uint16_t>(h))
+                                                    : Bf16ToFloat(static_cast<uint16_t>(h));
+      if (std::isnan(expected)) {
+        ASSERT_TRUE(std::isnan(back[h])) << v1::DType_Name(dtype) << " pattern " << h;
+        continue;
+      }
+      uint32_t got_bits, expected_bits;
+      std::memcpy(&got_bits, &back[h], 4);
+      std::memcpy(&expected_bits, &expected, 4);
+      ASSERT_EQ(got_bits, expected_bits) << v1::DType_Name(dtype) << " pattern " << h;
+    }
+  }
+
+  std::vector<float> floats;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4099) {
+    const uint32_t b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, 4);
+    floats.push_back(f);
+  }
+  for (float f :
+       {65504.0f, 65519.99f, 65520.0f, 65536.0f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 0.0f, -0.0f,
+        3.38953139e38f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::denorm_min()}) {
+    floats.push_back(f);
+    floats.push_back(-f);
+  }
+  std::vector<uint8_t> wire(floats.size() * 2);
+  for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (bool saturate : {false, true}) {
+      ASSERT_TRUE(ConvertFromF32(dtype, floats.data(), static_cast<int64_t>(floats.size()),
+                                 wire.data(), saturate)
+                      .ok());
+      const bool half = dtype == v1::DTYPE_F16;
+      const float limit = half ? 65504.0f : 3.38953139e38f;
+      for (size_t i = 0; i < floats.size(); ++i) {
+        const uint16_t got = static_cast<uint16_t>(wire[2 * i] | (wire[2 * i + 1] << 8));
+        float v = floats[i];
+        if (std::isnan(v)) {
+          EXPECT_TRUE(std::isnan(half ? HalfToFloat(got) : Bf16ToFloat(got))) << i;
+          continue;
+        }
+        if (saturate) v = std::clamp(v, -limit, limit);
+        const uint16_t expected = half ? FloatToHalf(v) : FloatToBf16(v);
+        ASSERT_EQ(got, expected) << v1::DType_Name(dtype) << " saturate " << saturate << " value "
+                                 << floats[i];
+      }
+    }
+  }
 }
 
 }  // namespace
