@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
-#include <numeric>
 #include <string>
 #include <utility>
 
@@ -385,27 +385,62 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
 absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient* out) {
   const int64_t n = static_cast<int64_t>(p.size());
   const int64_t k = TopKCount(topk_ratio_, n);
-  order_.resize(static_cast<size_t>(n));
-  std::iota(order_.begin(), order_.end(), 0u);
-  // Largest magnitude first; ties to the lower index, so the selection is
-  // the same on every machine.
-  auto larger = [&p](uint32_t a, uint32_t b) {
-    const float fa = std::fabs(p[a]), fb = std::fabs(p[b]);
-    return fa > fb || (fa == fb && a < b);
-  };
-  if (k < n) std::nth_element(order_.begin(), order_.begin() + k, order_.end(), larger);
-  std::sort(order_.begin(), order_.begin() + k);
+  // The k largest magnitudes, ties to the lower index (the same on every
+  // machine), sent in index order. T, the k-th largest magnitude, decides:
+  // every |p| > T is sent, and the lowest-indexed |p| == T fill the rest.
+  // T comes from a candidate set: every magnitude at or above a bound drawn
+  // from a sample, when at least k are (then the k largest are all among
+  // them); else from all n.
+  float threshold = 0.0f;
+  if (k < n) {
+    magnitudes_.clear();
+    if (k * 16 < n) {
+      // Every 16th magnitude; the bound is the sample's (2k/16)-th largest,
+      // which leaves about 2k candidates.
+      std::vector<float>& sample = sample_;
+      sample.clear();
+      for (int64_t i = 0; i < n; i += 16) sample.push_back(std::fabs(p[i]));
+      const int64_t rank = std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1, 2 * k / 16);
+      std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<float>());
+      const float bound = sample[rank];
+      for (int64_t i = 0; i < n; ++i) {
+        const float m = std::fabs(p[i]);
+        if (m >= bound) magnitudes_.push_back(m);
+      }
+      if (static_cast<int64_t>(magnitudes_.size()) < k) magnitudes_.clear();
+    }
+    if (magnitudes_.empty()) {
+      magnitudes_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) magnitudes_[i] = std::fabs(p[i]);
+    }
+    std::nth_element(magnitudes_.begin(), magnitudes_.begin() + (k - 1), magnitudes_.end(),
+                     std::greater<float>());
+    threshold = magnitudes_[k - 1];
+  }
+  int64_t above = 0;
+  if (k < n) {
+    for (int64_t i = 0; i < n; ++i) above += std::fabs(p[i]) > threshold ? 1 : 0;
+  }
+  int64_t ties_left = k - above;  // Elements equal to T to send, lowest index first.
   out->dtype = v1::DTYPE_F32;
   out->encoding = v1::ChunkHeader::ENCODING_TOPK;
   out->encoded_count = k;
   out->bytes.resize(static_cast<size_t>(k) * 8);
   uint8_t* indices = out->bytes.data();
   uint8_t* values = indices + 4 * k;
-  for (int64_t i = 0; i < k; ++i) {
-    const uint32_t index = order_[i];
-    StoreU32(indices + 4 * i, index);
-    StoreF32(values + 4 * i, p[index]);
-    p[index] = 0.0f;  // Sent: nothing of it stays in the residual.
+  int64_t sent = 0;
+  for (int64_t i = 0; i < n && sent < k; ++i) {
+    const float m = std::fabs(p[i]);
+    bool take = k == n || m > threshold;
+    if (!take && m == threshold && ties_left > 0) {
+      take = true;
+      --ties_left;
+    }
+    if (!take) continue;
+    StoreU32(indices + 4 * sent, static_cast<uint32_t>(i));
+    StoreF32(values + 4 * sent, p[i]);
+    p[i] = 0.0f;  // Sent: nothing of it stays in the residual.
+    ++sent;
   }
   return absl::OkStatus();
 }

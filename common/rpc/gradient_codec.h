@@ -110,7 +110,8 @@ class GradientEncoder {
   std::vector<bool> whole_;  // By chunk id: its parameter is under min_compress_bytes.
   std::vector<std::vector<float>> residuals_;  // By chunk id.
   std::vector<float> scratch_;                 // p = g + r before it is accepted.
-  std::vector<uint32_t> order_;                // TOPK selection.
+  std::vector<float> magnitudes_;              // TOPK: candidates for the threshold.
+  std::vector<float> sample_;                  // TOPK: every 16th magnitude.
 };
 
 }  // namespace pstrain
