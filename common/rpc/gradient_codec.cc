@@ -102,26 +102,25 @@ __attribute__((target("avx2"))) void UnpackSignsAvx2(const uint8_t* bits, int64_
                                                      float* out) {
   UnpackSignsLoop(bits, n, scale, out);
 }
-constexpr bool kX86 = true;
-#else
-constexpr bool kX86 = false;
-void AddIntoAvx2(const float*, const float*, int64_t, float*) {}
-bool AnyNonFiniteAvx2(const float*, int64_t) { return false; }
-double SumOfMagnitudesAvx2(const float*, int64_t) { return 0; }
-void PackSignsAvx2(float*, int64_t, float, uint8_t*) {}
-void UnpackSignsAvx2(const uint8_t*, int64_t, float, float*) {}
 #endif
 
-bool UseAvx2() { return kX86 && CpuHasAvx2(); }
-
 void AddInto(const float* a, const float* b, int64_t n, float* out) {
-  if (UseAvx2()) return AddIntoAvx2(a, b, n, out);
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) return AddIntoAvx2(a, b, n, out);
+#endif
   AddIntoLoop(a, b, n, out);
+}
+
+bool AnyNonFinite(const float* p, int64_t n) {
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) return AnyNonFiniteAvx2(p, n);
+#endif
+  return AnyNonFiniteLoop(p, n);
 }
 
 // The first element that is not finite, or -1.
 int64_t FirstNonFiniteIndex(const float* p, int64_t n) {
-  if (!(UseAvx2() ? AnyNonFiniteAvx2(p, n) : AnyNonFiniteLoop(p, n))) return -1;
+  if (!AnyNonFinite(p, n)) return -1;
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(p[i])) return i;
   }
@@ -129,16 +128,23 @@ int64_t FirstNonFiniteIndex(const float* p, int64_t n) {
 }
 
 double SumOfMagnitudes(const float* p, int64_t n) {
-  return UseAvx2() ? SumOfMagnitudesAvx2(p, n) : SumOfMagnitudesLoop(p, n);
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) return SumOfMagnitudesAvx2(p, n);
+#endif
+  return SumOfMagnitudesLoop(p, n);
 }
 
 void PackSigns(float* p, int64_t n, float scale, uint8_t* bits) {
-  if (UseAvx2()) return PackSignsAvx2(p, n, scale, bits);
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) return PackSignsAvx2(p, n, scale, bits);
+#endif
   PackSignsLoop(p, n, scale, bits);
 }
 
 void UnpackSigns(const uint8_t* bits, int64_t n, float scale, float* out) {
-  if (UseAvx2()) return UnpackSignsAvx2(bits, n, scale, out);
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) return UnpackSignsAvx2(bits, n, scale, out);
+#endif
   UnpackSignsLoop(bits, n, scale, out);
 }
 
