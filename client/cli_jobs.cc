@@ -34,6 +34,9 @@ ABSL_FLAG(std::optional<int>, averaging_frequency, std::nullopt,
 ABSL_FLAG(std::optional<int>, epochs, std::nullopt, "Epochs to train (>= 1)");
 ABSL_FLAG(std::string, compression, "",
           "How workers push gradients: none, fp16, bf16, topk[:RATIO] or onebit");
+ABSL_FLAG(std::string, pull_compression, "",
+          "sync: how servers send the new model to workers, as a delta with error feedback: "
+          "none, fp16, bf16, topk[:RATIO] or onebit");
 ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
           "topk and onebit: parameters of fewer F32 bytes are pushed whole (0 = compress "
           "every parameter; 262144 keeps convolution kernels and biases exact)");
@@ -44,8 +47,9 @@ namespace pstrain {
 namespace cli_internal {
 namespace {
 
-// --compression none|fp16|bf16|topk[:RATIO]|onebit.
-absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
+// --compression (or --pull-compression) none|fp16|bf16|topk[:RATIO]|onebit.
+absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value,
+                                                     absl::string_view flag = "--compression") {
   static const auto* kMethods = new std::map<std::string, v1::CompressionSpec::Method>{
       {"none", v1::CompressionSpec::COMPRESSION_NONE},
       {"fp16", v1::CompressionSpec::COMPRESSION_FP16},
@@ -56,8 +60,8 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
   auto it = kMethods->find(value.substr(0, colon));
   v1::CompressionSpec spec;
   if (it == kMethods->end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--compression must be none, fp16, bf16, topk[:RATIO] or onebit, got '", value, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be none, fp16, bf16, topk[:RATIO] or onebit, got '", value, "'"));
   }
   spec.set_method(it->second);
   if (colon != std::string::npos) {
@@ -65,7 +69,7 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
     if (it->second != v1::CompressionSpec::COMPRESSION_TOPK ||
         !absl::SimpleAtof(value.substr(colon + 1), &ratio) || !(ratio > 0 && ratio <= 1)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--compression topk:RATIO takes a RATIO in (0, 1], got '", value, "'"));
+          absl::StrCat(flag, " topk:RATIO takes a RATIO in (0, 1], got '", value, "'"));
     }
     spec.set_topk_ratio(ratio);
   }
@@ -75,7 +79,7 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value) {
 // submit's overrides of the job file, as given on the command line.
 struct SubmitOverrides {
   std::optional<int> workers, staleness, averaging_frequency, epochs;
-  std::string mode, compression;
+  std::string mode, compression, pull_compression;
   std::optional<int64_t> min_compress_bytes;
 };
 
@@ -106,6 +110,10 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
   if (!o.compression.empty()) {
     PSTRAIN_ASSIGN_OR_RETURN(*job.mutable_compression(), ParseCompression(o.compression));
   }
+  if (!o.pull_compression.empty()) {
+    PSTRAIN_ASSIGN_OR_RETURN(*job.mutable_pull_compression(),
+                             ParseCompression(o.pull_compression, "--pull-compression"));
+  }
   if (o.min_compress_bytes) {
     if (*o.min_compress_bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -134,12 +142,16 @@ int Cli::Submit(const std::vector<std::string>& args) {
       "  --compression sets how workers push gradients (sync, async, ssp): fp16 or\n"
       "  bf16 halves the bytes; topk sends the largest RATIO of each chunk (default\n"
       "  0.01) and onebit one sign bit per value, both with error feedback;\n"
-      "  --min-compress-bytes 262144 sends their chunks under 256 KiB whole.\n",
+      "  --min-compress-bytes 262144 sends their chunks under 256 KiB whole.\n"
+      "  --pull-compression (sync) sets how servers send each step's new model: the\n"
+      "  change since the last step, with the same codecs; what a codec leaves out\n"
+      "  goes with the next step.\n",
       {&absl::GetFlagReflectionHandle(FLAGS_workers), &absl::GetFlagReflectionHandle(FLAGS_mode),
        &absl::GetFlagReflectionHandle(FLAGS_staleness),
        &absl::GetFlagReflectionHandle(FLAGS_averaging_frequency),
        &absl::GetFlagReflectionHandle(FLAGS_epochs),
        &absl::GetFlagReflectionHandle(FLAGS_compression),
+       &absl::GetFlagReflectionHandle(FLAGS_pull_compression),
        &absl::GetFlagReflectionHandle(FLAGS_min_compress_bytes),
        &absl::GetFlagReflectionHandle(FLAGS_watch), &absl::GetFlagReflectionHandle(FLAGS_json)}};
   SubmitOverrides overrides;
@@ -151,6 +163,7 @@ int Cli::Submit(const std::vector<std::string>& args) {
                  .epochs = absl::GetFlag(FLAGS_epochs),
                  .mode = absl::GetFlag(FLAGS_mode),
                  .compression = absl::GetFlag(FLAGS_compression),
+                 .pull_compression = absl::GetFlag(FLAGS_pull_compression),
                  .min_compress_bytes = absl::GetFlag(FLAGS_min_compress_bytes)};
     watch = absl::GetFlag(FLAGS_watch);
     json = absl::GetFlag(FLAGS_json);

@@ -161,38 +161,45 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         "compression applies to gradient pushes (CONSISTENCY_SYNC, CONSISTENCY_ASYNC, "
         "CONSISTENCY_SSP); CONSISTENCY_AVERAGE pushes parameters, which travel as F32");
   }
+  PSTRAIN_RETURN_IF_ERROR(ValidateCompression(job.pull_compression(), "pull_compression"));
+  if (job.pull_compression().method() != v1::CompressionSpec::COMPRESSION_NONE &&
+      job.mode() != v1::CONSISTENCY_SYNC && job.mode() != v1::CONSISTENCY_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "pull_compression applies to CONSISTENCY_SYNC, where every worker pulls every step's "
+        "model; in the other modes pulls travel as F32");
+  }
   return absl::OkStatus();
 }
 
-absl::Status ValidateCompression(const v1::CompressionSpec& spec) {
+absl::Status ValidateCompression(const v1::CompressionSpec& spec, absl::string_view field) {
   if (!v1::CompressionSpec::Method_IsValid(spec.method())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "compression.method ", static_cast<int>(spec.method()),
+        field, ".method ", static_cast<int>(spec.method()),
         " is not a known method (COMPRESSION_NONE, COMPRESSION_FP16, COMPRESSION_BF16, "
         "COMPRESSION_TOPK, COMPRESSION_ONEBIT)"));
   }
   const float ratio = spec.topk_ratio();
   if (spec.method() == v1::CompressionSpec::COMPRESSION_TOPK) {
     if (!(ratio >= 0.0f && ratio <= 1.0f)) {  // NaN fails too.
-      return absl::InvalidArgumentError(
-          absl::StrCat("compression.topk_ratio must be in (0, 1] (0 means ", kDefaultTopKRatio,
-                       "), got ", ratio));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".topk_ratio must be in (0, 1] (0 means ", kDefaultTopKRatio, "), got ", ratio));
     }
   } else if (ratio != 0.0f) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compression.topk_ratio is only for COMPRESSION_TOPK; method is ",
+        absl::StrCat(field, ".topk_ratio is only for COMPRESSION_TOPK; method is ",
                      v1::CompressionSpec::Method_Name(spec.method())));
   }
   if (spec.min_compress_bytes() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression.min_compress_bytes must be >= 0, got ", spec.min_compress_bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".min_compress_bytes must be >= 0, got ", spec.min_compress_bytes()));
   }
   if (spec.min_compress_bytes() != 0 && spec.method() != v1::CompressionSpec::COMPRESSION_TOPK &&
       spec.method() != v1::CompressionSpec::COMPRESSION_ONEBIT) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression.min_compress_bytes is only for COMPRESSION_TOPK and COMPRESSION_ONEBIT; "
-        "method is ",
-        v1::CompressionSpec::Method_Name(spec.method())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field,
+                     ".min_compress_bytes is only for COMPRESSION_TOPK and COMPRESSION_ONEBIT; "
+                     "method is ",
+                     v1::CompressionSpec::Method_Name(spec.method())));
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 
@@ -42,10 +43,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job);
 
 // The default TOPK ratio (CompressionSpec.topk_ratio 0).
 inline constexpr float kDefaultTopKRatio = 0.01f;
-// JobSpec.compression (common/rpc/gradient_codec.h): INVALID_ARGUMENT for an
-// unknown method, a topk_ratio outside (0, 1] for TOPK, or a non-zero
-// topk_ratio with another method. ValidateJobSpec calls it.
-absl::Status ValidateCompression(const v1::CompressionSpec& spec);
+// JobSpec.compression or pull_compression (common/rpc/gradient_codec.h):
+// INVALID_ARGUMENT, naming `field`, for an unknown method, a topk_ratio
+// outside (0, 1] for TOPK, or a non-zero topk_ratio with another method.
+// ValidateJobSpec calls it.
+absl::Status ValidateCompression(const v1::CompressionSpec& spec,
+                                 absl::string_view field = "compression");
 
 // What one job may make a server hold. The server's defaults are flags of
 // pstrain-server (docs/ARCHITECTURE.md, "Limits").

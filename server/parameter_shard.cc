@@ -39,6 +39,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
@@ -235,6 +236,13 @@ struct Chunk {
   // for the chunk's values (its steps here; SetMembers reports a removed
   // member's).
   std::map<std::string, int64_t> member_clock ABSL_GUARDED_BY(mu);
+  // Pull compression (sync mode, trainable chunks not sent whole; constant
+  // after configuration): `published` holds what the workers hold, `delta`
+  // the encoded change of it from version - 1 to version (null when this
+  // version was not reached by a step here, or could not be encoded).
+  bool compress_pulls = false;
+  std::shared_ptr<std::vector<float>> published ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const EncodedGradient> delta ABSL_GUARDED_BY(mu);
   // A consistent cut (ReadChunks at a version): the version wanted, and the
   // chunk as it was when it reached it (filled by the update that does).
   int64_t capture_version ABSL_GUARDED_BY(mu) = -1;
@@ -331,6 +339,10 @@ class JobState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status ApplyGradient(Chunk& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Pull compression: moves the published values towards the master values
+  // by what pull_compression_ encodes of their difference, and keeps that
+  // encoding as the chunk's delta.
+  void PublishDelta(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   absl::Status AwaitClock(const PullArgs& args, absl::Time deadline);
   // The chunk's values, version and optimizer slots as they are now.
   absl::StatusOr<v1::ChunkValues> Snapshot(const Chunk& chunk) ABSL_SHARED_LOCKS_REQUIRED(chunk.mu);
@@ -343,6 +355,8 @@ class JobState {
   v1::ConsistencyMode mode_ = v1::CONSISTENCY_SYNC;
   int staleness_ = 0;
   bool average_optimizer_state_ = false;
+  v1::CompressionSpec pull_compression_;
+  uint64_t values_epoch_ = 0;  // Non-zero; new with every configuration.
   ChunkPlan plan_;
   std::vector<int> local_index_;  // Chunk id -> index in chunks_, or -1.
   std::vector<std::string> slot_names_;
@@ -391,6 +405,12 @@ absl::Status JobState::Init(const ShardJobConfig& config,
   staleness_ = config.spec.staleness();
   average_optimizer_state_ = config.spec.average_optimizer_state();
   slot_names_ = SlotNames(config.spec.optimizer());
+  pull_compression_ = config.spec.pull_compression();
+  {
+    absl::BitGen bits;
+    while (values_epoch_ == 0) values_epoch_ = absl::Uniform<uint64_t>(bits);
+  }
+  const std::vector<bool> pulled_whole = ChunksSentWhole(pull_compression_, plan_);
 
   // Check the initial values against the plan before allocating anything.
   const std::vector<int>& owned = plan_.by_shard[shard_index];
@@ -461,6 +481,11 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     chunk->version = given.version();
     chunk->values =
         std::make_shared<std::vector<float>>(given.values().begin(), given.values().end());
+    chunk->compress_pulls = mode_ == v1::CONSISTENCY_SYNC && chunk->trainable &&
+                            pull_compression_.method() != v1::CompressionSpec::COMPRESSION_NONE &&
+                            !pulled_whole[info.id];
+    if (chunk->compress_pulls)
+      chunk->published = std::make_shared<std::vector<float>>(*chunk->values);
     if (chunk->trainable && optimizer_ != nullptr) {
       const std::string name = absl::StrCat("chunk", info.id);
       PSTRAIN_ASSIGN_OR_RETURN(chunk->optimizer_index, optimizer_->AddParameter(name, info.count));
@@ -686,7 +711,38 @@ absl::Status JobState::CompleteBarrier(Chunk& chunk, const Contribution* extra, 
   PSTRAIN_RETURN_IF_ERROR(status);
   ++chunk.version;
   ++outcome->applied_updates;
+  if (chunk.compress_pulls) PublishDelta(chunk);
   return CaptureIfWanted(chunk);
+}
+
+void JobState::PublishDelta(Chunk& chunk) {
+  chunk.delta.reset();
+  const std::vector<float>& master = *chunk.values;
+  std::vector<float>& published = *Writable(&chunk.published);
+  const size_t n = master.size();
+  thread_local std::vector<float> difference, decoded;
+  difference.resize(n);
+  for (size_t i = 0; i < n; ++i) difference[i] = master[i] - published[i];
+  auto delta = std::make_shared<EncodedGradient>();
+  absl::Status status =
+      EncodeWithoutFeedback(pull_compression_, absl::MakeSpan(difference), delta.get());
+  if (status.ok()) {
+    v1::ChunkHeader header;
+    header.set_chunk_id(chunk.id);
+    header.set_num_elements(static_cast<int64_t>(n));
+    header.set_dtype(delta->dtype);
+    header.set_encoding(delta->encoding);
+    header.set_encoded_count(delta->encoded_count);
+    status = AddEncodedDelta(header, delta->bytes.data(), delta->bytes.size(),
+                             absl::MakeSpan(published), &decoded);
+  }
+  if (!status.ok()) {
+    // A difference beyond float's range: this step the workers take the
+    // values whole (no delta), and they are the master's.
+    std::copy(master.begin(), master.end(), published.begin());
+    return;
+  }
+  chunk.delta = std::move(delta);
 }
 
 absl::Status JobState::ApplyGradient(Chunk& chunk, const float* gradient) {
@@ -799,7 +855,18 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
   }
   PulledChunk out;
   out.version = chunk->version;
-  out.values = wants_state ? chunk->slots[args.slot] : chunk->values;
+  if (wants_state) {
+    out.values = chunk->slots[args.slot];
+  } else if (chunk->compress_pulls) {
+    out.values = chunk->published;
+    out.values_epoch = values_epoch_;
+    if (chunk->delta != nullptr && args.held_epoch == values_epoch_ && args.held_version >= 0 &&
+        args.held_version + 1 == chunk->version) {
+      out.delta = chunk->delta;
+    }
+  } else {
+    out.values = chunk->values;
+  }
   return out;
 }
 
@@ -1119,7 +1186,10 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
   PSTRAIN_ASSIGN_OR_RETURN(PulledChunk pulled, job->Pull(args, deadline));
   absl::MutexLock lock(&mu_);
   ++stats_.pulls;
-  stats_.pull_bytes += static_cast<int64_t>(pulled.values->size() * sizeof(float));
+  const int64_t represented = static_cast<int64_t>(pulled.values->size() * sizeof(float));
+  stats_.pull_bytes +=
+      pulled.delta != nullptr ? static_cast<int64_t>(pulled.delta->bytes.size()) : represented;
+  stats_.pull_represented_bytes += represented;
   if (jobs_.count(args.job_id) != 0) {
     int64_t& model_version = stats_.model_version_by_job[args.job_id];
     model_version = std::max(model_version, pulled.version);

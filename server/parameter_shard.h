@@ -61,6 +61,17 @@
 //  * Each trainable chunk records the highest worker_clock accepted from
 //    each member; SetMembers reports a removed member's steps (the lowest
 //    over the chunks), from which server 0 knows what it did not train.
+// Pull compression (JobSpec.pull_compression, sync mode): each trainable
+// chunk not sent whole also keeps its published values, what the workers
+// hold. When a step completes, the difference between the master values and
+// the published ones is encoded once (common/rpc/gradient_codec.h), added
+// into the published values exactly as a worker adds it, and kept as the
+// chunk's delta; a pull from a worker holding the previous version (of the
+// job's current values epoch, drawn by ConfigureJob) gets that delta, any
+// other pull the published values whole. What a codec leaves out stays in
+// the difference for the next step (error feedback). ReadChunks (checkpoints)
+// reads the master values.
+//
 // Optimizer state is pulled (KIND_OPTIMIZER_STATE) only in average mode with
 // average_optimizer_state; in the other modes it lives in the server's
 // optimizer and is read with ReadChunks (checkpoints). ConfigureJob accepts
@@ -89,6 +100,7 @@
 #include "common/chunking.h"
 #include "common/job_spec.h"
 #include "common/model_graph.h"
+#include "common/rpc/gradient_codec.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
 
@@ -109,6 +121,9 @@ struct ShardStats {
   // push_bytes: payload bytes received; push_represented_bytes: the F32
   // bytes those payloads decode to (their ratio is the compression).
   int64_t push_bytes = 0, push_represented_bytes = 0, pull_bytes = 0;
+  // The F32 bytes the pulls' payloads stand for (pull compression sends
+  // deltas: fewer bytes than this).
+  int64_t pull_represented_bytes = 0;
   int64_t rejected_pushes = 0;
   // Pushes acknowledged without being applied: a retried update already
   // applied, or a second gradient of a member for a barrier it is in.
@@ -146,6 +161,10 @@ struct PullArgs {
   v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_PARAMETERS;
   int slot = 0;
   int worker_clock = 0;  // ssp: the requester's clock c.
+  // Pull compression: the version of the published values the requester
+  // holds (-1: none), from the job's values epoch `held_epoch`.
+  int64_t held_version = -1;
+  uint64_t held_epoch = 0;
 };
 
 // What ParameterShard::ReadChunks returns (see there).
@@ -156,8 +175,14 @@ struct ShardReadOptions {
 
 struct PulledChunk {
   int64_t version = 0;
-  // Immutable snapshot; safe to send after the call returns.
+  // Immutable snapshot; safe to send after the call returns. With pull
+  // compression: the published values (what workers hold), not the master.
   std::shared_ptr<const std::vector<float>> values;
+  // Pull compression: the encoded change from version - 1 to `version` of
+  // the published values, when the requester holds version - 1 of this
+  // epoch; else null (send `values`). Immutable.
+  std::shared_ptr<const EncodedGradient> delta;
+  uint64_t values_epoch = 0;  // 0: the chunk's pulls are not compressed.
 };
 
 class ParameterShard {

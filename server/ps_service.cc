@@ -660,6 +660,21 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
                      : header.kind();
     args_.slot = header.slot();
     args_.worker_clock = header.worker_clock();
+    if (header.held_versions_size() > 0) {
+      if (header.held_versions_size() != header.chunk_ids_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a pull request names ", header.chunk_ids_size(), " chunks but holds versions of ",
+            header.held_versions_size(), "; held_versions needs one entry per chunk_ids entry"));
+      }
+      for (int64_t v : header.held_versions()) {
+        if (v < -1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("held version ", v, " in a pull request is below -1"));
+        }
+      }
+      held_versions_.assign(header.held_versions().begin(), header.held_versions().end());
+      args_.held_epoch = header.held_epoch();
+    }
     chunk_ids_ = std::move(chunk_ids);
     return absl::OkStatus();
   }
@@ -672,6 +687,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
     for (; next_chunk_ < chunk_ids_.size(); ++next_chunk_) {
       const int id = chunk_ids_[next_chunk_];
       args.chunk_id = id;
+      args.held_version = held_versions_.empty() ? -1 : held_versions_[next_chunk_];
       absl::StatusOr<PulledChunk> pulled =
           may_wait ? WaitForChunk(args) : owner_->shard()->Pull(args, absl::InfinitePast());
       if (!may_wait && pulled.status().code() == absl::StatusCode::kDeadlineExceeded) {
@@ -683,12 +699,24 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
       reply.set_version(chunk.version);
       reply.set_kind(args.kind);
       reply.set_slot(args.slot);
-      reply.set_dtype(v1::DTYPE_F32);
       reply.set_num_elements(static_cast<int64_t>(chunk.values->size()));
+      reply.set_values_epoch(chunk.values_epoch);
       grpc::ByteBuffer frame;
-      PSTRAIN_RETURN_IF_ERROR(EncodeFrame(reply, chunk.values->data(),
-                                          chunk.values->size() * sizeof(float),
-                                          std::shared_ptr<const void>(chunk.values), &frame));
+      if (chunk.delta != nullptr) {
+        // Pull compression: the change since the version the client holds.
+        const EncodedGradient& delta = *chunk.delta;
+        reply.set_delta(true);
+        reply.set_dtype(delta.dtype);
+        reply.set_encoding(delta.encoding);
+        reply.set_encoded_count(delta.encoded_count);
+        PSTRAIN_RETURN_IF_ERROR(EncodeFrame(reply, delta.bytes.data(), delta.bytes.size(),
+                                            std::shared_ptr<const void>(chunk.delta), &frame));
+      } else {
+        reply.set_dtype(v1::DTYPE_F32);
+        PSTRAIN_RETURN_IF_ERROR(EncodeFrame(reply, chunk.values->data(),
+                                            chunk.values->size() * sizeof(float),
+                                            std::shared_ptr<const void>(chunk.values), &frame));
+      }
       bool write_now = false;
       {
         absl::MutexLock lock(&mu_);
@@ -754,6 +782,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
   absl::Time start_;
   PullArgs args_;
   std::vector<int> chunk_ids_;
+  std::vector<int64_t> held_versions_;  // Empty, or one per chunk_ids_ entry.
   size_t next_chunk_ = 0;
   grpc::ByteBuffer request_;  // Written by the read, then read by Produce.
   grpc::ByteBuffer current_;  // The frame being written.

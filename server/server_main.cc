@@ -145,7 +145,13 @@ class ServerMetrics {
         "pstrain_server_push_represented_bytes_total",
         "F32 bytes the pushed payloads decode to; over pstrain_server_push_bytes_total it is the "
         "compression ratio of the job's gradient codec");
-    pull_bytes_ = counter("pstrain_server_pull_bytes_total", "Payload bytes sent in pulls");
+    pull_bytes_ = counter("pstrain_server_pull_bytes_total",
+                          "Payload bytes sent in pulls, as they travelled (with pull compression: "
+                          "the encoded deltas)");
+    pull_represented_bytes_ = counter(
+        "pstrain_server_pull_represented_bytes_total",
+        "F32 bytes of the values the pulls delivered; over pstrain_server_pull_bytes_total it is "
+        "the compression ratio of the job's pull codec");
     rejected_ = counter("pstrain_server_rejected_pushes_total", "Pushes rejected by validation");
     updates_ = counter("pstrain_server_applied_updates_total", "Updates applied to the model");
     duplicates_ = counter("pstrain_server_duplicate_pushes_total",
@@ -243,6 +249,7 @@ class ServerMetrics {
     Advance(push_bytes_, s.push_bytes, last_.push_bytes);
     Advance(push_represented_bytes_, s.push_represented_bytes, last_.push_represented_bytes);
     Advance(pull_bytes_, s.pull_bytes, last_.pull_bytes);
+    Advance(pull_represented_bytes_, s.pull_represented_bytes, last_.pull_represented_bytes);
     Advance(rejected_, s.rejected_pushes, last_.rejected_pushes);
     Advance(updates_, s.applied_updates, last_.applied_updates);
     Advance(duplicates_, s.duplicate_pushes, last_.duplicate_pushes);
@@ -317,7 +324,7 @@ class ServerMetrics {
   pstrain::ParameterShard* shard_ = nullptr;
   pstrain::Coordinator* coordinator_ = nullptr;
   prometheus::Counter *pushes_, *pulls_, *push_bytes_, *push_represented_bytes_, *pull_bytes_,
-      *rejected_, *updates_, *duplicates_;
+      *pull_represented_bytes_, *rejected_, *updates_, *duplicates_;
   prometheus::Histogram *push_latency_, *pull_latency_;
   prometheus::Family<prometheus::Histogram>* staleness_family_;
   prometheus::Family<prometheus::Gauge>* model_version_;

@@ -339,6 +339,7 @@ class PullCall final : public GenericReactor {
     int chunk_id;
     float* values;
     int64_t count;
+    PsClient::HeldValues* held;  // May be null.
   };
 
   PullCall(std::shared_ptr<ShardChannel> shard, std::shared_ptr<OpState> op,
@@ -355,6 +356,22 @@ class PullCall final : public GenericReactor {
     ctx_->set_wait_for_ready(true);
     v1::ChunkHeader with_ids = request_header_;
     for (const Dest& d : dests_) with_ids.add_chunk_ids(d.chunk_id);
+    // Pull compression: offer the held versions of one epoch (a shard has
+    // one per job) as delta bases.
+    uint64_t epoch = 0;
+    for (const Dest& d : dests_) {
+      if (d.held != nullptr && d.held->version >= 0 && d.held->epoch != 0) {
+        epoch = d.held->epoch;
+        break;
+      }
+    }
+    if (epoch != 0) {
+      with_ids.set_held_epoch(epoch);
+      for (const Dest& d : dests_) {
+        const bool offered = d.held != nullptr && d.held->epoch == epoch;
+        with_ids.add_held_versions(offered ? d.held->version : -1);
+      }
+    }
     request_status_ = EncodeFrame(with_ids, nullptr, 0, &request_);
   }
 
@@ -438,14 +455,36 @@ class PullCall final : public GenericReactor {
           absl::StrCat("shard ", shard_->address, " sent more than ", dests_.size(), " chunks"));
     }
     const Dest& d = dests_[next_];
-    if (header.chunk_id() != d.chunk_id || header.dtype() != v1::DTYPE_F32 ||
-        header.num_elements() != d.count) {
-      return absl::InternalError(
-          absl::StrCat("shard ", shard_->address, " sent chunk ", header.chunk_id(), " (",
-                       header.num_elements(), " x ", v1::DType_Name(header.dtype()),
-                       ") where chunk ", d.chunk_id, " (", d.count, " x DTYPE_F32) was expected"));
+    const bool dense_f32 =
+        header.dtype() == v1::DTYPE_F32 && header.encoding() == v1::ChunkHeader::ENCODING_DENSE;
+    if (header.chunk_id() != d.chunk_id || header.num_elements() != d.count ||
+        (!header.delta() && !dense_f32)) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", shard_->address, " sent chunk ", header.chunk_id(), " (", header.num_elements(),
+          " x ", v1::DType_Name(header.dtype()), header.delta() ? ", a delta" : "",
+          ") where chunk ", d.chunk_id, " (", d.count, " x DTYPE_F32) was expected"));
     }
-    payload.CopyTo(d.values);
+    if (header.delta()) {
+      // Pull compression: the change since the version held, of the same epoch.
+      if (d.held == nullptr || d.held->version < 0 || d.held->version + 1 != header.version() ||
+          header.values_epoch() == 0 || header.values_epoch() != d.held->epoch) {
+        return absl::InternalError(absl::StrCat(
+            "shard ", shard_->address, " sent a delta to version ", header.version(), " of chunk ",
+            d.chunk_id, " (epoch ", header.values_epoch(), ") where the client holds version ",
+            d.held == nullptr ? -1 : d.held->version, " (epoch ",
+            d.held == nullptr ? 0 : d.held->epoch, ")"));
+      }
+      const void* bytes = payload.Contiguous(BufferPool::Default());
+      absl::Status added = AddEncodedDelta(header, bytes, payload.size(),
+                                           absl::MakeSpan(d.values, d.count), &decoded_);
+      if (!added.ok()) {
+        return absl::InternalError(
+            absl::StrCat("bad delta from shard ", shard_->address, ": ", added.message()));
+      }
+    } else {
+      payload.CopyTo(d.values);
+    }
+    if (d.held != nullptr) *d.held = {header.version(), header.values_epoch()};
     min_version_ = std::min(min_version_, header.version());
     ++next_;
     return absl::OkStatus();
@@ -463,6 +502,7 @@ class PullCall final : public GenericReactor {
   absl::Status request_status_;
   grpc::ByteBuffer reply_;
   size_t next_ = 0;  // Reads are sequential: touched by one callback at a time.
+  std::vector<float> decoded_;  // A delta's values (as next_).
   int64_t min_version_;  // Lowest version received, earlier attempts included.
   std::atomic<bool> reached_server_{false};
   absl::Status error_;  // Set by a read callback before TryCancel; read in OnDone.
@@ -532,7 +572,7 @@ class GrpcPsClient final : public PsClient {
       absl::Status valid = CheckChunk(c.chunk_id, c.values);
       if (!valid.ok()) return FailedOp(valid);
       const ChunkInfo& info = plan_.chunks[c.chunk_id];
-      by_shard[info.shard].push_back({c.chunk_id, c.values, info.count});
+      by_shard[info.shard].push_back({c.chunk_id, c.values, info.count, c.held});
     }
     const v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
     std::vector<PullCall*> calls;

@@ -92,9 +92,20 @@ class PsClient {
     int chunk_id = 0;
     const float* values = nullptr;  // plan.chunks[chunk_id].count floats.
   };
+  // What a pull destination holds, as a shard sent it (pull compression).
+  struct HeldValues {
+    int64_t version = -1;  // -1: nothing the shard sent.
+    uint64_t epoch = 0;    // The shard's values epoch of the job (0: none).
+  };
   struct ChunkDest {
     int chunk_id = 0;
     float* values = nullptr;
+    // Pull compression (JobSpec.pull_compression): when set, the pull offers
+    // the held version as the base of a delta, adds a delta reply to
+    // `values` (which must then hold exactly what the shard sent for that
+    // version) and records what `values` holds after each reply. The
+    // caller keeps it, with `values`, until Wait() returns.
+    HeldValues* held = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(Options options, ChunkPlan plan);

@@ -18,6 +18,8 @@ RemoteUpdaterOptions RemoteUpdaterOptionsFromJob(const v1::JobSpec& job, int ran
   options.optimizer = job.optimizer();
   options.averaging_frequency = std::max(1, job.averaging_frequency());
   options.average_optimizer_state = job.average_optimizer_state();
+  options.compress_pulls = options.mode == v1::CONSISTENCY_SYNC &&
+                           job.pull_compression().method() != v1::CompressionSpec::COMPRESSION_NONE;
   return options;
 }
 
@@ -102,6 +104,7 @@ absl::Status RemoteUpdater::Init() {
     }
   }
   chunk_version_.assign(plan_.chunks.size(), 0);
+  held_.assign(plan_.chunks.size(), PsClient::HeldValues{});
 
   if (options_.mode == v1::CONSISTENCY_AVERAGE) {
     PSTRAIN_ASSIGN_OR_RETURN(local_, LocalUpdater::Create(options_.optimizer, model_));
@@ -256,7 +259,9 @@ std::vector<RemoteUpdater::PullOp> RemoteUpdater::PullChunks(v1::ChunkHeader::Ki
     dests.reserve(group.size());
     for (int c : group) {
       const ChunkInfo& info = plan_.chunks[c];
-      dests.push_back({c, views[info.param].host + info.offset});
+      PsClient::HeldValues* held =
+          options_.compress_pulls && kind == v1::ChunkHeader::KIND_PARAMETERS ? &held_[c] : nullptr;
+      dests.push_back({c, views[info.param].host + info.offset, held});
     }
     ops.push_back({client_->Pull(kind, min_version, clock_, std::move(dests), slot),
                    std::move(group)});

@@ -90,6 +90,9 @@ struct RemoteUpdaterOptions {
   // Gradients of consecutive layers are gathered into one Push until they
   // reach this many bytes (small tensors cost a call each otherwise).
   int64_t min_push_bytes = int64_t{256} << 10;
+  // Sync mode with JobSpec.pull_compression: parameter pulls offer the
+  // values held as the base of a delta (PsClient::ChunkDest::held).
+  bool compress_pulls = false;
   // How long a resync keeps retrying ABORTED / UNAVAILABLE.
   absl::Duration resync_timeout = absl::Seconds(60);
   // Called on the trainer's thread at the end of every ApplyUpdate. Cheap.
@@ -208,6 +211,9 @@ class RemoteUpdater final : public ParameterUpdater {
   std::vector<std::vector<HostView>> state_;  // [slot][param]: optimizer state (average).
   std::vector<int> state_params_;             // Params with optimizer state (average).
   std::vector<int64_t> chunk_version_;        // Version each chunk's values are at.
+  // By chunk: what its parameter values hold, as the shard sent them (pull
+  // compression). Sized once: pulls in flight point into it.
+  std::vector<PsClient::HeldValues> held_;
   std::vector<int> all_chunks_, trainable_chunks_, running_stat_chunks_;
   std::vector<PullOp> pulls_;          // Issued by ApplyUpdate.
   bool pulled_not_copied_ = false;     // CUDA: staging holds values not yet in the model.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"  // DTypeWidth
 #include "common/rpc/wire.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {
@@ -306,16 +307,7 @@ absl::Status DecodeGradient(const v1::ChunkHeader& header, const void* payload, 
 GradientEncoder::GradientEncoder(const v1::CompressionSpec& spec, ChunkPlan plan)
     : method_(spec.method()), topk_ratio_(spec.topk_ratio()), plan_(std::move(plan)) {
   residuals_.resize(plan_.chunks.size());
-  // Whole parameters, not chunks, are measured: how finely a plan cuts a
-  // large parameter (more shards, smaller chunks) must not stop compressing it.
-  whole_.assign(plan_.chunks.size(), false);
-  if (!error_feedback()) return;
-  for (const std::vector<int>& chunks : plan_.by_param) {
-    int64_t bytes = 0;
-    for (int id : chunks) bytes += plan_.chunks[id].count * int64_t{4};
-    if (bytes >= spec.min_compress_bytes()) continue;
-    for (int id : chunks) whole_[id] = true;
-  }
+  whole_ = ChunksSentWhole(spec, plan_);
 }
 
 bool GradientEncoder::error_feedback() const {
@@ -388,9 +380,14 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
   return absl::OkStatus();
 }
 
-absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient* out) {
+namespace {
+
+// The TOPK encoding of p; what is sent becomes 0 in p, so that p keeps
+// what was not. `magnitudes` and `sample` are scratch.
+absl::Status EncodeTopKInto(absl::Span<float> p, float topk_ratio, std::vector<float>& magnitudes,
+                            std::vector<float>& sample, EncodedGradient* out) {
   const int64_t n = static_cast<int64_t>(p.size());
-  const int64_t k = TopKCount(topk_ratio_, n);
+  const int64_t k = TopKCount(topk_ratio, n);
   // The k largest magnitudes, ties to the lower index (the same on every
   // machine), sent in index order. T, the k-th largest magnitude, decides:
   // every |p| > T is sent, and the lowest-indexed |p| == T fill the rest.
@@ -399,11 +396,10 @@ absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient*
   // them); else from all n.
   float threshold = 0.0f;
   if (k < n) {
-    magnitudes_.clear();
+    magnitudes.clear();
     if (k * 16 < n) {
       // Every 16th magnitude; the bound is the sample's (2k/16)-th largest,
       // which leaves about 2k candidates.
-      std::vector<float>& sample = sample_;
       sample.clear();
       for (int64_t i = 0; i < n; i += 16) sample.push_back(std::fabs(p[i]));
       const int64_t rank = std::min<int64_t>(static_cast<int64_t>(sample.size()) - 1, 2 * k / 16);
@@ -411,17 +407,17 @@ absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient*
       const float bound = sample[rank];
       for (int64_t i = 0; i < n; ++i) {
         const float m = std::fabs(p[i]);
-        if (m >= bound) magnitudes_.push_back(m);
+        if (m >= bound) magnitudes.push_back(m);
       }
-      if (static_cast<int64_t>(magnitudes_.size()) < k) magnitudes_.clear();
+      if (static_cast<int64_t>(magnitudes.size()) < k) magnitudes.clear();
     }
-    if (magnitudes_.empty()) {
-      magnitudes_.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) magnitudes_[i] = std::fabs(p[i]);
+    if (magnitudes.empty()) {
+      magnitudes.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) magnitudes[i] = std::fabs(p[i]);
     }
-    std::nth_element(magnitudes_.begin(), magnitudes_.begin() + (k - 1), magnitudes_.end(),
+    std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(),
                      std::greater<float>());
-    threshold = magnitudes_[k - 1];
+    threshold = magnitudes[k - 1];
   }
   int64_t above = 0;
   if (k < n) {
@@ -451,7 +447,8 @@ absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient*
   return absl::OkStatus();
 }
 
-absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient* out) {
+// SIGN of p; p keeps what decoding does not give back.
+absl::Status EncodeSignInto(absl::Span<float> p, EncodedGradient* out) {
   const int64_t n = static_cast<int64_t>(p.size());
   const double sum = SumOfMagnitudes(p.data(), n);
   const float scale = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
@@ -464,6 +461,81 @@ absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient*
   out->bytes.assign(4 + static_cast<size_t>((n + 7) / 8), 0);
   StoreF32(out->bytes.data(), scale);
   PackSigns(p.data(), n, scale, out->bytes.data() + 4);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GradientEncoder::EncodeTopK(std::vector<float>& p, EncodedGradient* out) {
+  return EncodeTopKInto(absl::MakeSpan(p), topk_ratio_, magnitudes_, sample_, out);
+}
+
+absl::Status GradientEncoder::EncodeSign(std::vector<float>& p, EncodedGradient* out) {
+  return EncodeSignInto(absl::MakeSpan(p), out);
+}
+
+// --- Pull compression -----------------------------------------------------------
+
+std::vector<bool> ChunksSentWhole(const v1::CompressionSpec& spec, const ChunkPlan& plan) {
+  std::vector<bool> whole(plan.chunks.size(), false);
+  if (spec.method() != v1::CompressionSpec::COMPRESSION_TOPK &&
+      spec.method() != v1::CompressionSpec::COMPRESSION_ONEBIT) {
+    return whole;
+  }
+  // Whole parameters, not chunks, are measured: how finely a plan cuts a
+  // large parameter (more shards, smaller chunks) must not stop compressing it.
+  for (const std::vector<int>& chunks : plan.by_param) {
+    int64_t bytes = 0;
+    for (int id : chunks) bytes += plan.chunks[id].count * int64_t{4};
+    if (bytes >= spec.min_compress_bytes()) continue;
+    for (int id : chunks) whole[id] = true;
+  }
+  return whole;
+}
+
+absl::Status EncodeWithoutFeedback(const v1::CompressionSpec& spec, absl::Span<float> p,
+                                   EncodedGradient* out) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  out->encoded_count = 0;
+  if (const int64_t bad = FirstNonFiniteIndex(p.data(), n); bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("element ", bad, " is not finite"));
+  }
+  switch (spec.method()) {
+    case v1::CompressionSpec::COMPRESSION_NONE:
+      out->dtype = v1::DTYPE_F32;
+      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
+      out->bytes.resize(static_cast<size_t>(n) * 4);
+      if (n > 0) std::memcpy(out->bytes.data(), p.data(), out->bytes.size());
+      return absl::OkStatus();
+    case v1::CompressionSpec::COMPRESSION_FP16:
+    case v1::CompressionSpec::COMPRESSION_BF16:
+      out->dtype =
+          spec.method() == v1::CompressionSpec::COMPRESSION_FP16 ? v1::DTYPE_F16 : v1::DTYPE_BF16;
+      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
+      out->bytes.resize(static_cast<size_t>(n) * 2);
+      return ConvertFromF32(out->dtype, p.data(), n, out->bytes.data(), /*saturate=*/true);
+    case v1::CompressionSpec::COMPRESSION_TOPK: {
+      std::vector<float> magnitudes, sample;
+      return EncodeTopKInto(p, spec.topk_ratio(), magnitudes, sample, out);
+    }
+    case v1::CompressionSpec::COMPRESSION_ONEBIT:
+      return EncodeSignInto(p, out);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.method: unknown value ", static_cast<int>(spec.method())));
+  }
+}
+
+absl::Status AddEncodedDelta(const v1::ChunkHeader& header, const void* payload, size_t bytes,
+                             absl::Span<float> values, std::vector<float>* scratch) {
+  scratch->resize(values.size());
+  PSTRAIN_RETURN_IF_ERROR(DecodeGradient(header, payload, bytes, absl::MakeSpan(*scratch)));
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (const int64_t bad = FirstNonFiniteIndex(scratch->data(), n); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(header), ": element ", bad, " of the delta is not finite"));
+  }
+  AddInto(values.data(), scratch->data(), n, values.data());
   return absl::OkStatus();
 }
 

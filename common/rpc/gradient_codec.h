@@ -114,6 +114,34 @@ class GradientEncoder {
   std::vector<float> sample_;                  // TOPK: every 16th magnitude.
 };
 
+// --- Pull compression (JobSpec.pull_compression) ---------------------------
+// A shard sends each step's change of the published values encoded like a
+// gradient; the difference it has not sent yet is its error feedback, so
+// no residual is kept here:
+//
+//   // Shard, after step v: d = master - published (scratch).
+//   PSTRAIN_RETURN_IF_ERROR(EncodeWithoutFeedback(spec, d, &delta));
+//   PSTRAIN_RETURN_IF_ERROR(AddEncodedDelta(header_of(delta), delta.bytes.data(),
+//                                           delta.bytes.size(), published, &scratch));
+//   // Worker holding published(v - 1): the same call gives it published(v),
+//   // bit for bit (the same F32 additions of the same decoded values).
+
+// By chunk id: whether `spec` sends the chunk's parameter whole (TOPK and
+// ONEBIT with a parameter under min_compress_bytes F32 bytes).
+std::vector<bool> ChunksSentWhole(const v1::CompressionSpec& spec, const ChunkPlan& plan);
+
+// Encodes `p` with spec's method, without error feedback. `p` is scratch:
+// afterwards it holds what the encoding does not carry (TOPK and ONEBIT;
+// unchanged for the others). INVALID_ARGUMENT for a non-finite element.
+absl::Status EncodeWithoutFeedback(const v1::CompressionSpec& spec, absl::Span<float> p,
+                                   EncodedGradient* out);
+
+// values[i] += the i-th value the payload decodes to (F32 additions, in
+// order). Validates like DecodeGradient and refuses non-finite decoded
+// values; on error `values` is unchanged. `scratch` holds the decoded values.
+absl::Status AddEncodedDelta(const v1::ChunkHeader& header, const void* payload, size_t bytes,
+                             absl::Span<float> values, std::vector<float>* scratch);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_RPC_GRADIENT_CODEC_H_

@@ -487,7 +487,7 @@ class Client:
     def submit(self, model, dataset, optimizer, epochs, batch_size=64, workers=1, mode="sync",
                name=None, seed=0, staleness=0, averaging_frequency=0,
                average_optimizer_state=False, compression="none", topk_ratio=0.0,
-               min_compress_bytes=0):
+               min_compress_bytes=0, pull_compression="none", pull_topk_ratio=0.0):
         """Submits a job and returns its Job. The server validates it: a bad
         job raises InvalidArgumentError with the server's message (a bad model
         cannot get here: a Model is checked when it is made).
@@ -499,7 +499,10 @@ class Client:
         "bf16", "topk" (the largest topk_ratio of each chunk; 0 = 0.01) or
         "onebit" (sign bits and a scale), the last two with error feedback;
         min_compress_bytes: with those two, parameters of fewer F32 bytes go
-        whole (0 = compress every parameter; 262144 keeps small layers exact).
+        whole (0 = compress every parameter; 262144 keeps small layers exact);
+        pull_compression (sync only; same names, pull_topk_ratio for "topk"):
+        how servers send each step's new model, as its change since the last
+        step, with what a codec leaves out sent in later steps.
         """
         if not isinstance(model, Model):
             raise TypeError(f"submit: model must be a pstrain.Model, got {type(model).__name__}")
@@ -508,6 +511,9 @@ class Client:
         if compression not in COMPRESSION:
             raise ValueError(
                 f"compression must be one of {', '.join(COMPRESSION)}, got {compression!r}")
+        if pull_compression not in COMPRESSION:
+            raise ValueError(f"pull_compression must be one of {', '.join(COMPRESSION)}, "
+                             f"got {pull_compression!r}")
         spec = job_pb2.JobSpec(
             name=name if name is not None else model.name, model=model.to_spec(),
             dataset=dataset.to_spec(), optimizer=optimizer.to_spec(), epochs=int(epochs),
@@ -516,7 +522,9 @@ class Client:
             average_optimizer_state=bool(average_optimizer_state),
             compression=job_pb2.CompressionSpec(method=COMPRESSION[compression],
                                                 topk_ratio=float(topk_ratio),
-                                                min_compress_bytes=int(min_compress_bytes)))
+                                                min_compress_bytes=int(min_compress_bytes)),
+            pull_compression=job_pb2.CompressionSpec(method=COMPRESSION[pull_compression],
+                                                     topk_ratio=float(pull_topk_ratio)))
         return self.submit_spec(spec)
 
     def submit_spec(self, spec):

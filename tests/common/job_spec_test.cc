@@ -116,6 +116,21 @@ TEST(JobSpecTest, ValidationNamesTheField) {
          j.mutable_compression()->set_method(v1::CompressionSpec::COMPRESSION_ONEBIT);
        },
        "compression applies to gradient pushes"},
+      {[](v1::JobSpec& j) {
+         j.mutable_pull_compression()->set_method(v1::CompressionSpec::COMPRESSION_TOPK);
+         j.mutable_pull_compression()->set_topk_ratio(-0.5f);
+       },
+       "pull_compression.topk_ratio must be in (0, 1]"},
+      {[](v1::JobSpec& j) {
+         j.mutable_pull_compression()->set_method(v1::CompressionSpec::COMPRESSION_FP16);
+         j.mutable_pull_compression()->set_min_compress_bytes(1024);
+       },
+       "pull_compression.min_compress_bytes is only for"},
+      {[](v1::JobSpec& j) {
+         j.set_mode(v1::CONSISTENCY_SSP);
+         j.mutable_pull_compression()->set_method(v1::CompressionSpec::COMPRESSION_FP16);
+       },
+       "pull_compression applies to CONSISTENCY_SYNC"},
   };
   for (const Case& c : cases) {
     v1::JobSpec job = *base;

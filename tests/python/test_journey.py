@@ -247,6 +247,13 @@ def test_server_errors_become_exceptions(cluster, journey, tmp_path):
     with pytest.raises(ValueError, match="compression must be one of"):
         client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
                       epochs=1, compression="gzip")
+    # Pull compression is for sync mode: the server refuses it in async.
+    with pytest.raises(pstrain.InvalidArgumentError, match="pull_compression applies to"):
+        client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                      epochs=1, mode="async", pull_compression="fp16")
+    with pytest.raises(ValueError, match="pull_compression must be one of"):
+        client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                      epochs=1, pull_compression="zstd")
     # A bad model sent as it is: the server refuses it with the message
     # Python gives for it.
     with pytest.raises(pstrain.InvalidModelError) as local:

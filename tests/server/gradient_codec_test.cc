@@ -497,5 +497,77 @@ TEST_F(HostilePayloadTest, UnknownEncodingAndDenseCountAndWrongDestination) {
   EXPECT_FALSE(DecodeGradient(dense, bytes.data(), bytes.size(), absl::MakeSpan(small)).ok());
 }
 
+// --- Pull compression -----------------------------------------------------------
+
+// Without feedback, what the encoding does not carry stays in the input:
+// adding the decoded values to a copy of the base and the remainder gives
+// the target back (up to F32 rounding), for every codec.
+TEST(PullDeltaTest, EncodeWithoutFeedbackLeavesWhatItDidNotSendInTheInput) {
+  const int64_t n = 1000;
+  const std::vector<float> difference = RandomGradient(n, 21, 0.01f);
+  for (auto method : {v1::CompressionSpec::COMPRESSION_NONE, v1::CompressionSpec::COMPRESSION_FP16,
+                      v1::CompressionSpec::COMPRESSION_BF16, v1::CompressionSpec::COMPRESSION_TOPK,
+                      v1::CompressionSpec::COMPRESSION_ONEBIT}) {
+    const v1::CompressionSpec spec =
+        Spec(method, method == v1::CompressionSpec::COMPRESSION_TOPK ? 0.1f : 0.f);
+    std::vector<float> p = difference;
+    EncodedGradient e;
+    ASSERT_TRUE(EncodeWithoutFeedback(spec, absl::MakeSpan(p), &e).ok());
+    std::vector<float> base(static_cast<size_t>(n), 0.5f), scratch;
+    ASSERT_TRUE(AddEncodedDelta(HeaderOf(e, n), e.bytes.data(), e.bytes.size(),
+                                absl::MakeSpan(base), &scratch)
+                    .ok());
+    const std::vector<float> sent = Decode(e, n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(base[i], 0.5f + sent[i]) << i;  // The same F32 addition.
+      if (method == v1::CompressionSpec::COMPRESSION_TOPK ||
+          method == v1::CompressionSpec::COMPRESSION_ONEBIT) {
+        ASSERT_NEAR(sent[i] + p[i], difference[i], 1e-6f) << i;
+      }
+    }
+  }
+  std::vector<float> bad = {1.0f, std::numeric_limits<float>::infinity()};
+  EncodedGradient e;
+  EXPECT_FALSE(
+      EncodeWithoutFeedback(Spec(v1::CompressionSpec::COMPRESSION_FP16), absl::MakeSpan(bad), &e)
+          .ok());
+}
+
+// A hostile delta (bad index, wrong size, infinite half) is refused and the
+// values it would have been added to are untouched.
+TEST(PullDeltaTest, AMalformedDeltaLeavesTheValuesUnchanged) {
+  const int64_t n = 16;
+  const std::vector<float> before = RandomGradient(n, 5);
+  std::vector<float> values = before, scratch;
+  // Top-k with indices out of order.
+  v1::ChunkHeader topk;
+  topk.set_num_elements(n);
+  topk.set_dtype(v1::DTYPE_F32);
+  topk.set_encoding(v1::ChunkHeader::ENCODING_TOPK);
+  topk.set_encoded_count(2);
+  std::vector<uint8_t> payload(16, 0);
+  payload[0] = 9;  // Index 9, then index 3.
+  payload[4] = 3;
+  EXPECT_FALSE(
+      AddEncodedDelta(topk, payload.data(), payload.size(), absl::MakeSpan(values), &scratch).ok());
+  EXPECT_EQ(values, before);
+  // A payload one byte short.
+  EXPECT_FALSE(
+      AddEncodedDelta(topk, payload.data(), payload.size() - 1, absl::MakeSpan(values), &scratch)
+          .ok());
+  EXPECT_EQ(values, before);
+  // F16 infinity (0x7c00) in a dense half-precision delta.
+  v1::ChunkHeader half;
+  half.set_num_elements(n);
+  half.set_dtype(v1::DTYPE_F16);
+  std::vector<uint16_t> halves(static_cast<size_t>(n), 0x3c00);  // 1.0
+  halves[7] = 0x7c00;
+  absl::Status status =
+      AddEncodedDelta(half, halves.data(), halves.size() * 2, absl::MakeSpan(values), &scratch);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("not finite"));
+  EXPECT_EQ(values, before);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/chunking.h"
 #include "common/model_graph.h"
+#include "common/rpc/gradient_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -1489,6 +1490,222 @@ TEST(ParameterShardConcurrencyTest, PushersOwningDisjointChunksApplyInParallelEx
     ++checked;
   }
   EXPECT_GT(checked, kPushers);
+}
+
+// ---------------------------------------------------------------------------
+// Pull compression
+// ---------------------------------------------------------------------------
+
+v1::CompressionSpec Codec(v1::CompressionSpec::Method method, float topk_ratio = 0.f) {
+  v1::CompressionSpec spec;
+  spec.set_method(method);
+  spec.set_topk_ratio(topk_ratio);
+  return spec;
+}
+
+// A worker's copy of one chunk under pull compression, kept as
+// RemoteUpdater and PsClient keep it: the values, and the version and epoch
+// the shard sent them at.
+struct HeldChunk {
+  std::vector<float> values;
+  int64_t version = -1;
+  uint64_t epoch = 0;
+
+  // Pulls `args` offering what is held; true when the reply was a delta.
+  bool Pull(ParameterShard& shard, PullArgs args) {
+    args.held_version = version;
+    args.held_epoch = epoch;
+    absl::StatusOr<PulledChunk> pulled = shard.Pull(args, absl::Now() + kLongWait);
+    EXPECT_TRUE(pulled.ok()) << pulled.status();
+    if (!pulled.ok()) return false;
+    const bool delta = pulled->delta != nullptr;
+    if (delta) {
+      const EncodedGradient& d = *pulled->delta;
+      v1::ChunkHeader header;
+      header.set_num_elements(static_cast<int64_t>(values.size()));
+      header.set_dtype(d.dtype);
+      header.set_encoding(d.encoding);
+      header.set_encoded_count(d.encoded_count);
+      std::vector<float> scratch;
+      EXPECT_TRUE(
+          AddEncodedDelta(header, d.bytes.data(), d.bytes.size(), absl::MakeSpan(values), &scratch)
+              .ok());
+    } else {
+      values = *pulled->values;
+    }
+    version = pulled->version;
+    epoch = pulled->values_epoch;
+    return delta;
+  }
+};
+
+// The master values of chunk `chunk` (ReadChunks, as checkpoints read them).
+std::vector<float> MasterValues(ParameterShard& shard, const TestJob& job, int chunk) {
+  absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard.ReadChunks(job.config.job_id);
+  EXPECT_TRUE(chunks.ok()) << chunks.status();
+  if (!chunks.ok()) return {};
+  for (const v1::ChunkValues& c : *chunks) {
+    if (c.chunk_id() == chunk) return std::vector<float>(c.values().begin(), c.values().end());
+  }
+  ADD_FAILURE() << "no chunk " << chunk;
+  return {};
+}
+
+float MaxGap(const std::vector<float>& a, const std::vector<float>& b) {
+  float gap = 0;
+  for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::fabs(a[i] - b[i]));
+  return gap;
+}
+
+class PullCompressionTest : public ::testing::TestWithParam<v1::CompressionSpec::Method> {
+ protected:
+  v1::CompressionSpec Spec() const {
+    return Codec(GetParam(), GetParam() == v1::CompressionSpec::COMPRESSION_TOPK ? 0.25f : 0.f);
+  }
+};
+
+// Every step a worker that holds the previous version gets a delta, and what
+// it adds up to is, bit for bit, what a worker pulling the values whole gets
+// (the published values). The published values trail the master by what the
+// codec has not carried yet; once the gradients stop, error feedback carries
+// the rest.
+TEST_P(PullCompressionTest, DeltasRebuildThePublishedValuesBitForBitAndCatchUpWithTheMaster) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a", "worker-b"});
+  *job.config.spec.mutable_pull_compression() = Spec();
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const int64_t n = job.Count(chunk);
+
+  HeldChunk worker;
+  EXPECT_FALSE(worker.Pull(shard, job.PullOf("worker-a", chunk, 0)));  // Nothing held yet.
+  EXPECT_NE(worker.epoch, 0u);
+  EXPECT_TRUE(BitIdentical(worker.values, job.Initial(chunk)));
+  const ShardStats before = shard.stats();
+  int64_t deltas = 0;
+  float gap_when_gradients_stop = 0;
+  constexpr int kSteps = 40, kStepsWithGradients = 10;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<float> ga(n, 0.f), gb(n, 0.f);
+    if (step < kStepsWithGradients) {
+      ga = Ramp(n, 0.3f - 0.07f * step, 0.113f);
+      gb = Ramp(n, -1.1f + 0.05f * step, 0.171f);
+    }
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), ga).ok());
+    ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, step), gb).ok());
+    deltas += worker.Pull(shard, job.PullOf("worker-a", chunk, step + 1)) ? 1 : 0;
+    EXPECT_EQ(worker.version, step + 1);
+    // A worker that holds nothing gets the published values whole.
+    HeldChunk fresh;
+    EXPECT_FALSE(fresh.Pull(shard, job.PullOf("worker-b", chunk, step + 1)));
+    ASSERT_TRUE(BitIdentical(worker.values, fresh.values)) << "step " << step;
+    if (step == kStepsWithGradients - 1) {
+      gap_when_gradients_stop = MaxGap(worker.values, MasterValues(shard, job, chunk));
+    }
+  }
+  EXPECT_EQ(deltas, kSteps);
+  const ShardStats after = shard.stats();
+  const int64_t sent = after.pull_bytes - before.pull_bytes;
+  const int64_t represented = after.pull_represented_bytes - before.pull_represented_bytes;
+  // Half the pulls (the fresh ones) went whole; the deltas are smaller.
+  EXPECT_LT(sent, represented);
+  EXPECT_EQ(represented, 2 * kSteps * n * 4);
+
+  // Momentum keeps moving the master after the gradients stop; the
+  // published values follow it.
+  const float gap = MaxGap(worker.values, MasterValues(shard, job, chunk));
+  // How far behind the master the published values may still be, as a
+  // share of the gap when the gradients stopped: the half-precision codecs
+  // round each step's change, top-k sends a quarter of the elements a step,
+  // 1-bit one magnitude for all.
+  float share = 0.5f;
+  switch (GetParam()) {
+    case v1::CompressionSpec::COMPRESSION_FP16:
+    case v1::CompressionSpec::COMPRESSION_BF16:
+    case v1::CompressionSpec::COMPRESSION_TOPK:
+      share = 0.1f;
+      break;
+    default:
+      break;
+  }
+  EXPECT_GT(gap_when_gradients_stop, 0.f);
+  EXPECT_LT(gap, share * gap_when_gradients_stop)
+      << "at the end of the gradients: " << gap_when_gradients_stop;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, PullCompressionTest,
+                         ::testing::Values(v1::CompressionSpec::COMPRESSION_FP16,
+                                           v1::CompressionSpec::COMPRESSION_BF16,
+                                           v1::CompressionSpec::COMPRESSION_TOPK,
+                                           v1::CompressionSpec::COMPRESSION_ONEBIT),
+                         [](const ::testing::TestParamInfo<v1::CompressionSpec::Method>& info) {
+                           return v1::CompressionSpec::Method_Name(info.param);
+                         });
+
+TEST(PullCompressionShardTest, ADeltaGoesOnlyToAWorkerHoldingThePreviousVersionOfThisEpoch) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  *job.config.spec.mutable_pull_compression() = Codec(v1::CompressionSpec::COMPRESSION_FP16);
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("fc/weight");
+  const int64_t n = job.Count(chunk);
+  HeldChunk at0;
+  at0.Pull(shard, job.PullOf("worker-a", chunk, 0));
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), Ramp(n, 0.5f, 0.1f)).ok());
+  }
+  // At version 2: a worker at version 0 (two steps behind) gets the values.
+  HeldChunk behind = at0;
+  EXPECT_FALSE(behind.Pull(shard, job.PullOf("worker-a", chunk, 2)));
+  EXPECT_EQ(behind.version, 2);
+  // One holding version 1 of another epoch (a shard that restarted) too.
+  HeldChunk at1;
+  at1.Pull(shard, job.PullOf("worker-a", chunk, 1));
+  ASSERT_EQ(at1.version, 2);  // Already there: version 1 is gone.
+  HeldChunk other_epoch = at1;
+  other_epoch.version = 1;
+  other_epoch.epoch ^= 1;
+  EXPECT_FALSE(other_epoch.Pull(shard, job.PullOf("worker-a", chunk, 2)));
+  EXPECT_TRUE(BitIdentical(other_epoch.values, behind.values));
+
+  // Reconfiguring the job (a restarted shard resuming from a checkpoint)
+  // draws a new epoch: what workers held before is not a base any more.
+  const uint64_t old_epoch = at1.epoch;
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  HeldChunk after_restart = at1;
+  after_restart.version = -1;  // Any version: the job restarted at 0.
+  EXPECT_FALSE(after_restart.Pull(shard, job.PullOf("worker-a", chunk, 0)));
+  EXPECT_NE(after_restart.epoch, old_epoch);
+  EXPECT_TRUE(BitIdentical(after_restart.values, job.Initial(chunk)));
+  at1.version = 0;  // Claims version 0 of the old epoch.
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), Ramp(n, 0.5f, 0.1f)).ok());
+  EXPECT_FALSE(at1.Pull(shard, job.PullOf("worker-a", chunk, 1)));
+}
+
+TEST(PullCompressionShardTest, RunningStatisticsAndSmallParametersTravelWhole) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  v1::CompressionSpec codec = Codec(v1::CompressionSpec::COMPRESSION_ONEBIT);
+  codec.set_min_compress_bytes(13 * 4);  // fc/weight (12 values) and every smaller one.
+  *job.config.spec.mutable_pull_compression() = codec;
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  for (const char* name : {"bn/running_mean", "fc/weight", "logits/bias"}) {
+    HeldChunk held;
+    held.Pull(shard, job.PullOf("worker-a", job.ChunkOf(name), 0));
+    EXPECT_EQ(held.epoch, 0u) << name;
+  }
+}
+
+TEST(PullCompressionShardTest, OnlySyncJobsCompressPulls) {
+  for (v1::ConsistencyMode mode :
+       {v1::CONSISTENCY_ASYNC, v1::CONSISTENCY_SSP, v1::CONSISTENCY_AVERAGE}) {
+    TestJob job = MakeJob(mode, Sgd(0.1f), {"worker-a"});
+    *job.config.spec.mutable_pull_compression() = Codec(v1::CompressionSpec::COMPRESSION_FP16);
+    ParameterShard shard({});
+    EXPECT_THAT(shard.ConfigureJob(job.config, job.InitialChunks(0)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pull_compression")))
+        << v1::ConsistencyMode_Name(mode);
+  }
 }
 
 }  // namespace

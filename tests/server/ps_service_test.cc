@@ -19,6 +19,7 @@
 #include "common/chunking.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
+#include "common/rpc/gradient_codec.h"
 #include "common/rpc/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -88,6 +89,7 @@ class PsServiceTest : public ::testing::Test {
   void StartJob(v1::ConsistencyMode mode, std::vector<std::string> members = {kWorkerA}) {
     servers_.clear();
     spec_ = TinyJob(mode);
+    *spec_.mutable_pull_compression() = pull_compression_;
     auto graph = BuildModelGraph(spec_.model());
     ASSERT_TRUE(graph.ok()) << graph.status();
     graph_ = *graph;
@@ -191,6 +193,7 @@ class PsServiceTest : public ::testing::Test {
   }
 
   ShardServices::Options service_options_;  // For the servers StartJob makes.
+  v1::CompressionSpec pull_compression_;    // For the jobs StartJob makes.
   v1::JobSpec spec_;
   ModelGraph graph_;
   ChunkPlan plan_;
@@ -625,6 +628,82 @@ TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
   puller.join();
   EXPECT_FALSE(status.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// Pull compression over the wire: a client that offers the version it
+// holds gets F16 deltas (half the bytes) that rebuild, bit for bit, what a
+// client holding nothing gets whole; a request whose held versions do not
+// match its chunks is refused.
+TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
+  pull_compression_.set_method(v1::CompressionSpec::COMPRESSION_FP16);
+  StartJob(v1::CONSISTENCY_SYNC);
+  const int id = FirstChunkOf(0);
+  const int64_t n = plan_.chunks[id].count;
+  // One pull request of chunk `id` at `min_version`, offering `held` of `epoch`.
+  auto pull = [&](int64_t min_version, std::vector<int64_t> held, uint64_t epoch,
+                  std::vector<grpc::ByteBuffer>* replies) {
+    v1::ChunkHeader h;
+    h.set_job_id(kJob);
+    h.set_worker_id(kWorkerA);
+    h.set_generation(1);
+    h.set_version(min_version);
+    h.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
+    h.add_chunk_ids(id);
+    for (int64_t v : held) h.add_held_versions(v);
+    h.set_held_epoch(epoch);
+    return RawCall::Run(servers_[0]->stub(), kPullMethod, {Frame(h, {})}, replies);
+  };
+  std::vector<grpc::ByteBuffer> replies;
+  ASSERT_TRUE(pull(0, {}, 0, &replies).ok());
+  ASSERT_EQ(replies.size(), 1u);
+  v1::ChunkHeader header;
+  PayloadView payload;
+  ASSERT_TRUE(DecodeFrame(replies[0], &header, &payload).ok());
+  EXPECT_FALSE(header.delta());
+  const uint64_t epoch = header.values_epoch();
+  ASSERT_NE(epoch, 0u);
+  std::vector<float> held(static_cast<size_t>(n));
+  payload.CopyTo(held.data());
+
+  std::vector<float> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  ASSERT_TRUE(Push(0, {Frame(PushHeader(id), g)}).ok());
+
+  replies.clear();
+  ASSERT_TRUE(pull(1, {0}, epoch, &replies).ok());
+  ASSERT_EQ(replies.size(), 1u);
+  PayloadView delta;
+  ASSERT_TRUE(DecodeFrame(replies[0], &header, &delta).ok());
+  EXPECT_TRUE(header.delta());
+  EXPECT_EQ(header.version(), 1);
+  EXPECT_EQ(header.dtype(), v1::DTYPE_F16);
+  EXPECT_EQ(delta.size(), static_cast<size_t>(n) * 2);
+  std::vector<uint8_t> bytes(delta.size());
+  delta.CopyTo(bytes.data());
+  std::vector<float> scratch;
+  ASSERT_TRUE(
+      AddEncodedDelta(header, bytes.data(), bytes.size(), absl::MakeSpan(held), &scratch).ok());
+
+  std::vector<std::vector<float>> whole;
+  ASSERT_TRUE(Pull(0, {id}, 1, &whole, nullptr).ok());
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(std::memcmp(whole[0].data(), held.data(), held.size() * 4), 0);
+  // The F16 change is close to the F32 update (SGD lr 0.5).
+  for (int64_t i = 0; i < n; ++i) {
+    const ChunkInfo& c = plan_.chunks[id];
+    EXPECT_NEAR(held[i], InitialParameterValues(graph_)[c.param][c.offset + i] - 0.5f * g[i],
+                1e-4f);
+  }
+
+  // Malformed requests.
+  EXPECT_EQ(pull(1, {0, 0}, epoch, nullptr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(pull(1, {-2}, epoch, nullptr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A stale epoch gets the values whole.
+  replies.clear();
+  ASSERT_TRUE(pull(1, {0}, epoch + 1, &replies).ok());
+  ASSERT_TRUE(DecodeFrame(replies[0], &header, &payload).ok());
+  EXPECT_FALSE(header.delta());
+  EXPECT_EQ(payload.size(), static_cast<size_t>(n) * 4);
 }
 
 }  // namespace
