@@ -42,7 +42,8 @@
 # Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
 #   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
 #   sweep   N = 1 2 4 8 (NS_LIST), S = 1 2 4 (SS_LIST), codecs none and onebit
-#           (CODECS), at RATE
+#           (CODECS: push codecs, PUSH/PULL adds --pull-compression, e.g.
+#           "none fp16/fp16 onebit/onebit"), at RATE
 #   tls     TLS + mTLS + tokens vs plaintext at N=1,S=1 and N=2,S=2 over
 #           10gbit and 1gbit links (TLS_RATES), servers pinned to core 0 and
 #           workers to core 1 (PIN=1)
@@ -293,10 +294,11 @@ wait_for() {
   done
 }
 cli() { ip netns exec "${SERVER_NS[0]}" env "${CLI_ENV[@]}" "$BIN/pstrain" --server "$SERVER" --timeout-ms 10000 "$@"; }
-submit() {  # submit JOB N CODEC [extra...] -> job id
-  local job=$1 n=$2 codec=$3 out
+submit() {  # submit JOB N CODEC [extra...] -> job id; CODEC: PUSH[/PULL] (fp16/fp16)
+  local job=$1 n=$2 codec=$3 out pull=()
   shift 3
-  out=$(cli submit "$job" --workers "$n" --mode sync --compression "$codec" "$@" 2>&1) ||
+  [[ $codec == */* ]] && pull=(--pull-compression "${codec#*/}")
+  out=$(cli submit "$job" --workers "$n" --mode sync --compression "${codec%%/*}" "${pull[@]}" "$@" 2>&1) ||
     die "submit failed: $out"
   echo "$out" | grep -o 'job-[0-9]*' | head -1
 }

@@ -12,7 +12,8 @@
 #      PSTRAIN_JOB picks another job file (bench/jobs/fmnist-chaos.json: the
 #      schedule annealed over 3 epochs, a seed-to-seed spread of 0.07 points
 #      instead of 0.49) and PSTRAIN_CODECS the codecs (the first is the base;
-#      topk:0.01@262144 adds --min-compress-bytes 262144).
+#      topk:0.01@262144 adds --min-compress-bytes 262144, and /CODEC a
+#      --pull-compression: fp16/fp16, onebit@262144/onebit).
 #   2. time to 0.90 test accuracy: constant learning rate (no schedule), epochs
 #      E = 1, 2, ... until the test accuracy reaches 0.90, standalone (batch 64)
 #      and two workers (sync, 2 x 64); the figure is the wall time of the first
@@ -76,26 +77,32 @@ distributed() {
 # The value of an unlabelled counter on the server's /metrics.
 metric() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
 
-# compressed JOB EPOCHS CODEC -> "accuracy seconds steps received_bytes represented_bytes"
+# compressed JOB EPOCHS CODEC -> "accuracy seconds steps received_bytes represented_bytes
+#   pull_sent_bytes pull_represented_bytes"
 # CODEC is a --compression value, optionally @BYTES for --min-compress-bytes
-# (topk:0.01@262144: chunks under 256 KiB go whole).
+# (topk:0.01@262144: chunks under 256 KiB go whole), optionally /PULL for
+# --pull-compression (onebit@262144/onebit: 1-bit both ways, small
+# parameters whole both ways).
 compressed() {
   local job=$1 epochs=$2 codec=$3
-  local extra=()
-  [[ $codec == *@* ]] && extra=(--min-compress-bytes "${codec#*@}")
+  local push=${codec%%/*} extra=()
+  [[ $codec == */* ]] && extra+=(--pull-compression "${codec#*/}")
+  [[ $push == *@* ]] && extra+=(--min-compress-bytes "${push#*@}")
   start_cluster
   local t0 t1 out
   t0=$(date +%s.%N)
   out=$("$BIN/pstrain" --server "127.0.0.1:$PORT" --timeout-ms 30000 submit "$job" --workers 2 \
-        --mode sync --epochs "$epochs" --compression "${codec%@*}" "${extra[@]}" --watch --json 2>&1 | tail -1)
+        --mode sync --epochs "$epochs" --compression "${push%@*}" "${extra[@]}" --watch --json 2>&1 | tail -1)
   t1=$(date +%s.%N)
   sleep 1.5  # The counters refresh every second.
-  local received represented
+  local received represented pulled pull_represented
   received=$(metric pstrain_server_push_bytes_total)
   represented=$(metric pstrain_server_push_represented_bytes_total)
+  pulled=$(metric pstrain_server_pull_bytes_total)
+  pull_represented=$(metric pstrain_server_pull_represented_bytes_total)
   stop_cluster
   echo "$(echo "$out" | json_field test.accuracy) $(python3 -c "print(round($t1-$t0,1))") \
-$(echo "$out" | json_field step) $received $represented"
+$(echo "$out" | json_field step) $received $represented $pulled $pull_represented"
 }
 
 # standalone JOB EPOCHS BATCH -> "accuracy seconds"
@@ -122,15 +129,16 @@ if [[ $WHAT == compression || $WHAT == all ]]; then
   JOB=${PSTRAIN_JOB:-examples/fashion-mnist.json}
   EPOCHS=${PSTRAIN_EPOCHS:-3}
   report "== compression, $JOB, sync, 2 workers (2x64), $EPOCHS epochs, seed of the job, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p')"
-  report "codec     test_accuracy  vs_none(points)  seconds  push_bytes_per_worker_step  fp32_bytes_per_worker_step  ratio"
+  report "codec     test_accuracy  vs_none(points)  seconds  push_bytes_per_worker_step  fp32_bytes_per_worker_step  ratio  pull_bytes_per_worker_step  pull_ratio"
   base=""
   for codec in ${PSTRAIN_CODECS:-none fp16 bf16 topk:0.01 onebit}; do
-    read -r acc secs steps received represented <<<"$(compressed $JOB "$EPOCHS" $codec)"
+    read -r acc secs steps received represented pulled pull_represented <<<"$(compressed $JOB "$EPOCHS" $codec)"
     [[ -z $base ]] && base=$acc
     report "$(python3 -c "
 acc, base, secs, steps, rec, rep = $acc, $base, $secs, $steps, float('$received'), float('$represented')
-per = rec / (2 * steps); full = rep / (2 * steps)
-print(f'{\"$codec\":<9} {acc:<14.4f} {100 * (acc - base):<+16.2f} {secs:<8} {per:<27.0f} {full:<27.0f} {full / per:.1f}x')")"
+pulled, pull_rep = float('$pulled'), float('$pull_represented')
+per = rec / (2 * steps); full = rep / (2 * steps); pull = pulled / (2 * steps)
+print(f'{\"$codec\":<9} {acc:<14.4f} {100 * (acc - base):<+16.2f} {secs:<8} {per:<27.0f} {full:<27.0f} {full / per:.1f}x  {pull:<27.0f} {pull_rep / pulled:.1f}x')")"
   done
 fi
 

@@ -38,8 +38,9 @@ ABSL_FLAG(std::string, pull_compression, "",
           "sync: how servers send the new model to workers, as a delta with error feedback: "
           "none, fp16, bf16, topk[:RATIO] or onebit");
 ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
-          "topk and onebit: parameters of fewer F32 bytes are pushed whole (0 = compress "
-          "every parameter; 262144 keeps convolution kernels and biases exact)");
+          "topk and onebit (pushes, and pulls with --pull-compression topk or onebit): "
+          "parameters of fewer F32 bytes travel whole (0 = compress every parameter; 262144 "
+          "keeps convolution kernels and biases exact)");
 ABSL_FLAG(bool, watch, false, "Follow the job like `pstrain watch` and exit by its end state");
 ABSL_FLAG(std::string, report, "", "Also write the job's HTML report to this file");
 
@@ -119,7 +120,17 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--min-compress-bytes must be an integer >= 0, got '", *o.min_compress_bytes, "'"));
     }
-    job.mutable_compression()->set_min_compress_bytes(*o.min_compress_bytes);
+    // For the push codec, and for the pull codec too when it is top-k or
+    // 1-bit (the only ones that send small parameters whole).
+    auto sparse = [](const v1::CompressionSpec& spec) {
+      return spec.method() == v1::CompressionSpec::COMPRESSION_TOPK ||
+             spec.method() == v1::CompressionSpec::COMPRESSION_ONEBIT;
+    };
+    const bool pull = sparse(job.pull_compression());
+    if (!pull || sparse(job.compression())) {
+      job.mutable_compression()->set_min_compress_bytes(*o.min_compress_bytes);
+    }
+    if (pull) job.mutable_pull_compression()->set_min_compress_bytes(*o.min_compress_bytes);
   }
   if (o.workers) job.set_workers(*o.workers);
   if (o.staleness) job.set_staleness(*o.staleness);

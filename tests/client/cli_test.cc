@@ -422,6 +422,36 @@ TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
   EXPECT_GT(spec.model().layers_size(), 0);
 }
 
+TEST_F(CliTest, SubmitSetsPullCompressionAndItsMinCompressBytes) {
+  // fp16 pushes, 1-bit pulls: --min-compress-bytes goes to the pull codec
+  // only (F16 sends every parameter whole anyway).
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--compression", "fp16", "--pull-compression", "onebit",
+                 "--min-compress-bytes", "262144", "--json"}),
+            0)
+      << err_.str();
+  // Top-k both ways: to both.
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--compression", "topk", "--pull-compression", "topk:0.05",
+                 "--min-compress-bytes", "4096", "--json"}),
+            0)
+      << err_.str();
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--pull-compression", "lz4"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--pull-compression must be none, fp16, bf16"));
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--mode", "async", "--pull-compression", "fp16"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("pull_compression applies to CONSISTENCY_SYNC"));
+  absl::MutexLock lock(&fake_.mu_);
+  ASSERT_EQ(fake_.submitted.size(), 2u);
+  const v1::JobSpec& first = fake_.submitted[0];
+  EXPECT_EQ(first.compression().method(), v1::CompressionSpec::COMPRESSION_FP16);
+  EXPECT_EQ(first.compression().min_compress_bytes(), 0);
+  EXPECT_EQ(first.pull_compression().method(), v1::CompressionSpec::COMPRESSION_ONEBIT);
+  EXPECT_EQ(first.pull_compression().min_compress_bytes(), 262144);
+  const v1::JobSpec& second = fake_.submitted[1];
+  EXPECT_EQ(second.compression().min_compress_bytes(), 4096);
+  EXPECT_EQ(second.pull_compression().method(), v1::CompressionSpec::COMPRESSION_TOPK);
+  EXPECT_FLOAT_EQ(second.pull_compression().topk_ratio(), 0.05f);
+  EXPECT_EQ(second.pull_compression().min_compress_bytes(), 4096);
+}
+
 TEST_F(CliTest, SubmitWatchJsonEndsWithTheFinalStateAndExitsByIt) {
   {
     absl::MutexLock lock(&fake_.mu_);
