@@ -2,7 +2,8 @@
 // bytes of every ParameterService message before anything is applied.
 // DecodeFrame, then the payload as floats for every dtype and encoding the
 // wire carries (DecodeGradient: F32, F16, BF16, top-k, sign bits), as
-// ShardServices does. The first input byte splits the
+// ShardServices does, and as a pull reply's delta added to held values
+// (AddEncodedDelta), as PsClient does. The first input byte splits the
 // frame over up to four slices, as gRPC may deliver it.
 #include <grpc/grpc.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -41,5 +42,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> values(static_cast<size_t>(n));
   const void* src = payload.Contiguous(pstrain::BufferPool::Default());
   (void)pstrain::DecodeGradient(header, src, payload.size(), absl::MakeSpan(values));
+  // A pull reply's delta (pull compression), added to values held, as a
+  // worker's PsClient does.
+  std::vector<float> held(static_cast<size_t>(n), 1.0f), scratch;
+  (void)pstrain::AddEncodedDelta(header, src, payload.size(), absl::MakeSpan(held), &scratch);
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -47,8 +48,9 @@ v1::JobSpec SmallJob(v1::ConsistencyMode mode) {
 class Cluster {
  public:
   Cluster(v1::ConsistencyMode mode, int num_shards, std::vector<std::string> members,
-          ShardServices::Options service_options = {}) {
+          ShardServices::Options service_options = {}, v1::CompressionSpec pull_compression = {}) {
     spec_ = SmallJob(mode);
+    *spec_.mutable_pull_compression() = pull_compression;
     graph_ = *BuildModelGraph(spec_.model());
     plan_ = *PlanChunks(graph_, num_shards, kChunkBytes);
     initial_ = InitialParameterValues(graph_);
@@ -229,6 +231,61 @@ TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
     }
   }
   EXPECT_EQ(p0, p1);
+}
+
+// Pull compression through two shards: a client that keeps what it holds
+// (HeldValues) gets 1-bit deltas after its first pull, and what they add up
+// to is, bit for bit, what a client holding nothing pulls whole, in about
+// a thirtieth of the bytes.
+TEST(PsClientTest, CompressedPullsRebuildWhatAWholePullGetsInFewerBytes) {
+  v1::CompressionSpec onebit;
+  onebit.set_method(v1::CompressionSpec::COMPRESSION_ONEBIT);
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0"}, {}, onebit);
+  auto client = cluster.Client("w0");
+  std::vector<std::vector<float>> held_values = cluster.Buffers(0.0f);
+  std::vector<PsClient::HeldValues> held(held_values.size());
+  auto held_dests = [&] {
+    std::vector<PsClient::ChunkDest> dests = Dests(held_values);
+    for (PsClient::ChunkDest& d : dests) d.held = &held[d.chunk_id];
+    return dests;
+  };
+  ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, held_dests())->Wait().ok());
+  for (const PsClient::HeldValues& h : held) {
+    EXPECT_EQ(h.version, 0);
+    EXPECT_NE(h.epoch, 0u);
+  }
+  std::vector<std::vector<float>> g = cluster.Buffers(0.0f);
+  int64_t whole_bytes = 0, delta_bytes = 0;
+  for (int step = 0; step < 5; ++step) {
+    for (size_t id = 0; id < g.size(); ++id) {
+      for (size_t i = 0; i < g[id].size(); ++i) {
+        g[id][i] = 0.01f * static_cast<float>((i + step) % 17) - 0.05f;
+      }
+    }
+    ASSERT_TRUE(client->Push(v1::ChunkHeader::KIND_GRADIENT, step, step + 1, Refs(g))->Wait().ok());
+    int64_t before = 0;
+    for (int s = 0; s < cluster.num_shards(); ++s) before += cluster.shard(s).stats().pull_bytes;
+    ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, held_dests())
+                    ->Wait()
+                    .ok());
+    int64_t middle = 0;
+    for (int s = 0; s < cluster.num_shards(); ++s) middle += cluster.shard(s).stats().pull_bytes;
+    std::vector<std::vector<float>> whole = cluster.Buffers(0.0f);
+    ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, Dests(whole))
+                    ->Wait()
+                    .ok());
+    int64_t after = 0;
+    for (int s = 0; s < cluster.num_shards(); ++s) after += cluster.shard(s).stats().pull_bytes;
+    delta_bytes += middle - before;
+    whole_bytes += after - middle;
+    for (size_t id = 0; id < whole.size(); ++id) {
+      ASSERT_EQ(held[id].version, step + 1);
+      ASSERT_EQ(std::memcmp(whole[id].data(), held_values[id].data(), whole[id].size() * 4), 0)
+          << "chunk " << id << " after step " << step;
+    }
+  }
+  // n/8 + 4 bytes a chunk of n: about 31x for these chunks, 18x for the bias.
+  EXPECT_GT(whole_bytes, 25 * delta_bytes) << whole_bytes << " against " << delta_bytes;
 }
 
 // Compressed pushes: the client encodes on its own thread, keeps the
