@@ -484,8 +484,9 @@ absl::Status JobState::Init(const ShardJobConfig& config,
     chunk->compress_pulls = mode_ == v1::CONSISTENCY_SYNC && chunk->trainable &&
                             pull_compression_.method() != v1::CompressionSpec::COMPRESSION_NONE &&
                             !pulled_whole[info.id];
-    if (chunk->compress_pulls)
+    if (chunk->compress_pulls) {
       chunk->published = std::make_shared<std::vector<float>>(*chunk->values);
+    }
     if (chunk->trainable && optimizer_ != nullptr) {
       const std::string name = absl::StrCat("chunk", info.id);
       PSTRAIN_ASSIGN_OR_RETURN(chunk->optimizer_index, optimizer_->AddParameter(name, info.count));
