@@ -173,6 +173,24 @@ std::string ChunkName(const v1::ChunkHeader& header) {
                       v1::ChunkHeader::Encoding_Name(header.encoding()), ")");
 }
 
+// The dense encodings: F32 for NONE (and chunks sent whole), F16 or BF16.
+// F16 and BF16 saturate rather than overflow to infinity; NaN stays NaN
+// (and is refused by the shard like any non-finite gradient).
+absl::Status EncodeDense(v1::CompressionSpec::Method method, const float* p, int64_t n,
+                         EncodedGradient* out) {
+  out->encoding = v1::ChunkHeader::ENCODING_DENSE;
+  out->encoded_count = 0;
+  if (method == v1::CompressionSpec::COMPRESSION_NONE) {
+    out->dtype = v1::DTYPE_F32;
+    out->bytes.resize(static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(out->bytes.data(), p, out->bytes.size());
+    return absl::OkStatus();
+  }
+  out->dtype = method == v1::CompressionSpec::COMPRESSION_FP16 ? v1::DTYPE_F16 : v1::DTYPE_BF16;
+  out->bytes.resize(static_cast<size_t>(n) * 2);
+  return ConvertFromF32(out->dtype, p, n, out->bytes.data(), /*saturate=*/true);
+}
+
 }  // namespace
 
 int64_t TopKCount(float ratio, int64_t n) {
@@ -336,23 +354,13 @@ absl::Status GradientEncoder::Encode(int chunk_id, absl::Span<const float> gradi
   }
   out->encoded_count = 0;
   // A parameter under min_compress_bytes goes whole (and keeps no residual).
-  switch (whole_[chunk_id] ? v1::CompressionSpec::COMPRESSION_NONE : method_) {
+  const v1::CompressionSpec::Method method =
+      whole_[chunk_id] ? v1::CompressionSpec::COMPRESSION_NONE : method_;
+  switch (method) {
     case v1::CompressionSpec::COMPRESSION_NONE:
-      out->dtype = v1::DTYPE_F32;
-      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
-      out->bytes.resize(static_cast<size_t>(n) * 4);
-      if (n > 0) std::memcpy(out->bytes.data(), gradient.data(), out->bytes.size());
-      return absl::OkStatus();
     case v1::CompressionSpec::COMPRESSION_FP16:
-    case v1::CompressionSpec::COMPRESSION_BF16: {
-      // Saturate rather than overflow to infinity; NaN stays NaN (and is
-      // refused by the shard like any non-finite gradient).
-      out->dtype =
-          method_ == v1::CompressionSpec::COMPRESSION_FP16 ? v1::DTYPE_F16 : v1::DTYPE_BF16;
-      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
-      out->bytes.resize(static_cast<size_t>(n) * 2);
-      return ConvertFromF32(out->dtype, gradient.data(), n, out->bytes.data(), /*saturate=*/true);
-    }
+    case v1::CompressionSpec::COMPRESSION_BF16:
+      return EncodeDense(method, gradient.data(), n, out);
     case v1::CompressionSpec::COMPRESSION_TOPK:
     case v1::CompressionSpec::COMPRESSION_ONEBIT:
       break;
@@ -502,18 +510,9 @@ absl::Status EncodeWithoutFeedback(const v1::CompressionSpec& spec, absl::Span<f
   }
   switch (spec.method()) {
     case v1::CompressionSpec::COMPRESSION_NONE:
-      out->dtype = v1::DTYPE_F32;
-      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
-      out->bytes.resize(static_cast<size_t>(n) * 4);
-      if (n > 0) std::memcpy(out->bytes.data(), p.data(), out->bytes.size());
-      return absl::OkStatus();
     case v1::CompressionSpec::COMPRESSION_FP16:
     case v1::CompressionSpec::COMPRESSION_BF16:
-      out->dtype =
-          spec.method() == v1::CompressionSpec::COMPRESSION_FP16 ? v1::DTYPE_F16 : v1::DTYPE_BF16;
-      out->encoding = v1::ChunkHeader::ENCODING_DENSE;
-      out->bytes.resize(static_cast<size_t>(n) * 2);
-      return ConvertFromF32(out->dtype, p.data(), n, out->bytes.data(), /*saturate=*/true);
+      return EncodeDense(spec.method(), p.data(), n, out);
     case v1::CompressionSpec::COMPRESSION_TOPK: {
       std::vector<float> magnitudes, sample;
       return EncodeTopKInto(p, spec.topk_ratio(), magnitudes, sample, out);

@@ -154,10 +154,8 @@ class PsServiceTest : public ::testing::Test {
     return RawCall::Run(servers_[shard]->stub(), kPushMethod, std::move(frames), replies);
   }
 
-  // Pulls `ids` of `shard` at min_version; returns the values by chunk.
-  grpc::Status Pull(int shard, std::vector<int> ids, int64_t min_version,
-                    std::vector<std::vector<float>>* values, std::vector<int64_t>* versions,
-                    absl::Duration timeout = absl::Seconds(10)) {
+  // The request frame's header of a pull of `ids` at min_version.
+  v1::ChunkHeader PullHeader(const std::vector<int>& ids, int64_t min_version) const {
     v1::ChunkHeader h;
     h.set_job_id(kJob);
     h.set_worker_id(kWorkerA);
@@ -165,6 +163,14 @@ class PsServiceTest : public ::testing::Test {
     h.set_version(min_version);
     h.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
     for (int id : ids) h.add_chunk_ids(id);
+    return h;
+  }
+
+  // Pulls `ids` of `shard` at min_version; returns the values by chunk.
+  grpc::Status Pull(int shard, std::vector<int> ids, int64_t min_version,
+                    std::vector<std::vector<float>>* values, std::vector<int64_t>* versions,
+                    absl::Duration timeout = absl::Seconds(10)) {
+    const v1::ChunkHeader h = PullHeader(ids, min_version);
     std::vector<grpc::ByteBuffer> replies;
     grpc::Status status =
         RawCall::Run(servers_[shard]->stub(), kPullMethod, {Frame(h, {})}, &replies, timeout);
@@ -642,13 +648,7 @@ TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
   // One pull request of chunk `id` at `min_version`, offering `held` of `epoch`.
   auto pull = [&](int64_t min_version, std::vector<int64_t> held, uint64_t epoch,
                   std::vector<grpc::ByteBuffer>* replies) {
-    v1::ChunkHeader h;
-    h.set_job_id(kJob);
-    h.set_worker_id(kWorkerA);
-    h.set_generation(1);
-    h.set_version(min_version);
-    h.set_kind(v1::ChunkHeader::KIND_PARAMETERS);
-    h.add_chunk_ids(id);
+    v1::ChunkHeader h = PullHeader({id}, min_version);
     for (int64_t v : held) h.add_held_versions(v);
     h.set_held_epoch(epoch);
     return RawCall::Run(servers_[0]->stub(), kPullMethod, {Frame(h, {})}, replies);
