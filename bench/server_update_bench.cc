@@ -16,6 +16,13 @@
 //            bandwidth a read-modify-write loop reaches on this machine.
 //
 //   server_update_bench [--model_mb=128] [--threads=1,2] [--reps=7]
+//                       [--pull_codecs=none,fp16,onebit]
+//
+// --pull_codecs: instead of async, a sync job with one member (every push
+// completes its step) per codec, "none" without pull compression and the
+// others with JobSpec.pull_compression: each step then also publishes the
+// chunk's delta (master - published, encoded, added back). What that costs
+// the update shows against "none" in the same run.
 //
 // Rounds alternate between the two (one warm-up each), so that load from
 // other processes hits both alike; prints per thread count the medians, the
@@ -24,12 +31,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,6 +51,9 @@
 ABSL_FLAG(int, model_mb, 128, "Model size in MiB of F32 parameters");
 ABSL_FLAG(std::string, threads, "1,2", "Comma-separated pusher (and AXPY) thread counts");
 ABSL_FLAG(int, reps, 7, "Measured rounds per variant (after one warm-up)");
+ABSL_FLAG(std::string, pull_codecs, "",
+          "Comma-separated pull codecs (none, fp16, bf16, topk, onebit) to run as sync jobs "
+          "instead of the async one");
 
 namespace pstrain {
 namespace {
@@ -68,10 +80,15 @@ double TimeOnThreads(int threads, Fn fn) {
 
 class UpdateBench {
  public:
-  UpdateBench(int64_t model_mb, int threads) : threads_(threads) {
+  // `pull_codec` null: the async job; else a sync job with that pull
+  // compression (COMPRESSION_NONE: none) and one member.
+  UpdateBench(int64_t model_mb, int threads, const v1::CompressionSpec* pull_codec = nullptr)
+      : threads_(threads), sync_(pull_codec != nullptr) {
     // input [features] -> dense 1024: features * 1024 + 1024 parameters.
     const int features = static_cast<int>(model_mb * (int64_t{1} << 20) / 4 / 1024);
-    spec_ = ::pstrain::testing::DenseJob(kJob, features, 1024, 1, v1::CONSISTENCY_ASYNC);
+    spec_ = ::pstrain::testing::DenseJob(
+        kJob, features, 1024, 1, sync_ ? v1::CONSISTENCY_SYNC : v1::CONSISTENCY_ASYNC);
+    if (sync_) *spec_.mutable_pull_compression() = *pull_codec;
     spec_.mutable_optimizer()->set_learning_rate(1e-6f);
     spec_.mutable_optimizer()->set_momentum(0.9f);
     graph_ = *BuildModelGraph(spec_.model());
@@ -82,7 +99,7 @@ class UpdateBench {
     config.spec = spec_;
     config.num_shards = 1;
     config.chunk_bytes = kChunkBytes;
-    for (int t = 0; t < threads; ++t) config.members.push_back(absl::StrCat("w", t));
+    for (int t = 0; t < (sync_ ? 1 : threads); ++t) config.members.push_back(absl::StrCat("w", t));
     config.generation = 1;
     absl::Status configured =
         shard_->ConfigureJob(config, ::pstrain::testing::InitialChunks(graph_, plan_, 0));
@@ -102,16 +119,18 @@ class UpdateBench {
 
   // One round: every chunk updated once. Seconds.
   double Round() {
-    return TimeOnThreads(threads_, [this](int t) {
+    const double seconds = TimeOnThreads(threads_, [this](int t) {
       PushArgs args;
       args.job_id = kJob;
-      args.worker_id = absl::StrCat("w", t);
+      args.worker_id = sync_ ? "w0" : absl::StrCat("w", t);
       args.generation = 1;
       args.kind = v1::ChunkHeader::KIND_GRADIENT;
       for (size_t c = static_cast<size_t>(t); c < plan_.chunks.size();
            c += static_cast<size_t>(threads_)) {
         args.chunk_id = static_cast<int>(c);
-        args.version = 0;  // Async: any past version is accepted (staleness).
+        // Async: any past version is accepted (staleness). Sync: the chunk's
+        // own, the number of rounds so far.
+        args.version = sync_ ? round_ : 0;
         absl::StatusOr<int64_t> v = shard_->Push(
             args, absl::MakeConstSpan(gradient_.data() + offsets_[c], plan_.chunks[c].count));
         if (!v.ok()) {
@@ -120,10 +139,14 @@ class UpdateBench {
         }
       }
     });
+    ++round_;
+    return seconds;
   }
 
  private:
   const int threads_;
+  const bool sync_;
+  int64_t round_ = 0;
   v1::JobSpec spec_;
   ModelGraph graph_;
   ChunkPlan plan_;
@@ -171,14 +194,29 @@ int Main() {
     }
     thread_counts.push_back(t);
   }
+  // The variants: the async job, or a sync job per pull codec.
+  std::vector<std::pair<std::string, std::optional<v1::CompressionSpec>>> variants;
+  const std::string codecs = absl::GetFlag(FLAGS_pull_codecs);
+  if (codecs.empty()) variants.push_back({"async", std::nullopt});
+  for (absl::string_view name : absl::StrSplit(codecs, ',', absl::SkipEmpty())) {
+    v1::CompressionSpec spec;
+    const std::string method = absl::StrCat("COMPRESSION_", absl::AsciiStrToUpper(name));
+    v1::CompressionSpec::Method value;
+    if (!v1::CompressionSpec::Method_Parse(method, &value)) {
+      std::fprintf(stderr, "--pull_codecs: unknown codec '%s'\n", std::string(name).c_str());
+      return 2;
+    }
+    spec.set_method(value);
+    variants.push_back({absl::StrCat("sync pull ", name), spec});
+  }
   std::printf(
-      "server_update_bench: %lld MiB model, 1 MiB chunks, async SGD momentum, "
+      "server_update_bench: %lld MiB model, 1 MiB chunks, SGD momentum, "
       "%d rounds per variant (medians), %u hardware threads\n",
       static_cast<long long>(model_mb), reps, std::thread::hardware_concurrency());
-  std::printf("%-8s %-16s %-22s %-10s %-26s %s\n", "threads", "update Mparam/s",
+  std::printf("%-16s %-8s %-16s %-22s %-10s %-26s %s\n", "job", "threads", "update Mparam/s",
               "update GB/s (20 B/p)", "AXPY GB/s", "bound Mparam/s (AXPY/20 B)", "update/bound");
-  for (int threads : thread_counts) {
-    UpdateBench update(model_mb, threads);
+  for (const auto& [label, pull_codec] : variants) for (int threads : thread_counts) {
+    UpdateBench update(model_mb, threads, pull_codec ? &*pull_codec : nullptr);
     AxpyBench axpy(update.parameters(), threads);
     update.Round();  // Warm-up: faults the pages in.
     axpy.Round();
@@ -192,8 +230,8 @@ int Main() {
     const double update_gbs = update_rate * kUpdateBytesPerParam / 1e9;
     const double axpy_gbs = params * kAxpyBytesPerElement / Median(axpy_s) / 1e9;
     const double bound = axpy_gbs * 1e9 / kUpdateBytesPerParam;
-    std::printf("%-8d %-16.1f %-22.2f %-10.2f %-26.1f %.0f%%\n", threads, update_rate / 1e6,
-                update_gbs, axpy_gbs, bound / 1e6, 100 * update_rate / bound);
+    std::printf("%-16s %-8d %-16.1f %-22.2f %-10.2f %-26.1f %.0f%%\n", label.c_str(), threads,
+                update_rate / 1e6, update_gbs, axpy_gbs, bound / 1e6, 100 * update_rate / bound);
   }
   return 0;
 }
