@@ -858,7 +858,7 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
   out.version = chunk->version;
   if (wants_state) {
     out.values = chunk->slots[args.slot];
-  } else if (chunk->compress_pulls) {
+  } else if (chunk->compress_pulls && !args.master) {
     out.values = chunk->published;
     out.values_epoch = values_epoch_;
     if (chunk->delta != nullptr && args.held_epoch == values_epoch_ && args.held_version >= 0 &&

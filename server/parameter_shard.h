@@ -165,6 +165,7 @@ struct PullArgs {
   // holds (-1: none), from the job's values epoch `held_epoch`.
   int64_t held_version = -1;
   uint64_t held_epoch = 0;
+  bool master = false;  // The master values whole, even with pull compression.
 };
 
 // What ParameterShard::ReadChunks returns (see there).

@@ -660,6 +660,7 @@ class PullReactor final : public grpc::ServerGenericBidiReactor {
                      : header.kind();
     args_.slot = header.slot();
     args_.worker_clock = header.worker_clock();
+    args_.master = header.master();
     if (header.held_versions_size() > 0) {
       if (header.held_versions_size() != header.chunk_ids_size()) {
         return absl::InvalidArgumentError(absl::StrCat(

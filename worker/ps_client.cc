@@ -357,9 +357,11 @@ class PullCall final : public GenericReactor {
     v1::ChunkHeader with_ids = request_header_;
     for (const Dest& d : dests_) with_ids.add_chunk_ids(d.chunk_id);
     // Pull compression: offer the held versions of one epoch (a shard has
-    // one per job) as delta bases.
+    // one per job) as delta bases; a pull of the master values takes them
+    // whole.
     uint64_t epoch = 0;
     for (const Dest& d : dests_) {
+      if (request_header_.master()) break;
       if (d.held != nullptr && d.held->version >= 0 && d.held->epoch != 0) {
         epoch = d.held->epoch;
         break;
@@ -484,7 +486,12 @@ class PullCall final : public GenericReactor {
     } else {
       payload.CopyTo(d.values);
     }
-    if (d.held != nullptr) *d.held = {header.version(), header.values_epoch()};
+    if (d.held != nullptr) {
+      // The master values are not what the shard publishes: no delta base.
+      *d.held = request_header_.master()
+                    ? PsClient::HeldValues{}
+                    : PsClient::HeldValues{header.version(), header.values_epoch()};
+    }
     min_version_ = std::min(min_version_, header.version());
     ++next_;
     return absl::OkStatus();
@@ -566,7 +573,7 @@ class GrpcPsClient final : public PsClient {
   }
 
   std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version, int worker_clock,
-                                  std::vector<ChunkDest> chunks, int slot) override {
+                                  std::vector<ChunkDest> chunks, int slot, bool master) override {
     std::vector<std::vector<PullCall::Dest>> by_shard(shards_.size());
     for (const ChunkDest& c : chunks) {
       absl::Status valid = CheckChunk(c.chunk_id, c.values);
@@ -574,7 +581,8 @@ class GrpcPsClient final : public PsClient {
       const ChunkInfo& info = plan_.chunks[c.chunk_id];
       by_shard[info.shard].push_back({c.chunk_id, c.values, info.count, c.held});
     }
-    const v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
+    v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
+    request.set_master(master);
     std::vector<PullCall*> calls;
     auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
     Track(op);

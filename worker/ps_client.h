@@ -114,9 +114,11 @@ class PsClient {
   virtual std::unique_ptr<PendingOp> Push(v1::ChunkHeader::Kind kind, int64_t version,
                                           int worker_clock, std::vector<ChunkRef> chunks,
                                           int slot = 0) = 0;
+  // `master`: the master values whole, even where the job compresses pulls
+  // (ChunkHeader.master; `held` is then ignored).
   virtual std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
                                           int worker_clock, std::vector<ChunkDest> chunks,
-                                          int slot = 0) = 0;
+                                          int slot = 0, bool master = false) = 0;
   // After a membership change (new Assignment.generation).
   virtual void SetGeneration(int64_t generation) = 0;
   virtual const ChunkPlan& plan() const = 0;

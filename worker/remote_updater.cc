@@ -235,6 +235,17 @@ absl::Status RemoteUpdater::Finish() {
   } else {
     PSTRAIN_RETURN_IF_ERROR(WaitPulls());
     if (need_resync_) PSTRAIN_RETURN_IF_ERROR(Resync());
+    if (options_.compress_pulls) {
+      // The workers trained on the published values, which trail the master
+      // by what the pull codec has not sent; the run ends on the master's,
+      // so that the final evaluation is of the model users download.
+      absl::Status status = PullMaster();
+      if (Retryable(status)) {
+        PSTRAIN_RETURN_IF_ERROR(Resync());  // Waits for the servers, within resync_timeout.
+        status = PullMaster();
+      }
+      PSTRAIN_RETURN_IF_ERROR(status);
+    }
     PSTRAIN_RETURN_IF_ERROR(CopyPulledIntoModel());
   }
   return model_->backend()->Synchronize();
@@ -242,11 +253,23 @@ absl::Status RemoteUpdater::Finish() {
 
 // --- Pulls ---------------------------------------------------------------------
 
+absl::Status RemoteUpdater::PullMaster() {
+  if (!direct()) {
+    // Pulled values land in the staging buffers: let earlier copies finish.
+    PSTRAIN_RETURN_IF_ERROR(model_->backend()->Synchronize());
+  }
+  std::vector<PullOp> ops = PullChunks(v1::ChunkHeader::KIND_PARAMETERS, 0, all_chunks_, params_, 0,
+                                       false, /*master=*/true);
+  absl::Status status = WaitPullOps(ops, /*record_versions=*/true);
+  pulled_not_copied_ = true;
+  return status;
+}
+
 std::vector<RemoteUpdater::PullOp> RemoteUpdater::PullChunks(v1::ChunkHeader::Kind kind, int slot,
                                                              const std::vector<int>& chunks,
                                                              std::vector<HostView>& views,
                                                              int64_t version_delta,
-                                                             bool one_per_chunk) {
+                                                             bool one_per_chunk, bool master) {
   const bool versioned =
       options_.mode == v1::CONSISTENCY_SYNC || options_.mode == v1::CONSISTENCY_AVERAGE;
   std::map<int64_t, std::vector<int>> groups;  // min_version -> chunks.
@@ -263,7 +286,7 @@ std::vector<RemoteUpdater::PullOp> RemoteUpdater::PullChunks(v1::ChunkHeader::Ki
           options_.compress_pulls && kind == v1::ChunkHeader::KIND_PARAMETERS ? &held_[c] : nullptr;
       dests.push_back({c, views[info.param].host + info.offset, held});
     }
-    ops.push_back({client_->Pull(kind, min_version, clock_, std::move(dests), slot),
+    ops.push_back({client_->Pull(kind, min_version, clock_, std::move(dests), slot, master),
                    std::move(group)});
   };
   for (auto& [min_version, group] : groups) {

@@ -125,7 +125,8 @@ class RemoteUpdater final : public ParameterUpdater {
 
   // Ends training: waits for what is in flight and leaves the server's latest
   // model in the model's parameters (average mode: after a last round when
-  // local steps are left over).
+  // local steps are left over; with pull compression, the master values,
+  // which checkpoints and downloads hold, in one more pull).
   absl::Status Finish();
 
   // Makes the next BeforeStep (and any resync) return CANCELLED, and every
@@ -190,12 +191,15 @@ class RemoteUpdater final : public ParameterUpdater {
   // Sync and average: grouped by chunk_version_ + version_delta; async and
   // ssp: any version. `one_per_chunk` issues a pull per chunk (resync: learns
   // every chunk's own version).
+  // `master`: the master values whole (pull compression: Finish).
   std::vector<PullOp> PullChunks(v1::ChunkHeader::Kind kind, int slot,
                                  const std::vector<int>& chunks, std::vector<HostView>& views,
-                                 int64_t version_delta, bool one_per_chunk);
+                                 int64_t version_delta, bool one_per_chunk, bool master = false);
   // Waits for `ops`; records each group's version. First error.
   absl::Status WaitPullOps(std::vector<PullOp>& ops, bool record_versions);
   absl::Status Resync();
+  // Pull compression: every chunk's master values at its version, whole.
+  absl::Status PullMaster();
   absl::Status CopyStateIntoModel();
   static bool Retryable(const absl::Status& status);
 

@@ -330,6 +330,16 @@ TEST_F(DistributedTrainingTest, PullCompressedSyncSurvivesAShardRestartInHalfThe
   EXPECT_GT(delivered / sent, 1.6) << "sent " << sent << " for " << delivered;
   EXPECT_LE(delivered / sent, 2.0) << "sent " << sent << " for " << delivered;
 
+  // The workers trained on the published values but evaluated the master's
+  // (their last pull): the test accuracy is that of the model users get.
+  std::string model = dir_ + "/model.ckpt";
+  CommandResult download = cluster.Cli({"download", job_id, "-o", model});
+  ASSERT_EQ(download.exit_code, 0) << download.output;
+  CommandResult eval =
+      RunCommand({BinPath("pstrain-worker"), "--evaluate", model, "--device", "cpu"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NEAR(NumberField(ParseJson(eval.LastLine()), "test_accuracy"), s.test().accuracy(), 1e-9);
+
   // A spec the server must refuse: pull compression outside sync mode.
   CommandResult bad = cluster.Cli({"submit", job, "--mode", "async", "--pull-compression", "fp16"});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;

@@ -286,6 +286,25 @@ TEST(PsClientTest, CompressedPullsRebuildWhatAWholePullGetsInFewerBytes) {
   }
   // n/8 + 4 bytes a chunk of n: about 31x for these chunks, 18x for the bias.
   EXPECT_GT(whole_bytes, 25 * delta_bytes) << whole_bytes << " against " << delta_bytes;
+
+  // A pull of the master values (a run's end): what checkpoints hold, and
+  // no delta base any more.
+  ASSERT_TRUE(client
+                  ->Pull(v1::ChunkHeader::KIND_PARAMETERS, 5, 5, held_dests(), 0,
+                         /*master=*/true)
+                  ->Wait()
+                  .ok());
+  for (int s = 0; s < cluster.num_shards(); ++s) {
+    absl::StatusOr<std::vector<v1::ChunkValues>> chunks = cluster.shard(s).ReadChunks(kJob);
+    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    for (const v1::ChunkValues& c : *chunks) {
+      EXPECT_EQ(held[c.chunk_id()].version, -1);
+      ASSERT_EQ(std::memcmp(c.values().data(), held_values[c.chunk_id()].data(),
+                            held_values[c.chunk_id()].size() * 4),
+                0)
+          << "chunk " << c.chunk_id();
+    }
+  }
 }
 
 // Compressed pushes: the client encodes on its own thread, keeps the

@@ -1611,6 +1611,17 @@ TEST_P(PullCompressionTest, DeltasRebuildThePublishedValuesBitForBitAndCatchUpWi
   EXPECT_LT(sent, represented);
   EXPECT_EQ(represented, 2 * kSteps * n * 4);
 
+  // A pull of the master (a run's end) gets what checkpoints hold, whole.
+  PullArgs master = job.PullOf("worker-a", chunk, kSteps);
+  master.master = true;
+  master.held_version = kSteps - 1;
+  master.held_epoch = worker.epoch;
+  absl::StatusOr<PulledChunk> pulled_master = shard.Pull(master, absl::Now());
+  ASSERT_TRUE(pulled_master.ok()) << pulled_master.status();
+  EXPECT_EQ(pulled_master->delta, nullptr);
+  EXPECT_EQ(pulled_master->values_epoch, 0u);
+  EXPECT_TRUE(BitIdentical(*pulled_master->values, MasterValues(shard, job, chunk)));
+
   // Momentum keeps moving the master after the gradients stop; the
   // published values follow it.
   const float gap = MaxGap(worker.values, MasterValues(shard, job, chunk));

@@ -228,9 +228,8 @@ class FakePsClient final : public PsClient {
     log.Add("push");
     return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks), &log);
   }
-  std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version,
-                                  int worker_clock, std::vector<ChunkDest> chunks,
-                                  int slot) override {
+  std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version, int worker_clock,
+                                  std::vector<ChunkDest> chunks, int slot, bool master) override {
     last_pull_clock = worker_clock;
     log.Add("pull");
     return std::make_unique<LazyPullOp>(server_, kind, min_version, slot, std::move(chunks));
