@@ -12,6 +12,11 @@
 #   busy         the same sampling on resnet-small (3x64x64, batch 128, synthetic)
 #   transforms   conv parity and speed with cuDNN's FFT/Winograd algorithms allowed or not
 #   speed        bench/train_gpu_vs_pytorch.py: pstrain against PyTorch eager, same GPU
+#                (SPEED_PRECISIONS=fp32,bf16,fp16 adds mixed precision against
+#                PyTorch autocast)
+#   mixed        mixed precision (issue 10 part 6): standalone Fashion-MNIST in fp32,
+#                bf16 and fp16 (accuracy, time, skipped fp16 steps), then a sync job
+#                of one server and two bf16 workers
 #   distributed  one server and two CUDA workers on loopback, sync then async,
 #                3 epochs (EPOCHS): accuracy, wall time, each worker's step-phase histogram
 #   ctest        the ctest suite, less what needs tools the machine lacks (python,
@@ -85,8 +90,9 @@ stage_env() {
 stage_tests() {
   local log=$OUT/tests.log failed=0
   : >"$log"
-  for t in cuda_parity_test data_prefetcher_test gpu_monitor_test backend_loader_test \
-           train_e2e_test trainer_test layers_test; do
+  for t in ${TESTS:-cuda_parity_test mixed_precision_parity_test mixed_precision_test \
+           data_prefetcher_test gpu_monitor_test backend_loader_test train_e2e_test trainer_test \
+           layers_test}; do
     echo "== $t" >>"$log"
     timeout 120 "$BIN/$t" --gtest_brief=0 >>"$log" 2>&1
     local rc=$?
@@ -167,10 +173,25 @@ stage_busy() {
 }
 
 stage_speed() {
-  timeout 300 $PY bench/train_gpu_vs_pytorch.py --binary "$BIN/pstrain-worker" --rounds "${SPEED_ROUNDS:-3}" \
-    >"$OUT/speed.log" 2>&1
+  timeout "${SPEED_SECONDS:-300}" $PY bench/train_gpu_vs_pytorch.py --binary "$BIN/pstrain-worker" \
+    --rounds "${SPEED_ROUNDS:-3}" --epochs "${SPEED_EPOCHS:-4}" \
+    --precisions "${SPEED_PRECISIONS:-fp32}" >"$OUT/speed.log" 2>&1
   say "speed: rc=$? $(elapsed)"
-  grep -v '^  ' "$OUT/speed.log" | tail -5 | sed 's/^/speed: /' | tee -a "$SUMMARY" >/dev/null
+  grep -v '^  ' "$OUT/speed.log" | tail -8 | sed 's/^/speed: /' | tee -a "$SUMMARY" >/dev/null
+}
+
+# Mixed precision: the Fashion-MNIST example standalone in each precision
+# (accuracy within 0.3 points of fp32 is the goal), then a distributed sync
+# job with bf16 workers.
+stage_mixed() {
+  local p
+  for p in ${MIXED_PRECISIONS:-fp32 bf16 fp16}; do
+    timeout 120 "$BIN/pstrain-worker" --standalone examples/fashion-mnist.json --device "$DEVICE" \
+      --checkpoint none --precision "$p" ${ACCURACY_ARGS:-} >"$OUT/mixed-$p.log" 2>&1
+    say "mixed $p: rc=$? $(tail -1 "$OUT/mixed-$p.log")"
+    grep '^epoch ' "$OUT/mixed-$p.log" | tail -2 | sed "s/^/mixed $p: /" | tee -a "$SUMMARY" >/dev/null
+  done
+  DIST_MODES=sync DIST_PRECISION=bf16 stage_distributed
 }
 
 # Which cuDNN algorithms may compete (PSTRAIN_CUDNN_TRANSFORMS, see
@@ -221,7 +242,7 @@ stage_distributed() {
   local log=$OUT/distributed.log prom=$OUT/distributed-metrics.prom
   : >"$log"
   : >"$prom"
-  for mode in sync async; do
+  for mode in ${DIST_MODES:-sync async}; do
     local port state
     port=$(free_port)
     state=$(mktemp -d)
@@ -241,7 +262,8 @@ stage_distributed() {
     local t0 t1 status
     t0=$(date +%s.%N)
     status=$(timeout 150 "$BIN/pstrain" --server "127.0.0.1:$port" --timeout-ms 30000 submit \
-      examples/fashion-mnist.json --workers 2 --mode "$mode" --epochs "$EPOCHS" --watch --json 2>>"$log" | tail -1)
+      examples/fashion-mnist.json --workers 2 --mode "$mode" --epochs "$EPOCHS" \
+      ${DIST_PRECISION:+--precision "$DIST_PRECISION"} --watch --json 2>>"$log" | tail -1)
     t1=$(date +%s.%N)
     echo "== $mode: $status" >>"$log"
     for w in 1 2; do
@@ -256,7 +278,8 @@ import json, re, sys
 mode, status, t0, t1, prom = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 try:
     s = json.loads(status)
-    print(f"distributed {mode}: state {s.get('state')} test accuracy {s.get('test', {}).get('accuracy')} "
+    print(f"distributed {mode} ({s.get('spec', {}).get('precision', 'PRECISION_FP32')}): "
+          f"state {s.get('state')} test accuracy {s.get('test', {}).get('accuracy')} "
           f"steps {s.get('step')} wall {t1 - t0:.1f}s")
 except Exception as e:
     print(f"distributed {mode}: no status ({e}): {status[:300]}")

@@ -16,7 +16,13 @@ algorithms), so the reference it is held to is PyTorch eager with TF32 off
 False). PyTorch's own default, which runs convolutions in TF32, is printed
 beside it for context.
 
+Mixed precision (--precisions fp32,bf16,fp16): pstrain runs the job with
+--precision P; its reference is PyTorch eager under torch.autocast(dtype=P)
+(fp16 with torch.amp.GradScaler), TF32 off, and each mixed-precision rate is
+also given as a ratio to pstrain's own fp32 rate from the same rounds.
+
 Usage: python3 bench/train_gpu_vs_pytorch.py --binary build/bin/pstrain-worker [--rounds 3]
+           [--precisions fp32,bf16,fp16] [--cases fmnist,resnet]
 (On the lent GPU machine see docs/BENCHMARKS.md for the libraries to carry.)
 """
 import argparse
@@ -55,15 +61,21 @@ def synthetic(n, shape):
     return x, y
 
 
-def torch_rate(spec_file, x, y, batch, lr, tf32, epochs):
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_rate(spec_file, x, y, batch, lr, tf32, epochs, precision="fp32"):
     """Samples/s over epochs 2..epochs (the first one warms up: cuDNN's
-    benchmark search, allocator growth), timed with a device sync at each end."""
+    benchmark search, allocator growth), timed with a device sync at each end.
+    bf16/fp16: autocast to that type (and a GradScaler for fp16)."""
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default either way.
     with open(os.path.join(ROOT, spec_file)) as f:
         model = SpecModel(json.load(f)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+    dtype = AUTOCAST.get(precision)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     steps = len(x) // batch
     for epoch in range(epochs):
         if epoch == 1:
@@ -73,8 +85,19 @@ def torch_rate(spec_file, x, y, batch, lr, tf32, epochs):
             xb = x[s * batch:(s + 1) * batch].cuda(non_blocking=True)
             yb = y[s * batch:(s + 1) * batch].cuda(non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(xb), yb).backward()
-            opt.step()
+            if dtype is None:
+                loss_fn(model(xb), yb).backward()
+                opt.step()
+                continue
+            with torch.autocast("cuda", dtype=dtype):
+                loss = loss_fn(model(xb), yb)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
     torch.cuda.synchronize()
     return (epochs - 1) * steps * batch / (time.perf_counter() - start)
 
@@ -82,12 +105,12 @@ def torch_rate(spec_file, x, y, batch, lr, tf32, epochs):
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .* ([0-9.]+) samples/s")
 
 
-def ours_rate(binary, job, batch, limit, epochs):
+def ours_rate(binary, job, batch, limit, epochs, precision="fp32"):
     """Samples/s over epochs 2..epochs, from the trainer's per-epoch lines (each
     epoch's samples over its wall time, data waits included): the same window
     as torch_rate's."""
     cmd = [binary, "--standalone", os.path.join(ROOT, job), "--device", "cuda", "--batch", str(batch),
-           "--epochs", str(epochs), "--checkpoint", "none"]
+           "--epochs", str(epochs), "--checkpoint", "none", "--precision", precision]
     if limit:
         cmd += ["--limit", str(limit)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -107,7 +130,13 @@ def main():
     ap.add_argument("--epochs", type=int, default=4,
                     help="epochs per run; the first is warm-up and not timed (both sides)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--precisions", default="fp32",
+                    help="comma-separated: fp32 (against PyTorch with TF32 off and on), bf16, "
+                         "fp16 (against PyTorch autocast to that type)")
+    ap.add_argument("--cases", default="fmnist,resnet")
     args = ap.parse_args()
+    precisions = args.precisions.split(",")
+    wanted = args.cases.split(",")
     torch.backends.cudnn.benchmark = True
     cases = [
         ("fmnist-cnn b256", "examples/models/fmnist-cnn.json", "bench/jobs/fmnist-cnn-bench.json",
@@ -117,20 +146,38 @@ def main():
     ]
     print(f"GPU: {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     for name, spec, job, batch, lr, limit, data in cases:
+        if not any(name.startswith(w) for w in wanted):
+            continue
         x, y = data()
-        ours, theirs, theirs_tf32 = [], [], []
+        ours = {p: [] for p in precisions}
+        theirs = {p: [] for p in precisions}
+        theirs_tf32 = []
         for r in range(args.rounds):
-            rate, device = ours_rate(args.binary, job, batch, limit, args.epochs)
-            ours.append(rate)
-            theirs.append(torch_rate(spec, x, y, batch, lr, tf32=False, epochs=args.epochs))
-            theirs_tf32.append(torch_rate(spec, x, y, batch, lr, tf32=True, epochs=args.epochs))
-            print(f"  {name} round {r + 1}: pstrain {ours[-1]:.0f} ({device}), PyTorch fp32 "
-                  f"{theirs[-1]:.0f}, PyTorch default (TF32 conv) {theirs_tf32[-1]:.0f} samples/s",
-                  flush=True)
-        o, t, t32 = statistics.median(ours), statistics.median(theirs), statistics.median(theirs_tf32)
-        print(f"{name}: pstrain median {o:.0f} samples/s, PyTorch eager fp32 median {t:.0f} "
-              f"samples/s, ratio {o / t:.2f}x; PyTorch default (TF32 conv) {t32:.0f}, "
-              f"ratio {o / t32:.2f}x", flush=True)
+            for p in precisions:
+                rate, device = ours_rate(args.binary, job, batch, limit, args.epochs, p)
+                ours[p].append(rate)
+                theirs[p].append(torch_rate(spec, x, y, batch, lr, tf32=False,
+                                            epochs=args.epochs, precision=p))
+                line = (f"  {name} {p} round {r + 1}: pstrain {rate:.0f} ({device}), PyTorch "
+                        f"{'eager fp32' if p == 'fp32' else 'autocast ' + p} {theirs[p][-1]:.0f}")
+                if p == "fp32":
+                    theirs_tf32.append(torch_rate(spec, x, y, batch, lr, tf32=True,
+                                                  epochs=args.epochs))
+                    line += f", PyTorch default (TF32 conv) {theirs_tf32[-1]:.0f}"
+                print(line + " samples/s", flush=True)
+        for p in precisions:
+            o, t = statistics.median(ours[p]), statistics.median(theirs[p])
+            if p == "fp32":
+                t32 = statistics.median(theirs_tf32)
+                print(f"{name}: pstrain median {o:.0f} samples/s, PyTorch eager fp32 median {t:.0f} "
+                      f"samples/s, ratio {o / t:.2f}x; PyTorch default (TF32 conv) {t32:.0f}, "
+                      f"ratio {o / t32:.2f}x", flush=True)
+            else:
+                line = (f"{name} {p}: pstrain median {o:.0f} samples/s, PyTorch autocast {p} "
+                        f"median {t:.0f} samples/s, ratio {o / t:.2f}x")
+                if "fp32" in ours:
+                    line += f"; {o / statistics.median(ours['fp32']):.2f}x pstrain's own fp32"
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,21 @@ std::string Placeholder(const absl::CommandLineFlag& flag) {
       flag.IsOfType<std::optional<int64_t>>()) {
     return "N";
   }
-  static const auto* kPlaceholders = new std::map<absl::string_view, absl::string_view>{
-      {"server", "HOST:PORT"},   {"tls_ca", "FILE"},
-      {"tls_cert", "FILE"},      {"tls_key", "FILE"},
-      {"token_file", "FILE"},    {"tls_server_name", "NAME"},
-      {"output", "FILE"},        {"report", "FILE.html"},
-      {"compression", "METHOD"}, {"pull_compression", "METHOD"},
-      {"image_size", "HxW"},     {"path", "SRC"},
-      {"service", "NAME"}};
+  static const auto* kPlaceholders =
+      new std::map<absl::string_view, absl::string_view>{{"server", "HOST:PORT"},
+                                                         {"tls_ca", "FILE"},
+                                                         {"tls_cert", "FILE"},
+                                                         {"tls_key", "FILE"},
+                                                         {"token_file", "FILE"},
+                                                         {"tls_server_name", "NAME"},
+                                                         {"output", "FILE"},
+                                                         {"report", "FILE.html"},
+                                                         {"compression", "METHOD"},
+                                                         {"pull_compression", "METHOD"},
+                                                         {"precision", "fp32|bf16|fp16"},
+                                                         {"image_size", "HxW"},
+                                                         {"path", "SRC"},
+                                                         {"service", "NAME"}};
   auto it = kPlaceholders->find(flag.Name());
   if (it != kPlaceholders->end()) return std::string(it->second);
   return absl::AsciiStrToUpper(absl::StrReplaceAll(flag.Name(), {{"_", "-"}}));

@@ -41,6 +41,9 @@ ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
           "topk and onebit (pushes, and pulls with --pull-compression topk or onebit): "
           "parameters of fewer F32 bytes travel whole (0 = compress every parameter; 262144 "
           "keeps convolution kernels and biases exact)");
+ABSL_FLAG(std::string, precision, "",
+          "Training arithmetic on the workers: fp32, or bf16 / fp16 mixed precision (CUDA "
+          "workers only; fp16 with dynamic loss scaling)");
 ABSL_FLAG(bool, watch, false, "Follow the job like `pstrain watch` and exit by its end state");
 ABSL_FLAG(std::string, report, "", "Also write the job's HTML report to this file");
 
@@ -80,7 +83,7 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value,
 // submit's overrides of the job file, as given on the command line.
 struct SubmitOverrides {
   std::optional<int> workers, staleness, averaging_frequency, epochs;
-  std::string mode, compression, pull_compression;
+  std::string mode, compression, pull_compression, precision;
   std::optional<int64_t> min_compress_bytes;
 };
 
@@ -107,6 +110,16 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
           absl::StrCat("--mode must be sync, async, ssp or average, got '", o.mode, "'"));
     }
     job.set_mode(it->second);
+  }
+  if (!o.precision.empty()) {
+    static const auto* kPrecisions = new std::map<std::string, v1::Precision>{
+        {"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}, {"fp16", v1::PRECISION_FP16}};
+    auto it = kPrecisions->find(o.precision);
+    if (it == kPrecisions->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--precision must be fp32, bf16 or fp16, got '", o.precision, "'"));
+    }
+    job.set_precision(it->second);
   }
   if (!o.compression.empty()) {
     PSTRAIN_ASSIGN_OR_RETURN(*job.mutable_compression(), ParseCompression(o.compression));
@@ -156,7 +169,9 @@ int Cli::Submit(const std::vector<std::string>& args) {
       "  --min-compress-bytes 262144 sends their chunks under 256 KiB whole.\n"
       "  --pull-compression (sync) sets how servers send each step's new model: the\n"
       "  change since the last step, with the same codecs; what a codec leaves out\n"
-      "  goes with the next step.\n",
+      "  goes with the next step.\n"
+      "  --precision bf16 or fp16 trains in mixed precision on CUDA workers (fp32\n"
+      "  master weights and optimizer); a CPU worker fails such a job.\n",
       {&absl::GetFlagReflectionHandle(FLAGS_workers), &absl::GetFlagReflectionHandle(FLAGS_mode),
        &absl::GetFlagReflectionHandle(FLAGS_staleness),
        &absl::GetFlagReflectionHandle(FLAGS_averaging_frequency),
@@ -164,7 +179,8 @@ int Cli::Submit(const std::vector<std::string>& args) {
        &absl::GetFlagReflectionHandle(FLAGS_compression),
        &absl::GetFlagReflectionHandle(FLAGS_pull_compression),
        &absl::GetFlagReflectionHandle(FLAGS_min_compress_bytes),
-       &absl::GetFlagReflectionHandle(FLAGS_watch), &absl::GetFlagReflectionHandle(FLAGS_json)}};
+       &absl::GetFlagReflectionHandle(FLAGS_precision), &absl::GetFlagReflectionHandle(FLAGS_watch),
+       &absl::GetFlagReflectionHandle(FLAGS_json)}};
   SubmitOverrides overrides;
   bool watch = false, json = false;
   Parsed parsed = ParseCommand(kSubmit, args, [&] {
@@ -175,6 +191,7 @@ int Cli::Submit(const std::vector<std::string>& args) {
                  .mode = absl::GetFlag(FLAGS_mode),
                  .compression = absl::GetFlag(FLAGS_compression),
                  .pull_compression = absl::GetFlag(FLAGS_pull_compression),
+                 .precision = absl::GetFlag(FLAGS_precision),
                  .min_compress_bytes = absl::GetFlag(FLAGS_min_compress_bytes)};
     watch = absl::GetFlag(FLAGS_watch);
     json = absl::GetFlag(FLAGS_json);

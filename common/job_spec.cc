@@ -161,6 +161,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         "compression applies to gradient pushes (CONSISTENCY_SYNC, CONSISTENCY_ASYNC, "
         "CONSISTENCY_SSP); CONSISTENCY_AVERAGE pushes parameters, which travel as F32");
   }
+  if (!v1::Precision_IsValid(job.precision())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("precision ", job.precision(),
+                     " is not a known Precision (PRECISION_FP32, PRECISION_BF16, PRECISION_FP16)"));
+  }
   PSTRAIN_RETURN_IF_ERROR(ValidateCompression(job.pull_compression(), "pull_compression"));
   if (job.pull_compression().method() != v1::CompressionSpec::COMPRESSION_NONE &&
       job.mode() != v1::CONSISTENCY_SYNC && job.mode() != v1::CONSISTENCY_UNSPECIFIED) {

@@ -40,11 +40,25 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/shape.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
 enum class DeviceType { kCpu, kCuda };
+
+// Element type of activations and of the parameter copies the ops read
+// (mixed-precision training, ModelOptions::precision). Parameters the
+// optimizer updates, gradients it reads, and batch-norm scales and
+// statistics stay fp32 whatever the activations are.
+enum class DataType {
+  kF32,
+  kBF16,  // bfloat16: fp32's range, 8 bits of mantissa.
+  kF16,   // IEEE half: 11 bits of mantissa, largest finite 65504.
+};
+size_t DataTypeBytes(DataType dtype);
+const char* DataTypeName(DataType dtype);  // "fp32", "bf16", "fp16".
 
 // What `--device` asked for: "auto", "cpu", "cuda" or "cuda:N".
 struct DeviceSpec {
@@ -119,22 +133,28 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// A dense fp32 tensor in device memory. Move-only.
+// A dense tensor in device memory, fp32 unless made with another DataType.
+// data() is for fp32 tensors, raw() for any. Move-only.
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(Shape shape, DeviceBuffer buffer) : shape_(std::move(shape)), buffer_(std::move(buffer)) {}
+  Tensor(Shape shape, DeviceBuffer buffer, DataType dtype = DataType::kF32)
+      : shape_(std::move(shape)), buffer_(std::move(buffer)), dtype_(dtype) {}
 
   const Shape& shape() const { return shape_; }
+  DataType dtype() const { return dtype_; }
   int64_t num_elements() const { return shape_.num_elements(); }
-  size_t bytes() const { return static_cast<size_t>(num_elements()) * sizeof(float); }
+  size_t bytes() const { return static_cast<size_t>(num_elements()) * DataTypeBytes(dtype_); }
   float* data() { return static_cast<float*>(buffer_.data()); }
   const float* data() const { return static_cast<const float*>(buffer_.data()); }
+  void* raw() { return buffer_.data(); }
+  const void* raw() const { return buffer_.data(); }
   bool empty() const { return buffer_.data() == nullptr; }
 
  private:
   Shape shape_;
   DeviceBuffer buffer_;
+  DataType dtype_ = DataType::kF32;
 };
 
 // A point in the backend's stream. Wait() blocks the calling host thread until
@@ -156,25 +176,29 @@ struct Conv2dConfig {
   int kernel_h = 0, kernel_w = 0;  // R, S.
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
+  // Of x, y, w, bias and their gradients. Reduced precision runs on tensor
+  // cores with fp32 accumulation (backends that support it: SupportsDataType).
+  DataType dtype = DataType::kF32;
   int out_h() const { return (h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int out_w() const { return (w + 2 * pad_w - kernel_w) / stride_w + 1; }
 };
 
+// Every pointer of a Conv2dPlan holds config.dtype elements.
 class Conv2dPlan {
  public:
   virtual ~Conv2dPlan() = default;
   // y[n,k,p,q] = sum_{c,r,s} w[k,c,r,s] * x[n,c,p*sh-ph+r,q*sw-pw+s] + bias[k].
   // `bias` may be nullptr (no bias).
-  virtual absl::Status Forward(const float* x, const float* w, const float* bias, float* y) = 0;
+  virtual absl::Status Forward(const void* x, const void* w, const void* bias, void* y) = 0;
   // dx = gradient of the loss w.r.t. x, given dy and w.
-  virtual absl::Status BackwardData(const float* dy, const float* w, float* dx) = 0;
+  virtual absl::Status BackwardData(const void* dy, const void* w, void* dx) = 0;
   // dw, and dbias unless nullptr, given x and dy.
-  virtual absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) = 0;
+  virtual absl::Status BackwardFilter(const void* x, const void* dy, void* dw, void* dbias) = 0;
   // Both backward passes of one step: BackwardFilter, then BackwardData
   // unless dx is nullptr. A plan may share work between them (the CPU plan
   // converts dy to its internal layout once).
-  virtual absl::Status Backward(const float* x, const float* dy, const float* w, float* dx,
-                                float* dw, float* dbias) {
+  virtual absl::Status Backward(const void* x, const void* dy, const void* w, void* dx, void* dw,
+                                void* dbias) {
     absl::Status status = BackwardFilter(x, dy, dw, dbias);
     if (!status.ok() || dx == nullptr) return status;
     return BackwardData(dy, w, dx);
@@ -190,6 +214,7 @@ struct Pool2dConfig {
   PoolMode mode = PoolMode::kMax;
   int n = 0, c = 0, h = 0, w = 0;  // Input NCHW.
   int window = 2, stride = 2, pad = 0;
+  DataType dtype = DataType::kF32;  // Of x, y, dx and dy.
   int out_h() const { return (h + 2 * pad - window) / stride + 1; }
   int out_w() const { return (w + 2 * pad - window) / stride + 1; }
 };
@@ -198,9 +223,9 @@ class Pool2dPlan {
  public:
   virtual ~Pool2dPlan() = default;
   // `training` lets the plan keep what Backward needs (e.g. argmax indices).
-  virtual absl::Status Forward(const float* x, float* y, bool training) = 0;
+  virtual absl::Status Forward(const void* x, void* y, bool training) = 0;
   // Uses x and y of the most recent Forward(training=true) on this plan.
-  virtual absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) = 0;
+  virtual absl::Status Backward(const void* x, const void* y, const void* dy, void* dx) = 0;
 };
 
 // A convolution, a ReLU and a max-pool as one plan, for a backend that can
@@ -227,6 +252,9 @@ struct BatchNormConfig {
   int n = 0, c = 0, spatial = 1;  // Input [N, C, spatial...] (spatial = H*W, or 1).
   float epsilon = 1e-5f;
   float momentum = 0.1f;  // running = (1-momentum)*running + momentum*batch.
+  // Of x, y, dx and dy; gamma, beta, the statistics and dgamma, dbeta are
+  // fp32 whatever it is.
+  DataType dtype = DataType::kF32;
 };
 
 class BatchNormPlan {
@@ -235,14 +263,14 @@ class BatchNormPlan {
   // Normalises with batch statistics, updates running_mean/running_var (the
   // unbiased variance, as PyTorch and cuDNN do) in place, and saves the batch
   // mean and 1/sqrt(var+eps) for Backward.
-  virtual absl::Status ForwardTraining(const float* x, const float* gamma, const float* beta,
-                                       float* y, float* running_mean, float* running_var,
+  virtual absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta,
+                                       void* y, float* running_mean, float* running_var,
                                        float* save_mean, float* save_inv_std) = 0;
-  virtual absl::Status ForwardInference(const float* x, const float* gamma, const float* beta,
+  virtual absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
                                         const float* running_mean, const float* running_var,
-                                        float* y) = 0;
-  virtual absl::Status Backward(const float* x, const float* dy, const float* gamma,
-                                const float* save_mean, const float* save_inv_std, float* dx,
+                                        void* y) = 0;
+  virtual absl::Status Backward(const void* x, const void* dy, const float* gamma,
+                                const float* save_mean, const float* save_inv_std, void* dx,
                                 float* dgamma, float* dbeta) = 0;
 };
 
@@ -276,7 +304,7 @@ class Backend {
 
   // --- Memory ------------------------------------------------------------
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
-  absl::StatusOr<Tensor> AllocateTensor(const Shape& shape);
+  absl::StatusOr<Tensor> AllocateTensor(const Shape& shape, DataType dtype = DataType::kF32);
   virtual absl::StatusOr<PinnedBuffer> AllocatePinned(size_t bytes) = 0;
   // Called by DeviceBuffer / PinnedBuffer; not for direct use.
   virtual void Free(void* ptr) = 0;
@@ -359,6 +387,45 @@ class Backend {
   // Adam / AdamW with bias correction at hyper.step.
   virtual absl::Status AdamUpdate(float* param, const float* grad, float* m, float* v,
                                   int64_t count, const AdamHyper& hyper) = 0;
+
+  // --- Any DataType (mixed precision) -----------------------------------------
+  // The ops above, on elements of `dtype` (every pointer except `loss`),
+  // computed in fp32 and rounded once when stored. Plans take their dtype
+  // from their config. A backend runs only the types SupportsDataType
+  // accepts; for the others each op returns UNIMPLEMENTED. The defaults run
+  // fp32 through the ops above, and refuse everything else.
+  virtual bool SupportsDataType(DataType dtype) const { return dtype == DataType::kF32; }
+  virtual absl::Status Gemm(DataType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                            int64_t k, float alpha, const void* a, const void* b, float beta,
+                            void* c);
+  virtual absl::Status AddBias(DataType dtype, void* y, const void* bias, int64_t outer,
+                               int64_t channels, int64_t inner);
+  virtual absl::Status BiasGrad(DataType dtype, const void* dy, void* dbias, int64_t outer,
+                                int64_t channels, int64_t inner);
+  virtual absl::Status ActivationForward(DataType dtype, Activation kind, float alpha,
+                                         const void* x, void* y, int64_t count);
+  virtual absl::Status ActivationBackward(DataType dtype, Activation kind, float alpha,
+                                          const void* x, const void* y, const void* dy, void* dx,
+                                          int64_t count);
+  // `mask` holds `dtype` elements too.
+  virtual absl::Status DropoutForward(DataType dtype, const void* x, void* y, void* mask,
+                                      int64_t count, float rate, uint64_t seed);
+  virtual absl::Status Multiply(DataType dtype, const void* a, const void* b, void* y,
+                                int64_t count);
+  virtual absl::Status Add(DataType dtype, const void* a, const void* b, void* y, int64_t count);
+  virtual absl::Status Axpy(DataType dtype, float alpha, const void* x, void* y, int64_t count);
+  // As SoftmaxCrossEntropy, with `dtype` logits and dlogits; *loss stays
+  // fp32 and dlogits are multiplied by `dlogits_scale` (a loss scale) before
+  // they are rounded.
+  virtual absl::Status SoftmaxCrossEntropy(DataType dtype, const void* logits,
+                                           const int32_t* labels, int64_t n, int64_t classes,
+                                           float* loss, void* dlogits, float dlogits_scale);
+  // y[i] = scale * x[i], read as `from` and stored as `to` (round to nearest
+  // even); x == y is allowed when from == to. When `nonfinite` (a device
+  // int32) is not null, a non-finite result stores 1 there (the flag is never
+  // cleared here): how loss scaling finds overflowed gradients.
+  virtual absl::Status Convert(DataType from, const void* x, DataType to, void* y, int64_t count,
+                               float scale, int32_t* nonfinite);
 };
 
 inline void DeviceBuffer::Reset() {
@@ -375,16 +442,133 @@ inline void PinnedBuffer::Reset() {
   bytes_ = 0;
 }
 
-inline absl::StatusOr<Tensor> Backend::AllocateTensor(const Shape& shape) {
+inline absl::StatusOr<Tensor> Backend::AllocateTensor(const Shape& shape, DataType dtype) {
   for (int64_t d : shape.dims()) {
     if (d < 0) {
       return absl::InvalidArgumentError("AllocateTensor: negative dimension in " + shape.ToString());
     }
   }
-  size_t bytes = static_cast<size_t>(shape.num_elements()) * sizeof(float);
+  size_t bytes = static_cast<size_t>(shape.num_elements()) * DataTypeBytes(dtype);
   absl::StatusOr<DeviceBuffer> buffer = Allocate(bytes == 0 ? sizeof(float) : bytes);
   if (!buffer.ok()) return buffer.status();
-  return Tensor(shape, *std::move(buffer));
+  return Tensor(shape, *std::move(buffer), dtype);
+}
+
+inline size_t DataTypeBytes(DataType dtype) { return dtype == DataType::kF32 ? 4 : 2; }
+
+inline const char* DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kF32:
+      return "fp32";
+    case DataType::kBF16:
+      return "bf16";
+    case DataType::kF16:
+      return "fp16";
+  }
+  return "unknown";
+}
+
+namespace backend_internal {
+
+inline absl::Status Unsupported(const Backend& backend, const char* op, DataType dtype) {
+  return absl::UnimplementedError(absl::StrCat(op, ": ", DataTypeName(dtype), " on ",
+                                               backend.DeviceName(),
+                                               " is not supported (this backend computes in fp32 "
+                                               "only; reduced precision needs a CUDA device)"));
+}
+
+}  // namespace backend_internal
+
+// The defaults of the typed ops: fp32 goes to the fp32 ops, the rest is
+// refused.
+inline absl::Status Backend::Gemm(DataType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                  int64_t k, float alpha, const void* a, const void* b, float beta,
+                                  void* c) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "Gemm", dtype);
+  return Gemm(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a),
+              static_cast<const float*>(b), beta, static_cast<float*>(c));
+}
+
+inline absl::Status Backend::AddBias(DataType dtype, void* y, const void* bias, int64_t outer,
+                                     int64_t channels, int64_t inner) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "AddBias", dtype);
+  return AddBias(static_cast<float*>(y), static_cast<const float*>(bias), outer, channels, inner);
+}
+
+inline absl::Status Backend::BiasGrad(DataType dtype, const void* dy, void* dbias, int64_t outer,
+                                      int64_t channels, int64_t inner) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "BiasGrad", dtype);
+  return BiasGrad(static_cast<const float*>(dy), static_cast<float*>(dbias), outer, channels,
+                  inner);
+}
+
+inline absl::Status Backend::ActivationForward(DataType dtype, Activation kind, float alpha,
+                                               const void* x, void* y, int64_t count) {
+  if (dtype != DataType::kF32)
+    return backend_internal::Unsupported(*this, "ActivationForward", dtype);
+  return ActivationForward(kind, alpha, static_cast<const float*>(x), static_cast<float*>(y),
+                           count);
+}
+
+inline absl::Status Backend::ActivationBackward(DataType dtype, Activation kind, float alpha,
+                                                const void* x, const void* y, const void* dy,
+                                                void* dx, int64_t count) {
+  if (dtype != DataType::kF32)
+    return backend_internal::Unsupported(*this, "ActivationBackward", dtype);
+  return ActivationBackward(kind, alpha, static_cast<const float*>(x), static_cast<const float*>(y),
+                            static_cast<const float*>(dy), static_cast<float*>(dx), count);
+}
+
+inline absl::Status Backend::DropoutForward(DataType dtype, const void* x, void* y, void* mask,
+                                            int64_t count, float rate, uint64_t seed) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "DropoutForward", dtype);
+  return DropoutForward(static_cast<const float*>(x), static_cast<float*>(y),
+                        static_cast<float*>(mask), count, rate, seed);
+}
+
+inline absl::Status Backend::Multiply(DataType dtype, const void* a, const void* b, void* y,
+                                      int64_t count) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "Multiply", dtype);
+  return Multiply(static_cast<const float*>(a), static_cast<const float*>(b),
+                  static_cast<float*>(y), count);
+}
+
+inline absl::Status Backend::Add(DataType dtype, const void* a, const void* b, void* y,
+                                 int64_t count) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "Add", dtype);
+  return Add(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(y),
+             count);
+}
+
+inline absl::Status Backend::Axpy(DataType dtype, float alpha, const void* x, void* y,
+                                  int64_t count) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "Axpy", dtype);
+  return Axpy(alpha, static_cast<const float*>(x), static_cast<float*>(y), count);
+}
+
+inline absl::Status Backend::SoftmaxCrossEntropy(DataType dtype, const void* logits,
+                                                 const int32_t* labels, int64_t n, int64_t classes,
+                                                 float* loss, void* dlogits, float dlogits_scale) {
+  if (dtype != DataType::kF32)
+    return backend_internal::Unsupported(*this, "SoftmaxCrossEntropy", dtype);
+  float* d = static_cast<float*>(dlogits);
+  PSTRAIN_RETURN_IF_ERROR(
+      SoftmaxCrossEntropy(static_cast<const float*>(logits), labels, n, classes, loss, d, nullptr));
+  if (d == nullptr || dlogits_scale == 1.f) return absl::OkStatus();
+  return Scale(dlogits_scale, d, n * classes);
+}
+
+inline absl::Status Backend::Convert(DataType from, const void* x, DataType to, void* y,
+                                     int64_t count, float scale, int32_t* nonfinite) {
+  if (from != DataType::kF32) return backend_internal::Unsupported(*this, "Convert", from);
+  if (to != DataType::kF32) return backend_internal::Unsupported(*this, "Convert", to);
+  if (nonfinite != nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("Convert: the non-finite flag is not supported on ", DeviceName()));
+  }
+  if (count < 0) return absl::InvalidArgumentError("Convert: negative count");
+  if (x != y) PSTRAIN_RETURN_IF_ERROR(CopyDeviceToDevice(y, x, count * sizeof(float)));
+  return scale == 1.f ? absl::OkStatus() : Scale(scale, static_cast<float*>(y), count);
 }
 
 // The CPU backend; never fails to construct.

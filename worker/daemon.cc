@@ -609,7 +609,10 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
                            data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
+  ModelOptions model_options;
+  model_options.precision = DataTypeOf(job.precision());
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           Model::Create(job.model(), backend.get(), model_options));
   PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
 
   // Phase: Connect to every shard and pull the current model.

@@ -32,7 +32,7 @@ class PlanCache {
 
 }  // namespace
 
-Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch) {
+Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch, DataType dtype) {
   const v1::Conv2dLayer& c = info.spec.conv2d();
   const Shape& in = info.input_shapes[0];
   Conv2dConfig config;
@@ -45,12 +45,13 @@ Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch) {
   config.kernel_w = c.kernel_w() > 0 ? c.kernel_w() : c.kernel_size();
   config.stride_h = config.stride_w = c.stride() == 0 ? 1 : c.stride();
   config.pad_h = config.pad_w = c.padding();
+  config.dtype = dtype;
   return config;
 }
 
 bool ConvHasBias(const LayerInfo& info) { return !info.spec.conv2d().no_bias(); }
 
-Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch) {
+Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch, DataType dtype) {
   const bool max = info.type == LayerType::kMaxPool;
   const v1::Pool2dLayer& p = max ? info.spec.max_pool() : info.spec.avg_pool();
   const Shape& in = info.input_shapes[0];
@@ -63,6 +64,7 @@ Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch) {
   config.window = p.pool_size();
   config.stride = p.stride() == 0 ? p.pool_size() : p.stride();
   config.pad = p.padding();
+  config.dtype = dtype;
   return config;
 }
 
@@ -77,6 +79,7 @@ class Conv2dLayer final : public Layer {
     PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
       Conv2dConfig config = config_;
       config.n = n;
+      config.dtype = dtype();
       return backend->CreateConv2d(config);
     }));
     return absl::OkStatus();
@@ -106,6 +109,7 @@ class Pool2dLayer final : public Layer {
     PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
       Pool2dConfig config = config_;
       config.n = n;
+      config.dtype = dtype();
       return backend->CreatePool2d(config);
     }));
     return absl::OkStatus();
@@ -134,24 +138,27 @@ class DenseLayer final : public Layer {
 
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     const int64_t in = in_per_sample();
-    PSTRAIN_RETURN_IF_ERROR(
-        backend->Gemm(false, true, a.batch, units_, in, 1.f, a.inputs[0], a.params[0], 0.f, a.output));
-    if (has_bias_) PSTRAIN_RETURN_IF_ERROR(backend->AddBias(a.output, a.params[1], a.batch, units_, 1));
+    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), false, true, a.batch, units_, in, 1.f,
+                                          a.inputs[0], a.params[0], 0.f, a.output));
+    if (has_bias_) {
+      PSTRAIN_RETURN_IF_ERROR(backend->AddBias(dtype(), a.output, a.params[1], a.batch, units_, 1));
+    }
     return absl::OkStatus();
   }
 
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     const int64_t in = in_per_sample();
     // dW[units, in] = dY^T[units, N] * X[N, in].
-    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(true, false, units_, in, a.batch, 1.f, a.d_output,
-                                          a.inputs[0], 0.f, a.d_params[0]));
+    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), true, false, units_, in, a.batch, 1.f,
+                                          a.d_output, a.inputs[0], 0.f, a.d_params[0]));
     if (has_bias_) {
-      PSTRAIN_RETURN_IF_ERROR(backend->BiasGrad(a.d_output, a.d_params[1], a.batch, units_, 1));
+      PSTRAIN_RETURN_IF_ERROR(
+          backend->BiasGrad(dtype(), a.d_output, a.d_params[1], a.batch, units_, 1));
     }
     if (a.d_inputs[0] != nullptr) {
       // dX[N, in] = dY[N, units] * W[units, in].
-      PSTRAIN_RETURN_IF_ERROR(backend->Gemm(false, false, a.batch, in, units_, 1.f, a.d_output,
-                                            a.params[0], 0.f, a.d_inputs[0]));
+      PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), false, false, a.batch, in, units_, 1.f,
+                                            a.d_output, a.params[0], 0.f, a.d_inputs[0]));
     }
     return absl::OkStatus();
   }
@@ -167,12 +174,12 @@ class ActivationLayer final : public Layer {
       : Layer(info), kind_(kind), alpha_(alpha) {}
 
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
-    return backend->ActivationForward(kind_, alpha_, a.inputs[0], a.output,
+    return backend->ActivationForward(dtype(), kind_, alpha_, a.inputs[0], a.output,
                                       a.batch * out_per_sample());
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     if (a.d_inputs[0] == nullptr) return absl::OkStatus();
-    return backend->ActivationBackward(kind_, alpha_, a.inputs[0], a.output, a.d_output,
+    return backend->ActivationBackward(dtype(), kind_, alpha_, a.inputs[0], a.output, a.d_output,
                                        a.d_inputs[0], a.batch * out_per_sample());
   }
 
@@ -187,7 +194,8 @@ class DropoutLayer final : public Layer {
 
   absl::Status Prepare(Backend* backend, int batch) override {
     if (mask_.num_elements() != batch * out_per_sample()) {
-      PSTRAIN_ASSIGN_OR_RETURN(mask_, backend->AllocateTensor(Shape{batch, out_per_sample()}));
+      PSTRAIN_ASSIGN_OR_RETURN(mask_,
+                               backend->AllocateTensor(Shape{batch, out_per_sample()}, dtype()));
     }
     return absl::OkStatus();
   }
@@ -196,18 +204,19 @@ class DropoutLayer final : public Layer {
     const int64_t count = a.batch * out_per_sample();
     last_training_ = a.training && rate_ > 0.f;
     if (!last_training_) {
-      return backend->CopyDeviceToDevice(a.output, a.inputs[0], count * sizeof(float));
+      return backend->CopyDeviceToDevice(a.output, a.inputs[0], count * element_bytes());
     }
-    return backend->DropoutForward(a.inputs[0], a.output, mask_.data(), count, rate_, a.seed);
+    return backend->DropoutForward(dtype(), a.inputs[0], a.output, mask_.raw(), count, rate_,
+                                   a.seed);
   }
 
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     if (a.d_inputs[0] == nullptr) return absl::OkStatus();
     const int64_t count = a.batch * out_per_sample();
     if (!last_training_) {
-      return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output, count * sizeof(float));
+      return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output, count * element_bytes());
     }
-    return backend->Multiply(a.d_output, mask_.data(), a.d_inputs[0], count);
+    return backend->Multiply(dtype(), a.d_output, mask_.raw(), a.d_inputs[0], count);
   }
 
  private:
@@ -235,32 +244,39 @@ class BatchNormLayer final : public Layer {
     PSTRAIN_ASSIGN_OR_RETURN(plan_, plans_.Get(batch, [&](int n) {
       BatchNormConfig config = config_;
       config.n = n;
+      config.dtype = dtype();
       return backend->CreateBatchNorm(config);
     }));
     return absl::OkStatus();
   }
 
-  // params: gamma, beta, running_mean, running_var.
+  // params (fp32 whatever the layer's dtype): gamma, beta, running_mean,
+  // running_var.
   absl::Status Forward(Backend*, const ForwardArgs& a) override {
+    const float* gamma = static_cast<const float*>(a.params[0]);
+    const float* beta = static_cast<const float*>(a.params[1]);
+    float* running_mean = static_cast<float*>(a.params[2]);
+    float* running_var = static_cast<float*>(a.params[3]);
     if (a.training) {
-      return plan_->ForwardTraining(a.inputs[0], a.params[0], a.params[1], a.output, a.params[2],
-                                    a.params[3], save_mean_.data(), save_inv_std_.data());
+      return plan_->ForwardTraining(a.inputs[0], gamma, beta, a.output, running_mean, running_var,
+                                    save_mean_.data(), save_inv_std_.data());
     }
-    return plan_->ForwardInference(a.inputs[0], a.params[0], a.params[1], a.params[2],
-                                   a.params[3], a.output);
+    return plan_->ForwardInference(a.inputs[0], gamma, beta, running_mean, running_var, a.output);
   }
 
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     // Parameter gradients are needed even when the input needs none.
-    float* dx = a.d_inputs[0];
+    void* dx = a.d_inputs[0];
     if (dx == nullptr) {
       if (scratch_.num_elements() != a.batch * out_per_sample()) {
-        PSTRAIN_ASSIGN_OR_RETURN(scratch_, backend->AllocateTensor(Shape{a.batch, out_per_sample()}));
+        PSTRAIN_ASSIGN_OR_RETURN(
+            scratch_, backend->AllocateTensor(Shape{a.batch, out_per_sample()}, dtype()));
       }
-      dx = scratch_.data();
+      dx = scratch_.raw();
     }
-    return plan_->Backward(a.inputs[0], a.d_output, a.params[0], save_mean_.data(),
-                           save_inv_std_.data(), dx, a.d_params[0], a.d_params[1]);
+    return plan_->Backward(a.inputs[0], a.d_output, static_cast<const float*>(a.params[0]),
+                           save_mean_.data(), save_inv_std_.data(), dx,
+                           static_cast<float*>(a.d_params[0]), static_cast<float*>(a.d_params[1]));
   }
 
  private:
@@ -276,12 +292,12 @@ class FlattenLayer final : public Layer {
   explicit FlattenLayer(const LayerInfo& info) : Layer(info) {}
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     return backend->CopyDeviceToDevice(a.output, a.inputs[0],
-                                       a.batch * out_per_sample() * sizeof(float));
+                                       a.batch * out_per_sample() * element_bytes());
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     if (a.d_inputs[0] == nullptr) return absl::OkStatus();
     return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output,
-                                       a.batch * out_per_sample() * sizeof(float));
+                                       a.batch * out_per_sample() * element_bytes());
   }
 };
 
@@ -290,15 +306,15 @@ class AddLayer final : public Layer {
   explicit AddLayer(const LayerInfo& info) : Layer(info) {}
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     const int64_t count = a.batch * out_per_sample();
-    PSTRAIN_RETURN_IF_ERROR(backend->Add(a.inputs[0], a.inputs[1], a.output, count));
+    PSTRAIN_RETURN_IF_ERROR(backend->Add(dtype(), a.inputs[0], a.inputs[1], a.output, count));
     for (size_t i = 2; i < a.inputs.size(); ++i) {
-      PSTRAIN_RETURN_IF_ERROR(backend->Axpy(1.f, a.inputs[i], a.output, count));
+      PSTRAIN_RETURN_IF_ERROR(backend->Axpy(dtype(), 1.f, a.inputs[i], a.output, count));
     }
     return absl::OkStatus();
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
-    const size_t bytes = a.batch * out_per_sample() * sizeof(float);
-    for (float* dx : a.d_inputs) {
+    const size_t bytes = a.batch * out_per_sample() * element_bytes();
+    for (void* dx : a.d_inputs) {
       if (dx != nullptr) PSTRAIN_RETURN_IF_ERROR(backend->CopyDeviceToDevice(dx, a.d_output, bytes));
     }
     return absl::OkStatus();
@@ -314,21 +330,22 @@ class SoftmaxCrossEntropyLayer final : public Layer {
 
   absl::Status Prepare(Backend* backend, int batch) override {
     if (dlogits_.num_elements() != batch * classes_) {
-      PSTRAIN_ASSIGN_OR_RETURN(dlogits_, backend->AllocateTensor(Shape{batch, classes_}));
+      PSTRAIN_ASSIGN_OR_RETURN(dlogits_, backend->AllocateTensor(Shape{batch, classes_}, dtype()));
     }
     return absl::OkStatus();
   }
 
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     if (a.labels == nullptr) return absl::InvalidArgumentError("softmax_cross_entropy: no labels");
-    return backend->SoftmaxCrossEntropy(a.inputs[0], a.labels, a.batch, classes_, a.output,
-                                        a.training ? dlogits_.data() : nullptr, nullptr);
+    return backend->SoftmaxCrossEntropy(dtype(), a.inputs[0], a.labels, a.batch, classes_,
+                                        static_cast<float*>(a.output),
+                                        a.training ? dlogits_.raw() : nullptr, a.loss_scale);
   }
 
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     if (a.d_inputs[0] == nullptr) return absl::OkStatus();
-    return backend->CopyDeviceToDevice(a.d_inputs[0], dlogits_.data(),
-                                       a.batch * classes_ * sizeof(float));
+    return backend->CopyDeviceToDevice(a.d_inputs[0], dlogits_.raw(),
+                                       a.batch * classes_ * element_bytes());
   }
 
  private:
@@ -374,13 +391,15 @@ const std::map<LayerType, LayerFactory>& LayerFactories() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info) {
+absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info, DataType dtype) {
   auto it = LayerFactories().find(info.type);
   if (it == LayerFactories().end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer '", info.name, "': no runtime for type ", LayerTypeName(info.type)));
   }
-  return it->second(info);
+  std::unique_ptr<Layer> layer = it->second(info);
+  layer->dtype_ = dtype;
+  return layer;
 }
 
 }  // namespace pstrain

@@ -26,32 +26,37 @@
 
 namespace pstrain {
 
+// Activations, and the parameters of convolutions and dense layers, hold
+// the layer's dtype() elements; batch-norm parameters and the loss are fp32.
 struct ForwardArgs {
   int batch = 0;
-  std::vector<const float*> inputs;  // One per LayerInfo::inputs, [batch, input_shape].
-  float* output = nullptr;           // [batch, output_shape]; the loss: a device scalar.
-  std::vector<float*> params;        // One per LayerInfo::params.
+  std::vector<const void*> inputs;  // One per LayerInfo::inputs, [batch, input_shape].
+  void* output = nullptr;           // [batch, output_shape]; the loss: an fp32 device scalar.
+  std::vector<void*> params;        // One per LayerInfo::params.
   bool training = false;
-  uint64_t seed = 0;                 // Per step and layer (dropout).
-  const int32_t* labels = nullptr;   // Loss layer only: [batch] device labels.
+  uint64_t seed = 0;                // Per step and layer (dropout).
+  const int32_t* labels = nullptr;  // Loss layer only: [batch] device labels.
+  float loss_scale = 1.f;           // Loss layer only: the gradient it hands back is scaled.
 };
 
 struct BackwardArgs {
   int batch = 0;
-  std::vector<const float*> inputs;
-  const float* output = nullptr;
-  const float* d_output = nullptr;  // Gradient w.r.t. the output; unused by the loss.
-  std::vector<float*> d_inputs;     // Overwritten; nullptr where not needed (model input).
-  std::vector<float*> params;
-  std::vector<float*> d_params;     // Overwritten; nullptr for non-trainable params.
+  std::vector<const void*> inputs;
+  const void* output = nullptr;
+  const void* d_output = nullptr;  // Gradient w.r.t. the output; unused by the loss.
+  std::vector<void*> d_inputs;     // Overwritten; nullptr where not needed (model input).
+  std::vector<void*> params;
+  std::vector<void*> d_params;  // Overwritten; nullptr for non-trainable params.
 };
 
 class Layer {
  public:
   virtual ~Layer() = default;
 
-  // Creates the layer for `info`; fails for unknown types.
-  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LayerInfo& info);
+  // Creates the layer for `info`, computing in `dtype` (ForwardArgs); fails
+  // for unknown types.
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LayerInfo& info,
+                                                       DataType dtype = DataType::kF32);
 
   // (Re)creates per-batch-size state. Called before the first Forward at a
   // given batch size.
@@ -63,18 +68,21 @@ class Layer {
  protected:
   explicit Layer(const LayerInfo& info) : info_(info) {}
   const LayerInfo& info() const { return info_; }
+  DataType dtype() const { return dtype_; }
+  size_t element_bytes() const { return DataTypeBytes(dtype_); }
   int64_t in_per_sample(int i = 0) const { return info_.input_shapes[i].num_elements(); }
   int64_t out_per_sample() const { return info_.output_shape.num_elements(); }
 
  private:
   const LayerInfo info_;  // Constant after construction.
+  DataType dtype_ = DataType::kF32;  // Set once by Create.
 };
 
 // The plan configurations of a conv2d or pool layer at `batch` samples, as
 // the layers build them (the model uses them for fused plans).
-Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch);
+Conv2dConfig Conv2dConfigFor(const LayerInfo& info, int batch, DataType dtype = DataType::kF32);
 bool ConvHasBias(const LayerInfo& info);
-Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch);
+Pool2dConfig Pool2dConfigFor(const LayerInfo& info, int batch, DataType dtype = DataType::kF32);
 
 }  // namespace pstrain
 

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
-#include "common/status_macros.h"
 #include "common/rng.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
@@ -29,15 +30,21 @@ int FusablePool(const ModelGraph& g, int l) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend,
                                                      const ModelOptions& options) {
   if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: null backend");
+  if (!backend->SupportsDataType(options.precision)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision ", DataTypeName(options.precision), " needs a CUDA device; ",
+        backend->DeviceName(), " trains in fp32 only (set precision to fp32, or run on a GPU)"));
+  }
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec));
-  std::unique_ptr<Model> model(new Model(std::move(graph), backend));
+  std::unique_ptr<Model> model(new Model(std::move(graph), backend, options.precision));
   const ModelGraph& g = model->graph_;
   for (const LayerInfo& info : g.layers) {
-    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info));
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info, options.precision));
     model->layers_.push_back(std::move(layer));
   }
   model->block_of_.assign(g.layers.size(), -1);
-  if (options.fuse_relu_max_pool && options.fuse_conv_relu_pool) {
+  // Conv -> ReLU -> pool plans are fp32 (the CPU's).
+  if (options.fuse_relu_max_pool && options.fuse_conv_relu_pool && !model->reduced()) {
     for (int l = 0; l < static_cast<int>(g.layers.size()); ++l) {
       const LayerInfo& conv = g.layers[l];
       if (conv.type != LayerType::kConv2d || conv.consumers.size() != 1) continue;
@@ -74,8 +81,34 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
     } else {
       model->grads_.emplace_back();
     }
+    // Convolutions and dense layers read reduced-precision copies; batch
+    // norm reads its fp32 parameters directly.
+    const LayerType owner = g.layers[p.layer].type;
+    model->compute_params_.emplace_back();
+    model->compute_grads_.emplace_back();
+    if (model->reduced() && (owner == LayerType::kConv2d || owner == LayerType::kDense)) {
+      PSTRAIN_ASSIGN_OR_RETURN(model->compute_params_.back(),
+                               backend->AllocateTensor(p.shape, options.precision));
+      if (p.trainable) {
+        PSTRAIN_ASSIGN_OR_RETURN(model->compute_grads_.back(),
+                                 backend->AllocateTensor(p.shape, options.precision));
+      }
+    }
   }
   PSTRAIN_ASSIGN_OR_RETURN(model->loss_, backend->AllocateTensor(Shape{1}));
+  if (model->dynamic_loss_scaling()) {
+    if (!(options.initial_loss_scale >= 1.f) || !std::isfinite(options.initial_loss_scale)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial_loss_scale must be finite and >= 1, got ", options.initial_loss_scale));
+    }
+    model->loss_scale_ = options.initial_loss_scale;
+    PSTRAIN_ASSIGN_OR_RETURN(model->overflow_flag_, backend->Allocate(sizeof(int32_t)));
+    PSTRAIN_ASSIGN_OR_RETURN(model->overflow_host_, backend->AllocatePinned(sizeof(int32_t)));
+    static const int32_t kZeroFlag = 0;
+    PSTRAIN_RETURN_IF_ERROR(
+        backend->CopyHostToDevice(model->overflow_flag_.data(), &kZeroFlag, sizeof(int32_t)));
+    PSTRAIN_RETURN_IF_ERROR(backend->Synchronize());
+  }
   return model;
 }
 
@@ -134,18 +167,25 @@ absl::Status Model::PrepareBatch(int batch) {
       std::vector<int64_t> dims{batch};
       for (int64_t d : info.output_shape.dims()) dims.push_back(d);
       Shape shape = info.output_shape.rank() == 0 ? Shape{1} : Shape(std::move(dims));
-      PSTRAIN_ASSIGN_OR_RETURN(Tensor out, backend_->AllocateTensor(shape));
-      PSTRAIN_ASSIGN_OR_RETURN(Tensor dout, backend_->AllocateTensor(shape));
+      PSTRAIN_ASSIGN_OR_RETURN(Tensor out, backend_->AllocateTensor(shape, precision_));
+      PSTRAIN_ASSIGN_OR_RETURN(Tensor dout, backend_->AllocateTensor(shape, precision_));
       outputs_.push_back(std::move(out));
       d_outputs_.push_back(std::move(dout));
       // Producers read by more than one input slot get a buffer for the
       // partial gradients of all but the first consumer.
       if (info.consumers.size() > 1) {
-        PSTRAIN_ASSIGN_OR_RETURN(Tensor partial, backend_->AllocateTensor(shape));
+        PSTRAIN_ASSIGN_OR_RETURN(Tensor partial, backend_->AllocateTensor(shape, precision_));
         scratch_.push_back(std::move(partial));
       } else {
         scratch_.emplace_back();
       }
+    }
+    if (reduced()) {
+      PSTRAIN_ASSIGN_OR_RETURN(
+          input_cast_,
+          backend_->AllocateTensor(Shape{batch, graph_.input_shape.num_elements()}, precision_));
+      PSTRAIN_ASSIGN_OR_RETURN(logits_f32_,
+                               backend_->AllocateTensor(Shape{batch, graph_.num_classes}));
     }
     batch_ = batch;
   }
@@ -168,16 +208,30 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
   input_ = images;
   labels_ = labels;
   last_forward_training_ = training;
+  if (reduced()) {
+    // The images, and the parameters as they are now (an updater may have
+    // just replaced them), in precision_.
+    PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, images, precision_, input_cast_.raw(),
+                                              int64_t{batch} * graph_.input_shape.num_elements(),
+                                              1.f, nullptr));
+    input_ = input_cast_.raw();
+    for (int p = 0; p < num_params(); ++p) {
+      if (compute_params_[p].empty()) continue;
+      PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, params_[p].raw(), precision_,
+                                                compute_params_[p].raw(), params_[p].num_elements(),
+                                                1.f, nullptr));
+    }
+  }
   for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
     const LayerInfo& info = graph_.layers[l];
     if (InBlock(l)) {
       const ConvBlock& block = blocks_[block_of_[l]];
       if (l != block.pool) continue;  // The block runs at its pool.
       const LayerInfo& conv = graph_.layers[block.conv];
-      absl::Status status =
-          block.plan->Forward(InputOf(block.conv, 0), params_[conv.params[0]].data(),
-                              conv.params.size() > 1 ? params_[conv.params[1]].data() : nullptr,
-                              outputs_[l].data(), training);
+      absl::Status status = block.plan->Forward(
+          static_cast<const float*>(InputOf(block.conv, 0)), params_[conv.params[0]].data(),
+          conv.params.size() > 1 ? params_[conv.params[1]].data() : nullptr, outputs_[l].data(),
+          training);
       if (!status.ok()) {
         return absl::Status(status.code(), absl::StrCat("forward of layers '", conv.name, "' to '",
                                                         info.name, "': ", status.message()));
@@ -191,16 +245,22 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
     for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
       args.inputs.push_back(InputOf(l, static_cast<int>(slot)));
     }
-    args.output = l == graph_.loss_layer ? loss_.data() : outputs_[l].data();
-    for (int p : info.params) args.params.push_back(params_[p].data());
+    args.output = l == graph_.loss_layer ? loss_.raw() : outputs_[l].raw();
+    for (int p : info.params) args.params.push_back(ComputeParam(p));
     args.training = training;
     args.seed = MixBits(seed, l);
     args.labels = labels;
+    args.loss_scale = training ? loss_scale_ : 1.f;
     absl::Status status = fused ? FusedForward(l, args) : layers_[l]->Forward(backend_, args);
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("forward of layer '", info.name, "': ", status.message()));
     }
+  }
+  if (reduced() && graph_.logits_layer >= 0) {
+    PSTRAIN_RETURN_IF_ERROR(backend_->Convert(precision_, outputs_[graph_.logits_layer].raw(),
+                                              DataType::kF32, logits_f32_.raw(),
+                                              int64_t{batch} * graph_.num_classes, 1.f, nullptr));
   }
   return absl::OkStatus();
 }
@@ -212,6 +272,8 @@ absl::Status Model::Backward() {
   const int batch = prepared_batch_;
   // written[p]: d_outputs_[p] already holds a (partial) gradient this pass.
   std::vector<bool> written(layers_.size(), false);
+  // fp16: callbacks wait for the overflow check at the end.
+  std::vector<std::pair<int, std::vector<int>>> deferred;
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     const LayerInfo& info = graph_.layers[l];
     const bool in_block = InBlock(l);
@@ -223,18 +285,18 @@ absl::Status Model::Backward() {
     for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
       args.inputs.push_back(InputOf(l, static_cast<int>(slot)));
     }
-    args.output = l == graph_.loss_layer ? loss_.data() : outputs_[l].data();
-    args.d_output = d_outputs_[l].data();
+    args.output = l == graph_.loss_layer ? loss_.raw() : outputs_[l].raw();
+    args.d_output = d_outputs_[l].raw();
     std::vector<int> accumulate;  // Input slots written to scratch, to add afterwards.
     for (size_t slot = 0; slot < info.inputs.size(); ++slot) {
       int in = info.inputs[slot];
       if (in < 0) {
         args.d_inputs.push_back(nullptr);  // Nobody needs d loss / d images.
       } else if (!written[in]) {
-        args.d_inputs.push_back(d_outputs_[in].data());
+        args.d_inputs.push_back(d_outputs_[in].raw());
         written[in] = true;
       } else {
-        args.d_inputs.push_back(scratch_[in].data());
+        args.d_inputs.push_back(scratch_[in].raw());
         accumulate.push_back(static_cast<int>(slot));
       }
     }
@@ -243,15 +305,17 @@ absl::Status Model::Backward() {
           absl::StrCat("layer '", info.name, "' reads one producer more than twice"));
     }
     for (int p : info.params) {
-      args.params.push_back(params_[p].data());
-      args.d_params.push_back(graph_.params[p].trainable ? grads_[p].data() : nullptr);
+      args.params.push_back(ComputeParam(p));
+      args.d_params.push_back(graph_.params[p].trainable ? ComputeGrad(p) : nullptr);
     }
     absl::Status status;
-    if (in_block) {
+    if (in_block) {  // fp32 only.
       const ConvBlock& block = blocks_[block_of_[l]];
-      status = block.plan->Backward(args.inputs[0], args.params[0], d_outputs_[block.pool].data(),
-                                    args.d_inputs[0], args.d_params[0],
-                                    args.d_params.size() > 1 ? args.d_params[1] : nullptr);
+      status = block.plan->Backward(
+          static_cast<const float*>(args.inputs[0]), static_cast<const float*>(args.params[0]),
+          d_outputs_[block.pool].data(), static_cast<float*>(args.d_inputs[0]),
+          static_cast<float*>(args.d_params[0]),
+          args.d_params.size() > 1 ? static_cast<float*>(args.d_params[1]) : nullptr);
     } else if (fused) {
       status = FusedBackward(l, args.d_inputs[0]);
     } else {
@@ -263,23 +327,78 @@ absl::Status Model::Backward() {
     }
     for (int slot : accumulate) {
       int in = info.inputs[slot];
-      PSTRAIN_RETURN_IF_ERROR(backend_->Axpy(1.f, scratch_[in].data(), d_outputs_[in].data(),
-                                             batch * graph_.layers[in].output_shape.num_elements()));
+      PSTRAIN_RETURN_IF_ERROR(
+          backend_->Axpy(precision_, 1.f, scratch_[in].raw(), d_outputs_[in].raw(),
+                         batch * graph_.layers[in].output_shape.num_elements()));
     }
-    if (gradient_ready_) {
-      std::vector<int> trainable;
-      for (int p : info.params) {
-        if (graph_.params[p].trainable) trainable.push_back(p);
+    if (reduced()) PSTRAIN_RETURN_IF_ERROR(FinishGradients(l));
+    std::vector<int> trainable;
+    for (int p : info.params) {
+      if (graph_.params[p].trainable) trainable.push_back(p);
+    }
+    if (gradient_ready_ && !trainable.empty()) {
+      if (dynamic_loss_scaling()) {
+        deferred.emplace_back(l, std::move(trainable));
+      } else {
+        gradient_ready_(l, trainable);
       }
-      if (!trainable.empty()) gradient_ready_(l, trainable);
+    }
+  }
+  if (dynamic_loss_scaling()) {
+    PSTRAIN_RETURN_IF_ERROR(CheckOverflow());
+    for (const auto& [layer, params] : deferred) gradient_ready_(layer, params);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::FinishGradients(int l) {
+  int32_t* flag = dynamic_loss_scaling() ? static_cast<int32_t*>(overflow_flag_.data()) : nullptr;
+  const float unscale = 1.f / loss_scale_;
+  for (int p : graph_.layers[l].params) {
+    if (!graph_.params[p].trainable) continue;
+    const int64_t count = grads_[p].num_elements();
+    if (!compute_grads_[p].empty()) {
+      PSTRAIN_RETURN_IF_ERROR(backend_->Convert(precision_, compute_grads_[p].raw(), DataType::kF32,
+                                                grads_[p].raw(), count, unscale, flag));
+    } else if (flag != nullptr) {
+      // fp32 gradients (batch norm) of a scaled loss: unscale in place.
+      PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, grads_[p].raw(), DataType::kF32,
+                                                grads_[p].raw(), count, unscale, flag));
     }
   }
   return absl::OkStatus();
 }
 
-const float* Model::InputOf(int l, int slot) const {
+absl::Status Model::CheckOverflow() {
+  PSTRAIN_RETURN_IF_ERROR(
+      backend_->CopyDeviceToHost(overflow_host_.data(), overflow_flag_.data(), sizeof(int32_t)));
+  PSTRAIN_RETURN_IF_ERROR(backend_->Synchronize());
+  int32_t overflowed = 0;
+  std::memcpy(&overflowed, overflow_host_.data(), sizeof(int32_t));
+  last_overflowed_ = overflowed != 0;
+  if (!last_overflowed_) {
+    if (++steps_since_overflow_ >= kLossScaleGrowthInterval) {
+      loss_scale_ = std::min(loss_scale_ * 2.f, std::max(kMaxLossScale, loss_scale_));
+      steps_since_overflow_ = 0;
+    }
+    return absl::OkStatus();
+  }
+  ++overflowed_steps_;
+  steps_since_overflow_ = 0;
+  loss_scale_ = std::max(loss_scale_ * 0.5f, 1.f);
+  static const int32_t kZeroFlag = 0;
+  PSTRAIN_RETURN_IF_ERROR(
+      backend_->CopyHostToDevice(overflow_flag_.data(), &kZeroFlag, sizeof(int32_t)));
+  for (int p = 0; p < num_params(); ++p) {
+    if (!graph_.params[p].trainable) continue;
+    PSTRAIN_RETURN_IF_ERROR(backend_->Fill(grads_[p].data(), 0.f, grads_[p].num_elements()));
+  }
+  return absl::OkStatus();
+}
+
+const void* Model::InputOf(int l, int slot) const {
   const int in = graph_.layers[l].inputs[slot];
-  return in < 0 ? input_ : outputs_[in].data();
+  return in < 0 ? input_ : outputs_[in].raw();
 }
 
 // pool(relu(x)) computed as relu(pool(x)): max-pooling commutes with any
@@ -291,21 +410,22 @@ absl::Status Model::FusedForward(int pool, const ForwardArgs& pool_args) {
   args.inputs = {InputOf(relu, 0)};
   PSTRAIN_RETURN_IF_ERROR(layers_[pool]->Forward(backend_, args));
   const int64_t count = args.batch * graph_.layers[pool].output_shape.num_elements();
-  return backend_->ActivationForward(Activation::kRelu, 0.f, args.output, args.output, count);
+  return backend_->ActivationForward(precision_, Activation::kRelu, 0.f, args.output, args.output,
+                                     count);
 }
 
 // The gradient w.r.t. the fused ReLU's input: the pooled output y (already
 // ReLU-ed) masks dy in place (y > 0 exactly where the unfused ReLU passes
 // the gradient of the window's winner), then the pool routes the masked dy
 // to each window's winner in x, which for y > 0 is the element equal to y.
-absl::Status Model::FusedBackward(int relu, float* d_relu_input) {
+absl::Status Model::FusedBackward(int relu, void* d_relu_input) {
   if (d_relu_input == nullptr) return absl::OkStatus();
   const int pool = fused_with_[relu];
-  const float* y = outputs_[pool].data();
-  float* dy = d_outputs_[pool].data();
+  const void* y = outputs_[pool].raw();
+  void* dy = d_outputs_[pool].raw();
   const int64_t count = prepared_batch_ * graph_.layers[pool].output_shape.num_elements();
   PSTRAIN_RETURN_IF_ERROR(
-      backend_->ActivationBackward(Activation::kRelu, 0.f, y, y, dy, dy, count));
+      backend_->ActivationBackward(precision_, Activation::kRelu, 0.f, y, y, dy, dy, count));
   BackwardArgs args;
   args.batch = prepared_batch_;
   args.inputs = {InputOf(relu, 0)};
@@ -317,7 +437,7 @@ absl::Status Model::FusedBackward(int relu, float* d_relu_input) {
 
 const float* Model::logits() const {
   if (graph_.logits_layer < 0 || outputs_.empty()) return nullptr;
-  return outputs_[graph_.logits_layer].data();
+  return reduced() ? logits_f32_.data() : outputs_[graph_.logits_layer].data();
 }
 
 int Model::FindParam(const std::string& name) const {

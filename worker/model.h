@@ -27,6 +27,20 @@
 // unfused and 0 for its whole window fused; training has diverged either
 // way). ModelOptions::fuse_relu_max_pool turns it off.
 //
+// Mixed precision (ModelOptions::precision bf16 or fp16, on a backend that
+// supports it): activations and their gradients are bf16/fp16, and so are
+// copies of the convolution and dense parameters, refreshed from the fp32
+// param() values at every Forward; convolutions and GEMMs run on tensor
+// cores with fp32 accumulation. grad() stays fp32: each layer's reduced-
+// precision gradients are converted (and unscaled) into it, so optimizers,
+// updaters and the wire see fp32 as ever. Batch norm keeps fp32 scales and
+// statistics. fp16 uses dynamic loss scaling: the loss gradient is
+// multiplied by loss_scale() (2^16 at first); a step whose gradients
+// overflow leaves them zero, reports last_backward_overflowed(), and halves
+// the scale; 2000 steps in a row without overflow double it. Deciding that
+// needs the whole backward pass, so in fp16 Backward waits for the device
+// once at its end and only then fires the gradient callbacks.
+//
 // Threads: one thread at a time (the Backend's rule). The gradient callback
 // runs on that thread, in the middle of Backward.
 #ifndef PSTRAIN_WORKER_MODEL_H_
@@ -44,6 +58,7 @@
 #include "absl/types/span.h"
 #include "common/model_graph.h"
 #include "kernels/backend.h"
+#include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/tensor.pb.h"
 #include "worker/layers.h"
 
@@ -55,7 +70,30 @@ struct ModelOptions {
   // only to compare against the layer-by-layer order.
   bool fuse_relu_max_pool = true;
   bool fuse_conv_relu_pool = true;
+  // Of activations (see above). bf16 and fp16 need a backend whose
+  // SupportsDataType accepts them (CUDA); Create fails otherwise.
+  DataType precision = DataType::kF32;
+  // fp16: the first loss scale (where PyTorch's GradScaler starts too).
+  float initial_loss_scale = 65536.f;
 };
+
+// The activations' DataType of a job's precision (kF32 for an unknown one;
+// ValidateJobSpec refuses those).
+inline DataType DataTypeOf(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_BF16:
+      return DataType::kBF16;
+    case v1::PRECISION_FP16:
+      return DataType::kF16;
+    default:
+      return DataType::kF32;
+  }
+}
+
+// fp16 loss scaling (as PyTorch's GradScaler defaults): clean steps between
+// doublings, and the largest scale a doubling reaches.
+inline constexpr int64_t kLossScaleGrowthInterval = 2000;
+inline constexpr float kMaxLossScale = 16777216.f;  // 2^24.
 
 class Model {
  public:
@@ -98,9 +136,17 @@ class Model {
 
   // Device scalar holding the mean loss of the last Forward.
   const float* loss() const { return loss_.data(); }
-  // Device [batch, num_classes] logits of the last Forward.
+  // Device [batch, num_classes] fp32 logits of the last Forward.
   const float* logits() const;
   int last_batch() const { return batch_; }
+
+  DataType precision() const { return precision_; }
+  // The factor the loss gradient is scaled by (1 unless fp16).
+  float loss_scale() const { return loss_scale_; }
+  // fp16: the last Backward's gradients overflowed; grad() holds zeros and
+  // the step should not be applied.
+  bool last_backward_overflowed() const { return last_overflowed_; }
+  int64_t overflowed_steps() const { return overflowed_steps_; }
 
   // Host copies of every parameter (running statistics included), named as
   // in the graph. Synchronises the backend.
@@ -111,13 +157,29 @@ class Model {
   absl::Status ImportParameters(const std::vector<v1::TensorProto>& tensors);
 
  private:
-  Model(ModelGraph graph, Backend* backend) : graph_(std::move(graph)), backend_(backend) {}
+  Model(ModelGraph graph, Backend* backend, DataType precision)
+      : graph_(std::move(graph)), backend_(backend), precision_(precision) {}
+  bool reduced() const { return precision_ != DataType::kF32; }
+  bool dynamic_loss_scaling() const { return precision_ == DataType::kF16; }
   absl::Status PrepareBatch(int batch);
   // Layer l's input slot i: the model input or a producer's output.
-  const float* InputOf(int l, int slot) const;
+  const void* InputOf(int l, int slot) const;
+  // What the layers read as parameter p, and write its gradient to.
+  void* ComputeParam(int p) {
+    return compute_params_[p].empty() ? params_[p].raw() : compute_params_[p].raw();
+  }
+  void* ComputeGrad(int p) {
+    return compute_grads_[p].empty() ? grads_[p].raw() : compute_grads_[p].raw();
+  }
+  // Reduced precision: converts layer l's parameter gradients into grad(),
+  // unscaled.
+  absl::Status FinishGradients(int l);
+  // fp16: reads the overflow flag (waiting for the device), adjusts the
+  // loss scale, and zeroes grad() after an overflow.
+  absl::Status CheckOverflow();
   // The fused ReLU -> max-pool pair ending at pool layer `pool`.
   absl::Status FusedForward(int pool, const ForwardArgs& pool_args);
-  absl::Status FusedBackward(int relu, float* d_relu_input);
+  absl::Status FusedBackward(int relu, void* d_relu_input);
   // Layer l is part of a conv -> ReLU -> max-pool block run as one plan.
   bool InBlock(int l) const { return block_of_[l] >= 0 && blocks_[block_of_[l]].active; }
   // Creates (or finds) each block's plan for `batch`; the first time, a
@@ -127,6 +189,7 @@ class Model {
   // Constant after construction.
   const ModelGraph graph_;
   Backend* const backend_;
+  const DataType precision_;
 
   std::vector<std::unique_ptr<Layer>> layers_;
   // Per layer: for a fused ReLU, the max-pool layer it runs inside; for that
@@ -142,13 +205,26 @@ class Model {
   std::vector<int> block_of_;  // Per layer: its index in blocks_, or -1.
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
+  // Reduced precision, per parameter of a convolution or dense layer: its
+  // precision_ copy and gradient (empty elsewhere).
+  std::vector<Tensor> compute_params_;
+  std::vector<Tensor> compute_grads_;
+  Tensor input_cast_;  // Reduced precision: the batch's images in precision_.
+  Tensor logits_f32_;  // Reduced precision: the logits in fp32.
+  // fp16 loss scaling.
+  float loss_scale_ = 1.f;
+  int64_t steps_since_overflow_ = 0;
+  bool last_overflowed_ = false;
+  int64_t overflowed_steps_ = 0;
+  DeviceBuffer overflow_flag_;     // int32 on the device, set by Convert.
+  PinnedBuffer overflow_host_;     // Its copy.
   std::vector<Tensor> outputs_;    // Per layer, [batch, output_shape].
   std::vector<Tensor> d_outputs_;  // Per layer, gradient w.r.t. outputs_.
   std::vector<Tensor> scratch_;    // Per layer with fan-out > 1: partial gradients.
   Tensor loss_;
   int batch_ = 0;                  // Batch size of the allocated activations.
   int prepared_batch_ = 0;
-  const float* input_ = nullptr;
+  const void* input_ = nullptr;
   const int32_t* labels_ = nullptr;
   bool last_forward_training_ = false;
   GradientReadyCallback gradient_ready_;

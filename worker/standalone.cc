@@ -62,7 +62,10 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
                            data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
 
   // Phase: BuildModel.
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
+  ModelOptions model_options;
+  model_options.precision = DataTypeOf(job.precision());
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           Model::Create(job.model(), backend.get(), model_options));
   PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalUpdater> updater,
                            LocalUpdater::Create(job.optimizer(), model.get()));
@@ -124,6 +127,8 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   }
   result.epochs = job.epochs();
   result.steps = trainer->global_step();
+  result.training_precision = DataTypeName(model->precision());
+  result.skipped_steps = model->overflowed_steps();
   result.train_samples_per_sec = result.train_seconds > 0 ? samples / result.train_seconds : 0;
 
   // Phase: Evaluate.
@@ -227,10 +232,10 @@ std::string StandaloneResultJson(const StandaloneResult& r) {
       "{\"test_accuracy\": %.6f, \"test_loss\": %.6f, \"precision\": %.6f, \"recall\": %.6f, "
       "\"f1\": %.6f, \"test_samples\": %d, \"train_samples_per_sec\": %.2f, "
       "\"train_seconds\": %.2f, \"final_train_loss\": %.6f, \"epochs\": %d, \"steps\": %d, "
-      "\"device\": \"%s\"}",
+      "\"training_precision\": \"%s\", \"skipped_steps\": %d, \"device\": \"%s\"}",
       r.test.accuracy, r.test.loss, r.test.macro_precision, r.test.macro_recall, r.test.macro_f1,
       r.test.samples, r.train_samples_per_sec, r.train_seconds, r.final_train_loss, r.epochs,
-      r.steps, r.device);
+      r.steps, r.training_precision, r.skipped_steps, r.device);
 }
 
 }  // namespace pstrain

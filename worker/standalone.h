@@ -39,6 +39,8 @@ struct StandaloneResult {
   double final_train_accuracy = 0;
   int epochs = 0;
   int64_t steps = 0;
+  std::string training_precision = "fp32";  // JobSpec.precision: fp32, bf16 or fp16.
+  int64_t skipped_steps = 0;                // fp16: steps whose gradients overflowed (not applied).
   std::string device;       // "cpu" or "cuda:N".
   std::string device_info;  // Backend::Describe().
 };

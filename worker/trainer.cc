@@ -49,7 +49,7 @@ absl::Status LocalUpdater::ApplyOne(int slot, int64_t step) {
 }
 
 void LocalUpdater::OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) {
-  if (!deferred_error_.ok()) return;
+  if (!deferred_error_.ok() || model_->last_backward_overflowed()) return;
   for (int param : params) {
     const int slot = param >= 0 && param < static_cast<int>(slot_of_param_.size())
                          ? slot_of_param_[param]
@@ -65,7 +65,9 @@ absl::Status LocalUpdater::ApplyUpdate(int64_t step, Model& model) {
     return absl::InvalidArgumentError("LocalUpdater::ApplyUpdate: not the model it was made for");
   }
   PSTRAIN_RETURN_IF_ERROR(std::exchange(deferred_error_, absl::OkStatus()));
-  for (int slot = 0; slot < static_cast<int>(slots_.size()); ++slot) {
+  // An fp16 step whose gradients overflowed is skipped (Model: loss scaling).
+  last_applied_ = !model.last_backward_overflowed();
+  for (int slot = 0; last_applied_ && slot < static_cast<int>(slots_.size()); ++slot) {
     PSTRAIN_RETURN_IF_ERROR(ApplyOne(slot, step));
   }
   // The next step starts from scratch even if nobody calls BeforeStep (the

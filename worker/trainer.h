@@ -69,6 +69,8 @@ class LocalUpdater final : public ParameterUpdater {
   absl::Status BeforeStep(int64_t step, Model& model) override;
   void OnGradientsReady(int64_t step, int layer, absl::Span<const int> params) override;
   absl::Status ApplyUpdate(int64_t step, Model& model) override;
+  // False after a step the model's fp16 loss scaling skipped.
+  bool LastUpdateApplied() const override { return last_applied_; }
   Optimizer& optimizer() { return *optimizer_; }
 
  private:
@@ -82,6 +84,7 @@ class LocalUpdater final : public ParameterUpdater {
   std::vector<int> slot_of_param_;          // Per model param: index into slots_, or -1.
   std::vector<bool> applied_;               // Per slot: updated during this step.
   absl::Status deferred_error_;             // From OnGradientsReady, for ApplyUpdate.
+  bool last_applied_ = true;
 };
 
 struct TrainerOptions {

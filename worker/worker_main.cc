@@ -49,6 +49,8 @@ ABSL_FLAG(std::string, device, "auto",
           "is missing (--version shows what was found)");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0 = keep)");
 ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
+ABSL_FLAG(std::string, precision, "",
+          "Override the job's precision: fp32, bf16 or fp16 (mixed precision, CUDA only)");
 ABSL_FLAG(int64_t, limit, 0,
           "Train (--standalone) or evaluate (--evaluate) only the first N samples (0 = all)");
 ABSL_FLAG(std::string, logits_out, "",
@@ -262,7 +264,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
-      "[--device auto|cpu|cuda[:N]] [--checkpoint FILE] [--tensorboard-dir DIR] [--metrics-port "
+      "[--device auto|cpu|cuda[:N]] [--precision fp32|bf16|fp16] [--checkpoint FILE] "
+      "[--tensorboard-dir DIR] [--metrics-port "
       "P]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D] [--limit N] "
       "[--logits-out F.npy] [--inputs-out F.npy]\n"
@@ -304,6 +307,20 @@ int main(int argc, char** argv) {
   }
   auto job = pstrain::LoadJobSpec(job_path);
   if (!job.ok()) return Fail(job.status());
+
+  if (const std::string precision = absl::GetFlag(FLAGS_precision); !precision.empty()) {
+    if (precision == "fp32") {
+      job->set_precision(pstrain::v1::PRECISION_FP32);
+    } else if (precision == "bf16") {
+      job->set_precision(pstrain::v1::PRECISION_BF16);
+    } else if (precision == "fp16") {
+      job->set_precision(pstrain::v1::PRECISION_FP16);
+    } else {
+      std::cerr << "pstrain-worker: --precision must be fp32, bf16 or fp16, got '" << precision
+                << "'" << std::endl;
+      return 2;
+    }
+  }
 
   pstrain::StandaloneOptions options;
   options.device = absl::GetFlag(FLAGS_device);

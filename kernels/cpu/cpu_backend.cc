@@ -60,8 +60,28 @@ class CpuEvent final : public Event {
   absl::Status Wait() override { return absl::OkStatus(); }
 };
 
+absl::Status CheckF32(const char* op, DataType dtype) {
+  if (dtype == DataType::kF32) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      op, ": ", DataTypeName(dtype),
+      " is not supported on the CPU, which trains in fp32 only (mixed precision needs a CUDA "
+      "device)"));
+}
+
 class CpuBackend final : public Backend {
  public:
+  // The typed ops of Backend: fp32 runs the ops below, the rest is refused.
+  using Backend::ActivationBackward;
+  using Backend::ActivationForward;
+  using Backend::Add;
+  using Backend::AddBias;
+  using Backend::Axpy;
+  using Backend::BiasGrad;
+  using Backend::DropoutForward;
+  using Backend::Gemm;
+  using Backend::Multiply;
+  using Backend::SoftmaxCrossEntropy;
+
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {
     threads_ = options_.num_threads > 0 ? options_.num_threads : DefaultThreads();
     absl::StatusOr<std::shared_ptr<DnnlContext>> ctx = DnnlContext::Create();
@@ -185,6 +205,7 @@ class CpuBackend final : public Backend {
   // --- Plans -------------------------------------------------------------------
   absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateConv2d(const Conv2dConfig& config) override {
     PSTRAIN_RETURN_IF_ERROR(ctx_status_);
+    PSTRAIN_RETURN_IF_ERROR(CheckF32("CreateConv2d", config.dtype));
     return cpu_internal::CreateCpuConv2dPlan(ctx_, config, options_.conv_layout, threads_);
   }
 
@@ -198,11 +219,13 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) override {
+    PSTRAIN_RETURN_IF_ERROR(CheckF32("CreatePool2d", config.dtype));
     return cpu_internal::CreateCpuPool2dPlan(config, threads_);
   }
 
   absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(
       const BatchNormConfig& config) override {
+    PSTRAIN_RETURN_IF_ERROR(CheckF32("CreateBatchNorm", config.dtype));
     return cpu_internal::CreateCpuBatchNormPlan(config, threads_);
   }
 

@@ -22,9 +22,27 @@ class CpuBatchNormPlan final : public BatchNormPlan {
   CpuBatchNormPlan(const BatchNormConfig& config, int num_threads)
       : config_(config), num_threads_(num_threads) {}
 
-  absl::Status ForwardTraining(const float* x, const float* gamma, const float* beta, float* y,
+  absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta, void* y,
                                float* running_mean, float* running_var, float* save_mean,
                                float* save_inv_std) override {
+    return ForwardTrainingF32(AsF32(x), gamma, beta, AsF32(y), running_mean, running_var, save_mean,
+                              save_inv_std);
+  }
+  absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
+                                const float* running_mean, const float* running_var,
+                                void* y) override {
+    return ForwardInferenceF32(AsF32(x), gamma, beta, running_mean, running_var, AsF32(y));
+  }
+  absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
+                        const float* save_inv_std, void* dx, float* dgamma, float* dbeta) override {
+    return BackwardF32(AsF32(x), AsF32(dy), gamma, save_mean, save_inv_std, AsF32(dx), dgamma,
+                       dbeta);
+  }
+
+ private:
+  absl::Status ForwardTrainingF32(const float* x, const float* gamma, const float* beta, float* y,
+                                  float* running_mean, float* running_var, float* save_mean,
+                                  float* save_inv_std) {
     if (x == nullptr || gamma == nullptr || beta == nullptr || y == nullptr ||
         running_mean == nullptr || running_var == nullptr || save_mean == nullptr ||
         save_inv_std == nullptr) {
@@ -68,9 +86,8 @@ class CpuBatchNormPlan final : public BatchNormPlan {
     return absl::OkStatus();
   }
 
-  absl::Status ForwardInference(const float* x, const float* gamma, const float* beta,
-                                const float* running_mean, const float* running_var,
-                                float* y) override {
+  absl::Status ForwardInferenceF32(const float* x, const float* gamma, const float* beta,
+                                   const float* running_mean, const float* running_var, float* y) {
     if (x == nullptr || gamma == nullptr || beta == nullptr || running_mean == nullptr ||
         running_var == nullptr || y == nullptr) {
       return absl::InvalidArgumentError("BatchNorm.ForwardInference: null pointer argument");
@@ -89,9 +106,9 @@ class CpuBatchNormPlan final : public BatchNormPlan {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(const float* x, const float* dy, const float* gamma,
-                        const float* save_mean, const float* save_inv_std, float* dx,
-                        float* dgamma, float* dbeta) override {
+  absl::Status BackwardF32(const float* x, const float* dy, const float* gamma,
+                           const float* save_mean, const float* save_inv_std, float* dx,
+                           float* dgamma, float* dbeta) {
     if (x == nullptr || dy == nullptr || gamma == nullptr || save_mean == nullptr ||
         save_inv_std == nullptr || dx == nullptr || dgamma == nullptr || dbeta == nullptr) {
       return absl::InvalidArgumentError("BatchNorm.Backward: null pointer argument");
@@ -131,7 +148,6 @@ class CpuBatchNormPlan final : public BatchNormPlan {
     return absl::OkStatus();
   }
 
- private:
   // Constant after construction.
   const BatchNormConfig config_;
   const int num_threads_;

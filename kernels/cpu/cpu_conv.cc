@@ -64,7 +64,23 @@ class CpuConv2dPlan final : public Conv2dPlan {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const float* x, const float* w, const float* bias, float* y) override {
+  absl::Status Forward(const void* x, const void* w, const void* bias, void* y) override {
+    return ForwardF32(AsF32(x), AsF32(w), AsF32(bias), AsF32(y));
+  }
+  absl::Status BackwardData(const void* dy, const void* w, void* dx) override {
+    return RunBackwardData(AsF32(dy), AsF32(w), AsF32(dx), /*converted_dy=*/nullptr);
+  }
+  absl::Status BackwardFilter(const void* x, const void* dy, void* dw, void* dbias) override {
+    return RunBackwardFilter(AsF32(x), AsF32(dy), AsF32(dw), AsF32(dbias),
+                             /*converted_dy=*/nullptr);
+  }
+  absl::Status Backward(const void* x, const void* dy, const void* w, void* dx, void* dw,
+                        void* dbias) override {
+    return BackwardF32(AsF32(x), AsF32(dy), AsF32(w), AsF32(dx), AsF32(dw), AsF32(dbias));
+  }
+
+ private:
+  absl::Status ForwardF32(const float* x, const float* w, const float* bias, float* y) {
     if (x == nullptr || w == nullptr || y == nullptr) {
       return absl::InvalidArgumentError("Conv2d.Forward: x, w and y must be non-null");
     }
@@ -85,19 +101,11 @@ class CpuConv2dPlan final : public Conv2dPlan {
     return f.dst.OutFinish(*ctx_);
   }
 
-  absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
-    return RunBackwardData(dy, w, dx, /*converted_dy=*/nullptr);
-  }
-
-  absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) override {
-    return RunBackwardFilter(x, dy, dw, dbias, /*converted_dy=*/nullptr);
-  }
-
   // dy goes through one reorder into the blocked layout, not two, when both
   // primitives read it in the same layout (they do: both follow the forward
   // hint). Measured with bench/cpu_ops_bench: 0.35 ms of a 27 ms step.
-  absl::Status Backward(const float* x, const float* dy, const float* w, float* dx, float* dw,
-                        float* dbias) override {
+  absl::Status BackwardF32(const float* x, const float* dy, const float* w, float* dx, float* dw,
+                           float* dbias) {
     dnnl_memory_t converted_dy = nullptr;
     PSTRAIN_RETURN_IF_ERROR(RunBackwardFilter(x, dy, dw, dbias, &converted_dy));
     if (dx == nullptr) return absl::OkStatus();
@@ -109,7 +117,6 @@ class CpuConv2dPlan final : public Conv2dPlan {
     return RunBackwardData(dy, w, dx, same_layout ? converted_dy : nullptr);
   }
 
- private:
   // `converted_dy`: dy already in the primitive's layout (from the filter
   // pass), or nullptr to convert it here.
   absl::Status RunBackwardData(const float* dy, const float* w, float* dx,

@@ -21,6 +21,11 @@
 
 namespace pstrain::cpu_internal {
 
+// CPU plans hold fp32 only (the backend refuses other DataTypes); these read
+// the plan interfaces' untyped pointers as such.
+inline const float* AsF32(const void* p) { return static_cast<const float*>(p); }
+inline float* AsF32(void* p) { return static_cast<float*>(p); }
+
 absl::Status ValidateConv2dConfig(const Conv2dConfig& config);
 absl::Status ValidatePool2dConfig(const Pool2dConfig& config);
 

@@ -55,7 +55,15 @@ class CpuPool2dPlan final : public Pool2dPlan {
         planes_(int64_t{config.n} * config.c),
         num_threads_(num_threads) {}
 
-  absl::Status Forward(const float* x, float* y, bool training) override {
+  absl::Status Forward(const void* x, void* y, bool training) override {
+    return ForwardF32(AsF32(x), AsF32(y));
+  }
+  absl::Status Backward(const void* x, const void* y, const void* dy, void* dx) override {
+    return BackwardF32(AsF32(x), AsF32(y), AsF32(dy), AsF32(dx));
+  }
+
+ private:
+  absl::Status ForwardF32(const float* x, float* y) {
     if (x == nullptr || y == nullptr) {
       return absl::InvalidArgumentError("Pool2d.Forward: x and y must be non-null");
     }
@@ -74,7 +82,7 @@ class CpuPool2dPlan final : public Pool2dPlan {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) override {
+  absl::Status BackwardF32(const float* x, const float* y, const float* dy, float* dx) {
     if (x == nullptr || y == nullptr || dy == nullptr || dx == nullptr) {
       return absl::InvalidArgumentError("Pool2d.Backward: x, y, dy and dx must be non-null");
     }
@@ -95,7 +103,6 @@ class CpuPool2dPlan final : public Pool2dPlan {
     return absl::OkStatus();
   }
 
- private:
   // The fmnist-cnn case: 2x2 windows, stride 2, no padding. Written without
   // branches (maxss-style selects, NaN checks OR-ed as integers): rows are
   // short (7 or 14 outputs), so much of the work is in scalar tails where a

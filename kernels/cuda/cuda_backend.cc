@@ -175,14 +175,59 @@ class CudaBackend final : public Backend {
 
   absl::Status AddBias(float* y, const float* bias, int64_t outer, int64_t channels,
                        int64_t inner) override {
+    return AddBias(DataType::kF32, y, bias, outer, channels, inner);
+  }
+  absl::Status AddBias(DataType dtype, void* y, const void* bias, int64_t outer, int64_t channels,
+                       int64_t inner) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchAddBias(y, bias, outer, channels, inner, stream_.get());
+    return cuda::LaunchAddBias(dtype, y, bias, outer, channels, inner, stream_.get());
   }
 
   absl::Status BiasGrad(const float* dy, float* dbias, int64_t outer, int64_t channels,
                         int64_t inner) override {
+    return BiasGrad(DataType::kF32, dy, dbias, outer, channels, inner);
+  }
+  absl::Status BiasGrad(DataType dtype, const void* dy, void* dbias, int64_t outer,
+                        int64_t channels, int64_t inner) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchBiasGrad(dy, dbias, outer, channels, inner, stream_.get());
+    return cuda::LaunchBiasGrad(dtype, dy, dbias, outer, channels, inner, stream_.get());
+  }
+
+  // Half-precision GEMMs run on tensor cores with fp32 accumulation and
+  // alpha/beta (cublasGemmEx, CUBLAS_COMPUTE_32F).
+  absl::Status Gemm(DataType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const void* a, const void* b, float beta, void* c) override {
+    if (dtype == DataType::kF32) {
+      return Gemm(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a),
+                  static_cast<const float*>(b), beta, static_cast<float*>(c));
+    }
+    if (m < 0 || n < 0 || k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gemm: negative size m=", m, " n=", n, " k=", k));
+    }
+    if (m == 0 || n == 0) return absl::OkStatus();
+    if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) {
+      return absl::InvalidArgumentError("Gemm: null matrix pointer");
+    }
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gemm: ", DataTypeName(dtype), " sizes beyond 2^31-1: m=", m, " n=", n, " k=", k));
+    }
+    PSTRAIN_RETURN_IF_ERROR(Activate());
+    const cudaDataType_t type = dtype == DataType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    if (k == 0) {  // C = beta * C, through a GEMM-free path: scale in fp32 and round.
+      return cuda::LaunchConvert(dtype, c, dtype, c, m * n, beta, nullptr, stream_.get());
+    }
+    // Column-major, as in the fp32 Gemm above.
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int ldb = static_cast<int>(trans_b ? k : n);
+    const int lda = static_cast<int>(trans_a ? m : k);
+    PSTRAIN_RETURN_IF_CUBLAS_ERROR(
+        cublasGemmEx(cublas_.get(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, b, type, ldb, a, type, lda, &beta, c, type,
+                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
   }
 
   // --- Plans -------------------------------------------------------------------
@@ -205,30 +250,57 @@ class CudaBackend final : public Backend {
 
   absl::Status ActivationForward(Activation kind, float alpha, const float* x, float* y,
                                  int64_t count) override {
+    return ActivationForward(DataType::kF32, kind, alpha, x, y, count);
+  }
+  absl::Status ActivationForward(DataType dtype, Activation kind, float alpha, const void* x,
+                                 void* y, int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchActivationForward(kind, alpha, x, y, count, stream_.get());
+    return cuda::LaunchActivationForward(dtype, kind, alpha, x, y, count, stream_.get());
   }
   absl::Status ActivationBackward(Activation kind, float alpha, const float* x, const float* y,
                                   const float* dy, float* dx, int64_t count) override {
+    return ActivationBackward(DataType::kF32, kind, alpha, x, y, dy, dx, count);
+  }
+  absl::Status ActivationBackward(DataType dtype, Activation kind, float alpha, const void* x,
+                                  const void* y, const void* dy, void* dx, int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchActivationBackward(kind, alpha, x, y, dy, dx, count, stream_.get());
+    return cuda::LaunchActivationBackward(dtype, kind, alpha, x, y, dy, dx, count, stream_.get());
   }
   absl::Status DropoutForward(const float* x, float* y, float* mask, int64_t count, float rate,
                               uint64_t seed) override {
+    return DropoutForward(DataType::kF32, x, y, mask, count, rate, seed);
+  }
+  absl::Status DropoutForward(DataType dtype, const void* x, void* y, void* mask, int64_t count,
+                              float rate, uint64_t seed) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchDropoutForward(x, y, mask, count, rate, seed, stream_.get());
+    return cuda::LaunchDropoutForward(dtype, x, y, mask, count, rate, seed, stream_.get());
   }
   absl::Status Multiply(const float* a, const float* b, float* y, int64_t count) override {
+    return Multiply(DataType::kF32, a, b, y, count);
+  }
+  absl::Status Multiply(DataType dtype, const void* a, const void* b, void* y,
+                        int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchMultiply(a, b, y, count, stream_.get());
+    return cuda::LaunchMultiply(dtype, a, b, y, count, stream_.get());
   }
   absl::Status Add(const float* a, const float* b, float* y, int64_t count) override {
+    return Add(DataType::kF32, a, b, y, count);
+  }
+  absl::Status Add(DataType dtype, const void* a, const void* b, void* y, int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchAdd(a, b, y, count, stream_.get());
+    return cuda::LaunchAdd(dtype, a, b, y, count, stream_.get());
   }
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t count) override {
+    return Axpy(DataType::kF32, alpha, x, y, count);
+  }
+  absl::Status Axpy(DataType dtype, float alpha, const void* x, void* y, int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::LaunchAxpy(alpha, x, y, count, stream_.get());
+    return cuda::LaunchAxpy(dtype, alpha, x, y, count, stream_.get());
+  }
+  absl::Status Convert(DataType from, const void* x, DataType to, void* y, int64_t count,
+                       float scale, int32_t* nonfinite) override {
+    PSTRAIN_RETURN_IF_ERROR(Activate());
+    return cuda::LaunchConvert(from, x, to, y, count, scale, nonfinite, stream_.get());
   }
   absl::Status Scale(float alpha, float* x, int64_t count) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
@@ -244,20 +316,14 @@ class CudaBackend final : public Backend {
   absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64_t n,
                                    int64_t classes, float* loss, float* dlogits,
                                    float* probs) override {
-    PSTRAIN_RETURN_IF_ERROR(Activate());
-    if (n > 0 && loss_scratch_.bytes() < static_cast<size_t>(n) * sizeof(float)) {
-      // Stream-ordered: the old scratch is released after the ops using it.
-      PSTRAIN_ASSIGN_OR_RETURN(loss_scratch_, Allocate(static_cast<size_t>(n) * sizeof(float)));
-    }
-    PSTRAIN_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-        logits, labels, n, classes, loss, dlogits, probs, static_cast<float*>(loss_scratch_.data()),
-        static_cast<int32_t*>(label_error_device_.data()), stream_.get()));
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(label_error_host_.data(),
-                                                 label_error_device_.data(), kLabelErrorBytes,
-                                                 cudaMemcpyDeviceToHost, stream_.get()));
-    label_check_pending_ = true;
-    last_loss_classes_ = classes;
-    return absl::OkStatus();
+    return RunSoftmaxCrossEntropy(DataType::kF32, logits, labels, n, classes, loss, dlogits, probs,
+                                  1.f);
+  }
+  absl::Status SoftmaxCrossEntropy(DataType dtype, const void* logits, const int32_t* labels,
+                                   int64_t n, int64_t classes, float* loss, void* dlogits,
+                                   float dlogits_scale) override {
+    return RunSoftmaxCrossEntropy(dtype, logits, labels, n, classes, loss, dlogits, nullptr,
+                                  dlogits_scale);
   }
 
   // --- Optimizer updates -----------------------------------------------------------
@@ -273,7 +339,29 @@ class CudaBackend final : public Backend {
     return cuda::LaunchAdamUpdate(param, grad, m, v, count, hyper, stream_.get());
   }
 
+  bool SupportsDataType(DataType dtype) const override { return true; }
+
  private:
+  absl::Status RunSoftmaxCrossEntropy(DataType dtype, const void* logits, const int32_t* labels,
+                                      int64_t n, int64_t classes, float* loss, void* dlogits,
+                                      float* probs, float dlogits_scale) {
+    PSTRAIN_RETURN_IF_ERROR(Activate());
+    if (n > 0 && loss_scratch_.bytes() < static_cast<size_t>(n) * sizeof(float)) {
+      // Stream-ordered: the old scratch is released after the ops using it.
+      PSTRAIN_ASSIGN_OR_RETURN(loss_scratch_, Allocate(static_cast<size_t>(n) * sizeof(float)));
+    }
+    PSTRAIN_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
+        dtype, logits, labels, n, classes, loss, dlogits, probs, dlogits_scale,
+        static_cast<float*>(loss_scratch_.data()),
+        static_cast<int32_t*>(label_error_device_.data()), stream_.get()));
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(label_error_host_.data(),
+                                                 label_error_device_.data(), kLabelErrorBytes,
+                                                 cudaMemcpyDeviceToHost, stream_.get()));
+    label_check_pending_ = true;
+    last_loss_classes_ = classes;
+    return absl::OkStatus();
+  }
+
   // {row + 1, label} of the first out-of-range label, or {0, 0}.
   static constexpr size_t kLabelErrorBytes = 2 * sizeof(int32_t);
 
@@ -286,7 +374,8 @@ class CudaBackend final : public Backend {
     PSTRAIN_ASSIGN_OR_RETURN(stream_, Stream::Create());
     PSTRAIN_ASSIGN_OR_RETURN(cublas_, CublasHandle::Create());
     PSTRAIN_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_.get(), stream_.get()));
-    // Plain fp32 (no TF32 tensor ops), so that GEMMs match the CPU backend.
+    // Plain fp32 (no TF32 tensor ops), so that fp32 GEMMs match the CPU
+    // backend; bf16 and fp16 GEMMs (cublasGemmEx) use tensor cores anyway.
     PSTRAIN_RETURN_IF_CUBLAS_ERROR(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
     PSTRAIN_ASSIGN_OR_RETURN(cudnn_, CudnnHandle::Create());
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetStream(cudnn_.get(), stream_.get()));

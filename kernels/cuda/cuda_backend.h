@@ -4,8 +4,12 @@
 // Everything runs on one non-blocking stream owned by the backend.
 //
 // Beyond the contract in kernels/backend.h:
-//  * Math is plain fp32 (no TF32 in cuBLAS or cuDNN), so results match the
-//    CPU backend to rounding (the parity tests ask for 1e-4 relative).
+//  * fp32 math is plain fp32 (no TF32 in cuBLAS or cuDNN), so results match
+//    the CPU backend to rounding (the parity tests ask for 1e-4 relative).
+//  * bf16 and fp16 (SupportsDataType: both) run convolutions and GEMMs on
+//    tensor cores with fp32 accumulation, and own kernels in fp32 with one
+//    rounding per stored element; batch norm keeps fp32 scales and
+//    statistics.
 //  * Device memory comes from the stream-ordered pool (cudaMallocAsync) where
 //    the device supports it; Free() is ordered on the stream.
 //  * An out-of-range label in SoftmaxCrossEntropy cannot be seen on the host

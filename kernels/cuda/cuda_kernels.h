@@ -25,35 +25,45 @@
 namespace pstrain::cuda {
 
 // --- elementwise_kernels.cu ------------------------------------------------
-absl::Status LaunchAddBias(float* y, const float* bias, int64_t outer, int64_t channels,
-                           int64_t inner, cudaStream_t stream);
-absl::Status LaunchBiasGrad(const float* dy, float* dbias, int64_t outer, int64_t channels,
-                            int64_t inner, cudaStream_t stream);
-absl::Status LaunchActivationForward(Activation kind, float alpha, const float* x, float* y,
-                                     int64_t count, cudaStream_t stream);
-absl::Status LaunchActivationBackward(Activation kind, float alpha, const float* x, const float* y,
-                                      const float* dy, float* dx, int64_t count,
+// Pointers hold `dtype` elements (fp32, bf16 or fp16; kernels compute in
+// fp32 and round once when they store).
+absl::Status LaunchAddBias(DataType dtype, void* y, const void* bias, int64_t outer,
+                           int64_t channels, int64_t inner, cudaStream_t stream);
+absl::Status LaunchBiasGrad(DataType dtype, const void* dy, void* dbias, int64_t outer,
+                            int64_t channels, int64_t inner, cudaStream_t stream);
+absl::Status LaunchActivationForward(DataType dtype, Activation kind, float alpha, const void* x,
+                                     void* y, int64_t count, cudaStream_t stream);
+absl::Status LaunchActivationBackward(DataType dtype, Activation kind, float alpha, const void* x,
+                                      const void* y, const void* dy, void* dx, int64_t count,
                                       cudaStream_t stream);
-absl::Status LaunchDropoutForward(const float* x, float* y, float* mask, int64_t count, float rate,
-                                  uint64_t seed, cudaStream_t stream);
-absl::Status LaunchMultiply(const float* a, const float* b, float* y, int64_t count,
+absl::Status LaunchDropoutForward(DataType dtype, const void* x, void* y, void* mask, int64_t count,
+                                  float rate, uint64_t seed, cudaStream_t stream);
+absl::Status LaunchMultiply(DataType dtype, const void* a, const void* b, void* y, int64_t count,
                             cudaStream_t stream);
-absl::Status LaunchAdd(const float* a, const float* b, float* y, int64_t count,
+absl::Status LaunchAdd(DataType dtype, const void* a, const void* b, void* y, int64_t count,
                        cudaStream_t stream);
-absl::Status LaunchAxpy(float alpha, const float* x, float* y, int64_t count, cudaStream_t stream);
+absl::Status LaunchAxpy(DataType dtype, float alpha, const void* x, void* y, int64_t count,
+                        cudaStream_t stream);
 absl::Status LaunchScale(float alpha, float* x, int64_t count, cudaStream_t stream);
 absl::Status LaunchFill(float* x, float value, int64_t count, cudaStream_t stream);
+// Backend::Convert: y = scale * x, read as `from`, stored as `to`; a
+// non-finite result stores 1 in *nonfinite unless it is null.
+absl::Status LaunchConvert(DataType from, const void* x, DataType to, void* y, int64_t count,
+                           float scale, int32_t* nonfinite, cudaStream_t stream);
 
 // --- loss_kernels.cu --------------------------------------------------------
-// Softmax cross-entropy (see Backend::SoftmaxCrossEntropy). `row_loss` is
-// device scratch of at least n floats. A label outside [0, classes) cannot be
-// detected on the host: the kernel then records the first offending row as
-// label_error[0] = row + 1 and label_error[1] = the label (label_error must
-// hold 2 int32 and start at 0; it is never cleared by the kernel), writes NaN
-// as that row's loss and softmax / n as its dlogits.
-absl::Status LaunchSoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64_t n,
-                                       int64_t classes, float* loss, float* dlogits, float* probs,
-                                       float* row_loss, int32_t* label_error, cudaStream_t stream);
+// Softmax cross-entropy (see Backend::SoftmaxCrossEntropy) of `dtype` logits;
+// dlogits (`dtype`, unless null) are multiplied by dlogits_scale, and probs
+// (fp32, unless null) are the softmax. `row_loss` is device scratch of at
+// least n floats. A label outside [0, classes) cannot be detected on the
+// host: the kernel then records the first offending row as label_error[0] =
+// row + 1 and label_error[1] = the label (label_error must hold 2 int32 and
+// start at 0; it is never cleared by the kernel), writes NaN as that row's
+// loss and softmax / n as its dlogits.
+absl::Status LaunchSoftmaxCrossEntropy(DataType dtype, const void* logits, const int32_t* labels,
+                                       int64_t n, int64_t classes, float* loss, void* dlogits,
+                                       float* probs, float dlogits_scale, float* row_loss,
+                                       int32_t* label_error, cudaStream_t stream);
 
 // --- optimizer_kernels.cu ---------------------------------------------------
 absl::Status LaunchSgdUpdate(float* param, const float* grad, float* velocity, int64_t count,

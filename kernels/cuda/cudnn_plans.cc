@@ -19,17 +19,64 @@ namespace {
 constexpr float kOne = 1.f;
 constexpr float kZero = 0.f;
 
-absl::Status MakeTensor4d(const TensorDescriptor& desc, int n, int c, int h, int w) {
-  PSTRAIN_RETURN_IF_CUDNN_ERROR(
-      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
-  return absl::OkStatus();
+cudnnDataType_t CudnnType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kBF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DataType::kF16:
+      return CUDNN_DATA_HALF;
+    case DataType::kF32:
+    default:
+      return CUDNN_DATA_FLOAT;
+  }
 }
 
-absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w) {
+absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w,
+                                             DataType dtype = DataType::kF32) {
   PSTRAIN_ASSIGN_OR_RETURN(TensorDescriptor desc, TensorDescriptor::Create());
-  PSTRAIN_RETURN_IF_ERROR(MakeTensor4d(desc, n, c, h, w));
+  PSTRAIN_RETURN_IF_CUDNN_ERROR(
+      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CudnnType(dtype), n, c, h, w));
   return desc;
 }
+
+// What cuDNN answers for a data type it does not run an op in.
+bool IsUnsupported(cudnnStatus_t status) {
+  return status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM;
+}
+
+// fp32 copies of a reduced-precision plan's tensors, for ops cuDNN runs in
+// fp32 only: inputs are converted in, the op runs in fp32, outputs are
+// converted back (one rounding, as the native op would do). Buffers are
+// allocated on first use.
+class F32Staging {
+ public:
+  F32Staging(const CudnnContext& context, DataType dtype) : context_(context), dtype_(dtype) {}
+
+  // Buffer `slot` (0..3) holding `count` floats.
+  absl::StatusOr<float*> Buffer(int slot, int64_t count) {
+    DeviceBuffer& b = buffers_[slot];
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    if (b.bytes() < bytes) {
+      PSTRAIN_ASSIGN_OR_RETURN(b, context_.backend->Allocate(bytes));
+    }
+    return static_cast<float*>(b.data());
+  }
+  // Buffer `slot` filled with `x` (dtype_) as fp32.
+  absl::StatusOr<float*> In(int slot, const void* x, int64_t count) {
+    PSTRAIN_ASSIGN_OR_RETURN(float* f, Buffer(slot, count));
+    PSTRAIN_RETURN_IF_ERROR(
+        LaunchConvert(dtype_, x, DataType::kF32, f, count, 1.f, nullptr, context_.stream));
+    return f;
+  }
+  absl::Status Out(const float* f, void* y, int64_t count) {
+    return LaunchConvert(DataType::kF32, f, dtype_, y, count, 1.f, nullptr, context_.stream);
+  }
+
+ private:
+  const CudnnContext context_;
+  const DataType dtype_;
+  DeviceBuffer buffers_[4];
+};
 
 // Which convolution algorithms may run. Winograd transforms trade accuracy
 // for speed: on an H200 they put forward, backward-data and backward-filter
@@ -93,20 +140,46 @@ bool Allowed(cudnnConvolutionBwdFilterAlgo_t algo) {
   }
 }
 
+bool IsTransform(cudnnConvolutionFwdAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool IsTransform(cudnnConvolutionBwdDataAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool IsTransform(cudnnConvolutionBwdFilterAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // Picks from cuDNN's results (measured by cudnnFind*, or ranked by its
 // heuristics when measuring failed) among the usable ones that are FMA-only
 // (no TF32 tensor ops), Allowed and within kMaxConvWorkspaceBytes: the
 // fastest, unless a deterministic one is within 10% of it (then that one, so
 // that runs repeat bit for bit when it costs little). Heuristic results carry
 // no time; their rank stands in for it. Returns false when none qualifies.
+//
+// `tensor_ops` (bf16 and fp16 plans) admits tensor-core algorithms, and no
+// FFT or Winograd ones, which would hold their transformed intermediates in
+// the reduced type and lose more than the one rounding of the output that
+// the parity tests allow; fp32 plans never take tensor-core algorithms (they
+// would round the inputs to TF32).
 template <typename Perf, typename Algo>
-bool PickAlgorithm(const std::vector<Perf>& perfs, int returned, bool measured, Algo* algo) {
+bool PickAlgorithm(const std::vector<Perf>& perfs, int returned, bool measured, bool tensor_ops,
+                   Algo* algo) {
   const Perf* fastest = nullptr;
   const Perf* fastest_deterministic = nullptr;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perfs[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || !Allowed(p.algo)) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+    if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (tensor_ops ? IsTransform(p.algo) : !Allowed(p.algo)) continue;
+    if (!tensor_ops && (p.mathType == CUDNN_TENSOR_OP_MATH ||
+                        p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
       continue;
     }
     if (p.memory > kMaxConvWorkspaceBytes) continue;
@@ -155,19 +228,19 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     return std::unique_ptr<Conv2dPlan>(std::move(plan));
   }
 
-  absl::Status Forward(const float* x, const float* w, const float* bias, float* y) override {
+  absl::Status Forward(const void* x, const void* w, const void* bias, void* y) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
         context_.cudnn, &kOne, x_desc_.get(), x, w_desc_.get(), w, conv_desc_.get(), forward_algo_,
         workspace_.data(), workspace_.bytes(), &kZero, y_desc_.get(), y));
     if (bias != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(LaunchAddBias(y, bias, config_.n, config_.filters,
+      PSTRAIN_RETURN_IF_ERROR(LaunchAddBias(config_.dtype, y, bias, config_.n, config_.filters,
                                             int64_t{out_h_} * out_w_, context_.stream));
     }
     return absl::OkStatus();
   }
 
-  absl::Status BackwardData(const float* dy, const float* w, float* dx) override {
+  absl::Status BackwardData(const void* dy, const void* w, void* dx) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
         context_.cudnn, &kOne, w_desc_.get(), w, y_desc_.get(), dy, conv_desc_.get(),
@@ -175,13 +248,13 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     return absl::OkStatus();
   }
 
-  absl::Status BackwardFilter(const float* x, const float* dy, float* dw, float* dbias) override {
+  absl::Status BackwardFilter(const void* x, const void* dy, void* dw, void* dbias) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
         context_.cudnn, &kOne, x_desc_.get(), x, y_desc_.get(), dy, conv_desc_.get(),
         backward_filter_algo_, workspace_.data(), workspace_.bytes(), &kZero, w_desc_.get(), dw));
     if (dbias != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(dy, dbias, config_.n, config_.filters,
+      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(config_.dtype, dy, dbias, config_.n, config_.filters,
                                              int64_t{out_h_} * out_w_, context_.stream));
     }
     return absl::OkStatus();
@@ -191,20 +264,26 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   CudnnConv2dPlan(const CudnnContext& context, const Conv2dConfig& config)
       : context_(context), config_(config), out_h_(config.out_h()), out_w_(config.out_w()) {}
 
+  bool tensor_ops() const { return config_.dtype != DataType::kF32; }
+
   absl::Status Init() {
     const Conv2dConfig& c = config_;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype));
     PSTRAIN_ASSIGN_OR_RETURN(w_desc_, FilterDescriptor::Create());
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(w_desc_.get(), CUDNN_DATA_FLOAT,
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(w_desc_.get(), CudnnType(c.dtype),
                                                              CUDNN_TENSOR_NCHW, c.filters, c.c,
                                                              c.kernel_h, c.kernel_w));
     PSTRAIN_ASSIGN_OR_RETURN(conv_desc_, ConvolutionDescriptor::Create());
+    // fp32 accumulation for every data type (cuDNN's PSEUDO_HALF and
+    // PSEUDO_BFLOAT16 configurations for bf16 and fp16).
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolution2dDescriptor(
         conv_desc_.get(), c.pad_h, c.pad_w, c.stride_h, c.stride_w, /*dilation_h=*/1,
         /*dilation_w=*/1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    // FMA only: TF32 would put the results ~1e-3 away from the CPU's.
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolutionMathType(conv_desc_.get(), CUDNN_FMA_MATH));
+    // fp32: FMA only, as TF32 would put the results ~1e-3 away from the
+    // CPU's. bf16 and fp16: tensor cores.
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolutionMathType(
+        conv_desc_.get(), tensor_ops() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 
     int n = 0, k = 0, p = 0, q = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolution2dForwardOutputDim(
@@ -214,7 +293,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
                                               ", ", q, "] differs from the expected [", c.n, ", ",
                                               c.filters, ", ", out_h_, ", ", out_w_, "]"));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.filters, out_h_, out_w_));
+    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.filters, out_h_, out_w_, c.dtype));
 
     PSTRAIN_RETURN_IF_ERROR(ChooseAlgorithms());
     return AllocateWorkspace();
@@ -241,7 +320,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
           h, x_desc_.get(), w_desc_.get(), conv_desc_.get(), y_desc_.get(),
           static_cast<int>(fwd.size()), &returned, fwd.data()));
     }
-    if (!PickAlgorithm(fwd, returned, measured, &forward_algo_)) {
+    if (!PickAlgorithm(fwd, returned, measured, tensor_ops(), &forward_algo_)) {
       forward_algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // Needs no workspace.
     }
 
@@ -256,7 +335,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
           h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(),
           static_cast<int>(bwd_data.size()), &returned, bwd_data.data()));
     }
-    if (!PickAlgorithm(bwd_data, returned, measured, &backward_data_algo_)) {
+    if (!PickAlgorithm(bwd_data, returned, measured, tensor_ops(), &backward_data_algo_)) {
       backward_data_algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     }
 
@@ -272,7 +351,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
           h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(),
           static_cast<int>(bwd_filter.size()), &returned, bwd_filter.data()));
     }
-    if (!PickAlgorithm(bwd_filter, returned, measured, &backward_filter_algo_)) {
+    if (!PickAlgorithm(bwd_filter, returned, measured, tensor_ops(), &backward_filter_algo_)) {
       backward_filter_algo_ = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     }
     (void)cudaGetLastError();  // A failed measurement leaves nothing to report.
@@ -337,31 +416,73 @@ class CudnnPool2dPlan final : public Pool2dPlan {
     return std::unique_ptr<Pool2dPlan>(std::move(plan));
   }
 
-  absl::Status Forward(const float* x, float* y, bool training) override {
+  // A reduced-precision plan whose type cuDNN does not pool in (it answers
+  // NOT_SUPPORTED on the first call) pools through fp32 copies from then on.
+  absl::Status Forward(const void* x, void* y, bool training) override {
     // cuDNN's backward recomputes the argmax from x and y, so `training`
     // needs no extra state here.
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    if (!via_f32_) {
+      const cudnnStatus_t status = cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
+                                                       x_desc_.get(), x, &kZero, y_desc_.get(), y);
+      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
+        PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
+      }
+      PSTRAIN_RETURN_IF_ERROR(UseF32());
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, in_count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, out_count()));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
-                                                      x_desc_.get(), x, &kZero, y_desc_.get(), y));
-    return absl::OkStatus();
+                                                      x_f32_.get(), xf, &kZero, y_f32_.get(), yf));
+    return staging_.Out(yf, y, out_count());
   }
 
-  absl::Status Backward(const float* x, const float* y, const float* dy, float* dx) override {
+  absl::Status Backward(const void* x, const void* y, const void* dy, void* dx) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    if (!via_f32_) {
+      const cudnnStatus_t status =
+          cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
+                               y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx);
+      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
+        PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
+      }
+      PSTRAIN_RETURN_IF_ERROR(UseF32());
+    }
+    // y rounded to fp32 is exactly the x it was taken from (max pooling
+    // finds its argmax by comparing them).
+    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, in_count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.In(1, y, out_count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* dyf, staging_.In(2, dy, out_count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* dxf, staging_.Buffer(3, in_count()));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
-                             y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx));
-    return absl::OkStatus();
+        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_f32_.get(), yf,
+                             y_f32_.get(), dyf, x_f32_.get(), xf, &kZero, x_f32_.get(), dxf));
+    return staging_.Out(dxf, dx, in_count());
   }
 
  private:
   CudnnPool2dPlan(const CudnnContext& context, const Pool2dConfig& config)
-      : context_(context), config_(config) {}
+      : context_(context), config_(config), staging_(context, config.dtype) {}
+
+  int64_t in_count() const { return int64_t{config_.n} * config_.c * config_.h * config_.w; }
+  int64_t out_count() const {
+    return int64_t{config_.n} * config_.c * config_.out_h() * config_.out_w();
+  }
+
+  absl::Status UseF32() {
+    const Pool2dConfig& c = config_;
+    PSTRAIN_ASSIGN_OR_RETURN(x_f32_, NewTensor4d(c.n, c.c, c.h, c.w));
+    PSTRAIN_ASSIGN_OR_RETURN(y_f32_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w()));
+    via_f32_ = true;
+    return absl::OkStatus();
+  }
 
   absl::Status Init() {
     const Pool2dConfig& c = config_;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype));
     PSTRAIN_ASSIGN_OR_RETURN(pool_desc_, PoolingDescriptor::Create());
     const cudnnPoolingMode_t mode =
         c.mode == PoolMode::kMax ? CUDNN_POOLING_MAX : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
@@ -376,7 +497,7 @@ class CudnnPool2dPlan final : public Pool2dPlan {
                                               ", ", q, "] differs from the expected [", c.n, ", ",
                                               c.c, ", ", c.out_h(), ", ", c.out_w(), "]"));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w()));
+    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w(), c.dtype));
     return absl::OkStatus();
   }
 
@@ -386,6 +507,10 @@ class CudnnPool2dPlan final : public Pool2dPlan {
   TensorDescriptor x_desc_;
   TensorDescriptor y_desc_;
   PoolingDescriptor pool_desc_;
+
+  bool via_f32_ = false;  // Set once cuDNN refused config_.dtype.
+  TensorDescriptor x_f32_, y_f32_;
+  F32Staging staging_;
 };
 
 // ---------------------------------------------------------------------------
@@ -416,48 +541,96 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
     return std::unique_ptr<BatchNormPlan>(std::move(plan));
   }
 
-  absl::Status ForwardTraining(const float* x, const float* gamma, const float* beta, float* y,
+  // bf16 and fp16 x and y with fp32 scales and statistics, as cuDNN runs
+  // them; a type cuDNN refuses (NOT_SUPPORTED on the first call) runs
+  // through fp32 copies from then on.
+  absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta, void* y,
                                float* running_mean, float* running_var, float* save_mean,
                                float* save_inv_std) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardTraining(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
-        param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
-        running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std));
-    return absl::OkStatus();
+    auto run = [&](const TensorDescriptor& desc, const void* in, void* out) {
+      return cudnnBatchNormalizationForwardTraining(
+          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, desc.get(), in, desc.get(), out,
+          param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
+          running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std);
+    };
+    if (!via_f32_) {
+      const cudnnStatus_t status = run(x_desc_, x, y);
+      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, count()));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, yf));
+    return staging_.Out(yf, y, count());
   }
 
-  absl::Status ForwardInference(const float* x, const float* gamma, const float* beta,
+  absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
                                 const float* running_mean, const float* running_var,
-                                float* y) override {
+                                void* y) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardInference(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
-        param_desc_.get(), gamma, beta, running_mean, running_var,
-        static_cast<double>(config_.epsilon)));
-    return absl::OkStatus();
+    auto run = [&](const TensorDescriptor& desc, const void* in, void* out) {
+      return cudnnBatchNormalizationForwardInference(
+          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, desc.get(), in, desc.get(), out,
+          param_desc_.get(), gamma, beta, running_mean, running_var,
+          static_cast<double>(config_.epsilon));
+    };
+    if (!via_f32_) {
+      const cudnnStatus_t status = run(x_desc_, x, y);
+      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, count()));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, yf));
+    return staging_.Out(yf, y, count());
   }
 
-  absl::Status Backward(const float* x, const float* dy, const float* gamma, const float* save_mean,
-                        const float* save_inv_std, float* dx, float* dgamma,
-                        float* dbeta) override {
+  absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
+                        const float* save_inv_std, void* dx, float* dgamma, float* dbeta) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationBackward(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x,
-        x_desc_.get(), dy, x_desc_.get(), dx, param_desc_.get(), gamma, dgamma, dbeta,
-        static_cast<double>(config_.epsilon), save_mean, save_inv_std));
-    return absl::OkStatus();
+    auto run = [&](const TensorDescriptor& desc, const void* in, const void* d_out, void* d_in) {
+      return cudnnBatchNormalizationBackward(
+          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, desc.get(), in,
+          desc.get(), d_out, desc.get(), d_in, param_desc_.get(), gamma, dgamma, dbeta,
+          static_cast<double>(config_.epsilon), save_mean, save_inv_std);
+    };
+    if (!via_f32_) {
+      const cudnnStatus_t status = run(x_desc_, x, dy, dx);
+      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* dyf, staging_.In(1, dy, count()));
+    PSTRAIN_ASSIGN_OR_RETURN(float* dxf, staging_.Buffer(2, count()));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, dyf, dxf));
+    return staging_.Out(dxf, dx, count());
   }
 
  private:
   CudnnBatchNormPlan(const CudnnContext& context, const BatchNormConfig& config)
-      : context_(context), config_(config) {}
+      : context_(context), config_(config), staging_(context, config.dtype) {}
+
+  int64_t count() const { return int64_t{config_.n} * config_.c * config_.spatial; }
+
+  // After cuDNN failed with `status`: switches a reduced-precision plan to
+  // fp32 copies when cuDNN refused the type, else returns the error.
+  absl::Status FallBackOr(cudnnStatus_t status) {
+    if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(x_f32_, NewTensor4d(config_.n, config_.c, config_.spatial, 1));
+    via_f32_ = true;
+    return absl::OkStatus();
+  }
 
   absl::Status Init() {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     // [N, C, spatial] is viewed as NCHW with H = spatial, W = 1.
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(config_.n, config_.c, config_.spatial, 1));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_,
+                             NewTensor4d(config_.n, config_.c, config_.spatial, 1, config_.dtype));
     PSTRAIN_ASSIGN_OR_RETURN(param_desc_, TensorDescriptor::Create());
+    // fp32 for every data type of x.
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
         cudnnDeriveBNTensorDescriptor(param_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
     return absl::OkStatus();
@@ -468,6 +641,10 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
   const BatchNormConfig config_;
   TensorDescriptor x_desc_;      // x, y, dx and dy.
   TensorDescriptor param_desc_;  // [1, C, 1, 1]: gamma, beta, means, variances.
+
+  bool via_f32_ = false;  // Set once cuDNN refused config_.dtype.
+  TensorDescriptor x_f32_;
+  F32Staging staging_;
 };
 
 }  // namespace

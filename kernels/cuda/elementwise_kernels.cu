@@ -1,17 +1,20 @@
 // Element-wise kernels of the CUDA backend: bias add and its gradient,
-// activations, dropout, and the small BLAS-1 style ops. Each kernel is
-// followed by its launcher (see cuda_kernels.h).
+// activations, dropout, the small BLAS-1 style ops, and type conversion. Each
+// kernel is followed by its launcher (see cuda_kernels.h). Kernels that take
+// a DataType are templates over the element type T (float, __nv_bfloat16,
+// __half): they compute in fp32 and round once when they store.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch_util.cuh"
-#include "common/rng.h"
 
 namespace pstrain::cuda {
 namespace {
@@ -28,84 +31,99 @@ absl::Status CheckBiasShape(const char* op, int64_t outer, int64_t channels, int
 
 // --- AddBias -----------------------------------------------------------------
 
-__global__ void AddBiasKernel(float* y, const float* bias, int64_t total, int64_t channels,
-                              int64_t inner) {
+template <typename T>
+__global__ void AddBiasKernel(T* y, const T* bias, int64_t total, int64_t channels, int64_t inner) {
   for (int64_t i = GlobalThreadIndex(); i < total; i += GridStride()) {
-    y[i] += bias[(i / inner) % channels];
+    y[i] = FromFloat<T>(ToFloat(y[i]) + ToFloat(bias[(i / inner) % channels]));
   }
 }
 
-absl::Status LaunchAddBias(float* y, const float* bias, int64_t outer, int64_t channels,
-                           int64_t inner, cudaStream_t stream) {
+absl::Status LaunchAddBias(DataType dtype, void* y, const void* bias, int64_t outer,
+                           int64_t channels, int64_t inner, cudaStream_t stream) {
   constexpr const char* kOp = "AddBias";
   PSTRAIN_RETURN_IF_ERROR(CheckBiasShape(kOp, outer, channels, inner));
   const int64_t total = outer * channels * inner;
   if (total == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {y, bias}));
-  AddBiasKernel<<<BlocksFor(total), kThreadsPerBlock, 0, stream>>>(y, bias, total, channels, inner);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AddBiasKernel<T><<<BlocksFor(total), kThreadsPerBlock, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), total, channels, inner);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
 // --- BiasGrad ----------------------------------------------------------------
 
 // inner == 1 (dense layers): one thread per channel walks down the batch, so
 // that neighbouring threads read neighbouring addresses.
-__global__ void BiasGradColumnsKernel(const float* dy, float* dbias, int64_t outer,
-                                      int64_t channels) {
+template <typename T>
+__global__ void BiasGradColumnsKernel(const T* dy, T* dbias, int64_t outer, int64_t channels) {
   for (int64_t ch = GlobalThreadIndex(); ch < channels; ch += GridStride()) {
     float sum = 0.f;
-    for (int64_t o = 0; o < outer; ++o) sum += dy[o * channels + ch];
-    dbias[ch] = sum;
+    for (int64_t o = 0; o < outer; ++o) sum += ToFloat(dy[o * channels + ch]);
+    dbias[ch] = FromFloat<T>(sum);
   }
 }
 
 // inner > 1 (convolutions): one block per channel reduces outer * inner
 // values; the order of the additions is fixed, so results are deterministic.
-__global__ void BiasGradBlocksKernel(const float* dy, float* dbias, int64_t outer, int64_t channels,
+template <typename T>
+__global__ void BiasGradBlocksKernel(const T* dy, T* dbias, int64_t outer, int64_t channels,
                                      int64_t inner) {
   __shared__ float scratch[32];
   const int64_t ch = blockIdx.x;
   float sum = 0.f;
   for (int64_t o = 0; o < outer; ++o) {
-    const float* plane = dy + (o * channels + ch) * inner;
-    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) sum += plane[i];
+    const T* plane = dy + (o * channels + ch) * inner;
+    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) sum += ToFloat(plane[i]);
   }
   sum = BlockReduce<false>(sum, scratch);
-  if (threadIdx.x == 0) dbias[ch] = sum;
+  if (threadIdx.x == 0) dbias[ch] = FromFloat<T>(sum);
 }
 
-absl::Status LaunchBiasGrad(const float* dy, float* dbias, int64_t outer, int64_t channels,
-                            int64_t inner, cudaStream_t stream) {
+template <typename T>
+__global__ void FillTypedKernel(T* x, float value, int64_t count) {
+  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) x[i] = FromFloat<T>(value);
+}
+
+absl::Status LaunchBiasGrad(DataType dtype, const void* dy, void* dbias, int64_t outer,
+                            int64_t channels, int64_t inner, cudaStream_t stream) {
   constexpr const char* kOp = "BiasGrad";
   PSTRAIN_RETURN_IF_ERROR(CheckBiasShape(kOp, outer, channels, inner));
   if (channels == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {dbias}));
-  if (outer * inner == 0) {
-    // Nothing to sum: the gradient is zero (outputs are overwritten).
-    return LaunchFill(dbias, 0.f, channels, stream);
+  if (outer * inner > 0) PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {dy}));
+  if (inner > 1 && channels > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": too many channels ", channels));
   }
-  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {dy}));
-  if (inner == 1) {
-    BiasGradColumnsKernel<<<BlocksFor(channels), kThreadsPerBlock, 0, stream>>>(dy, dbias, outer,
-                                                                                channels);
-  } else {
-    if (channels > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": too many channels ", channels));
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* out = static_cast<T*>(dbias);
+    const T* in = static_cast<const T*>(dy);
+    if (outer * inner == 0) {
+      // Nothing to sum: the gradient is zero (outputs are overwritten).
+      FillTypedKernel<T><<<BlocksFor(channels), kThreadsPerBlock, 0, stream>>>(out, 0.f, channels);
+    } else if (inner == 1) {
+      BiasGradColumnsKernel<T>
+          <<<BlocksFor(channels), kThreadsPerBlock, 0, stream>>>(in, out, outer, channels);
+    } else {
+      BiasGradBlocksKernel<T><<<static_cast<unsigned>(channels), kThreadsPerBlock, 0, stream>>>(
+          in, out, outer, channels, inner);
     }
-    BiasGradBlocksKernel<<<static_cast<unsigned>(channels), kThreadsPerBlock, 0, stream>>>(
-        dy, dbias, outer, channels, inner);
-  }
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
 // --- Activations -----------------------------------------------------------
 
-__global__ void ActivationForwardKernel(Activation kind, float alpha, const float* x, float* y,
+template <typename T>
+__global__ void ActivationForwardKernel(Activation kind, float alpha, const T* x, T* y,
                                         int64_t count) {
   for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    const float v = x[i];
+    const float v = ToFloat(x[i]);
     float out;
     switch (kind) {
       case Activation::kRelu:
@@ -122,32 +140,36 @@ __global__ void ActivationForwardKernel(Activation kind, float alpha, const floa
         out = 1.f / (1.f + expf(-v));
         break;
     }
-    y[i] = out;
+    y[i] = FromFloat<T>(out);
   }
 }
 
-__global__ void ActivationBackwardKernel(Activation kind, float alpha, const float* x,
-                                         const float* y, const float* dy, float* dx,
-                                         int64_t count) {
+template <typename T>
+__global__ void ActivationBackwardKernel(Activation kind, float alpha, const T* x, const T* y,
+                                         const T* dy, T* dx, int64_t count) {
   for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    const float g = dy[i];
+    const float g = ToFloat(dy[i]);
     float out;
     switch (kind) {
       case Activation::kRelu:
-        out = x[i] > 0.f ? g : 0.f;
+        out = ToFloat(x[i]) > 0.f ? g : 0.f;
         break;
       case Activation::kLeakyRelu:
-        out = x[i] > 0.f ? g : alpha * g;
+        out = ToFloat(x[i]) > 0.f ? g : alpha * g;
         break;
-      case Activation::kTanh:
-        out = g * (1.f - y[i] * y[i]);
+      case Activation::kTanh: {
+        const float out_y = ToFloat(y[i]);
+        out = g * (1.f - out_y * out_y);
         break;
+      }
       case Activation::kSigmoid:
-      default:
-        out = g * y[i] * (1.f - y[i]);
+      default: {
+        const float out_y = ToFloat(y[i]);
+        out = g * out_y * (1.f - out_y);
         break;
+      }
     }
-    dx[i] = out;
+    dx[i] = FromFloat<T>(out);
   }
 }
 
@@ -167,21 +189,24 @@ absl::Status CheckActivation(const char* op, Activation kind) {
 
 }  // namespace
 
-absl::Status LaunchActivationForward(Activation kind, float alpha, const float* x, float* y,
-                                     int64_t count, cudaStream_t stream) {
+absl::Status LaunchActivationForward(DataType dtype, Activation kind, float alpha, const void* x,
+                                     void* y, int64_t count, cudaStream_t stream) {
   constexpr const char* kOp = "ActivationForward";
   PSTRAIN_RETURN_IF_ERROR(CheckActivation(kOp, kind));
   PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
-  ActivationForwardKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(kind, alpha, x, y,
-                                                                             count);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ActivationForwardKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        kind, alpha, static_cast<const T*>(x), static_cast<T*>(y), count);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
-absl::Status LaunchActivationBackward(Activation kind, float alpha, const float* x, const float* y,
-                                      const float* dy, float* dx, int64_t count,
+absl::Status LaunchActivationBackward(DataType dtype, Activation kind, float alpha, const void* x,
+                                      const void* y, const void* dy, void* dx, int64_t count,
                                       cudaStream_t stream) {
   constexpr const char* kOp = "ActivationBackward";
   PSTRAIN_RETURN_IF_ERROR(CheckActivation(kOp, kind));
@@ -189,26 +214,31 @@ absl::Status LaunchActivationBackward(Activation kind, float alpha, const float*
   if (count == 0) return absl::OkStatus();
   // Each kind reads only x (relu, leaky relu) or only y (tanh, sigmoid).
   const bool uses_x = kind == Activation::kRelu || kind == Activation::kLeakyRelu;
-  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {uses_x ? static_cast<const void*>(x) : y, dy, dx}));
-  ActivationBackwardKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(kind, alpha, x, y, dy,
-                                                                              dx, count);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {uses_x ? x : y, dy, dx}));
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ActivationBackwardKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        kind, alpha, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
+        static_cast<T*>(dx), count);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
 // --- Dropout -----------------------------------------------------------------
 
-__global__ void DropoutForwardKernel(const float* x, float* y, float* mask, int64_t count,
-                                     float rate, float keep_scale, uint64_t seed) {
+template <typename T>
+__global__ void DropoutForwardKernel(const T* x, T* y, T* mask, int64_t count, float rate,
+                                     float keep_scale, uint64_t seed) {
   for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
     const float m = DropoutKeep(seed, static_cast<uint64_t>(i), rate) ? keep_scale : 0.f;
-    mask[i] = m;
-    y[i] = x[i] * m;
+    mask[i] = FromFloat<T>(m);
+    y[i] = FromFloat<T>(ToFloat(x[i]) * m);
   }
 }
 
-absl::Status LaunchDropoutForward(const float* x, float* y, float* mask, int64_t count, float rate,
-                                  uint64_t seed, cudaStream_t stream) {
+absl::Status LaunchDropoutForward(DataType dtype, const void* x, void* y, void* mask, int64_t count,
+                                  float rate, uint64_t seed, cudaStream_t stream) {
   constexpr const char* kOp = "DropoutForward";
   if (!(rate >= 0.f && rate < 1.f)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": rate must be in [0, 1), got ", rate));
@@ -217,56 +247,82 @@ absl::Status LaunchDropoutForward(const float* x, float* y, float* mask, int64_t
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y, mask}));
   const float keep_scale = 1.f / (1.f - rate);
-  DropoutForwardKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(x, y, mask, count, rate,
-                                                                          keep_scale, seed);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    DropoutForwardKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), static_cast<T*>(mask), count, rate,
+        keep_scale, seed);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
 // --- Multiply, Add, Axpy, Scale, Fill ------------------------------------------
 
-__global__ void MultiplyKernel(const float* a, const float* b, float* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) y[i] = a[i] * b[i];
+template <typename T>
+__global__ void MultiplyKernel(const T* a, const T* b, T* y, int64_t count) {
+  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
+    y[i] = FromFloat<T>(ToFloat(a[i]) * ToFloat(b[i]));
+  }
 }
 
-absl::Status LaunchMultiply(const float* a, const float* b, float* y, int64_t count,
+absl::Status LaunchMultiply(DataType dtype, const void* a, const void* b, void* y, int64_t count,
                             cudaStream_t stream) {
   constexpr const char* kOp = "Multiply";
   PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {a, b, y}));
-  MultiplyKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(a, b, y, count);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    MultiplyKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
-__global__ void AddKernel(const float* a, const float* b, float* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) y[i] = a[i] + b[i];
+template <typename T>
+__global__ void AddKernel(const T* a, const T* b, T* y, int64_t count) {
+  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
+    y[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
+  }
 }
 
-absl::Status LaunchAdd(const float* a, const float* b, float* y, int64_t count,
+absl::Status LaunchAdd(DataType dtype, const void* a, const void* b, void* y, int64_t count,
                        cudaStream_t stream) {
   constexpr const char* kOp = "Add";
   PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {a, b, y}));
-  AddKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(a, b, y, count);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AddKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
-__global__ void AxpyKernel(float alpha, const float* x, float* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) y[i] += alpha * x[i];
+template <typename T>
+__global__ void AxpyKernel(float alpha, const T* x, T* y, int64_t count) {
+  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
+    y[i] = FromFloat<T>(ToFloat(y[i]) + alpha * ToFloat(x[i]));
+  }
 }
 
-absl::Status LaunchAxpy(float alpha, const float* x, float* y, int64_t count, cudaStream_t stream) {
+absl::Status LaunchAxpy(DataType dtype, float alpha, const void* x, void* y, int64_t count,
+                        cudaStream_t stream) {
   constexpr const char* kOp = "Axpy";
   PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
-  AxpyKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(alpha, x, y, count);
-  PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AxpyKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+        alpha, static_cast<const T*>(x), static_cast<T*>(y), count);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
 }
 
 __global__ void ScaleKernel(float alpha, float* x, int64_t count) {
@@ -283,18 +339,53 @@ absl::Status LaunchScale(float alpha, float* x, int64_t count, cudaStream_t stre
   return absl::OkStatus();
 }
 
-__global__ void FillKernel(float* x, float value, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) x[i] = value;
-}
-
 absl::Status LaunchFill(float* x, float value, int64_t count, cudaStream_t stream) {
   constexpr const char* kOp = "Fill";
   PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
   if (count == 0) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x}));
-  FillKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(x, value, count);
+  FillTypedKernel<float><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(x, value, count);
   PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
   return absl::OkStatus();
+}
+
+// --- Convert -------------------------------------------------------------------
+
+// In place when x == y and From == To: each element is read before it is
+// written, by the same thread.
+template <typename From, typename To>
+__global__ void ConvertKernel(const From* x, To* y, int64_t count, float scale,
+                              int32_t* nonfinite) {
+  bool bad = false;
+  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
+    const To out = FromFloat<To>(scale * ToFloat(x[i]));
+    y[i] = out;
+    bad |= !isfinite(ToFloat(out));
+  }
+  // Every writer stores the same value: no atomic is needed.
+  if (nonfinite != nullptr && bad) *nonfinite = 1;
+}
+
+absl::Status LaunchConvert(DataType from, const void* x, DataType to, void* y, int64_t count,
+                           float scale, int32_t* nonfinite, cudaStream_t stream) {
+  constexpr const char* kOp = "Convert";
+  PSTRAIN_RETURN_IF_ERROR(CheckCount(kOp, count));
+  if (count == 0) return absl::OkStatus();
+  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
+  if (x == y && from != to) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": in place from ", DataTypeName(from),
+                                                   " to ", DataTypeName(to), " is not allowed"));
+  }
+  return DispatchDataType(kOp, from, [&](auto* from_tag) {
+    using FromT = std::remove_pointer_t<decltype(from_tag)>;
+    return DispatchDataType(kOp, to, [&](auto* to_tag) {
+      using ToT = std::remove_pointer_t<decltype(to_tag)>;
+      ConvertKernel<FromT, ToT><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
+          static_cast<const FromT*>(x), static_cast<ToT*>(y), count, scale, nonfinite);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
+  });
 }
 
 }  // namespace pstrain::cuda

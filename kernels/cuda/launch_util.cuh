@@ -3,15 +3,19 @@
 #ifndef PSTRAIN_KERNELS_CUDA_LAUNCH_UTIL_CUH_
 #define PSTRAIN_KERNELS_CUDA_LAUNCH_UTIL_CUH_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
 
 namespace pstrain::cuda {
 
@@ -63,6 +67,44 @@ __device__ __forceinline__ float BlockReduce(float value, float* scratch) {
   value = lane < warps ? scratch[lane] : identity;
   value = kMax ? WarpReduceMax(value) : WarpReduceSum(value);
   return value;
+}
+
+// Element access for the DataTypes: kernels read any of them as fp32 and
+// round once, to nearest even, when they store.
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else {
+    static_assert(std::is_same_v<T, __half>);
+    return __float2half_rn(v);
+  }
+}
+
+// Calls fn(static_cast<T*>(nullptr)) with T the element type of `dtype`
+// (float, __nv_bfloat16 or __half), so that a generic lambda can launch the
+// kernel template for it:
+//   return DispatchDataType(kOp, dtype, [&](auto* tag) {
+//     using T = std::remove_pointer_t<decltype(tag)>;
+//     ...
+//   });
+template <typename Fn>
+absl::Status DispatchDataType(const char* op, DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::kF32:
+      return fn(static_cast<float*>(nullptr));
+    case DataType::kBF16:
+      return fn(static_cast<__nv_bfloat16*>(nullptr));
+    case DataType::kF16:
+      return fn(static_cast<__half*>(nullptr));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": unknown data type ", static_cast<int>(dtype)));
 }
 
 // Shared launcher checks: a negative count is an error, and a null pointer is

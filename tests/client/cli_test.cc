@@ -422,6 +422,17 @@ TEST_F(CliTest, SubmitAppliesOverridesAndInlinesTheModel) {
   EXPECT_GT(spec.model().layers_size(), 0);
 }
 
+TEST_F(CliTest, SubmitSetsThePrecision) {
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--precision", "bf16", "--json"}), 0) << err_.str();
+  ASSERT_EQ(Run({"submit", ExampleJob(), "--precision", "fp16", "--json"}), 0) << err_.str();
+  EXPECT_EQ(Run({"submit", ExampleJob(), "--precision", "fp8"}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--precision must be fp32, bf16 or fp16, got 'fp8'"));
+  absl::MutexLock lock(&fake_.mu_);
+  ASSERT_EQ(fake_.submitted.size(), 2u);
+  EXPECT_EQ(fake_.submitted[0].precision(), v1::PRECISION_BF16);
+  EXPECT_EQ(fake_.submitted[1].precision(), v1::PRECISION_FP16);
+}
+
 TEST_F(CliTest, SubmitSetsPullCompressionAndItsMinCompressBytes) {
   // fp16 pushes, 1-bit pulls: --min-compress-bytes goes to the pull codec
   // only (F16 sends every parameter whole anyway).

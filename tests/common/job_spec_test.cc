@@ -131,6 +131,8 @@ TEST(JobSpecTest, ValidationNamesTheField) {
          j.mutable_pull_compression()->set_method(v1::CompressionSpec::COMPRESSION_FP16);
        },
        "pull_compression applies to CONSISTENCY_SYNC"},
+      {[](v1::JobSpec& j) { j.set_precision(static_cast<v1::Precision>(7)); },
+       "precision 7 is not a known Precision"},
   };
   for (const Case& c : cases) {
     v1::JobSpec job = *base;
