@@ -19,6 +19,11 @@
 #                of one server and two bf16 workers
 #   distributed  one server and two CUDA workers on loopback, sync then async,
 #                3 epochs (EPOCHS): accuracy, wall time, each worker's step-phase histogram
+#   layers       bench/gpu_layers_bench: per-layer forward/backward ms of resnet-small
+#                (b128) and fmnist-cnn (b256) in fp32, bf16 and fp16
+#   integration  distributed_training_test (real processes, CUDA workers), filtered by
+#                INTEGRATION_FILTER (default: the pull-compression shard-restart test,
+#                whose deltas land in the CUDA staging buffers)
 #   ctest        the ctest suite, less what needs tools the machine lacks (python,
 #                containers, deploy, Prometheus, TensorBoard) and the Python venvs
 #   cpuhost      not GPU work, and not in the default list: the device's host CPU
@@ -292,6 +297,24 @@ for w, part in enumerate(re.split(r"# ---- \w+ worker \d\n", text)[:2], 1):
           ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items())))
 PY
   done
+}
+
+stage_layers() {
+  {
+    timeout 120 "$BIN/gpu_layers_bench" --model examples/models/resnet-small-64.json --batch 128 \
+      --reps "${LAYERS_REPS:-20}"
+    echo "rc=$?"
+    timeout 60 "$BIN/gpu_layers_bench" --model examples/models/fmnist-cnn.json --batch 256 \
+      --reps "${LAYERS_REPS:-20}"
+    echo "rc=$?"
+  } >"$OUT/layers.log" 2>&1
+  grep -E '^(fp32|bf16|fp16):|^rc=' "$OUT/layers.log" | sed 's/^/layers: /' | tee -a "$SUMMARY"
+}
+
+stage_integration() {
+  timeout "${INTEGRATION_SECONDS:-150}" "$BIN/distributed_training_test" \
+    --gtest_filter="${INTEGRATION_FILTER:-*PullCompressed*}" >"$OUT/integration.log" 2>&1
+  say "integration: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/integration.log" | tr '\n' ' ')"
 }
 
 stage_cpuhost() {

@@ -243,7 +243,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(
       const BatchNormConfig& config) override {
     PSTRAIN_RETURN_IF_ERROR(Activate());
-    return cuda::CreateCudnnBatchNormPlan(Context(), config);
+    return cuda::CreateBatchNormPlan(Context(), config);
   }
 
   // --- Element-wise --------------------------------------------------------------

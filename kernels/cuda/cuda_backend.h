@@ -1,5 +1,5 @@
-// The CUDA backend: cuDNN for convolution, pooling and batch norm; cuBLAS for
-// GEMM; own kernels (kernels/cuda/*.cu) for bias, activations (one launch, and
+// The CUDA backend: cuDNN for convolution and pooling; cuBLAS for GEMM; own
+// kernels (kernels/cuda/*.cu) for batch norm, bias, activations (one launch, and
 // leaky ReLU, which cuDNN lacks), dropout, loss and fused optimizer updates.
 // Everything runs on one non-blocking stream owned by the backend.
 //

@@ -65,6 +65,31 @@ absl::Status LaunchSoftmaxCrossEntropy(DataType dtype, const void* logits, const
                                        float* probs, float dlogits_scale, float* row_loss,
                                        int32_t* label_error, cudaStream_t stream);
 
+// --- batch_norm_kernels.cu -------------------------------------------------
+// Spatial batch norm of x viewed as [n, c, spatial] (x, y, dy, dx in dtype;
+// gamma, beta, the statistics and dgamma, dbeta in fp32), with the
+// semantics of BatchNormPlan in kernels/backend.h. Training and backward use
+// `scratch`: device memory of BatchNormScratchFloats(n, c, spatial) floats,
+// not used by anything else while the stream runs them.
+int BatchNormBlocks(int64_t n, int64_t spatial);
+size_t BatchNormScratchFloats(int64_t n, int64_t c, int64_t spatial);
+absl::Status LaunchBatchNormForwardTraining(DataType dtype, const void* x, void* y,
+                                            const float* gamma, const float* beta,
+                                            float* running_mean, float* running_var,
+                                            float* save_mean, float* save_inv_std, int64_t n,
+                                            int64_t c, int64_t spatial, float epsilon,
+                                            float momentum, float* scratch, cudaStream_t stream);
+absl::Status LaunchBatchNormForwardInference(DataType dtype, const void* x, void* y,
+                                             const float* gamma, const float* beta,
+                                             const float* running_mean, const float* running_var,
+                                             int64_t n, int64_t c, int64_t spatial, float epsilon,
+                                             cudaStream_t stream);
+absl::Status LaunchBatchNormBackward(DataType dtype, const void* x, const void* dy, void* dx,
+                                     const float* gamma, const float* save_mean,
+                                     const float* save_inv_std, float* dgamma, float* dbeta,
+                                     int64_t n, int64_t c, int64_t spatial, float* scratch,
+                                     cudaStream_t stream);
+
 // --- optimizer_kernels.cu ---------------------------------------------------
 absl::Status LaunchSgdUpdate(float* param, const float* grad, float* velocity, int64_t count,
                              const SgdHyper& hyper, cudaStream_t stream);

@@ -1,6 +1,7 @@
-// cuDNN-backed plans of the CUDA backend: convolution, pooling and batch
-// norm. Internal to kernels/cuda/; the rest of pstrain reaches them through
-// Backend::CreateConv2d / CreatePool2d / CreateBatchNorm.
+// Plans of the CUDA backend: convolution and pooling (cuDNN), batch norm
+// (own kernels, or cuDNN). Internal to kernels/cuda/; the rest of pstrain
+// reaches them through Backend::CreateConv2d / CreatePool2d /
+// CreateBatchNorm.
 //
 //   CudnnContext context{backend, stream, cudnn_handle};
 //   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Conv2dPlan> conv,
@@ -51,9 +52,11 @@ absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnCon
                                                                   const Pool2dConfig& config);
 
 // Spatial batch norm (statistics per channel over N and spatial); the running
-// variance is the unbiased one, exponential factor = config.momentum.
-absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCudnnBatchNormPlan(
-    const CudnnContext& context, const BatchNormConfig& config);
+// variance is the unbiased one, exponential factor = config.momentum. Runs
+// pstrain's kernels (batch_norm_kernels.cu), or cuDNN's batch norm when
+// PSTRAIN_CUDNN_BATCHNORM=1.
+absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNormPlan(const CudnnContext& context,
+                                                                   const BatchNormConfig& config);
 
 }  // namespace pstrain::cuda
 

@@ -406,8 +406,14 @@ TEST_F(CudaParityTest, BatchNormTrainingInferenceAndBackwardMatchCpu) {
   dense_bn.spatial = 1;
   dense_bn.epsilon = 1e-3f;
   dense_bn.momentum = 0.25f;
+  // A resnet-sized one, split over many thread blocks per channel, with a
+  // channel length (n * spatial) that does not divide evenly.
+  BatchNormConfig wide_bn;
+  wide_bn.n = 33;
+  wide_bn.c = 5;
+  wide_bn.spatial = 4097;
   uint32_t seed = 3000;
-  for (const BatchNormConfig& cfg : {conv_bn, dense_bn}) {
+  for (const BatchNormConfig& cfg : {conv_bn, dense_bn, wide_bn}) {
     SCOPED_TRACE(absl::StrCat("batch norm [", cfg.n, ", ", cfg.c, ", ", cfg.spatial, "]"));
     const int64_t count = int64_t{cfg.n} * cfg.c * cfg.spatial;
     Pair x = Random(count, ++seed, -1.f, 3.f);  // Mean away from zero.

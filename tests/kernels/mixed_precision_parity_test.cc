@@ -14,6 +14,16 @@
 // with r = 1 for single ops and r = 2 where an intermediate is stored in the
 // reduced type too (a convolution's output before its bias is added).
 //
+// The convolution's backward passes round more often: cuDNN's tensor-core
+// algorithms split their long sums (N*P*Q terms for backward-filter, 50,176
+// for fmnist's conv1 at batch 64; K*R*S for backward-data) into blocks and
+// store block results in the data type before combining them, a rounding
+// per level. On an H200 with cuDNN 9.19 that measured, relative to the
+// largest element: backward-filter 5.0 u (bf16) and 2.7 u (fp16),
+// backward-data 2.1 u. The bounds are r = 8 and r = 4 for those passes:
+// what cuDNN does, with room for another algorithm's choice of blocks, and
+// still far below what a wrong layout, scale or missed bias would give.
+//
 // The GPU tests skip themselves without a CUDA device; the CPU backend's
 // refusal runs everywhere.
 #include <algorithm>
@@ -324,8 +334,8 @@ TEST_P(MixedPrecisionParityTest, ConvolutionForwardAndBackwardMatchFp32) {
     ASSERT_OK(cuda_->Synchronize());
 
     ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward (+ bias)", Bound(dtype(), 2));
-    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward data", Bound(dtype(), 1));
-    ExpectClose(Read(*cuda_, gdw), Read(*cpu_, cdw), "backward filter", Bound(dtype(), 1));
+    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward data", Bound(dtype(), 4));
+    ExpectClose(Read(*cuda_, gdw), Read(*cpu_, cdw), "backward filter", Bound(dtype(), 8));
     ExpectClose(Read(*cuda_, gdb), Read(*cpu_, cdb), "bias gradient", Bound(dtype(), 1));
   }
 }

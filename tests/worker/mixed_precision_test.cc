@@ -3,22 +3,20 @@
 // dynamic loss scaling on an overflow, a short training run, and the CPU's
 // refusal.
 //
-// Tolerances of a whole step: every layer stores its output (and, going
-// back, its input gradient) in the reduced type, rounding it once, by at most
-// u relative (the unit roundoff: 2^-8 bf16, 2^-11 fp16). Independent
-// roundings add in quadrature and pass through a network at initialisation
-// roughly unamplified, so through the L <= 24 stored tensors of the models
-// below they put about sqrt(L) u = 5 u into a gradient. Rounding also
-// changes decisions: a ReLU input near zero changes sign, and a max-pool
-// window whose two largest inputs round to one value routes its gradient to
-// the other one (for bf16 that is a few percent of 2x2 windows of normal
-// inputs). Each such change moves one gradient element by its full size, to
-// a neighbour, which adds about sqrt(fraction changed) of relative error to
-// the weights upstream. The tests allow, in relative L2 norm per gradient,
-// 0.10 for bf16 (5 u = 0.02 of rounding plus ~0.06 of rerouted windows) and
-// 0.025 for fp16 (8x fewer ties), and 4 u for the loss, which depends on the
-// logits through a smooth, averaged function. Each case prints the errors it
-// measured.
+// Tolerances of a whole step. The op-level parity tests
+// (tests/kernels/mixed_precision_parity_test.cc) bound each op's rounding
+// tightly; a whole step compounds them and adds decisions that rounding
+// changes: a ReLU input near zero changes sign, a max-pool window whose two
+// largest inputs round to one value sends its gradient to the other one
+// (for bf16, a few percent of 2x2 windows), and a batch-norm beta gradient
+// is a sum of terms that mostly cancel, so its relative error is the sum's
+// rounding over a small result. On an H200 one step measured, in relative L2
+// error per gradient: bf16 up to 0.23 (a batch-norm beta; convolution
+// weights 0.07-0.12), fp16 up to 0.07; and for the loss, 1.3e-4 (bf16) and
+// 4.6e-5 (fp16). The bounds are 0.35 (bf16) and 0.12 (fp16) per gradient,
+// and 2 u for the loss (u = 2^-8 bf16, 2^-11 fp16). What the test is for is
+// wiring: a gradient not unscaled, not converted, or computed from the wrong
+// type is off by 1 or more. Each case prints what it measured.
 //
 // GPU cases skip themselves without a CUDA device.
 #include <cmath>
@@ -191,8 +189,8 @@ TEST_P(MixedPrecisionModelTest, OneStepMatchesFp32WithinTheRoundingOfItsLayers) 
     const double loss_error = std::abs(got.loss - ref.loss) / ref.loss;
     std::printf("%s %s: loss %.6f (fp32 %.6f, relative error %.2e)\n", spec.name().c_str(),
                 DataTypeName(dtype), got.loss, ref.loss, loss_error);
-    EXPECT_LE(loss_error, 4 * u) << "loss " << got.loss << " against fp32 " << ref.loss;
-    const double bound = dtype == DataType::kBF16 ? 0.10 : 0.025;
+    EXPECT_LE(loss_error, 2 * u) << "loss " << got.loss << " against fp32 " << ref.loss;
+    const double bound = dtype == DataType::kBF16 ? 0.35 : 0.12;
     for (size_t i = 0; i < ref.grads.size(); ++i) {
       const double error = RelativeL2(got.grads[i], ref.grads[i]);
       std::printf("  %-14s gradient relative L2 error %.2e\n", ref.names[i].c_str(), error);
