@@ -9,7 +9,8 @@
 #   accuracy     pstrain-worker --standalone examples/fashion-mnist.json --device cuda
 #                with /metrics sampled every second: test accuracy, time, samples/s,
 #                and pstrain_worker_gpu_utilization_ratio over the training window
-#   busy         the same sampling on resnet-small (3x64x64, batch 128, synthetic)
+#   busy         the same sampling on resnet-small (3x64x64, batch 128, synthetic), in
+#                each of BUSY_PRECISIONS (default fp32)
 #   transforms   conv parity and speed with cuDNN's FFT/Winograd algorithms allowed or not
 #   speed        bench/train_gpu_vs_pytorch.py: pstrain against PyTorch eager, same GPU
 #                (SPEED_PRECISIONS=fp32,bf16,fp16 adds mixed precision against
@@ -174,7 +175,11 @@ stage_accuracy() {
 
 # GPU busy time on a model that is not launch-bound: resnet-small, batch 128.
 stage_busy() {
-  sampled_run busy bench/jobs/resnet-small-64-synthetic.json --epochs "${BUSY_EPOCHS:-8}"
+  local p
+  for p in ${BUSY_PRECISIONS:-fp32}; do
+    sampled_run "busy-$p" bench/jobs/resnet-small-64-synthetic.json --epochs "${BUSY_EPOCHS:-8}" \
+      --precision "$p"
+  done
 }
 
 stage_speed() {
