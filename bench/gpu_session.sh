@@ -330,13 +330,14 @@ stage_cpuhost() {
   fi
   {
     echo "== cpuhost $(date -u +%FT%TZ): $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-    for cores in 0-1 0-3; do
-      echo "== transport_bench --reps=7 --tls_certs, taskset -c $cores"
-      taskset -c "$cores" timeout 400 "$BIN/transport_bench" --reps=7 \
-        --tls_certs="$certs" || rc=1
+    for cores in ${CPUHOST_CORES:-0-1 0-3}; do
+      echo "== transport_bench --reps=${CPUHOST_REPS:-7} --tls_certs, taskset -c $cores"
+      taskset -c "$cores" timeout "${CPUHOST_TRANSPORT_SECONDS:-400}" "$BIN/transport_bench" \
+        --reps="${CPUHOST_REPS:-7}" --tls_certs="$certs" || rc=1
     done
-    echo "== bench/train_cpu_vs_pytorch.py --rounds 3, taskset -c 0-1"
-    taskset -c 0-1 timeout 600 $PY bench/train_cpu_vs_pytorch.py --rounds 3 || rc=1
+    echo "== bench/train_cpu_vs_pytorch.py --rounds ${CPUHOST_ROUNDS:-3}, taskset -c 0-1"
+    taskset -c 0-1 timeout "${CPUHOST_TRAIN_SECONDS:-600}" $PY bench/train_cpu_vs_pytorch.py \
+      --rounds "${CPUHOST_ROUNDS:-3}" || rc=1
   } >"$log" 2>&1
   say "cpuhost: $(sed -n 's/^== cpuhost [^ ]*: //p' "$log")"
   grep -E '^== transport|GB/s|ratio|median' "$log" | tee -a "$SUMMARY" >/dev/null
