@@ -32,8 +32,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
   if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: null backend");
   if (!backend->SupportsDataType(options.precision)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "precision ", DataTypeName(options.precision), " needs a CUDA device; ",
-        backend->DeviceName(), " trains in fp32 only (set precision to fp32, or run on a GPU)"));
+        "precision ", DataTypeName(options.precision),
+        " needs a CUDA device with tensor cores for it (fp16: compute capability 7.0+, bf16: "
+        "8.0+); ",
+        backend->Describe(), " cannot run it (set precision to fp32)"));
   }
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec));
   std::unique_ptr<Model> model(new Model(std::move(graph), backend, options.precision));

@@ -339,7 +339,20 @@ class CudaBackend final : public Backend {
     return cuda::LaunchAdamUpdate(param, grad, m, v, count, hyper, stream_.get());
   }
 
-  bool SupportsDataType(DataType dtype) const override { return true; }
+  // Tensor cores for fp16 from compute capability 7.0 (Volta), for bf16
+  // from 8.0 (Ampere); below that cuDNN has no reduced-precision algorithms
+  // worth running, and the job is refused up front.
+  bool SupportsDataType(DataType dtype) const override {
+    switch (dtype) {
+      case DataType::kF32:
+        return true;
+      case DataType::kF16:
+        return compute_capability_ >= 70;
+      case DataType::kBF16:
+        return compute_capability_ >= 80;
+    }
+    return false;
+  }
 
  private:
   absl::Status RunSoftmaxCrossEntropy(DataType dtype, const void* logits, const int32_t* labels,
@@ -371,6 +384,7 @@ class CudaBackend final : public Backend {
     PSTRAIN_RETURN_IF_ERROR(Activate());
     cudaDeviceProp prop;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, ordinal_));
+    compute_capability_ = prop.major * 10 + prop.minor;
     PSTRAIN_ASSIGN_OR_RETURN(stream_, Stream::Create());
     PSTRAIN_ASSIGN_OR_RETURN(cublas_, CublasHandle::Create());
     PSTRAIN_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_.get(), stream_.get()));
@@ -447,6 +461,7 @@ class CudaBackend final : public Backend {
   // Constant after construction.
   const int ordinal_;
   std::string description_;
+  int compute_capability_ = 0;  // 90 for sm_90.
   bool stream_ordered_allocation_ = false;
   Stream stream_;
   CublasHandle cublas_;

@@ -39,45 +39,6 @@ absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w,
   return desc;
 }
 
-// What cuDNN answers for a data type it does not run an op in.
-bool IsUnsupported(cudnnStatus_t status) {
-  return status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM;
-}
-
-// fp32 copies of a reduced-precision plan's tensors, for ops cuDNN runs in
-// fp32 only: inputs are converted in, the op runs in fp32, outputs are
-// converted back (one rounding, as the native op would do). Buffers are
-// allocated on first use.
-class F32Staging {
- public:
-  F32Staging(const CudnnContext& context, DataType dtype) : context_(context), dtype_(dtype) {}
-
-  // Buffer `slot` (0..3) holding `count` floats.
-  absl::StatusOr<float*> Buffer(int slot, int64_t count) {
-    DeviceBuffer& b = buffers_[slot];
-    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-    if (b.bytes() < bytes) {
-      PSTRAIN_ASSIGN_OR_RETURN(b, context_.backend->Allocate(bytes));
-    }
-    return static_cast<float*>(b.data());
-  }
-  // Buffer `slot` filled with `x` (dtype_) as fp32.
-  absl::StatusOr<float*> In(int slot, const void* x, int64_t count) {
-    PSTRAIN_ASSIGN_OR_RETURN(float* f, Buffer(slot, count));
-    PSTRAIN_RETURN_IF_ERROR(
-        LaunchConvert(dtype_, x, DataType::kF32, f, count, 1.f, nullptr, context_.stream));
-    return f;
-  }
-  absl::Status Out(const float* f, void* y, int64_t count) {
-    return LaunchConvert(DataType::kF32, f, dtype_, y, count, 1.f, nullptr, context_.stream);
-  }
-
- private:
-  const CudnnContext context_;
-  const DataType dtype_;
-  DeviceBuffer buffers_[4];
-};
-
 // Which convolution algorithms may run. Winograd transforms trade accuracy
 // for speed: on an H200 they put forward, backward-data and backward-filter
 // results 4e-3 to 6e-3 away from the CPU backend's, where the FMA and FFT
@@ -416,68 +377,26 @@ class CudnnPool2dPlan final : public Pool2dPlan {
     return std::unique_ptr<Pool2dPlan>(std::move(plan));
   }
 
-  // A reduced-precision plan whose type cuDNN does not pool in (it answers
-  // NOT_SUPPORTED on the first call) pools through fp32 copies from then on.
   absl::Status Forward(const void* x, void* y, bool training) override {
     // cuDNN's backward recomputes the argmax from x and y, so `training`
     // needs no extra state here.
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    if (!via_f32_) {
-      const cudnnStatus_t status = cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
-                                                       x_desc_.get(), x, &kZero, y_desc_.get(), y);
-      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
-        PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
-      }
-      PSTRAIN_RETURN_IF_ERROR(UseF32());
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, in_count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, out_count()));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
-                                                      x_f32_.get(), xf, &kZero, y_f32_.get(), yf));
-    return staging_.Out(yf, y, out_count());
+                                                      x_desc_.get(), x, &kZero, y_desc_.get(), y));
+    return absl::OkStatus();
   }
 
   absl::Status Backward(const void* x, const void* y, const void* dy, void* dx) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    if (!via_f32_) {
-      const cudnnStatus_t status =
-          cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
-                               y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx);
-      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
-        PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
-      }
-      PSTRAIN_RETURN_IF_ERROR(UseF32());
-    }
-    // y rounded to fp32 is exactly the x it was taken from (max pooling
-    // finds its argmax by comparing them).
-    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, in_count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.In(1, y, out_count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* dyf, staging_.In(2, dy, out_count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* dxf, staging_.Buffer(3, in_count()));
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_f32_.get(), yf,
-                             y_f32_.get(), dyf, x_f32_.get(), xf, &kZero, x_f32_.get(), dxf));
-    return staging_.Out(dxf, dx, in_count());
+        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
+                             y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx));
+    return absl::OkStatus();
   }
 
  private:
   CudnnPool2dPlan(const CudnnContext& context, const Pool2dConfig& config)
-      : context_(context), config_(config), staging_(context, config.dtype) {}
-
-  int64_t in_count() const { return int64_t{config_.n} * config_.c * config_.h * config_.w; }
-  int64_t out_count() const {
-    return int64_t{config_.n} * config_.c * config_.out_h() * config_.out_w();
-  }
-
-  absl::Status UseF32() {
-    const Pool2dConfig& c = config_;
-    PSTRAIN_ASSIGN_OR_RETURN(x_f32_, NewTensor4d(c.n, c.c, c.h, c.w));
-    PSTRAIN_ASSIGN_OR_RETURN(y_f32_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w()));
-    via_f32_ = true;
-    return absl::OkStatus();
-  }
+      : context_(context), config_(config) {}
 
   absl::Status Init() {
     const Pool2dConfig& c = config_;
@@ -507,10 +426,6 @@ class CudnnPool2dPlan final : public Pool2dPlan {
   TensorDescriptor x_desc_;
   TensorDescriptor y_desc_;
   PoolingDescriptor pool_desc_;
-
-  bool via_f32_ = false;  // Set once cuDNN refused config_.dtype.
-  TensorDescriptor x_f32_, y_f32_;
-  F32Staging staging_;
 };
 
 // ---------------------------------------------------------------------------
@@ -542,87 +457,42 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
   }
 
   // bf16 and fp16 x and y with fp32 scales and statistics, as cuDNN runs
-  // them; a type cuDNN refuses (NOT_SUPPORTED on the first call) runs
-  // through fp32 copies from then on.
+  // them.
   absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta, void* y,
                                float* running_mean, float* running_var, float* save_mean,
                                float* save_inv_std) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    auto run = [&](const TensorDescriptor& desc, const void* in, void* out) {
-      return cudnnBatchNormalizationForwardTraining(
-          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, desc.get(), in, desc.get(), out,
-          param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
-          running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std);
-    };
-    if (!via_f32_) {
-      const cudnnStatus_t status = run(x_desc_, x, y);
-      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, count()));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, yf));
-    return staging_.Out(yf, y, count());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardTraining(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
+        param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
+        running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std));
+    return absl::OkStatus();
   }
 
   absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
                                 const float* running_mean, const float* running_var,
                                 void* y) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    auto run = [&](const TensorDescriptor& desc, const void* in, void* out) {
-      return cudnnBatchNormalizationForwardInference(
-          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, desc.get(), in, desc.get(), out,
-          param_desc_.get(), gamma, beta, running_mean, running_var,
-          static_cast<double>(config_.epsilon));
-    };
-    if (!via_f32_) {
-      const cudnnStatus_t status = run(x_desc_, x, y);
-      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* yf, staging_.Buffer(1, count()));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, yf));
-    return staging_.Out(yf, y, count());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardInference(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
+        param_desc_.get(), gamma, beta, running_mean, running_var,
+        static_cast<double>(config_.epsilon)));
+    return absl::OkStatus();
   }
 
   absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
                         const float* save_inv_std, void* dx, float* dgamma, float* dbeta) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    auto run = [&](const TensorDescriptor& desc, const void* in, const void* d_out, void* d_in) {
-      return cudnnBatchNormalizationBackward(
-          context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, desc.get(), in,
-          desc.get(), d_out, desc.get(), d_in, param_desc_.get(), gamma, dgamma, dbeta,
-          static_cast<double>(config_.epsilon), save_mean, save_inv_std);
-    };
-    if (!via_f32_) {
-      const cudnnStatus_t status = run(x_desc_, x, dy, dx);
-      if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      PSTRAIN_RETURN_IF_ERROR(FallBackOr(status));
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(float* xf, staging_.In(0, x, count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* dyf, staging_.In(1, dy, count()));
-    PSTRAIN_ASSIGN_OR_RETURN(float* dxf, staging_.Buffer(2, count()));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(run(x_f32_, xf, dyf, dxf));
-    return staging_.Out(dxf, dx, count());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationBackward(
+        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x,
+        x_desc_.get(), dy, x_desc_.get(), dx, param_desc_.get(), gamma, dgamma, dbeta,
+        static_cast<double>(config_.epsilon), save_mean, save_inv_std));
+    return absl::OkStatus();
   }
 
  private:
   CudnnBatchNormPlan(const CudnnContext& context, const BatchNormConfig& config)
-      : context_(context), config_(config), staging_(context, config.dtype) {}
-
-  int64_t count() const { return int64_t{config_.n} * config_.c * config_.spatial; }
-
-  // After cuDNN failed with `status`: switches a reduced-precision plan to
-  // fp32 copies when cuDNN refused the type, else returns the error.
-  absl::Status FallBackOr(cudnnStatus_t status) {
-    if (config_.dtype == DataType::kF32 || !IsUnsupported(status)) {
-      PSTRAIN_RETURN_IF_CUDNN_ERROR(status);
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(x_f32_, NewTensor4d(config_.n, config_.c, config_.spatial, 1));
-    via_f32_ = true;
-    return absl::OkStatus();
-  }
+      : context_(context), config_(config) {}
 
   absl::Status Init() {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
@@ -641,10 +511,6 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
   const BatchNormConfig config_;
   TensorDescriptor x_desc_;      // x, y, dx and dy.
   TensorDescriptor param_desc_;  // [1, C, 1, 1]: gamma, beta, means, variances.
-
-  bool via_f32_ = false;  // Set once cuDNN refused config_.dtype.
-  TensorDescriptor x_f32_;
-  F32Staging staging_;
 };
 
 // Batch norm with pstrain's own kernels (batch_norm_kernels.cu): several
