@@ -46,6 +46,10 @@ COMPRESSION = {"none": job_pb2.CompressionSpec.COMPRESSION_NONE,
                "bf16": job_pb2.CompressionSpec.COMPRESSION_BF16,
                "topk": job_pb2.CompressionSpec.COMPRESSION_TOPK,
                "onebit": job_pb2.CompressionSpec.COMPRESSION_ONEBIT}
+# Training arithmetic on the workers (JobSpec.precision), as `pstrain submit
+# --precision` spells it.
+PRECISION = {"fp32": job_pb2.PRECISION_FP32, "bf16": job_pb2.PRECISION_BF16,
+             "fp16": job_pb2.PRECISION_FP16}
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 _ROLES = ("admin", "worker", "peer")
 
@@ -487,7 +491,8 @@ class Client:
     def submit(self, model, dataset, optimizer, epochs, batch_size=64, workers=1, mode="sync",
                name=None, seed=0, staleness=0, averaging_frequency=0,
                average_optimizer_state=False, compression="none", topk_ratio=0.0,
-               min_compress_bytes=0, pull_compression="none", pull_topk_ratio=0.0):
+               min_compress_bytes=0, pull_compression="none", pull_topk_ratio=0.0,
+               precision="fp32"):
         """Submits a job and returns its Job. The server validates it: a bad
         job raises InvalidArgumentError with the server's message (a bad model
         cannot get here: a Model is checked when it is made).
@@ -502,7 +507,11 @@ class Client:
         whole (0 = compress every parameter; 262144 keeps small layers exact);
         pull_compression (sync only; same names, pull_topk_ratio for "topk"):
         how servers send each step's new model, as its change since the last
-        step, with what a codec leaves out sent in later steps.
+        step, with what a codec leaves out sent in later steps;
+        precision: "fp32", or "bf16" / "fp16" mixed precision on GPU workers
+        (fp32 master weights; fp16 with dynamic loss scaling). A worker that
+        cannot run it (a CPU, or a GPU without the tensor cores for it) fails
+        the job with a reason that says so.
         """
         if not isinstance(model, Model):
             raise TypeError(f"submit: model must be a pstrain.Model, got {type(model).__name__}")
@@ -514,6 +523,8 @@ class Client:
         if pull_compression not in COMPRESSION:
             raise ValueError(f"pull_compression must be one of {', '.join(COMPRESSION)}, "
                              f"got {pull_compression!r}")
+        if precision not in PRECISION:
+            raise ValueError(f"precision must be one of {', '.join(PRECISION)}, got {precision!r}")
         spec = job_pb2.JobSpec(
             name=name if name is not None else model.name, model=model.to_spec(),
             dataset=dataset.to_spec(), optimizer=optimizer.to_spec(), epochs=int(epochs),
@@ -524,7 +535,8 @@ class Client:
                                                 topk_ratio=float(topk_ratio),
                                                 min_compress_bytes=int(min_compress_bytes)),
             pull_compression=job_pb2.CompressionSpec(method=COMPRESSION[pull_compression],
-                                                     topk_ratio=float(pull_topk_ratio)))
+                                                     topk_ratio=float(pull_topk_ratio)),
+            precision=PRECISION[precision])
         return self.submit_spec(spec)
 
     def submit_spec(self, spec):

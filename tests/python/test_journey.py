@@ -231,6 +231,19 @@ def test_cancel(cluster, journey):
         job.metrics()
 
 
+def test_mixed_precision_on_cpu_workers_fails_the_job_saying_why(cluster, journey):
+    client = client_for(cluster)
+    model = pstrain.Sequential([layers.Flatten(), layers.Dense(10)], input_shape=(1, 28, 28))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                      epochs=1, precision="fp8")
+    job = client.submit(model, pstrain.datasets.FashionMNIST(), pstrain.optimizers.SGD(0.01),
+                        epochs=1, precision="bf16")
+    final = job.watch(progress=False, timeout=120)
+    assert final.state == "FAILED"
+    assert "precision bf16 needs a CUDA device" in final.reason
+
+
 def test_server_errors_become_exceptions(cluster, journey, tmp_path):
     client = client_for(cluster)
     with pytest.raises(pstrain.NotFoundError, match="unknown job 'job-999'"):
