@@ -41,6 +41,18 @@ class CudaStreamEvent final : public Event {
   CudaEvent event_;
 };
 
+absl::Status CheckGemm(int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                       const void* c) {
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: negative size m=", m, " n=", n, " k=", k));
+  }
+  if (m > 0 && n > 0 && (c == nullptr || (k > 0 && (a == nullptr || b == nullptr)))) {
+    return absl::InvalidArgumentError("Gemm: null matrix pointer");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCopy(const char* op, void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": null pointer for ", bytes, " bytes"));
@@ -148,14 +160,8 @@ class CudaBackend final : public Backend {
 
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c) override {
-    if (m < 0 || n < 0 || k < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: negative size m=", m, " n=", n, " k=", k));
-    }
+    PSTRAIN_RETURN_IF_ERROR(CheckGemm(m, n, k, a, b, c));
     if (m == 0 || n == 0) return absl::OkStatus();
-    if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) {
-      return absl::InvalidArgumentError("Gemm: null matrix pointer");
-    }
     PSTRAIN_RETURN_IF_ERROR(Activate());
     if (k == 0) {  // op(A) op(B) is all zeros: C = beta * C.
       return beta == 0.f ? cuda::LaunchFill(c, 0.f, m * n, stream_.get())
@@ -201,14 +207,8 @@ class CudaBackend final : public Backend {
       return Gemm(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a),
                   static_cast<const float*>(b), beta, static_cast<float*>(c));
     }
-    if (m < 0 || n < 0 || k < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: negative size m=", m, " n=", n, " k=", k));
-    }
+    PSTRAIN_RETURN_IF_ERROR(CheckGemm(m, n, k, a, b, c));
     if (m == 0 || n == 0) return absl::OkStatus();
-    if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) {
-      return absl::InvalidArgumentError("Gemm: null matrix pointer");
-    }
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Gemm: ", DataTypeName(dtype), " sizes beyond 2^31-1: m=", m, " n=", n, " k=", k));

@@ -175,6 +175,24 @@ absl::Status CheckConvConfig(const Conv2dConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status CheckBatchNormConfig(const BatchNormConfig& c) {
+  if (c.n <= 0 || c.c <= 0 || c.spatial <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateBatchNorm: sizes must be positive, got [",
+                                                   c.n, ", ", c.c, ", ", c.spatial, "]"));
+  }
+  if (int64_t{c.n} * c.spatial < 2) {
+    return absl::InvalidArgumentError(
+        "CreateBatchNorm: need at least 2 values per channel (n * spatial >= 2) for batch "
+        "statistics");
+  }
+  if (!(c.epsilon > 0.f) || !(c.momentum >= 0.f && c.momentum <= 1.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateBatchNorm: need epsilon > 0 and momentum in [0, 1], got epsilon ",
+                     c.epsilon, " momentum ", c.momentum));
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 // Convolution
 // ---------------------------------------------------------------------------
@@ -436,21 +454,7 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
  public:
   static absl::StatusOr<std::unique_ptr<BatchNormPlan>> Create(const CudnnContext& context,
                                                                const BatchNormConfig& config) {
-    const BatchNormConfig& c = config;
-    if (c.n <= 0 || c.c <= 0 || c.spatial <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CreateBatchNorm: sizes must be positive, got [", c.n, ", ", c.c, ", ", c.spatial, "]"));
-    }
-    if (int64_t{c.n} * c.spatial < 2) {
-      return absl::InvalidArgumentError(
-          "CreateBatchNorm: need at least 2 values per channel (n * spatial >= 2) for batch "
-          "statistics");
-    }
-    if (!(c.epsilon > 0.f) || !(c.momentum >= 0.f && c.momentum <= 1.f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CreateBatchNorm: need epsilon > 0 and momentum in [0, 1], got epsilon ",
-                       c.epsilon, " momentum ", c.momentum));
-    }
+    PSTRAIN_RETURN_IF_ERROR(CheckBatchNormConfig(config));
     auto plan = std::unique_ptr<CudnnBatchNormPlan>(new CudnnBatchNormPlan(context, config));
     PSTRAIN_RETURN_IF_ERROR(plan->Init());
     return std::unique_ptr<BatchNormPlan>(std::move(plan));
@@ -591,23 +595,8 @@ absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnCon
 
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNormPlan(const CudnnContext& context,
                                                                    const BatchNormConfig& config) {
-  // Both check the config the same way; cuDNN's plan does it in Create.
   if (UseCudnnBatchNorm()) return CudnnBatchNormPlan::Create(context, config);
-  const BatchNormConfig& c = config;
-  if (c.n <= 0 || c.c <= 0 || c.spatial <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("CreateBatchNorm: sizes must be positive, got [",
-                                                   c.n, ", ", c.c, ", ", c.spatial, "]"));
-  }
-  if (int64_t{c.n} * c.spatial < 2) {
-    return absl::InvalidArgumentError(
-        "CreateBatchNorm: need at least 2 values per channel (n * spatial >= 2) for batch "
-        "statistics");
-  }
-  if (!(c.epsilon > 0.f) || !(c.momentum >= 0.f && c.momentum <= 1.f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CreateBatchNorm: need epsilon > 0 and momentum in [0, 1], got epsilon ",
-                     c.epsilon, " momentum ", c.momentum));
-  }
+  PSTRAIN_RETURN_IF_ERROR(CheckBatchNormConfig(config));
   return CudaBatchNormPlan::Create(context, config);
 }
 

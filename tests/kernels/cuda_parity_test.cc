@@ -23,9 +23,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/kernel_configs.h"
 
 namespace pstrain {
 namespace {
+
+using ::pstrain::testing::MakeConv;
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -289,19 +292,6 @@ TEST_F(CudaParityTest, AddBiasAndBiasGradMatchCpu) {
 }
 
 // --- Convolution --------------------------------------------------------------
-
-Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int stride, int pad) {
-  Conv2dConfig config;
-  config.n = n;
-  config.c = c;
-  config.h = h;
-  config.w = w;
-  config.filters = k;
-  config.kernel_h = config.kernel_w = kernel;
-  config.stride_h = config.stride_w = stride;
-  config.pad_h = config.pad_w = pad;
-  return config;
-}
 
 TEST_F(CudaParityTest, ConvolutionForwardAndBackwardMatchCpu) {
   Conv2dConfig odd = MakeConv(2, 3, 9, 7, 4, 3, 1, 1);

@@ -41,9 +41,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/kernel_configs.h"
 
 namespace pstrain {
 namespace {
+
+using ::pstrain::testing::MakeConv;
 
 using ::testing::HasSubstr;
 
@@ -274,19 +277,6 @@ TEST_P(MixedPrecisionParityTest, GemmMatchesFp32ForEveryTransposition) {
       ExpectClose(Read(*cuda_, c_gpu), Read(*cpu_, c_cpu), "gemm", Bound(dtype(), 1));
     }
   }
-}
-
-Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int stride, int pad) {
-  Conv2dConfig config;
-  config.n = n;
-  config.c = c;
-  config.h = h;
-  config.w = w;
-  config.filters = k;
-  config.kernel_h = config.kernel_w = kernel;
-  config.stride_h = config.stride_w = stride;
-  config.pad_h = config.pad_w = pad;
-  return config;
 }
 
 TEST_P(MixedPrecisionParityTest, ConvolutionForwardAndBackwardMatchFp32) {
