@@ -721,28 +721,21 @@ void JobState::PublishDelta(Chunk& chunk) {
   const std::vector<float>& master = *chunk.values;
   std::vector<float>& published = *Writable(&chunk.published);
   const size_t n = master.size();
+  thread_local std::vector<float> difference, decoded;
+  difference.resize(n);
+  for (size_t i = 0; i < n; ++i) difference[i] = master[i] - published[i];
   auto delta = std::make_shared<EncodedGradient>();
-  absl::Status status;
-  const v1::CompressionSpec::Method method = pull_compression_.method();
-  if (method == v1::CompressionSpec::COMPRESSION_FP16 ||
-      method == v1::CompressionSpec::COMPRESSION_BF16) {
-    // One pass over the chunk instead of six (the same bytes and values).
-    status = EncodeAndAddDenseDelta(method, master, absl::MakeSpan(published), delta.get());
-  } else {
-    thread_local std::vector<float> difference, decoded;
-    difference.resize(n);
-    for (size_t i = 0; i < n; ++i) difference[i] = master[i] - published[i];
-    status = EncodeWithoutFeedback(pull_compression_, absl::MakeSpan(difference), delta.get());
-    if (status.ok()) {
-      v1::ChunkHeader header;
-      header.set_chunk_id(chunk.id);
-      header.set_num_elements(static_cast<int64_t>(n));
-      header.set_dtype(delta->dtype);
-      header.set_encoding(delta->encoding);
-      header.set_encoded_count(delta->encoded_count);
-      status = AddEncodedDelta(header, delta->bytes.data(), delta->bytes.size(),
-                               absl::MakeSpan(published), &decoded);
-    }
+  absl::Status status =
+      EncodeWithoutFeedback(pull_compression_, absl::MakeSpan(difference), delta.get());
+  if (status.ok()) {
+    v1::ChunkHeader header;
+    header.set_chunk_id(chunk.id);
+    header.set_num_elements(static_cast<int64_t>(n));
+    header.set_dtype(delta->dtype);
+    header.set_encoding(delta->encoding);
+    header.set_encoded_count(delta->encoded_count);
+    status = AddEncodedDelta(header, delta->bytes.data(), delta->bytes.size(),
+                             absl::MakeSpan(published), &decoded);
   }
   if (!status.ok()) {
     // A difference beyond float's range: this step the workers take the

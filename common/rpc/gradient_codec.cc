@@ -525,58 +525,6 @@ absl::Status EncodeWithoutFeedback(const v1::CompressionSpec& spec, absl::Span<f
   }
 }
 
-absl::Status EncodeAndAddDenseDelta(v1::CompressionSpec::Method method,
-                                    absl::Span<const float> master, absl::Span<float> published,
-                                    EncodedGradient* out) {
-  if (method != v1::CompressionSpec::COMPRESSION_NONE &&
-      method != v1::CompressionSpec::COMPRESSION_FP16 &&
-      method != v1::CompressionSpec::COMPRESSION_BF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EncodeAndAddDenseDelta: ", v1::CompressionSpec::Method_Name(method),
-                     " is not a dense codec"));
-  }
-  if (master.size() != published.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("EncodeAndAddDenseDelta: ", master.size(),
-                                                   " master values for ", published.size(),
-                                                   " published ones"));
-  }
-  const int64_t n = static_cast<int64_t>(master.size());
-  out->encoding = v1::ChunkHeader::ENCODING_DENSE;
-  out->encoded_count = 0;
-  out->dtype = method == v1::CompressionSpec::COMPRESSION_FP16   ? v1::DTYPE_F16
-               : method == v1::CompressionSpec::COMPRESSION_BF16 ? v1::DTYPE_BF16
-                                                                 : v1::DTYPE_F32;
-  const int64_t width = out->dtype == v1::DTYPE_F32 ? 4 : 2;
-  out->bytes.resize(static_cast<size_t>(n * width));
-  // 2 x 8 KiB of floats: the block's difference and its decoded values.
-  constexpr int64_t kBlock = 2048;
-  float difference[kBlock], decoded[kBlock];
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t count = std::min(kBlock, n - begin);
-    float* pub = published.data() + begin;
-    for (int64_t i = 0; i < count; ++i) difference[i] = master[begin + i] - pub[i];
-    if (const int64_t bad = FirstNonFiniteIndex(difference, count); bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("element ", begin + bad, " is not finite"));
-    }
-    uint8_t* encoded = out->bytes.data() + begin * width;
-    if (out->dtype == v1::DTYPE_F32) {
-      std::memcpy(encoded, difference, static_cast<size_t>(count) * 4);
-      std::memcpy(decoded, difference, static_cast<size_t>(count) * 4);
-    } else {
-      // The conversions EncodeDense and DecodeGradient use.
-      PSTRAIN_RETURN_IF_ERROR(
-          ConvertFromF32(out->dtype, difference, count, encoded, /*saturate=*/true));
-      PSTRAIN_RETURN_IF_ERROR(ConvertToF32(out->dtype, encoded, count, decoded));
-      if (const int64_t bad = FirstNonFiniteIndex(decoded, count); bad >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("element ", begin + bad, " of the delta is not finite"));
-      }
-    }
-    AddInto(pub, decoded, count, pub);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status AddEncodedDelta(const v1::ChunkHeader& header, const void* payload, size_t bytes,
                              absl::Span<float> values, std::vector<float>* scratch) {
   scratch->resize(values.size());

@@ -136,16 +136,6 @@ std::vector<bool> ChunksSentWhole(const v1::CompressionSpec& spec, const ChunkPl
 absl::Status EncodeWithoutFeedback(const v1::CompressionSpec& spec, absl::Span<float> p,
                                    EncodedGradient* out);
 
-// The dense pull codecs (FP16, BF16, NONE) in one pass: encodes
-// master - published as EncodeWithoutFeedback does, into `out`, and adds the
-// decoded values into `published` as AddEncodedDelta does, bit for bit, in
-// blocks that stay in cache (the two calls walk the chunk six times).
-// INVALID_ARGUMENT for another method, a size mismatch, or a non-finite
-// difference; `published` is then partly updated (the caller restores it).
-absl::Status EncodeAndAddDenseDelta(v1::CompressionSpec::Method method,
-                                    absl::Span<const float> master, absl::Span<float> published,
-                                    EncodedGradient* out);
-
 // values[i] += the i-th value the payload decodes to (F32 additions, in
 // order). Validates like DecodeGradient and refuses non-finite decoded
 // values; on error `values` is unchanged. `scratch` holds the decoded values.

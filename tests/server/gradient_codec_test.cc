@@ -533,51 +533,6 @@ TEST(PullDeltaTest, EncodeWithoutFeedbackLeavesWhatItDidNotSendInTheInput) {
           .ok());
 }
 
-// The shard's one-pass dense delta gives the bytes and the published values
-// of EncodeWithoutFeedback then AddEncodedDelta, bit for bit: over several
-// cache blocks, with differences fp16 must saturate, and with a length that
-// is not a multiple of the block.
-TEST(PullDeltaTest, TheOnePassDenseDeltaIsTheTwoCallsBitForBit) {
-  const int64_t n = 2048 * 3 + 77;
-  std::vector<float> master = RandomGradient(n, 31, 1.f);
-  master[5] = 1e6f;  // Beyond fp16's 65504: saturates.
-  master[4100] = -3e5f;
-  const std::vector<float> base = RandomGradient(n, 32, 1.f);
-  for (auto method : {v1::CompressionSpec::COMPRESSION_NONE, v1::CompressionSpec::COMPRESSION_FP16,
-                      v1::CompressionSpec::COMPRESSION_BF16}) {
-    SCOPED_TRACE(v1::CompressionSpec::Method_Name(method));
-    std::vector<float> difference(n), two_calls = base, one_pass = base, scratch;
-    for (int64_t i = 0; i < n; ++i) difference[i] = master[i] - base[i];
-    EncodedGradient expected, got;
-    ASSERT_TRUE(EncodeWithoutFeedback(Spec(method), absl::MakeSpan(difference), &expected).ok());
-    ASSERT_TRUE(AddEncodedDelta(HeaderOf(expected, n), expected.bytes.data(), expected.bytes.size(),
-                                absl::MakeSpan(two_calls), &scratch)
-                    .ok());
-    ASSERT_TRUE(EncodeAndAddDenseDelta(method, master, absl::MakeSpan(one_pass), &got).ok());
-    EXPECT_EQ(got.dtype, expected.dtype);
-    EXPECT_EQ(got.encoding, expected.encoding);
-    EXPECT_EQ(got.encoded_count, expected.encoded_count);
-    EXPECT_EQ(got.bytes, expected.bytes);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(one_pass[i], two_calls[i]) << i;
-  }
-  // A non-finite difference is refused, as by EncodeWithoutFeedback.
-  std::vector<float> bad_master = master;
-  bad_master[n - 1] = std::numeric_limits<float>::infinity();
-  std::vector<float> values = base;
-  EncodedGradient e;
-  const absl::Status status = EncodeAndAddDenseDelta(v1::CompressionSpec::COMPRESSION_FP16,
-                                                     bad_master, absl::MakeSpan(values), &e);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("is not finite"));
-  // Sparse codecs and mismatched sizes are not for it.
-  EXPECT_FALSE(EncodeAndAddDenseDelta(v1::CompressionSpec::COMPRESSION_TOPK, master,
-                                      absl::MakeSpan(values), &e)
-                   .ok());
-  EXPECT_FALSE(EncodeAndAddDenseDelta(v1::CompressionSpec::COMPRESSION_FP16,
-                                      absl::MakeSpan(master).subspan(1), absl::MakeSpan(values), &e)
-                   .ok());
-}
-
 // A hostile delta (bad index, wrong size, infinite half) is refused and the
 // values it would have been added to are untouched.
 TEST(PullDeltaTest, AMalformedDeltaLeavesTheValuesUnchanged) {
