@@ -16,7 +16,10 @@
 //            bandwidth a read-modify-write loop reaches on this machine.
 //
 //   server_update_bench [--model_mb=128] [--threads=1,2] [--reps=7]
-//                       [--pull_codecs=none,fp16,onebit]
+//                       [--pull_codecs=none,fp16,onebit] [--tune_malloc=false]
+//
+// The allocator is tuned as pstrain-server tunes it (large buffers come
+// back to the heap, not to the kernel) unless --tune_malloc=false.
 //
 // --pull_codecs: instead of async, a sync job with one member (every push
 // completes its step) per codec, "none" without pull compression and the
@@ -45,10 +48,14 @@
 #include "absl/time/clock.h"
 #include "common/chunking.h"
 #include "common/model_graph.h"
+#include "common/rpc/channel.h"
 #include "server/parameter_shard.h"
 #include "tests/testing/shard_fixtures.h"
 
 ABSL_FLAG(int, model_mb, 128, "Model size in MiB of F32 parameters");
+ABSL_FLAG(bool, tune_malloc, true,
+          "Raise glibc's mmap/trim thresholds as pstrain-server does "
+          "(TuneAllocatorForLargeMessages), so that the chunks' buffers are reused");
 ABSL_FLAG(std::string, threads, "1,2", "Comma-separated pusher (and AXPY) thread counts");
 ABSL_FLAG(int, reps, 7, "Measured rounds per variant (after one warm-up)");
 ABSL_FLAG(std::string, pull_codecs, "",
@@ -241,5 +248,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_tune_malloc)) pstrain::TuneAllocatorForLargeMessages();
   return pstrain::Main();
 }
