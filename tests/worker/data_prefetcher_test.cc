@@ -346,18 +346,31 @@ TEST_P(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
   PrefetchOptions options;
   options.batch_size = 16;
   options.next_timeout_ms = 1;
-  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
-  ASSERT_NE(p, nullptr);
-  ASSERT_TRUE(p->StartEpoch(0).ok());
-  absl::StatusOr<DeviceBatch> batch = p->Next();
-  EXPECT_EQ(batch.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_GT(p->last_wait_seconds(), 0.0);
-  // The batch is still coming; once it is ready, Next returns it.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (p->queue_depth() < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  batch = p->Next();
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  EXPECT_EQ(batch->n, 16);
+  // On a loaded machine the test thread can lose the CPU for longer than
+  // the assembly takes, and then the batch is simply ready: a fresh
+  // prefetcher tries again (a local ctest -j2 run failed so on 2026-11-26),
+  // and one of five must hit the deadline.
+  bool hit_deadline = false;
+  for (int attempt = 0; attempt < 5 && !hit_deadline; ++attempt) {
+    std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(p->StartEpoch(0).ok());
+    absl::StatusOr<DeviceBatch> batch = p->Next();
+    if (batch.ok()) {
+      EXPECT_EQ(batch->n, 16);  // Ready in time: the whole batch.
+      continue;
+    }
+    hit_deadline = true;
+    EXPECT_EQ(batch.status().code(), absl::StatusCode::kDeadlineExceeded) << batch.status();
+    EXPECT_GT(p->last_wait_seconds(), 0.0);
+    // The batch is still coming; once it is ready, Next returns it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (p->queue_depth() < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    batch = p->Next();
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    EXPECT_EQ(batch->n, 16);
+  }
+  EXPECT_TRUE(hit_deadline) << "five batches of 3x256x256 images were each ready within 1 ms";
 }
 
 TEST_P(DataPrefetcherTest, EmptyShardEndsImmediately) {
