@@ -42,6 +42,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/testing/kernel_configs.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -49,12 +50,6 @@ namespace {
 using ::pstrain::testing::MakeConv;
 
 using ::testing::HasSubstr;
-
-#define ASSERT_OK(expr)                                    \
-  do {                                                     \
-    const ::absl::Status _status = (expr);                 \
-    ASSERT_TRUE(_status.ok()) << #expr << ": " << _status; \
-  } while (0)
 
 // --- Host conversions (round to nearest even), the reference -----------------
 
