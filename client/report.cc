@@ -349,6 +349,7 @@ std::string RenderJobReport(const v1::JobStatus& status, const v1::JobHistory& h
       Row("dataset", EnumName(v1::DatasetFormat_Name(spec.dataset().format()), "DATASET_FORMAT_") +
                          (spec.dataset().path().empty() ? "" : " " + spec.dataset().path())),
       Row("mode", EnumName(v1::ConsistencyMode_Name(spec.mode()), "CONSISTENCY_")),
+      Row("precision", EnumName(v1::Precision_Name(spec.precision()), "PRECISION_")),
       Row("workers", absl::StrCat(std::max(1, spec.workers()), " wanted",
                                   status.workers_size() > 0
                                       ? absl::StrCat("; ", absl::StrJoin(status.workers(), ", "))

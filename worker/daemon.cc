@@ -60,6 +60,8 @@ struct WorkerDaemon::Metrics {
   prometheus::Counter* samples = nullptr;
   prometheus::Histogram* data_wait = nullptr;
   prometheus::Gauge* prefetch_queue_depth = nullptr;
+  prometheus::Gauge* loss_scale = nullptr;
+  prometheus::Counter* overflowed_steps = nullptr;
 
   explicit Metrics(prometheus::Registry* registry) {
     if (registry == nullptr) return;
@@ -120,6 +122,30 @@ struct WorkerDaemon::Metrics {
                                 .Help("Batches ready in the data prefetcher after the last step")
                                 .Register(*registry)
                                 .Add({});
+    loss_scale = &prometheus::BuildGauge()
+                      .Name("pstrain_worker_loss_scale")
+                      .Help(
+                          "The factor the loss gradient is scaled by: fp16 mixed precision's "
+                          "dynamic loss scale, 1 otherwise")
+                      .Register(*registry)
+                      .Add({});
+    overflowed_steps = &prometheus::BuildCounter()
+                            .Name("pstrain_worker_overflowed_steps_total")
+                            .Help(
+                                "fp16 mixed precision: steps whose gradients overflowed (pushed "
+                                "as zeros; the loss scale halves)")
+                            .Register(*registry)
+                            .Add({});
+  }
+
+  // The model's loss scale, and the overflowed steps since `*seen`.
+  void ObservePrecision(const Model& model, int64_t* seen) {
+    if (loss_scale == nullptr) return;
+    loss_scale->Set(model.loss_scale());
+    if (model.overflowed_steps() > *seen) {
+      overflowed_steps->Increment(static_cast<double>(model.overflowed_steps() - *seen));
+      *seen = model.overflowed_steps();
+    }
   }
 
   void ObserveData(double wait_seconds, int queue_depth) {
@@ -633,8 +659,10 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   int resyncs_seen = 0;
   RemoteUpdater* updater_ptr = nullptr;
   Trainer* trainer_ptr = nullptr;  // Set whenever the trainer is (re)built below.
-  updater_options.on_step = [this, metrics, runner, &resyncs_seen, &updater_ptr,
-                             &trainer_ptr](const StepTimings& t) {
+  int64_t overflowed_seen = 0;
+  Model* const model_ptr = model.get();
+  updater_options.on_step = [this, metrics, runner, &resyncs_seen, &updater_ptr, &trainer_ptr,
+                             model_ptr, &overflowed_seen](const StepTimings& t) {
     runner->steps.fetch_add(1);
     if (options_.bench_only_fixed_compute > absl::ZeroDuration()) {
       // One line per step for bench/cluster_emulation.sh (BENCH ONLY runs).
@@ -646,6 +674,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
           1e3 * t.compute_seconds, 1e3 * t.push_wait_seconds));
     }
     metrics->ObserveStep(t);
+    metrics->ObservePrecision(*model_ptr, &overflowed_seen);
     if (trainer_ptr != nullptr) {
       metrics->ObserveData(trainer_ptr->last_data_wait_seconds(),
                            trainer_ptr->prefetch_queue_depth());

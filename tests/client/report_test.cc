@@ -36,6 +36,7 @@ v1::JobStatus SucceededJob() {
   spec->set_batch_size(64);
   spec->set_workers(2);
   spec->set_mode(v1::CONSISTENCY_SYNC);
+  spec->set_precision(v1::PRECISION_BF16);
   spec->mutable_model()->set_name("fmnist-cnn");
   spec->mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
   spec->mutable_optimizer()->set_type(v1::OPTIMIZER_SGD);
@@ -130,6 +131,7 @@ TEST(ReportTest, AFinishedJobHasItsCurvesHeatMapPerClassTableAndSpec) {
   EXPECT_THAT(html, HasSubstr("2 runs, 0 workers lost, 7 steps trained again"));
   EXPECT_THAT(html, HasSubstr("&quot;batch_size&quot;: 64"));
   EXPECT_THAT(html, HasSubstr("&quot;mode&quot;: &quot;CONSISTENCY_SYNC&quot;"));
+  EXPECT_THAT(html, HasSubstr("<tr><th>precision</th><td>bf16</td></tr>"));
 }
 
 TEST(ReportTest, WhatTheServerSaysCannotAddMarkup) {

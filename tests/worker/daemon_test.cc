@@ -293,7 +293,8 @@ TEST(MetricsEndpointTest, ServesTheRegistryInTextFormat) {
   EXPECT_THAT(response, HasSubstr("200 OK"));
   for (const char* name :
        {"pstrain_worker_samples_per_second", "pstrain_worker_loss", "pstrain_worker_steps_total",
-        "pstrain_worker_step_phase_seconds_bucket", "pstrain_worker_data_wait_seconds_total"}) {
+        "pstrain_worker_step_phase_seconds_bucket", "pstrain_worker_data_wait_seconds_total",
+        "pstrain_worker_loss_scale", "pstrain_worker_overflowed_steps_total"}) {
     EXPECT_THAT(response, HasSubstr(name));
   }
   EXPECT_THAT(response, HasSubstr("phase=\"compute\""));
