@@ -96,11 +96,7 @@ class CudaParityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    DeviceSpec spec;
-    spec.automatic = false;
-    spec.type = DeviceType::kCuda;
-    spec.ordinal = 0;
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(spec);
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = ::pstrain::testing::CreateCudaBackend();
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = *std::move(cuda);
     cpu_ = CreateCpuBackend();

@@ -157,10 +157,7 @@ class MixedPrecisionParityTest : public ::testing::TestWithParam<DataType> {
  protected:
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    DeviceSpec spec;
-    spec.automatic = false;
-    spec.type = DeviceType::kCuda;
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(spec);
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = ::pstrain::testing::CreateCudaBackend();
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = *std::move(cuda);
     cpu_ = CreateCpuBackend();

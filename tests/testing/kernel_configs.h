@@ -1,7 +1,10 @@
-// Plan configurations the kernel tests build again and again.
+// Plan configurations and backends the kernel tests build again and again.
 #ifndef PSTRAIN_TESTS_TESTING_KERNEL_CONFIGS_H_
 #define PSTRAIN_TESTS_TESTING_KERNEL_CONFIGS_H_
 
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
 namespace pstrain::testing {
@@ -19,6 +22,16 @@ inline Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int 
   config.stride_h = config.stride_w = stride;
   config.pad_h = config.pad_w = pad;
   return config;
+}
+
+// The CUDA backend on device 0 (callers skip first when CudaDeviceCount()
+// is 0).
+inline absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
+  DeviceSpec spec;
+  spec.automatic = false;
+  spec.type = DeviceType::kCuda;
+  spec.ordinal = 0;
+  return CreateBackend(spec);
 }
 
 }  // namespace pstrain::testing

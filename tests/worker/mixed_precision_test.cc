@@ -31,6 +31,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/kernel_configs.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
 
@@ -105,10 +106,7 @@ Batch MakeBatch(const v1::ModelSpec& spec, int n, uint32_t seed) {
 bool HaveCuda() { return CudaDeviceCount() > 0; }
 
 std::unique_ptr<Backend> Cuda() {
-  DeviceSpec spec;
-  spec.automatic = false;
-  spec.type = DeviceType::kCuda;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(spec);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = ::pstrain::testing::CreateCudaBackend();
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 }
