@@ -58,6 +58,8 @@
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
+#   SERVER_RATE=RATE: the servers' links (servers often have faster NICs
+#   than workers); the bounds use each host's own rate.
 # Host TCP settings to try (none by default): SERVER_SYSCTLS and
 #   WORKER_SYSCTLS, ';'-separated key=value pairs set in each server's or
 #   worker's namespace (e.g. "net.ipv4.tcp_wmem=4096 16384 65536"), and
@@ -201,8 +203,10 @@ net_up() {
       # shellcheck disable=SC2086
       ip -n "$ns" route replace "$NET.0/24" dev eth0 proto kernel scope link src "${ips[$i]}" $ROUTE_OPTS
     fi
-    shape "$SW" "p$i" "$rate"  # Switch -> host (the host's downlink).
-    shape "$ns" eth0 "$rate"   # Host -> switch (its uplink).
+    local host_rate=$rate
+    ((i < s)) && host_rate=${SERVER_RATE:-$rate}
+    shape "$SW" "p$i" "$host_rate"  # Switch -> host (the host's downlink).
+    shape "$ns" eth0 "$host_rate"   # Host -> switch (its uplink).
   done
 }
 # link_bytes -> "name tx rx ..." for every host: the bytes its eth0 sent and received.
@@ -330,13 +334,14 @@ measure() {
   step1=$(last_step "$w1" "$job")
   cli cancel "$job" >/dev/null 2>&1 || true
   stop_processes
-  python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate")" \
+  python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate"),$(rate_bits "${SERVER_RATE:-$rate}")" \
     "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" "$segs0" "$segs1" <<'PY' | tee -a "$RESULTS"
 import statistics, sys
 log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed, g0, g1 = sys.argv[1:]
 (o0, r0, t0), (o1, r1, t1) = map(int, g0.split()), map(int, g1.split())
 retrans = (r1 - r0) / max(1, o1 - o0)
-s0, s1, bits, fixed = int(s0), int(s1), int(bits), int(fixed)
+s0, s1, fixed = int(s0), int(s1), int(fixed)
+worker_bits, server_bits = map(int, bits.split(","))
 ends = {}
 for line in open(log):
     f = line.split()
@@ -354,11 +359,12 @@ p0, p1 = parse(b0), parse(b1)
 # Bytes per step each host sent (up) and received (down).
 up = {h: (p1[h][0] - p0[h][0]) / (s1 - s0) for h in p1}
 down = {h: (p1[h][1] - p0[h][1]) / (s1 - s0) for h in p1}
-ms = lambda b: b * 8 / bits * 1e3
+# Host h's link time for b bytes (servers' links may be faster: SERVER_RATE).
+ms = lambda h, b: b * 8 / (server_bits if h.startswith("s") else worker_bits) * 1e3
 # Serial: a link's two directions one after the other (push, then pull).
-serial_ms = fixed + max(ms(up[h] + down[h]) for h in p1)
+serial_ms = fixed + max(ms(h, up[h] + down[h]) for h in p1)
 # Duplex: each direction on its own (full-duplex links): no schedule beats it.
-duplex_ms = fixed + max(ms(max(up[h], down[h])) for h in p1)
+duplex_ms = fixed + max(ms(h, max(up[h], down[h])) for h in p1)
 mean = lambda d, k: statistics.mean(v for h, v in d.items() if h.startswith(k)) / 1e6
 print("\t".join(str(x) for x in [
     f"bench_only_fixed_compute_ms={fixed}", n, s, codec, "tls" if tls == "1" else "plain", rate,
@@ -408,7 +414,7 @@ if [[ $WHAT == smoke ]]; then
 fi
 
 if [[ $WHAT == sweep || $WHAT == all ]]; then
-  note "== sweep: sync, $(basename "$JOB") (8.43 MB of fp32), $RATE links (+${DELAY_MS} ms netem where available), fixed compute ${FIXED_MS} ms, $(when)"
+  note "== sweep: sync, $(basename "$JOB") (8.43 MB of fp32), $RATE links (servers ${SERVER_RATE:-$RATE}; +${DELAY_MS} ms netem where available), fixed compute ${FIXED_MS} ms, $(when)"
   header
   for codec in ${CODECS:-none onebit}; do
     for s in ${SS_LIST:-1 2 4}; do
