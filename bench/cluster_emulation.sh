@@ -45,8 +45,11 @@
 #           (CODECS: push codecs, PUSH/PULL adds --pull-compression, e.g.
 #           "none fp16/fp16 onebit/onebit"), at RATE
 #   tls     TLS + mTLS + tokens vs plaintext at N=1,S=1 and N=2,S=2 over
-#           10gbit and 1gbit links (TLS_RATES), servers pinned to core 0 and
-#           workers to core 1 (PIN=1)
+#           10gbit and 1gbit links (TLS_RATES; TLS_SIZES="1:1 2:2", N:S), servers pinned to core 0 and
+#           workers to core 1, or, with CORES_PER_HOST=K, each host to K
+#           cores of its own (a machine with enough cores: separate hosts);
+#           CERTS_DIR: certificates made beforehand (make-certs.sh --name
+#           10.77.0.10 ... --name 10.77.0.20), where openssl is missing
 #   fmnist  examples/fashion-mnist.json (constant lr) with 2 workers and 2
 #           shards at 1gbit, real training, each codec: test accuracy after
 #           each epoch (epoch checkpoints evaluated afterwards) and the time
@@ -168,6 +171,13 @@ shape() {
     tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: netem delay "${DELAY_MS}ms"
   fi
 }
+# set_sysctl NS KEY=VALUE: a sysctl of namespace NS, through /proc/sys (no
+# procps needed: the GPU machine's image may lack it).
+set_sysctl() {
+  local key=${2%%=*} value=${2#*=}
+  ip netns exec "$1" sh -c 'printf "%s\n" "$1" >"$2"' sh "$value" "/proc/sys/${key//.//}" ||
+    die "cannot set $key=$value in $1"
+}
 SW="$TAG-sw"
 SERVER_NS=() SERVER_IP=() WORKER_NS=() WORKER_IP=()
 # net_up N S RATE: the switch, S server hosts and N worker hosts.
@@ -187,14 +197,14 @@ net_up() {
     ip netns add "$ns"
     NAMESPACES+=("$ns")
     ip -n "$ns" link set lo up
-    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC"
+    set_sysctl "$ns" net.ipv4.tcp_congestion_control="$TCP_CC"
     local kv kvs=()
     if ((i < s)); then
       IFS=';' read -ra kvs <<<"${SERVER_SYSCTLS:-}"
     else
       IFS=';' read -ra kvs <<<"${WORKER_SYSCTLS:-}"
     fi
-    for kv in "${kvs[@]}"; do [[ -z $kv ]] || ip netns exec "$ns" sysctl -qw "$kv"; done
+    for kv in "${kvs[@]}"; do [[ -z $kv ]] || set_sysctl "$ns" "$kv"; done
     ip -n "$SW" link add "p$i" type veth peer name eth0 netns "$ns"
     ip -n "$SW" link set "p$i" master br0 up
     ip -n "$ns" addr add "${ips[$i]}/24" dev eth0
@@ -224,8 +234,14 @@ link_bytes() {
 tcp_segs() {
   local ns
   for ns in "${SERVER_NS[@]}" "${WORKER_NS[@]}"; do
-    ip netns exec "$ns" nstat -az TcpOutSegs TcpRetransSegs TcpExtTCPTimeouts |
-      awk 'NR > 1 {v[$1] = $2} END {print v["TcpOutSegs"] + 0, v["TcpRetransSegs"] + 0, v["TcpExtTCPTimeouts"] + 0}'
+    # /proc/net/snmp and netstat: a line of names, then one of values, per protocol.
+    ip netns exec "$ns" cat /proc/net/snmp /proc/net/netstat |
+      awk '$1 == "Tcp:" || $1 == "TcpExt:" {
+             if (!($1 in names)) { names[$1] = $0; next }
+             n = split(names[$1], k); split($0, v)
+             for (i = 2; i <= n; i++) val[$1 k[i]] = v[i]
+           }
+           END {print val["Tcp:OutSegs"] + 0, val["Tcp:RetransSegs"] + 0, val["TcpExt:TCPTimeouts"] + 0}'
   done | awk '{o += $1; r += $2; t += $3} END {print o, r, t}'
 }
 
@@ -243,7 +259,9 @@ start_cluster() {
   local server_sec=(--insecure) worker_sec=()
   CLI_ENV=()
   if ((tls)); then
-    if [[ -z $CERTS ]]; then
+    if [[ -z $CERTS && -n ${CERTS_DIR:-} ]]; then
+      CERTS=$CERTS_DIR  # Made beforehand with these addresses' names (no openssl here).
+    elif [[ -z $CERTS ]]; then
       CERTS="$RUN_DIR/certs"
       local names=() k
       for k in $(seq 10 20); do names+=(--name "$NET.$k"); done
@@ -259,6 +277,7 @@ start_cluster() {
   fi
   if ((pin)); then cpu_s=(taskset -c 0) cpu_w=(taskset -c 1); else cpu_s=() cpu_w=(); fi
   for ((i = 0; i < s; i++)); do
+    ((pin)) && [[ -n ${CORES_PER_HOST:-} ]] && cpu_s=(taskset -c "$(host_cores "$i")")
     ip netns exec "${SERVER_NS[$i]}" nice -n 10 "${cpu_s[@]}" "$BIN/pstrain-server" \
       --listen "${SERVER_IP[$i]}:$PORT" --shards "$shards" --shard-index "$i" \
       --state-dir "$STATE/state$i" "${server_sec[@]}" "$@" >"$STATE/server$i.log" 2>&1 &
@@ -270,6 +289,7 @@ start_cluster() {
   local fixed_flag=()
   ((fixed > 0)) && fixed_flag=(--bench_only_fixed_compute_ms="$fixed")
   for ((i = 0; i < n; i++)); do
+    ((pin)) && [[ -n ${CORES_PER_HOST:-} ]] && cpu_w=(taskset -c "$(host_cores $((s + i)))")
     ip netns exec "${WORKER_NS[$i]}" nice -n 10 "${cpu_w[@]}" "$BIN/pstrain-worker" \
       --server "$SERVER" --device cpu --threads 1 "${fixed_flag[@]}" "${worker_sec[@]}" \
       >"$STATE/worker$((i + 1)).log" 2>&1 &
@@ -278,6 +298,15 @@ start_cluster() {
   local logs=()  # Named, not globbed: a background job creates its log later.
   for ((i = 1; i <= n; i++)); do logs+=("$STATE/worker$i.log"); done
   wait_for "workers registered" 60 all_logs_say "registered as" "${logs[@]}"
+}
+# host_cores I -> the cores of host I (servers first, then workers) with
+# CORES_PER_HOST=K: K cores each, in order, wrapping around the machine's.
+host_cores() {
+  local k=$CORES_PER_HOST total first c list=""
+  total=$(nproc)
+  first=$(($1 * k))
+  for ((c = first; c < first + k; c++)); do list+="${list:+,}$((c % total))"; done
+  echo "$list"
 }
 port_open() {  # port_open NS IP: a TCP connection to IP:PORT from NS succeeds.
   ip netns exec "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/$PORT" 2>/dev/null
@@ -427,16 +456,34 @@ if [[ $WHAT == sweep || $WHAT == all ]]; then
 fi
 
 if [[ $WHAT == tls || $WHAT == all ]]; then
-  note "== tls: TLS 1.3 + mTLS + tokens vs plaintext, servers on core 0, workers on core 1, $(when)"
+  if [[ -n ${CORES_PER_HOST:-} ]]; then
+    placement="$CORES_PER_HOST cores per host (servers from core 0, then workers)"
+  else
+    placement="servers on core 0, workers on core 1"
+  fi
+  note "== tls: TLS 1.3 + mTLS + tokens vs plaintext, $placement, $(when)"
   header
   for rate in ${TLS_RATES:-10gbit 1gbit}; do
-    for ns in "1 1" "2 2"; do
-      read -r n s <<<"$ns"
+    for ns in ${TLS_SIZES:-1:1 2:2}; do
+      IFS=: read -r n s <<<"$ns"
       for tls in 0 1 0 1; do  # Interleaved, twice.
         measure "$n" "$s" none "$tls" "$rate" 1 "$(steps_for "$n" "$s" "$rate")"
       done
     done
   done
+  # What TLS costs at each point: 1 - plaintext step / TLS step (throughput).
+  python3 - "$RESULTS" "$FIXED_MS" <<'PY' | tee -a "$RUN_DIR/tls-cost.tsv"
+import statistics, sys
+steps = {}
+for r in (l.rstrip("\n").split("\t") for l in open(sys.argv[1])):
+    if len(r) > 16 and r[1].isdigit():
+        steps.setdefault((r[5], r[1], r[2]), {}).setdefault(r[4], []).append(float(r[8]))
+print(f"bench_only_fixed_compute_ms={sys.argv[2]}\trate\tN\tS\tplain_step_ms\ttls_step_ms\ttls_cost")
+for (rate, n, s), by in steps.items():
+    if "plain" in by and "tls" in by:
+        plain, tls = statistics.median(by["plain"]), statistics.median(by["tls"])
+        print(f"bench_only_fixed_compute_ms={sys.argv[2]}\t{rate}\t{n}\t{s}\t{plain:.1f}\t{tls:.1f}\t{100 * (1 - plain / tls):.1f}%")
+PY
 fi
 
 if [[ $WHAT == fmnist || $WHAT == all ]]; then

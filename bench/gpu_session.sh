@@ -32,6 +32,13 @@
 #                11 part 0 and issue 8's TLS figure: transport_bench plaintext and
 #                with TLS + mTLS + tokens on 2 and on 4 cores (taskset), and
 #                bench/train_cpu_vs_pytorch.py on 2 cores, as the issue's Xeon had
+#   tlsnet       not GPU work, not in the default list: issue 8's TLS goal over
+#                emulated links on a host with cores to spare:
+#                bench/cluster_emulation.sh tls (TLSNET_RATES, default 10gbit;
+#                TLSNET_SIZES, default "1:1 2:2") with each emulated host on
+#                TLSNET_CORES_PER_HOST (3) cores of its own, iproute2 from the
+#                bundle where the image lacks it; the summary has the TLS cost
+#                of each point
 #
 # Usage: bench/gpu_session.sh [STAGE...]       (default: every stage, in that order)
 # On the device machine the build comes from .devcarry/bundle.tar.xz
@@ -341,6 +348,23 @@ stage_cpuhost() {
   } >"$log" 2>&1
   say "cpuhost: $(sed -n 's/^== cpuhost [^ ]*: //p' "$log")"
   grep -E '^== transport|GB/s|ratio|median' "$log" | tee -a "$SUMMARY" >/dev/null
+  return $rc
+}
+
+stage_tlsnet() {
+  local log=$OUT/tlsnet.log rc=0 path=$PATH libs=${LD_LIBRARY_PATH:-} certs=""
+  [[ -f $ROOT/devdata/cluster-certs/ca.pem ]] && certs=$ROOT/devdata/cluster-certs  # Else openssl.
+  if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    path=$ROOT/build/devtools/bin:$PATH
+    libs=$ROOT/build/devtools/lib${libs:+:$libs}
+  fi
+  PATH=$path LD_LIBRARY_PATH=$libs CERTS_DIR=$certs \
+    CORES_PER_HOST=${TLSNET_CORES_PER_HOST:-3} TLS_RATES=${TLSNET_RATES:-10gbit} \
+    TLS_SIZES=${TLSNET_SIZES:-"1:1 2:2"} \
+    PSTRAIN_BIN=$BIN PSTRAIN_BENCH_OUT=$OUT/tlsnet \
+    timeout "${TLSNET_SECONDS:-480}" bench/cluster_emulation.sh tls >"$log" 2>&1 || rc=$?
+  say "tlsnet: rc=$rc$( ((rc == 77)) && echo " (skipped: $(grep -m1 SKIP "$log"))")"
+  grep -E '== tls|tls_cost|%$' "$log" | tee -a "$SUMMARY" >/dev/null
   return $rc
 }
 
