@@ -61,6 +61,8 @@
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
+#   QUEUE_MS=20 QUEUE_MIN_BYTES=262144: each link's tbf queue, in time at
+#   its rate, at least that many bytes.
 #   SERVER_RATE=RATE: the servers' links (servers often have faster NICs
 #   than workers); the bounds use each host's own rate.
 # Host TCP settings to try (none by default): SERVER_SYSCTLS and
@@ -165,7 +167,9 @@ shape() {
   local bits burst limit
   bits=$(rate_bits "$3")
   burst=$((bits / 8 / 1000 > 65536 ? bits / 8 / 1000 : 65536))   # 1 ms of traffic, >= 64 KiB.
-  limit=$((bits / 8 / 50 > 262144 ? bits / 8 / 50 : 262144))     # 20 ms of traffic.
+  local queue_ms=${QUEUE_MS:-20} floor=${QUEUE_MIN_BYTES:-262144}
+  limit=$((bits / 8 * queue_ms / 1000))  # QUEUE_MS (20) of traffic, at least QUEUE_MIN_BYTES.
+  ((limit > floor)) || limit=$floor
   tc -n "$1" qdisc add dev "$2" root handle 1: tbf rate "$3" burst "$burst" limit "$limit"
   if ((HAVE_NETEM)); then
     tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: netem delay "${DELAY_MS}ms"
