@@ -63,6 +63,7 @@
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
 #   QUEUE_MS=20 QUEUE_MIN_BYTES=262144: each link's tbf queue, in time at
 #   its rate, at least that many bytes.
+#   WORKER_ARGS: more pstrain-worker flags (e.g. --connections-per-shard=2).
 #   SERVER_RATE=RATE: the servers' links (servers often have faster NICs
 #   than workers); the bounds use each host's own rate.
 # Host TCP settings to try (none by default): SERVER_SYSCTLS and
@@ -296,6 +297,7 @@ start_cluster() {
     ((pin)) && [[ -n ${CORES_PER_HOST:-} ]] && cpu_w=(taskset -c "$(host_cores $((s + i)))")
     ip netns exec "${WORKER_NS[$i]}" nice -n 10 "${cpu_w[@]}" "$BIN/pstrain-worker" \
       --server "$SERVER" --device cpu --threads 1 "${fixed_flag[@]}" "${worker_sec[@]}" \
+      ${WORKER_ARGS:-} \
       >"$STATE/worker$((i + 1)).log" 2>&1 &
     PIDS+=($!)
   done

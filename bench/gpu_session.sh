@@ -36,9 +36,10 @@
 #                emulated links on a host with cores to spare:
 #                bench/cluster_emulation.sh tls (TLSNET_RATES, default 10gbit;
 #                TLSNET_SIZES, default "1:1 2:2") with each emulated host on
-#                TLSNET_CORES_PER_HOST (3) cores of its own, iproute2 from the
-#                bundle where the image lacks it; the summary has the TLS cost
-#                of each point
+#                TLSNET_CORES_PER_HOST (3) cores of its own and workers on
+#                TLSNET_CONNECTIONS (2) connections per shard each way,
+#                iproute2 from the bundle where the image lacks it; the summary
+#                has the TLS cost of each point
 #
 # Usage: bench/gpu_session.sh [STAGE...]       (default: every stage, in that order)
 # On the device machine the build comes from .devcarry/bundle.tar.xz
@@ -361,6 +362,7 @@ stage_tlsnet() {
   PATH=$path LD_LIBRARY_PATH=$libs CERTS_DIR=$certs \
     CORES_PER_HOST=${TLSNET_CORES_PER_HOST:-3} TLS_RATES=${TLSNET_RATES:-10gbit} \
     TLS_SIZES=${TLSNET_SIZES:-"1:1 2:2"} \
+    WORKER_ARGS="--connections-per-shard=${TLSNET_CONNECTIONS:-2}" \
     PSTRAIN_BIN=$BIN PSTRAIN_BENCH_OUT=$OUT/tlsnet \
     timeout "${TLSNET_SECONDS:-480}" bench/cluster_emulation.sh tls >"$log" 2>&1 || rc=$?
   say "tlsnet: rc=$rc$( ((rc == 77)) && echo " (skipped: $(grep -m1 SKIP "$log"))")"

@@ -27,6 +27,7 @@
 //   plain gRPC TLS   the protobuf reference over the same TLS.
 //
 //   transport_bench [--model_mb=100] [--reps=7] [--tune_malloc=true] [--tls_certs=DIR]
+//                   [--connections=1]
 //
 // Runs the variants round-robin (one warm-up each, then --reps rounds) so that
 // load from other processes hits them alike; prints medians and ratios. See docs/BENCHMARKS.md "##
@@ -66,6 +67,9 @@
 
 ABSL_FLAG(int, model_mb, 100, "Model size in MB (10^6 bytes) of fp32 values");
 ABSL_FLAG(int, reps, 7, "Timed repetitions per variant (median reported)");
+ABSL_FLAG(int, connections, 1,
+          "pstrain variants: connections for pushes, and as many for pulls "
+          "(PsClient::Options::connections_per_shard)");
 ABSL_FLAG(std::string, tls_certs, "",
           "Directory made by deploy/local/make-certs.sh: adds the TLS variants (empty: none)");
 ABSL_FLAG(int, only, -1,
@@ -238,6 +242,7 @@ class PstrainBench {
     options.worker_id = kWorker;
     options.generation = 1;
     options.channel = security_.channel;
+    options.connections_per_shard = absl::GetFlag(FLAGS_connections);
     PSTRAIN_ASSIGN_OR_RETURN(client_, PsClient::Create(options, plan_));
 
     // The worker's model: one flat buffer, chunks point into it.

@@ -650,6 +650,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   client_options.worker_id = worker_id;
   client_options.generation = a.generation();
   client_options.rpc_timeout = options_.ps_rpc_timeout;
+  client_options.connections_per_shard = options_.connections_per_shard;
   client_options.channel = options_.channel;
   client_options.compression = job.compression();
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,

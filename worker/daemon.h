@@ -92,6 +92,8 @@ class WorkerDaemon {
     // Deadline of every parameter-server call (a sync pull waits for the
     // slowest worker, or for a dead one to be dropped).
     absl::Duration ps_rpc_timeout = absl::Seconds(120);
+    // PsClient::Options::connections_per_shard.
+    int connections_per_shard = 1;
     // Used until the coordinator sends its own interval.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration max_backoff = absl::Seconds(5);

@@ -148,15 +148,29 @@ std::unique_ptr<PendingOp> FailedOp(const absl::Status& status) {
   return std::make_unique<Op>(std::move(state));
 }
 
-// What every call of one shard needs.
+// One connection of one shard, for pushes or for pulls.
 struct ShardChannel {
   std::string address;
-  // Pushes and pulls on separate connections: with TLS each connection's
-  // records are sealed and opened by one thread at a time, so a pipelined
-  // push and pull on one connection share a core; on two they do not.
-  std::shared_ptr<grpc::Channel> push_channel, pull_channel;
-  std::unique_ptr<grpc::GenericStub> push_stub, pull_stub;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
 };
+
+// The connections of one shard. Pushes and pulls on separate ones: with TLS
+// each connection's records are sealed and opened by one thread at a time,
+// so a pipelined push and pull on one connection share a core; on two they
+// do not. Options::connections_per_shard of each.
+struct ShardConnections {
+  std::vector<std::shared_ptr<ShardChannel>> push, pull;
+};
+
+// Deals `items` round-robin into at most `ways` non-empty groups.
+template <typename T>
+std::vector<std::vector<T>> Deal(std::vector<T> items, int ways) {
+  std::vector<std::vector<T>> groups(std::min<size_t>(static_cast<size_t>(ways), items.size()));
+  for (size_t i = 0; i < items.size(); ++i)
+    groups[i % groups.size()].push_back(std::move(items[i]));
+  return groups;
+}
 
 // Retry policy of one operation's calls (constant).
 struct RetryPolicy {
@@ -231,7 +245,7 @@ class PushCall final : public GenericReactor {
   }
 
   void Start() {
-    shard_->push_stub->PrepareBidiStreamingCall(ctx_.get(), kPushMethod, grpc::StubOptions(), this);
+    shard_->stub->PrepareBidiStreamingCall(ctx_.get(), kPushMethod, grpc::StubOptions(), this);
     if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
     BeforeGrpc(&reply_);
     StartRead(&reply_);
@@ -378,7 +392,7 @@ class PullCall final : public GenericReactor {
   }
 
   void Start() {
-    shard_->pull_stub->PrepareBidiStreamingCall(ctx_.get(), kPullMethod, grpc::StubOptions(), this);
+    shard_->stub->PrepareBidiStreamingCall(ctx_.get(), kPullMethod, grpc::StubOptions(), this);
     if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
     if (!request_status_.ok()) {
       error_ = request_status_;
@@ -527,17 +541,37 @@ class GrpcPsClient final : public PsClient {
       encoder_thread_ = std::thread([this] { EncoderLoop(); });
     }
     for (const std::string& address : options_.shard_addresses) {
-      auto shard = std::make_shared<ShardChannel>();
-      shard->address = address;
-      ChannelOptions push = options_.channel, pull = options_.channel;
-      push.connection_name = "push";
-      pull.connection_name = "pull";
-      shard->push_channel = CreateChannel(address, push);
-      shard->pull_channel = CreateChannel(address, pull);
-      shard->push_stub = std::make_unique<grpc::GenericStub>(shard->push_channel);
-      shard->pull_stub = std::make_unique<grpc::GenericStub>(shard->pull_channel);
+      ShardConnections shard;
+      for (int i = 0; i < options_.connections_per_shard; ++i) {
+        shard.push.push_back(Connect(address, absl::StrCat("push-", i)));
+        shard.pull.push_back(Connect(address, absl::StrCat("pull-", i)));
+      }
       shards_.push_back(std::move(shard));
     }
+  }
+
+  // A connection of its own (distinct channel arguments are distinct
+  // connections in gRPC).
+  std::shared_ptr<ShardChannel> Connect(const std::string& address, std::string name) const {
+    ChannelOptions options = options_.channel;
+    options.connection_name = std::move(name);
+    auto shard = std::make_shared<ShardChannel>();
+    shard->address = address;
+    shard->channel = CreateChannel(address, options);
+    shard->stub = std::make_unique<grpc::GenericStub>(shard->channel);
+    return shard;
+  }
+
+  // The calls a push or pull makes to a shard for `items` chunks: one per
+  // connection, at most one per chunk.
+  int CallsFor(size_t items) const {
+    return static_cast<int>(std::min(items, static_cast<size_t>(options_.connections_per_shard)));
+  }
+  template <typename T>
+  int CountCalls(const std::vector<std::vector<T>>& by_shard) const {
+    int calls = 0;
+    for (const auto& items : by_shard) calls += CallsFor(items.size());
+    return calls;
   }
 
   std::unique_ptr<PendingOp> Push(v1::ChunkHeader::Kind kind, int64_t version, int worker_clock,
@@ -553,7 +587,7 @@ class GrpcPsClient final : public PsClient {
     v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
     header.set_incarnation(incarnation_);
     header.set_update_seq(next_update_seq_.fetch_add(1));
-    auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    auto op = std::make_shared<OpState>(CountCalls(by_shard));
     Track(op);
     const RetryPolicy retry = Retry();
     if (encoder_ != nullptr && kind == v1::ChunkHeader::KIND_GRADIENT) {
@@ -565,8 +599,11 @@ class GrpcPsClient final : public PsClient {
     }
     std::vector<PushCall*> calls;
     for (size_t s = 0; s < shards_.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      calls.push_back(new PushCall(shards_[s], op, header, std::move(by_shard[s]), retry));
+      std::vector<std::vector<PushCall::Frame>> groups =
+          Deal(std::move(by_shard[s]), options_.connections_per_shard);
+      for (size_t i = 0; i < groups.size(); ++i) {
+        calls.push_back(new PushCall(shards_[s].push[i], op, header, std::move(groups[i]), retry));
+      }
     }
     for (PushCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
@@ -584,12 +621,15 @@ class GrpcPsClient final : public PsClient {
     v1::ChunkHeader request = BaseHeader(kind, min_version, worker_clock, slot);
     request.set_master(master);
     std::vector<PullCall*> calls;
-    auto op = std::make_shared<OpState>(CountNonEmpty(by_shard));
+    auto op = std::make_shared<OpState>(CountCalls(by_shard));
     Track(op);
     const RetryPolicy retry = Retry();
     for (size_t s = 0; s < shards_.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      calls.push_back(new PullCall(shards_[s], op, request, std::move(by_shard[s]), retry));
+      std::vector<std::vector<PullCall::Dest>> groups =
+          Deal(std::move(by_shard[s]), options_.connections_per_shard);
+      for (size_t i = 0; i < groups.size(); ++i) {
+        calls.push_back(new PullCall(shards_[s].pull[i], op, request, std::move(groups[i]), retry));
+      }
     }
     for (PullCall* call : calls) call->Start();
     return std::make_unique<Op>(std::move(op));
@@ -706,18 +746,18 @@ class GrpcPsClient final : public PsClient {
           f.encoded = std::move(encoded);
         }
         if (!status.ok()) {
-          task.op->CallDone(status, 0);
+          // Every call this shard's frames would have made ends with it.
+          for (int i = CallsFor(frames.size()); i > 0; --i) task.op->CallDone(status, 0);
           continue;
         }
-        (new PushCall(shards_[s], task.op, task.header, std::move(frames), task.retry))->Start();
+        std::vector<std::vector<PushCall::Frame>> groups =
+            Deal(std::move(frames), options_.connections_per_shard);
+        for (size_t i = 0; i < groups.size(); ++i) {
+          (new PushCall(shards_[s].push[i], task.op, task.header, std::move(groups[i]), task.retry))
+              ->Start();
+        }
       }
     }
-  }
-
-  template <typename T>
-  static int CountNonEmpty(const std::vector<std::vector<T>>& v) {
-    return static_cast<int>(
-        std::count_if(v.begin(), v.end(), [](const auto& x) { return !x.empty(); }));
   }
 
   const Options options_;
@@ -727,7 +767,7 @@ class GrpcPsClient final : public PsClient {
   std::atomic<int64_t> next_update_seq_{1};
   // Constant after construction; calls in flight share ownership, so a
   // PendingOp may outlive the client.
-  std::vector<std::shared_ptr<ShardChannel>> shards_;
+  std::vector<ShardConnections> shards_;
   absl::Mutex live_mu_;
   std::vector<std::weak_ptr<OpState>> live_ops_ ABSL_GUARDED_BY(live_mu_);
   bool cancelled_all_ ABSL_GUARDED_BY(live_mu_) = false;
@@ -758,6 +798,12 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(Options options, Chun
     }
   }
   PSTRAIN_RETURN_IF_ERROR(ValidateCompression(options.compression));
+  if (options.connections_per_shard < 1 ||
+      options.connections_per_shard > kMaxConnectionsPerShard) {
+    return absl::InvalidArgumentError(absl::StrCat("connections_per_shard must be 1 to ",
+                                                   kMaxConnectionsPerShard, ", got ",
+                                                   options.connections_per_shard));
+  }
   if (options.rpc_timeout <= absl::ZeroDuration() ||
       options.attempt_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout and attempt_timeout must be positive");

@@ -11,10 +11,10 @@
 //                            clock, {{chunk_id, host_destination_ptr}});
 //   PSTRAIN_RETURN_IF_ERROR(pull->Wait());
 //
-// Each call is split by shard and sent on that shard's channel (one
-// client-streaming Push or server-streaming Pull per shard, in parallel),
-// in ~1 MiB chunk frames (see ChunkHeader in proto/pstrain/v1/service.proto
-// for the framing). Every RPC has a deadline (Options::rpc_timeout).
+// Each call is split by shard and sent on that shard's connections (one
+// client-streaming Push or server-streaming Pull per shard and connection,
+// in parallel; Options::connections_per_shard), in ~1 MiB chunk frames (see ChunkHeader in
+// proto/pstrain/v1/service.proto for the framing). Every RPC has a deadline (Options::rpc_timeout).
 //
 // Exactly once: every Push carries an update id (the client's random
 // incarnation and a sequence number per Push). A call to a shard that fails
@@ -87,7 +87,14 @@ class PsClient {
     // their error-feedback residuals for the client's life, one run) and
     // then sends it. A retried push resends the same encoded bytes.
     v1::CompressionSpec compression;
+    // TCP connections to each shard for pushes, and as many for pulls (1 to
+    // kMaxConnectionsPerShard): a push or pull deals its chunks of a shard
+    // round-robin over them, one stream each. With TLS each connection
+    // seals and opens its records on one core at a time, so a link faster
+    // than one core's TLS needs more than one.
+    int connections_per_shard = 1;
   };
+  static constexpr int kMaxConnectionsPerShard = 16;
   struct ChunkRef {
     int chunk_id = 0;
     const float* values = nullptr;  // plan.chunks[chunk_id].count floats.

@@ -36,6 +36,7 @@
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
 #include "worker/gpu_monitor.h"
+#include "worker/ps_client.h"
 #include "worker/standalone.h"
 
 ABSL_FLAG(std::string, standalone, "",
@@ -83,6 +84,12 @@ ABSL_FLAG(std::vector<std::string>, data_root, {},
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
+
+ABSL_FLAG(int, connections_per_shard, 1,
+          "Daemon mode: TCP connections to each parameter-server shard for pushes, and as "
+          "many for pulls (1-16); a push or pull spreads its chunks over them. With TLS, "
+          "each connection seals and opens on one core at a time: raise it where the link "
+          "is faster than one core's TLS (about 0.5-1 GB/s)");
 
 ABSL_FLAG(int, bench_only_fixed_compute_ms, 0,
           "BENCH ONLY, daemon mode: every training step after the first sleeps this many "
@@ -208,6 +215,13 @@ int RunDaemon() {
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  options.connections_per_shard = absl::GetFlag(FLAGS_connections_per_shard);
+  if (options.connections_per_shard < 1 ||
+      options.connections_per_shard > pstrain::PsClient::kMaxConnectionsPerShard) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--connections-per-shard must be 1 to ",
+                                                        pstrain::PsClient::kMaxConnectionsPerShard,
+                                                        ", got ", options.connections_per_shard)));
+  }
   if (const int fixed_ms = absl::GetFlag(FLAGS_bench_only_fixed_compute_ms); fixed_ms != 0) {
     if (fixed_ms < 0) {
       return Fail(absl::InvalidArgumentError(

@@ -37,6 +37,8 @@ struct ClusterOptions {
   int heartbeat_interval_ms = 250;
   // TLS, mTLS and tokens on every channel (false: plaintext, no tokens).
   bool secure = true;
+  // More pstrain-worker flags.
+  std::vector<std::string> worker_args = {};
 };
 
 class LocalCluster {
@@ -113,6 +115,7 @@ class LocalCluster {
                                certs() + "/worker.pem", "--tls-key", certs() + "/worker-key.pem",
                                "--token-file", certs() + "/worker.token"});
     }
+    argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
     workers_.push_back(std::make_unique<ChildProcess>(argv));
     return workers_.back()->WaitForOutput("registered", absl::Seconds(60));
   }

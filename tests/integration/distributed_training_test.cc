@@ -152,8 +152,11 @@ TEST_F(DistributedTrainingTest, OneBitCompressedSyncPushesReachTheFloorAtAThirty
       << bad.output;
 }
 
-TEST_F(DistributedTrainingTest, TwoServerShards) {
-  LocalCluster cluster({.shards = 2, .workers = 2});
+// Two shards, each reached over two TLS connections for pushes and two for
+// pulls (--connections-per-shard 2).
+TEST_F(DistributedTrainingTest, TwoServerShardsOverTwoConnectionsEach) {
+  LocalCluster cluster(
+      {.shards = 2, .workers = 2, .worker_args = {"--connections-per-shard", "2"}});
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
   std::string job = WriteFashionMnistJob(dir_, 3200, 1000, 2);
   int code = 0;

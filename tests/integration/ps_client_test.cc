@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/chunking.h"
 #include "common/model_graph.h"
@@ -82,9 +85,10 @@ class Cluster {
 
   std::unique_ptr<PsClient> Client(const std::string& worker,
                                    absl::Duration timeout = absl::Seconds(20),
-                                   v1::CompressionSpec compression = {}) {
+                                   v1::CompressionSpec compression = {}, int connections = 1) {
     PsClient::Options options;
     options.compression = compression;
+    options.connections_per_shard = connections;
     options.shard_addresses = addresses_;
     options.job_id = kJob;
     options.worker_id = worker;
@@ -107,6 +111,7 @@ class Cluster {
                               initial_[c.param].begin() + c.offset + c.count);
   }
   const ChunkPlan& plan() const { return plan_; }
+  const std::vector<std::string>& addresses() const { return addresses_; }
   ParameterShard& shard(int s) { return *shards_[s]; }
   int num_shards() const { return static_cast<int>(shards_.size()); }
 
@@ -231,6 +236,65 @@ TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
     }
   }
   EXPECT_EQ(p0, p1);
+}
+
+// Established TCP connections on this machine to 127.0.0.1:`port`, IPv4 or
+// v4-mapped IPv6 (gRPC's sockets are dual-stack): /proc/net/tcp{,6} rows
+// whose remote address is that and whose state is 01.
+int EstablishedConnectionsTo(int port) {
+  int count = 0;
+  for (const auto& [file, host] : {std::pair<const char*, const char*>{"/proc/net/tcp", "0100007F"},
+                                   {"/proc/net/tcp6", "0000000000000000FFFF00000100007F"}}) {
+    std::ifstream tcp(file);
+    std::string line;
+    std::getline(tcp, line);  // The header.
+    const std::string remote = absl::StrFormat("%s:%04X", host, port);
+    while (std::getline(tcp, line)) {
+      std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() > 3 && fields[2] == remote && fields[3] == "01") ++count;
+    }
+  }
+  return count;
+}
+
+// Three connections per shard for pushes and three for pulls: a sync step
+// of two workers gives the bits of the step above, and each client really
+// holds six connections to each shard.
+TEST(PsClientTest, ThreeConnectionsPerShardCarryTheSameSyncStep) {
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0", "w1"});
+  ASSERT_GE(cluster.plan().by_shard[0].size(), 3u);
+  ASSERT_GE(cluster.plan().by_shard[1].size(), 3u);
+  auto c0 = cluster.Client("w0", absl::Seconds(20), {}, /*connections=*/3);
+  auto c1 = cluster.Client("w1", absl::Seconds(20), {}, /*connections=*/3);
+  std::vector<std::vector<float>> g0 = cluster.Buffers(0.0f), g1 = cluster.Buffers(0.0f);
+  for (size_t id = 0; id < g0.size(); ++id) {
+    for (size_t i = 0; i < g0[id].size(); ++i) {
+      g0[id][i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+      g1[id][i] = -0.003f * static_cast<float>(id + i % 5);
+    }
+  }
+  std::vector<std::vector<float>> p0 = cluster.Buffers(0.0f), p1 = cluster.Buffers(0.0f);
+  auto pull0 = c0->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p0));
+  auto pull1 = c1->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p1));
+  std::thread second(
+      [&] { EXPECT_OK(c1->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g1))->Wait()); });
+  ASSERT_OK(c0->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g0))->Wait());
+  second.join();
+  ASSERT_OK(pull0->Wait());
+  ASSERT_OK(pull1->Wait());
+  EXPECT_EQ(pull0->version(), 1);
+  for (size_t id = 0; id < p0.size(); ++id) {
+    const std::vector<float> w = cluster.Initial(id);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const float mean = (g0[id][i] + g1[id][i]) * 0.5f;
+      ASSERT_EQ(p0[id][i], w[i] - 0.5f * mean) << "chunk " << id << " element " << i;
+    }
+  }
+  EXPECT_EQ(p0, p1);
+  for (const std::string& address : cluster.addresses()) {
+    const int port = std::stoi(address.substr(address.rfind(':') + 1));
+    EXPECT_EQ(EstablishedConnectionsTo(port), 2 * (3 + 3)) << address;
+  }
 }
 
 // Pull compression through two shards: a client that keeps what it holds
@@ -475,6 +539,13 @@ TEST(PsClientTest, BadArgumentsFailWithoutACall) {
   options.shard_addresses = {"127.0.0.1:1", "127.0.0.1:2"};
   EXPECT_EQ(PsClient::Create(options, cluster.plan()).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options.shard_addresses = {"127.0.0.1:1"};
+  for (int connections : {0, PsClient::kMaxConnectionsPerShard + 1}) {
+    options.connections_per_shard = connections;
+    EXPECT_EQ(PsClient::Create(options, cluster.plan()).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << connections;
+  }
 }
 
 // --- Exactly-once updates (issue 9) -------------------------------------------
@@ -524,7 +595,7 @@ struct RunResult {
 // deterministic gradients (sync and average: both push each step, then
 // pull the next version; async and ssp: one after the other, so that the
 // order of updates is the same in every run).
-RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
+RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter, int connections = 1) {
   constexpr int kSteps = 6;
   ShardServices::Options service_options;
   // Frames of a stream applied in parallel, as pstrain-server does on a
@@ -537,7 +608,8 @@ RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter) {
     };
   }
   Cluster cluster(mode, 2, {"w0", "w1"}, service_options);
-  std::unique_ptr<PsClient> clients[2] = {cluster.Client("w0"), cluster.Client("w1")};
+  std::unique_ptr<PsClient> clients[2] = {cluster.Client("w0", absl::Seconds(20), {}, connections),
+                                          cluster.Client("w1", absl::Seconds(20), {}, connections)};
   const bool barrier = mode == v1::CONSISTENCY_SYNC || mode == v1::CONSISTENCY_AVERAGE;
   const auto kind = mode == v1::CONSISTENCY_AVERAGE ? v1::ChunkHeader::KIND_PARAMETERS
                                                     : v1::ChunkHeader::KIND_GRADIENT;
@@ -596,6 +668,17 @@ TEST_P(ExactlyOnceThroughCutStreamsTest, EveryUpdateIsAppliedOnceAsWithoutFaults
   // Every frame cut after it was applied came again and was acknowledged.
   EXPECT_GE(faulty.duplicate_pushes, cutter.cuts_after_apply());
   EXPECT_EQ(clean.duplicate_pushes, 0);
+}
+
+// A push's frames spread over three connections per shard, cut at random:
+// the model is bit for bit the one that one connection without faults gives.
+TEST(PsClientTest, ThreeConnectionsPerShardThroughCutStreamsGiveTheModelOfOne) {
+  const RunResult clean = RunTwoWorkers(v1::CONSISTENCY_SYNC, nullptr);
+  RandomStreamCutter cutter(/*seed=*/21, 0.05);
+  const RunResult faulty = RunTwoWorkers(v1::CONSISTENCY_SYNC, &cutter, /*connections=*/3);
+  EXPECT_GT(cutter.cuts_before_apply() + cutter.cuts_after_apply(), 0);
+  EXPECT_EQ(faulty.applied_updates, clean.applied_updates);
+  EXPECT_TRUE(faulty.model == clean.model) << "the model differs from one connection's";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, ExactlyOnceThroughCutStreamsTest,
