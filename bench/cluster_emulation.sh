@@ -169,7 +169,7 @@ shape() {
   bits=$(rate_bits "$3")
   burst=$((bits / 8 / 1000 > 65536 ? bits / 8 / 1000 : 65536))   # 1 ms of traffic, >= 64 KiB.
   local queue_ms=${QUEUE_MS:-20} floor=${QUEUE_MIN_BYTES:-262144}
-  limit=$((bits / 8 * queue_ms / 1000))  # QUEUE_MS (20) of traffic, at least QUEUE_MIN_BYTES.
+  limit=$((bits * queue_ms / 8000))  # QUEUE_MS (20) of traffic, at least QUEUE_MIN_BYTES.
   ((limit > floor)) || limit=$floor
   tc -n "$1" qdisc add dev "$2" root handle 1: tbf rate "$3" burst "$burst" limit "$limit"
   if ((HAVE_NETEM)); then
