@@ -30,7 +30,8 @@
 #   cpuhost      not GPU work, and not in the default list: the device's host CPU
 #                (an Intel Xeon with 16 cores, where ours is an AMD EPYC) for issue
 #                11 part 0 and issue 8's TLS figure: transport_bench plaintext and
-#                with TLS + mTLS + tokens on 2 and on 4 cores (taskset), and
+#                with TLS + mTLS + tokens on 2 and on 4 cores (taskset), with 1
+#                and 2 connections per shard (CPUHOST_CONNECTIONS), and
 #                bench/train_cpu_vs_pytorch.py on 2 cores, as the issue's Xeon had
 #   tlsnet       not GPU work, not in the default list: issue 8's TLS goal over
 #                emulated links on a host with cores to spare:
@@ -339,9 +340,11 @@ stage_cpuhost() {
   {
     echo "== cpuhost $(date -u +%FT%TZ): $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
     for cores in ${CPUHOST_CORES:-0-1 0-3}; do
-      echo "== transport_bench --reps=${CPUHOST_REPS:-7} --tls_certs, taskset -c $cores"
-      taskset -c "$cores" timeout "${CPUHOST_TRANSPORT_SECONDS:-400}" "$BIN/transport_bench" \
-        --reps="${CPUHOST_REPS:-7}" --tls_certs="$certs" || rc=1
+      for connections in ${CPUHOST_CONNECTIONS:-1 2}; do
+        echo "== transport_bench --reps=${CPUHOST_REPS:-7} --tls_certs --connections=$connections, taskset -c $cores"
+        taskset -c "$cores" timeout "${CPUHOST_TRANSPORT_SECONDS:-400}" "$BIN/transport_bench" \
+          --reps="${CPUHOST_REPS:-7}" --tls_certs="$certs" --connections="$connections" || rc=1
+      done
     done
     echo "== bench/train_cpu_vs_pytorch.py --rounds ${CPUHOST_ROUNDS:-3}, taskset -c 0-1"
     taskset -c 0-1 timeout "${CPUHOST_TRAIN_SECONDS:-600}" $PY bench/train_cpu_vs_pytorch.py \
