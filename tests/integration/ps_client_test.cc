@@ -203,10 +203,10 @@ TEST(PsClientTest, PullIssuedBeforeThePushStreamsAsChunksArrive) {
   EXPECT_EQ(pulled, params);
 }
 
-TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
-  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0", "w1"});
-  auto c0 = cluster.Client("w0");
-  auto c1 = cluster.Client("w1");
+// One sync step of two clients: both pull version 1, which needs both
+// pushes, and get the initial weights minus 0.5 times the mean gradient,
+// bit for bit.
+void ExpectSyncStepAveragesTheGradients(Cluster& cluster, PsClient& c0, PsClient& c1) {
   std::vector<std::vector<float>> g0 = cluster.Buffers(0.0f), g1 = cluster.Buffers(0.0f);
   for (size_t id = 0; id < g0.size(); ++id) {
     for (size_t i = 0; i < g0[id].size(); ++i) {
@@ -214,19 +214,15 @@ TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
       g1[id][i] = -0.003f * static_cast<float>(id + i % 5);
     }
   }
-  // Both wait for version 1, which needs both pushes.
   std::vector<std::vector<float>> p0 = cluster.Buffers(0.0f), p1 = cluster.Buffers(0.0f);
-  auto pull0 = c0->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p0));
-  auto pull1 = c1->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p1));
-  std::thread second([&] {
-    auto push1 = c1->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g1));
-    EXPECT_TRUE(push1->Wait().ok());
-  });
-  auto push0 = c0->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g0));
-  ASSERT_TRUE(push0->Wait().ok());
+  auto pull0 = c0.Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p0));
+  auto pull1 = c1.Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p1));
+  std::thread second(
+      [&] { EXPECT_OK(c1.Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g1))->Wait()); });
+  ASSERT_OK(c0.Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g0))->Wait());
   second.join();
-  ASSERT_TRUE(pull0->Wait().ok());
-  ASSERT_TRUE(pull1->Wait().ok());
+  ASSERT_OK(pull0->Wait());
+  ASSERT_OK(pull1->Wait());
   EXPECT_EQ(pull0->version(), 1);
   for (size_t id = 0; id < p0.size(); ++id) {
     const std::vector<float> w = cluster.Initial(id);
@@ -236,6 +232,11 @@ TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
     }
   }
   EXPECT_EQ(p0, p1);
+}
+
+TEST(PsClientTest, SyncStepAcrossTwoClientsAveragesTheGradients) {
+  Cluster cluster(v1::CONSISTENCY_SYNC, 2, {"w0", "w1"});
+  ExpectSyncStepAveragesTheGradients(cluster, *cluster.Client("w0"), *cluster.Client("w1"));
 }
 
 // Established TCP connections on this machine to 127.0.0.1:`port`, IPv4 or
@@ -266,31 +267,7 @@ TEST(PsClientTest, ThreeConnectionsPerShardCarryTheSameSyncStep) {
   ASSERT_GE(cluster.plan().by_shard[1].size(), 3u);
   auto c0 = cluster.Client("w0", absl::Seconds(20), {}, /*connections=*/3);
   auto c1 = cluster.Client("w1", absl::Seconds(20), {}, /*connections=*/3);
-  std::vector<std::vector<float>> g0 = cluster.Buffers(0.0f), g1 = cluster.Buffers(0.0f);
-  for (size_t id = 0; id < g0.size(); ++id) {
-    for (size_t i = 0; i < g0[id].size(); ++i) {
-      g0[id][i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
-      g1[id][i] = -0.003f * static_cast<float>(id + i % 5);
-    }
-  }
-  std::vector<std::vector<float>> p0 = cluster.Buffers(0.0f), p1 = cluster.Buffers(0.0f);
-  auto pull0 = c0->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p0));
-  auto pull1 = c1->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(p1));
-  std::thread second(
-      [&] { EXPECT_OK(c1->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g1))->Wait()); });
-  ASSERT_OK(c0->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(g0))->Wait());
-  second.join();
-  ASSERT_OK(pull0->Wait());
-  ASSERT_OK(pull1->Wait());
-  EXPECT_EQ(pull0->version(), 1);
-  for (size_t id = 0; id < p0.size(); ++id) {
-    const std::vector<float> w = cluster.Initial(id);
-    for (size_t i = 0; i < w.size(); ++i) {
-      const float mean = (g0[id][i] + g1[id][i]) * 0.5f;
-      ASSERT_EQ(p0[id][i], w[i] - 0.5f * mean) << "chunk " << id << " element " << i;
-    }
-  }
-  EXPECT_EQ(p0, p1);
+  ExpectSyncStepAveragesTheGradients(cluster, *c0, *c1);
   for (const std::string& address : cluster.addresses()) {
     const int port = std::stoi(address.substr(address.rfind(':') + 1));
     EXPECT_EQ(EstablishedConnectionsTo(port), 2 * (3 + 3)) << address;
