@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/kernel_configs.h"
 #include "tests/testing/status_matchers.h"
 
 namespace pstrain {
@@ -332,22 +333,7 @@ struct ConvCase {
   CpuConvLayout layout;
 };
 
-Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int r, int s, int sh, int sw, int ph,
-                      int pw) {
-  Conv2dConfig config;
-  config.n = n;
-  config.c = c;
-  config.h = h;
-  config.w = w;
-  config.filters = k;
-  config.kernel_h = r;
-  config.kernel_w = s;
-  config.stride_h = sh;
-  config.stride_w = sw;
-  config.pad_h = ph;
-  config.pad_w = pw;
-  return config;
-}
+using ::pstrain::testing::MakeConv;
 
 class ConvTest : public CpuBackendTest, public ::testing::WithParamInterface<ConvCase> {};
 

@@ -9,19 +9,29 @@
 
 namespace pstrain::testing {
 
-// A square convolution: input [n, c, h, w], k filters of kernel x kernel,
-// the same stride and padding in both directions.
-inline Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int stride, int pad) {
+// A convolution: input [n, c, h, w], k filters of kernel_h x kernel_w,
+// strides and paddings per direction.
+inline Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel_h, int kernel_w,
+                             int stride_h, int stride_w, int pad_h, int pad_w) {
   Conv2dConfig config;
   config.n = n;
   config.c = c;
   config.h = h;
   config.w = w;
   config.filters = k;
-  config.kernel_h = config.kernel_w = kernel;
-  config.stride_h = config.stride_w = stride;
-  config.pad_h = config.pad_w = pad;
+  config.kernel_h = kernel_h;
+  config.kernel_w = kernel_w;
+  config.stride_h = stride_h;
+  config.stride_w = stride_w;
+  config.pad_h = pad_h;
+  config.pad_w = pad_w;
   return config;
+}
+
+// A square convolution: the same kernel size, stride and padding in both
+// directions.
+inline Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int stride, int pad) {
+  return MakeConv(n, c, h, w, k, kernel, kernel, stride, stride, pad, pad);
 }
 
 // The CUDA backend on device 0 (callers skip first when CudaDeviceCount()
