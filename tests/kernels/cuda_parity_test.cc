@@ -92,17 +92,8 @@ struct Pair {
   float* operator[](int i) { return t[i].data(); }
 };
 
-class CudaParityTest : public ::testing::Test {
+class CudaParityTest : public ::pstrain::testing::CudaAndCpuBackendsTest {
  protected:
-  void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = ::pstrain::testing::CreateCudaBackend();
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
-    cuda_ = *std::move(cuda);
-    cpu_ = CreateCpuBackend();
-    ASSERT_NE(cpu_, nullptr);
-  }
-
   Backend& backend(int i) { return i == kCpu ? *cpu_ : *cuda_; }
 
   // Uploads `host` to both backends (and waits, so `host` may be a temporary).
@@ -151,9 +142,6 @@ class CudaParityTest : public ::testing::Test {
     ExpectRelativelyClose(Read(kCuda, pair.t[kCuda]), Read(kCpu, pair.t[kCpu]), what, tolerance,
                           allow_zero);
   }
-
-  std::unique_ptr<Backend> cpu_;
-  std::unique_ptr<Backend> cuda_;
 };
 
 // --- Device discovery (runs everywhere) ---------------------------------------

@@ -153,14 +153,12 @@ void ExpectClose(const std::vector<float>& actual, const std::vector<float>& exp
       << " fp32=" << expected[worst] << " (max |fp32| = " << max_ref << ")";
 }
 
-class MixedPrecisionParityTest : public ::testing::TestWithParam<DataType> {
+class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTest,
+                                 public ::testing::WithParamInterface<DataType> {
  protected:
   void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = ::pstrain::testing::CreateCudaBackend();
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
-    cuda_ = *std::move(cuda);
-    cpu_ = CreateCpuBackend();
+    CudaAndCpuBackendsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     ASSERT_TRUE(cuda_->SupportsDataType(dtype()));
   }
 
@@ -201,9 +199,6 @@ class MixedPrecisionParityTest : public ::testing::TestWithParam<DataType> {
     for (size_t i = 0; i < bits.size(); ++i) out[i] = FromBits(t.dtype(), bits[i]);
     return out;
   }
-
-  std::unique_ptr<Backend> cpu_;
-  std::unique_ptr<Backend> cuda_;
 };
 
 TEST_P(MixedPrecisionParityTest, ConvertRoundsToNearestEvenAndFlagsNonFiniteResults) {

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "kernels/backend.h"
 
 namespace pstrain::testing {
@@ -43,6 +44,23 @@ inline absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
   spec.ordinal = 0;
   return CreateBackend(spec);
 }
+
+// A CUDA backend beside the CPU one, for parity tests: skips the test when
+// no CUDA device is visible.
+class CudaAndCpuBackendsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    cuda_ = *std::move(cuda);
+    cpu_ = CreateCpuBackend();
+    ASSERT_NE(cpu_, nullptr);
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> cuda_;
+};
 
 }  // namespace pstrain::testing
 
