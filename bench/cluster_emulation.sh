@@ -37,7 +37,11 @@
 # share of every worker's push, then of every pull); "duplex" counts each
 # direction alone, the lowest step time full-duplex links allow whatever the
 # schedule. retrans_% is the share of TCP segments all hosts retransmitted
-# in the window (nstat).
+# in the window (nstat). barrier_wait_ms is the mean time a chunk's sync
+# barrier waited from its first worker's push to its last, and
+# barriers_per_step how many completed per step, over every server (their
+# /metrics, pstrain_server_barrier_wait_seconds: what the slowest worker of
+# each chunk costs the others).
 #
 # Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
 #   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
@@ -250,6 +254,21 @@ tcp_segs() {
   done | awk '{o += $1; r += $2; t += $3} END {print o, r, t}'
 }
 
+# barrier_waits -> "SECONDS COUNT": the barrier waits every server's /metrics
+# has counted (pstrain_server_barrier_wait_seconds; refreshed each second).
+METRICS_PORT=9100
+barrier_waits() {
+  local ns
+  for ns in "${SERVER_NS[@]}"; do
+    ip netns exec "$ns" python3 -c "
+import sys, urllib.request
+text = urllib.request.urlopen('http://127.0.0.1:$METRICS_PORT/metrics', timeout=5).read().decode()
+v = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith('pstrain_server_barrier_wait_seconds_')}
+print(v.get('pstrain_server_barrier_wait_seconds_sum', 0), int(v.get('pstrain_server_barrier_wait_seconds_count', 0)))" ||
+      echo "0 0"
+  done | awk '{s += $1; c += $2} END {print s, c}'
+}
+
 # --- The cluster ------------------------------------------------------------------
 CERTS=""
 # start_cluster N S TLS(0|1) FIXED_MS PIN(0|1) [server args...]: servers, then
@@ -285,6 +304,7 @@ start_cluster() {
     ((pin)) && [[ -n ${CORES_PER_HOST:-} ]] && cpu_s=(taskset -c "$(host_cores "$i")")
     ip netns exec "${SERVER_NS[$i]}" nice -n 10 "${cpu_s[@]}" "$BIN/pstrain-server" \
       --listen "${SERVER_IP[$i]}:$PORT" --shards "$shards" --shard-index "$i" \
+      --metrics-port "$METRICS_PORT" \
       --state-dir "$STATE/state$i" "${server_sec[@]}" "$@" >"$STATE/server$i.log" 2>&1 &
     PIDS+=($!)
   done
@@ -351,7 +371,8 @@ step_reached() { (($(last_step "$1" "$2") >= $3)); }
 RESULTS="$RUN_DIR/results.tsv"
 # measure N S CODEC TLS RATE PIN K: prints one row and appends it to RESULTS.
 measure() {
-  local n=$1 s=$2 codec=$3 tls=$4 rate=$5 pin=$6 k=$7 job step0 step1 bytes0 bytes1 segs0 segs1
+  local n=$1 s=$2 codec=$3 tls=$4 rate=$5 pin=$6 k=$7 job step0 step1 bytes0 bytes1 segs0 segs1 \
+    waits0 waits1
   net_up "$n" "$s" "$rate"
   start_cluster "$n" "$s" "$tls" "$FIXED_MS" "$pin"
   job=$(submit "$JOB" "$n" "$codec")
@@ -363,16 +384,20 @@ measure() {
   step0=$(last_step "$w1" "$job")
   bytes0=$(link_bytes)
   segs0=$(tcp_segs)
+  waits0=$(barrier_waits)
   POLL_S=0.01 wait_for "step $((step0 + k)) of $job" "$timeout_s" step_reached "$w1" "$job" $((step0 + k))
   bytes1=$(link_bytes)
   segs1=$(tcp_segs)
   step1=$(last_step "$w1" "$job")
+  waits1=$(barrier_waits)  # After step1: it takes a few hundred ms.
   cli cancel "$job" >/dev/null 2>&1 || true
   stop_processes
   python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate"),$(rate_bits "${SERVER_RATE:-$rate}")" \
-    "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" "$segs0" "$segs1" <<'PY' | tee -a "$RESULTS"
+    "$n" "$s" "$codec" "$tls" "$rate" "$pin" "$FIXED_MS" "$segs0" "$segs1" "$waits0" "$waits1" <<'PY' | tee -a "$RESULTS"
 import statistics, sys
-log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed, g0, g1 = sys.argv[1:]
+log, job, s0, s1, b0, b1, bits, n, s, codec, tls, rate, pin, fixed, g0, g1, w0, w1 = sys.argv[1:]
+(ws0, wc0), (ws1, wc1) = (w.split() for w in (w0, w1))
+barrier_wait_ms = 1e3 * (float(ws1) - float(ws0)) / max(1, int(wc1) - int(wc0))
 (o0, r0, t0), (o1, r1, t1) = map(int, g0.split()), map(int, g1.split())
 retrans = (r1 - r0) / max(1, o1 - o0)
 s0, s1, fixed = int(s0), int(s1), int(fixed)
@@ -407,10 +432,11 @@ print("\t".join(str(x) for x in [
     f"{mean(up, 'w'):.2f}", f"{mean(down, 'w'):.2f}", f"{mean(down, 's'):.2f}",
     f"{mean(up, 's'):.2f}", f"{serial_ms:.1f}", f"{step_ms / serial_ms:.2f}",
     f"{duplex_ms:.1f}", f"{step_ms / duplex_ms:.2f}", f"{100 * retrans:.2f}",
-    f"{(t1 - t0) / (s1 - s0):.2f}"]))
+    f"{(t1 - t0) / (s1 - s0):.2f}", f"{barrier_wait_ms:.1f}",
+    f"{(int(wc1) - int(wc0)) / (s1 - s0):.1f}"]))
 PY
 }
-HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%\trto_per_step"
+HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%\trto_per_step\tbarrier_wait_ms\tbarriers_per_step"
 header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }
 note() { echo "bench_only_fixed_compute_ms=$FIXED_MS $*" | tee -a "$RUN_DIR/notes.txt"; }
 when() { echo "$(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, netem $HAVE_NETEM, tcp $TCP_CC"; }

@@ -33,12 +33,15 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
 #include <set>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -193,6 +196,8 @@ const float* TakeMean(Accumulator* acc, const Contribution* extra) {
 // Counters one call contributes to ShardStats.
 struct Outcome {
   int64_t applied_updates = 0;
+  // How long each barrier this call completed waited for its last member.
+  absl::InlinedVector<absl::Duration, 1> barrier_waits;
   int64_t staleness = -1;  // Recorded for async/ssp gradients.
   bool duplicate = false;  // Acknowledged, not applied.
 };
@@ -230,6 +235,8 @@ struct Chunk {
   // Barriers (sync and average modes).
   Accumulator values_barrier ABSL_GUARDED_BY(mu);
   std::vector<Accumulator> slot_barriers ABSL_GUARDED_BY(mu);
+  // When the open barrier's first push arrived (InfiniteFuture: none yet).
+  absl::Time barrier_opened ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   // Exactly-once records, one per member that pushed with an update id.
   std::map<std::string, AppliedUpdates> applied ABSL_GUARDED_BY(mu);
   // Trainable chunks: the highest worker_clock accepted from each member
@@ -297,8 +304,9 @@ class JobState {
   JobState& operator=(const JobState&) = delete;
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
-                    const JobLimits& limits, int shard_index);
-  absl::StatusOr<int64_t> SetMembers(const std::vector<std::string>& members, int64_t generation,
+                    const JobLimits& limits, int shard_index, std::function<absl::Time()> clock);
+  // The barriers that the removal of members completed.
+  absl::StatusOr<Outcome> SetMembers(const std::vector<std::string>& members, int64_t generation,
                                      v1::SetMembersResponse* response);
   void Drop();
   absl::StatusOr<int64_t> Push(const PushArgs& args, absl::Span<const float> values,
@@ -358,6 +366,7 @@ class JobState {
   v1::CompressionSpec pull_compression_;
   uint64_t values_epoch_ = 0;  // Non-zero; new with every configuration.
   ChunkPlan plan_;
+  std::function<absl::Time()> clock_;  // Constant after Init.
   std::vector<int> local_index_;  // Chunk id -> index in chunks_, or -1.
   std::vector<std::string> slot_names_;
   std::unique_ptr<Backend> backend_;      // sync/async/ssp only.
@@ -373,9 +382,10 @@ class JobState {
 
 absl::Status JobState::Init(const ShardJobConfig& config,
                             const std::vector<v1::ChunkValues>& initial, const JobLimits& limits,
-                            int shard_index) {
+                            int shard_index, std::function<absl::Time()> clock) {
   if (config.job_id.empty()) return absl::InvalidArgumentError("ConfigureJob: empty job_id");
   job_id_ = config.job_id;
+  clock_ = std::move(clock);
   const std::string where = absl::StrCat("ConfigureJob(", job_id_, "): ");
   if (absl::Status s = ValidateJobSpec(config.spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
@@ -678,6 +688,7 @@ absl::Status JobState::PushToBarrier(Chunk& chunk, const PushArgs& args,
         " overflows float when added to the other members' values for version ", args.version,
         "; values this large cannot be averaged"));
   }
+  if (chunk.barrier_opened == absl::InfiniteFuture()) chunk.barrier_opened = clock_();
   const Contribution contribution{&barrier, &args.worker_id, values};
   if (BarrierReady(chunk, &contribution)) return CompleteBarrier(chunk, &contribution, outcome);
   barrier.Add(args.worker_id, values);
@@ -712,6 +723,10 @@ absl::Status JobState::CompleteBarrier(Chunk& chunk, const Contribution* extra, 
   PSTRAIN_RETURN_IF_ERROR(status);
   ++chunk.version;
   ++outcome->applied_updates;
+  if (chunk.barrier_opened != absl::InfiniteFuture()) {
+    outcome->barrier_waits.push_back(clock_() - chunk.barrier_opened);
+    chunk.barrier_opened = absl::InfiniteFuture();
+  }
   if (chunk.compress_pulls) PublishDelta(chunk);
   return CaptureIfWanted(chunk);
 }
@@ -871,7 +886,7 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
   return out;
 }
 
-absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& members,
+absl::StatusOr<Outcome> JobState::SetMembers(const std::vector<std::string>& members,
                                              int64_t generation, v1::SetMembersResponse* response) {
   for (const std::string& w : members) {
     if (w.empty()) return absl::InvalidArgumentError("SetMembers: empty worker id");
@@ -947,7 +962,7 @@ absl::StatusOr<int64_t> JobState::SetMembers(const std::vector<std::string>& mem
       steps->set_steps(removed_steps[i]);
     }
   }
-  return outcome.applied_updates;
+  return outcome;
 }
 
 void JobState::Drop() {
@@ -1076,6 +1091,17 @@ struct ParameterShard::Job : JobState {};
 
 ParameterShard::ParameterShard(Options options) : options_(std::move(options)) {
   stats_.staleness_counts.assign(std::max(options_.staleness_buckets, 1), 0);
+  stats_.barrier_wait_counts.assign(std::size(kBarrierWaitBounds) + 1, 0);
+}
+
+void ParameterShard::RecordBarrierWaits(absl::Span<const absl::Duration> waits) {
+  for (const absl::Duration wait : waits) {
+    const double seconds = absl::ToDoubleSeconds(wait);
+    const auto* bound =
+        std::lower_bound(std::begin(kBarrierWaitBounds), std::end(kBarrierWaitBounds), seconds);
+    ++stats_.barrier_wait_counts[bound - std::begin(kBarrierWaitBounds)];
+    stats_.barrier_wait_seconds += seconds;
+  }
 }
 
 ParameterShard::~ParameterShard() = default;
@@ -1085,7 +1111,8 @@ absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
   auto job = std::make_shared<Job>();
   PSTRAIN_RETURN_IF_ERROR(CheckId("job id", config.job_id));
   for (const std::string& id : config.members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
-  PSTRAIN_RETURN_IF_ERROR(job->Init(config, chunks, options_.job_limits, options_.shard_index));
+  PSTRAIN_RETURN_IF_ERROR(
+      job->Init(config, chunks, options_.job_limits, options_.shard_index, options_.clock));
   std::shared_ptr<Job> replaced;
   {
     absl::MutexLock lock(&mu_);
@@ -1112,9 +1139,10 @@ absl::Status ParameterShard::SetMembers(const std::string& job_id,
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
     job = it->second;
   }
-  PSTRAIN_ASSIGN_OR_RETURN(int64_t applied, job->SetMembers(members, generation, response));
+  PSTRAIN_ASSIGN_OR_RETURN(Outcome outcome, job->SetMembers(members, generation, response));
   absl::MutexLock lock(&mu_);
-  stats_.applied_updates += applied;
+  stats_.applied_updates += outcome.applied_updates;
+  RecordBarrierWaits(outcome.barrier_waits);
   return absl::OkStatus();
 }
 
@@ -1156,6 +1184,7 @@ absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<co
   absl::StatusOr<int64_t> version = job->Push(args, values, options_, &outcome);
   absl::MutexLock lock(&mu_);
   stats_.applied_updates += outcome.applied_updates;
+  RecordBarrierWaits(outcome.barrier_waits);
   if (!version.ok()) {
     ++stats_.rejected_pushes;
     return version;

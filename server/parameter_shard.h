@@ -87,6 +87,7 @@
 #define PSTRAIN_SERVER_PARAMETER_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,6 +96,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunking.h"
@@ -130,10 +132,19 @@ struct ShardStats {
   int64_t duplicate_pushes = 0;
   int64_t applied_updates = 0;
   std::vector<int64_t> staleness_counts;  // [s] = pushes with staleness s (last bucket: >=).
+  // Sync and average barriers completed, by how long each waited from its
+  // first member's push to its last: [i] = waits <= kBarrierWaitBounds[i],
+  // the last bucket the rest. What the slowest member costs the others.
+  std::vector<int64_t> barrier_wait_counts;
+  double barrier_wait_seconds = 0;  // Their sum.
   // Highest chunk version a push or pull of each configured job has seen
   // (its live model version); a job leaves the map when it is dropped.
   std::map<std::string, int64_t> model_version_by_job;
 };
+
+// Upper bounds of ShardStats::barrier_wait_counts' buckets, in seconds.
+inline constexpr double kBarrierWaitBounds[] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+                                                0.2,   0.5,   1,     2,    5,    10};
 
 struct PushArgs {
   std::string job_id;
@@ -198,6 +209,8 @@ class ParameterShard {
     // (job, members) longer than max_id_bytes.
     JobLimits job_limits = {};
     int max_id_bytes = 128;
+    // Times barrier waits (tests pass a fake one).
+    std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
   explicit ParameterShard(Options options);
   ~ParameterShard();
@@ -245,6 +258,8 @@ class ParameterShard {
   struct Job;  // Defined in parameter_shard.cc.
 
   absl::Status CheckId(const char* what, const std::string& id) const;
+  void RecordBarrierWaits(absl::Span<const absl::Duration> waits)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;  // Constant after construction.
   mutable absl::Mutex mu_;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -179,6 +180,18 @@ class ServerMetrics {
                                  "Staleness of async/ssp gradients in model versions (server "
                                  "version minus the version the gradient was computed from)")
                              .Register(*registry_);
+    {
+      prometheus::Histogram::BucketBoundaries bounds(std::begin(pstrain::kBarrierWaitBounds),
+                                                     std::end(pstrain::kBarrierWaitBounds));
+      barrier_wait_ = &BuildHistogram()
+                           .Name("pstrain_server_barrier_wait_seconds")
+                           .Help(
+                               "Sync and average barriers of a chunk completed on this shard, by "
+                               "the time from their first member's push to their last: what "
+                               "the slowest member costs the others")
+                           .Register(*registry_)
+                           .Add({}, bounds);
+    }
     model_version_ = &BuildGauge()
                           .Name("pstrain_server_model_version")
                           .Help(
@@ -254,6 +267,7 @@ class ServerMetrics {
     Advance(updates_, s.applied_updates, last_.applied_updates);
     Advance(duplicates_, s.duplicate_pushes, last_.duplicate_pushes);
     RefreshStaleness(s.staleness_counts);
+    RefreshBarrierWait(s, last_);
     RefreshModelVersions(s.model_version_by_job);
     last_ = s;
     if (coordinator_ == nullptr) return;
@@ -297,6 +311,22 @@ class ServerMetrics {
     staleness_seen_ = counts;
   }
 
+  // The barriers completed since the last refresh, into the histogram.
+  void RefreshBarrierWait(const pstrain::ShardStats& now, const pstrain::ShardStats& before) {
+    std::vector<double> increments(now.barrier_wait_counts.size(), 0);
+    bool any = false;
+    for (size_t i = 0; i < now.barrier_wait_counts.size(); ++i) {
+      const int64_t seen =
+          i < before.barrier_wait_counts.size() ? before.barrier_wait_counts[i] : 0;
+      increments[i] = static_cast<double>(now.barrier_wait_counts[i] - seen);
+      any |= increments[i] > 0;
+    }
+    if (any) {
+      barrier_wait_->ObserveMultiple(increments,
+                                     now.barrier_wait_seconds - before.barrier_wait_seconds);
+    }
+  }
+
   // One series per live job; a dropped job's series is removed.
   void RefreshModelVersions(const std::map<std::string, int64_t>& versions) {
     for (auto it = model_version_by_job_.begin(); it != model_version_by_job_.end();) {
@@ -325,7 +355,7 @@ class ServerMetrics {
   pstrain::Coordinator* coordinator_ = nullptr;
   prometheus::Counter *pushes_, *pulls_, *push_bytes_, *push_represented_bytes_, *pull_bytes_,
       *pull_represented_bytes_, *rejected_, *updates_, *duplicates_;
-  prometheus::Histogram *push_latency_, *pull_latency_;
+  prometheus::Histogram *push_latency_, *pull_latency_, *barrier_wait_;
   prometheus::Family<prometheus::Histogram>* staleness_family_;
   prometheus::Family<prometheus::Gauge>* model_version_;
   prometheus::Gauge* workers_ = nullptr;

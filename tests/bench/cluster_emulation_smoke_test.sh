@@ -3,7 +3,8 @@
 # over tbf-limited veth links between network namespaces) runs end to end
 # and prints its table: a header and one row for N=2 S=2, with a step time,
 # link bytes and a bound, and "bench_only_fixed_compute_ms=" on every line
-# it prints. No timing is asserted. Exit 77 (skipped) passes through when the
+# it prints, and the servers' barrier waits (their /metrics). No timing is
+# asserted. Exit 77 (skipped) passes through when the
 # machine cannot make network namespaces (not root, no iproute2, no tbf).
 #   tests/bench/cluster_emulation_smoke_test.sh BIN_DIR SOURCE_DIR
 set -uo pipefail
@@ -37,7 +38,7 @@ grep -q $'step_ms_median' "$OUT/stdout" || fail "no table header"
 python3 - "$OUT/stdout" <<'PY' || fail "no valid N=2 S=2 row"
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-rows = [r for r in rows if len(r) >= 18 and r[1] == "2" and r[2] == "2"]
+rows = [r for r in rows if len(r) >= 22 and r[1] == "2" and r[2] == "2"]
 assert len(rows) == 1, rows
 r = rows[0]
 assert r[0].startswith("bench_only_fixed_compute_ms=") and int(r[0].split("=")[1]) > 0, r
@@ -45,6 +46,8 @@ assert r[3] == "none" and r[4] == "plain", r
 assert int(r[7]) >= 3, r                                     # steps measured
 assert float(r[8]) > 0 and float(r[14]) > 0 and float(r[16]) > 0, r  # step time, bounds
 assert float(r[10]) > 1.0 and float(r[12]) > 1.0, r          # MB per step pushed, received
+# Barrier waits from the servers' /metrics: every chunk completes one a step.
+assert float(r[20]) >= 0 and float(r[21]) >= 1, r
 print("row ok:", "\t".join(r))
 PY
 echo "cluster_emulation smoke: ok"

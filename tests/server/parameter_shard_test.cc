@@ -5,12 +5,14 @@
 // and a multi-threaded sync run.
 #include "server/parameter_shard.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -613,6 +615,72 @@ TEST(ParameterShardSyncTest, DroppingAMemberCompletesThePendingStep) {
   PushArgs next = job.Args("worker-a", chunk, 1);
   next.generation = 2;
   EXPECT_EQ(*shard.Push(next, ga), 2);
+}
+
+// The bucket of ShardStats::barrier_wait_counts that holds `seconds`.
+size_t BarrierWaitBucket(double seconds) {
+  return std::lower_bound(std::begin(kBarrierWaitBounds), std::end(kBarrierWaitBounds), seconds) -
+         std::begin(kBarrierWaitBounds);
+}
+
+TEST(ParameterShardSyncTest, BarrierWaitsRunFromTheFirstMembersPushToTheLast) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b", "worker-c"});
+  absl::Time now = absl::UnixEpoch();
+  ParameterShard::Options options;
+  options.clock = [&now] { return now; };
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("logits/weight");
+  const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.25f);
+
+  // Step 0: b 100 ms after a, c 200 ms after b: the barrier waited 300 ms.
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), g).ok());
+  now += absl::Milliseconds(100);
+  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 0), g).ok());
+  EXPECT_EQ(shard.stats().barrier_wait_seconds, 0);  // Still open.
+  now += absl::Milliseconds(200);
+  ASSERT_EQ(*shard.Push(job.Args("worker-c", chunk, 0), g), 1);
+  // Step 1: c is never heard from again; removing it 3 s after a's push
+  // completes the barrier, which therefore waited 3 s.
+  now += absl::Seconds(10);  // Between steps: not a wait.
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 1), g).ok());
+  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 1), g).ok());
+  now += absl::Seconds(3);
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 2).ok());
+
+  const ShardStats stats = shard.stats();
+  std::vector<int64_t> expected(std::size(kBarrierWaitBounds) + 1, 0);
+  ++expected[BarrierWaitBucket(0.3)];  // (0.2, 0.5]
+  ++expected[BarrierWaitBucket(3.0)];  // (2, 5]
+  EXPECT_EQ(stats.barrier_wait_counts, expected);
+  EXPECT_DOUBLE_EQ(stats.barrier_wait_seconds, 3.3);
+}
+
+TEST(ParameterShardSyncTest, ASingleMembersBarriersDoNotWait) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
+  absl::Time now = absl::UnixEpoch();
+  ParameterShard::Options options;
+  options.clock = [&now] { return now; };
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("logits/weight");
+  for (int64_t step = 0; step < 3; ++step) {
+    now += absl::Seconds(1);
+    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), Ramp(job.Count(chunk), 1, 0)).ok());
+  }
+  EXPECT_EQ(shard.stats().barrier_wait_counts[0], 3);
+  EXPECT_EQ(shard.stats().barrier_wait_seconds, 0);
+}
+
+TEST(ParameterShardAsyncTest, AsyncPushesOpenNoBarrier) {
+  TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  const int chunk = job.ChunkOf("logits/weight");
+  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
+  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
+  EXPECT_EQ(shard.stats().barrier_wait_counts,
+            std::vector<int64_t>(std::size(kBarrierWaitBounds) + 1, 0));
 }
 
 TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
