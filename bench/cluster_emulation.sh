@@ -67,7 +67,8 @@
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
 #   QUEUE_MS=20 QUEUE_MIN_BYTES=262144: each link's tbf queue, in time at
 #   its rate, at least that many bytes.
-#   WORKER_ARGS: more pstrain-worker flags (e.g. --connections-per-shard=2).
+#   WORKER_ARGS: more pstrain-worker flags (e.g. --connections-per-shard=2);
+#   SERVER_ARGS: more pstrain-server flags (e.g. --push-pacing-lead=0).
 #   SERVER_RATE=RATE: the servers' links (servers often have faster NICs
 #   than workers); the bounds use each host's own rate.
 # Host TCP settings to try (none by default): SERVER_SYSCTLS and
@@ -305,7 +306,7 @@ start_cluster() {
     ip netns exec "${SERVER_NS[$i]}" nice -n 10 "${cpu_s[@]}" "$BIN/pstrain-server" \
       --listen "${SERVER_IP[$i]}:$PORT" --shards "$shards" --shard-index "$i" \
       --metrics-port "$METRICS_PORT" \
-      --state-dir "$STATE/state$i" "${server_sec[@]}" "$@" >"$STATE/server$i.log" 2>&1 &
+      --state-dir "$STATE/state$i" "${server_sec[@]}" ${SERVER_ARGS:-} "$@" >"$STATE/server$i.log" 2>&1 &
     PIDS+=($!)
   done
   for ((i = 0; i < s; i++)); do

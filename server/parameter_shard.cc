@@ -304,7 +304,7 @@ class JobState {
   JobState& operator=(const JobState&) = delete;
 
   absl::Status Init(const ShardJobConfig& config, const std::vector<v1::ChunkValues>& initial,
-                    const JobLimits& limits, int shard_index, std::function<absl::Time()> clock);
+                    const ParameterShard::Options& options);
   // The barriers that the removal of members completed.
   absl::StatusOr<Outcome> SetMembers(const std::vector<std::string>& members, int64_t generation,
                                      v1::SetMembersResponse* response);
@@ -315,6 +315,10 @@ class JobState {
   absl::StatusOr<std::vector<v1::ChunkValues>> ReadChunks(
       const ParameterShard::ReadOptions& options, absl::Time deadline);
   const ChunkPlan& plan() const { return plan_; }
+
+  // Push pacing (ParameterShard::WatchPace, PaceSlack).
+  bool WatchPace(std::weak_ptr<PaceWatcher> watcher);
+  int64_t PaceSlack(const std::string& worker_id, int64_t version) const;
 
  private:
   bool barrier_mode() const {
@@ -357,6 +361,13 @@ class JobState {
   // Takes the chunk's snapshot when it has just reached a wanted cut.
   absl::Status CaptureIfWanted(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   int64_t MinClock() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Counts a member's accepted push of `version` and, when the slowest
+  // member moved on, tells the watchers (after releasing pace_mu_).
+  void CountPace(const std::string& worker_id, int64_t version, const Membership& membership);
+  // Recomputes the slowest member's count for `membership`; true if it grew.
+  bool UpdatePaceMin(const Membership& membership) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pace_mu_);
+  // The live watchers (the expired ones are forgotten).
+  std::vector<std::shared_ptr<PaceWatcher>> LiveWatchers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pace_mu_);
 
   // Constant after Init.
   std::string job_id_;
@@ -367,6 +378,7 @@ class JobState {
   uint64_t values_epoch_ = 0;  // Non-zero; new with every configuration.
   ChunkPlan plan_;
   std::function<absl::Time()> clock_;  // Constant after Init.
+  int pace_lead_ = 0;                  // Sync jobs: Options::pace_lead_frames.
   std::vector<int> local_index_;  // Chunk id -> index in chunks_, or -1.
   std::vector<std::string> slot_names_;
   std::unique_ptr<Backend> backend_;      // sync/async/ssp only.
@@ -375,17 +387,28 @@ class JobState {
 
   absl::Mutex control_mu_;    // Serialises SetMembers and Drop.
 
+  // Push pacing: the frames each member pushed for pace_version_ (the
+  // newest version pushed here; a member pushes version t + 1 only after
+  // pulling every chunk at t + 1, so older versions are done).
+  mutable absl::Mutex pace_mu_;
+  int64_t pace_version_ ABSL_GUARDED_BY(pace_mu_) = -1;
+  std::map<std::string, int64_t> pace_frames_ ABSL_GUARDED_BY(pace_mu_);
+  int64_t pace_min_ ABSL_GUARDED_BY(pace_mu_) = 0;  // The slowest member's frames.
+  std::vector<std::weak_ptr<PaceWatcher>> pace_watchers_ ABSL_GUARDED_BY(pace_mu_);
+
   mutable absl::Mutex mu_;
   std::shared_ptr<const Membership> membership_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> clocks_ ABSL_GUARDED_BY(mu_);  // ssp: per member.
 };
 
 absl::Status JobState::Init(const ShardJobConfig& config,
-                            const std::vector<v1::ChunkValues>& initial, const JobLimits& limits,
-                            int shard_index, std::function<absl::Time()> clock) {
+                            const std::vector<v1::ChunkValues>& initial,
+                            const ParameterShard::Options& options) {
+  const JobLimits& limits = options.job_limits;
+  const int shard_index = options.shard_index;
   if (config.job_id.empty()) return absl::InvalidArgumentError("ConfigureJob: empty job_id");
   job_id_ = config.job_id;
-  clock_ = std::move(clock);
+  clock_ = options.clock;
   const std::string where = absl::StrCat("ConfigureJob(", job_id_, "): ");
   if (absl::Status s = ValidateJobSpec(config.spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, s.message()));
@@ -412,6 +435,7 @@ absl::Status JobState::Init(const ShardJobConfig& config,
 
   mode_ =
       config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : config.spec.mode();
+  pace_lead_ = mode_ == v1::CONSISTENCY_SYNC ? std::max(options.pace_lead_frames, 0) : 0;
   staleness_ = config.spec.staleness();
   average_optimizer_state_ = config.spec.average_optimizer_state();
   slot_names_ = SlotNames(config.spec.optimizer());
@@ -624,6 +648,7 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
     return absl::InvalidArgumentError(absl::StrCat("negative update_seq ", args.update_seq));
   }
   int64_t version;
+  std::shared_ptr<const Membership> paced_by;  // Set when this push counts for pacing.
   {
     absl::MutexLock lock(&chunk->mu);
     PSTRAIN_RETURN_IF_ERROR(CheckCaller(*chunk->membership, args.worker_id, args.generation));
@@ -631,6 +656,7 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
       outcome->duplicate = true;
     } else if (barrier_mode()) {
       PSTRAIN_RETURN_IF_ERROR(PushToBarrier(*chunk, args, values, outcome));
+      if (pace_lead_ > 0 && !outcome->duplicate) paced_by = chunk->membership;
     } else {
       PSTRAIN_RETURN_IF_ERROR(
           ApplyOnArrival(*chunk, args, values, options.max_version_lead, outcome));
@@ -642,6 +668,7 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
     }
     version = chunk->version;
   }
+  if (paced_by != nullptr) CountPace(args.worker_id, args.version, *paced_by);
   if (mode_ == v1::CONSISTENCY_SSP) {
     // After the update is visible, so that a pull released by this clock sees it.
     absl::MutexLock lock(&mu_);
@@ -785,6 +812,64 @@ absl::Status JobState::ApplyOnArrival(Chunk& chunk, const PushArgs& args,
   ++chunk.version;
   ++outcome->applied_updates;
   return absl::OkStatus();
+}
+
+bool JobState::WatchPace(std::weak_ptr<PaceWatcher> watcher) {
+  if (pace_lead_ == 0) return false;
+  absl::MutexLock lock(&pace_mu_);
+  std::erase_if(pace_watchers_, [](const std::weak_ptr<PaceWatcher>& w) { return w.expired(); });
+  pace_watchers_.push_back(std::move(watcher));
+  return true;
+}
+
+int64_t JobState::PaceSlack(const std::string& worker_id, int64_t version) const {
+  constexpr int64_t kUnpaced = int64_t{1} << 40;
+  if (pace_lead_ == 0) return kUnpaced;
+  absl::MutexLock lock(&pace_mu_);
+  if (version < pace_version_) return kUnpaced;    // A retry of a step already done.
+  if (version > pace_version_) return pace_lead_;  // The first to push it.
+  auto it = pace_frames_.find(worker_id);
+  const int64_t own = it == pace_frames_.end() ? 0 : it->second;
+  return std::max<int64_t>(0, pace_min_ + pace_lead_ - own);
+}
+
+void JobState::CountPace(const std::string& worker_id, int64_t version,
+                         const Membership& membership) {
+  std::vector<std::shared_ptr<PaceWatcher>> wake;
+  {
+    absl::MutexLock lock(&pace_mu_);
+    if (version < pace_version_) return;
+    if (version > pace_version_) {
+      pace_version_ = version;
+      pace_frames_.clear();
+      pace_min_ = 0;
+    }
+    ++pace_frames_[worker_id];
+    if (UpdatePaceMin(membership)) wake = LiveWatchers();
+  }
+  for (const std::shared_ptr<PaceWatcher>& w : wake) w->AllowanceChanged();
+}
+
+bool JobState::UpdatePaceMin(const Membership& membership) {
+  int64_t slowest = INT64_MAX;
+  for (const std::string& m : membership.members) {
+    auto it = pace_frames_.find(m);
+    slowest = std::min<int64_t>(slowest, it == pace_frames_.end() ? 0 : it->second);
+  }
+  if (slowest == INT64_MAX || slowest <= pace_min_) return false;
+  pace_min_ = slowest;
+  return true;
+}
+
+std::vector<std::shared_ptr<PaceWatcher>> JobState::LiveWatchers() {
+  std::vector<std::shared_ptr<PaceWatcher>> live;
+  std::erase_if(pace_watchers_, [&live](const std::weak_ptr<PaceWatcher>& w) {
+    std::shared_ptr<PaceWatcher> locked = w.lock();
+    if (locked == nullptr) return true;
+    live.push_back(std::move(locked));
+    return false;
+  });
+  return live;
 }
 
 int64_t JobState::MinClock() const {
@@ -954,6 +1039,13 @@ absl::StatusOr<Outcome> JobState::SetMembers(const std::vector<std::string>& mem
       first_error.Update(CompleteBarrier(*chunk, nullptr, &outcome));
     }
   }
+  // A removed member no longer holds pushes back either.
+  std::vector<std::shared_ptr<PaceWatcher>> wake;
+  {
+    absl::MutexLock lock(&pace_mu_);
+    if (UpdatePaceMin(*next)) wake = LiveWatchers();
+  }
+  for (const std::shared_ptr<PaceWatcher>& w : wake) w->AllowanceChanged();
   PSTRAIN_RETURN_IF_ERROR(first_error);
   if (response != nullptr && any_trainable) {
     for (size_t i = 0; i < removed.size(); ++i) {
@@ -1111,8 +1203,7 @@ absl::Status ParameterShard::ConfigureJob(const ShardJobConfig& config,
   auto job = std::make_shared<Job>();
   PSTRAIN_RETURN_IF_ERROR(CheckId("job id", config.job_id));
   for (const std::string& id : config.members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
-  PSTRAIN_RETURN_IF_ERROR(
-      job->Init(config, chunks, options_.job_limits, options_.shard_index, options_.clock));
+  PSTRAIN_RETURN_IF_ERROR(job->Init(config, chunks, options_));
   std::shared_ptr<Job> replaced;
   {
     absl::MutexLock lock(&mu_);
@@ -1238,6 +1329,31 @@ absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const st
     job = it->second;
   }
   return job->ReadChunks(options, deadline);
+}
+
+absl::StatusOr<bool> ParameterShard::WatchPace(const std::string& job_id,
+                                               std::weak_ptr<PaceWatcher> watcher) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+    job = it->second;
+  }
+  return job->WatchPace(std::move(watcher));
+}
+
+absl::StatusOr<int64_t> ParameterShard::PaceSlack(const std::string& job_id,
+                                                  const std::string& worker_id,
+                                                  int64_t version) const {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+    job = it->second;
+  }
+  return job->PaceSlack(worker_id, version);
 }
 
 absl::StatusOr<ChunkPlan> ParameterShard::Plan(const std::string& job_id) const {

@@ -197,6 +197,15 @@ struct PulledChunk {
   uint64_t values_epoch = 0;  // 0: the chunk's pulls are not compressed.
 };
 
+// Told that a sync job's push pacing allowance may have grown
+// (ParameterShard::WatchPace). Called with no shard lock held, on the thread
+// of the push or membership change that moved the slowest member on.
+class PaceWatcher {
+ public:
+  virtual ~PaceWatcher() = default;
+  virtual void AllowanceChanged() = 0;
+};
+
 class ParameterShard {
  public:
   struct Options {
@@ -209,6 +218,12 @@ class ParameterShard {
     // (job, members) longer than max_id_bytes.
     JobLimits job_limits = {};
     int max_id_bytes = 128;
+    // Push pacing of sync jobs: a member may push at most this many frames
+    // of a version more than the slowest member has pushed here (0: no
+    // pacing). Frames of one version reach the shards' ports in step, so
+    // that a chunk's barrier does not wait for the push that TCP served
+    // last (docs/BENCHMARKS.md, "Push pacing").
+    int pace_lead_frames = 2;
     // Times barrier waits (tests pass a fake one).
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
@@ -238,6 +253,16 @@ class ParameterShard {
   // Waits until the chunk reaches args.min_version (and the ssp bound allows
   // the requester's clock), or `deadline` (DEADLINE_EXCEEDED).
   absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
+
+  // Push pacing (sync jobs when Options::pace_lead_frames > 0; false for
+  // others): `watcher`, held weakly, is told whenever the job's slowest
+  // member has pushed more here or left.
+  absl::StatusOr<bool> WatchPace(const std::string& job_id, std::weak_ptr<PaceWatcher> watcher);
+  // How many more frames of `version` `worker_id` may push here now: the
+  // slowest member's frames of that version, plus the lead, less its own
+  // (>= 0; a large number for a version already past).
+  absl::StatusOr<int64_t> PaceSlack(const std::string& job_id, const std::string& worker_id,
+                                    int64_t version) const;
 
   // Every owned chunk with its version and optimizer slots (checkpoints).
   // `options.at_version` > 0 (sync and average modes): a consistent cut,

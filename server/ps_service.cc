@@ -259,6 +259,24 @@ class ShardServices::Impl final : public grpc::CallbackGenericService {
 
 namespace {
 
+class PushReactor;
+
+// The pacing watcher of one push stream: forwards the shard's news to the
+// reactor until the reactor is done.
+class StreamPacer final : public PaceWatcher {
+ public:
+  explicit StreamPacer(PushReactor* reactor) : reactor_(reactor) {}
+  void AllowanceChanged() override;
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  PushReactor* reactor_ ABSL_GUARDED_BY(mu_);
+};
+
 // Push: client stream of chunk frames, one reply frame with the version.
 // Reading the next frames overlaps applying the current ones (at most
 // kMaxQueuedFrames wait). The first frame is applied alone (it names the
@@ -266,6 +284,9 @@ namespace {
 // Options::max_parallel_frames frames of the stream (different chunks) are
 // decoded and applied at once on the executor, so one worker's push spreads
 // the shard's update over the cores, sharded by chunk.
+// Paced streams (the first frame says `paced`; sync jobs) also get credit
+// frames: how many frames the stream may carry in all, from the shard's
+// PaceSlack, sent whenever this stream's member or the slowest one moves on.
 // State changes under mu_; gRPC Start* calls are made outside it.
 class PushReactor final : public grpc::ServerGenericBidiReactor {
  public:
@@ -318,12 +339,52 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     if (finish) DoFinish(*finish);
   }
 
-  void OnWriteDone(bool) override { GrpcReaction reaction(this, &reply_buffer_); }
+  // Only credit frames are written with StartWrite (the reply goes with Finish).
+  void OnWriteDone(bool ok) override {
+    GrpcReaction reaction(this, &credit_buffer_);
+    int64_t next = 0;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_credit_ = false;
+      if (deferred_finish_) {
+        finish = std::move(deferred_finish_);
+        deferred_finish_.reset();
+      } else if (ok && !stopped_ && credit_wanted_ > credit_sent_) {
+        writing_credit_ = true;
+        credit_sent_ = next = credit_wanted_;
+      }
+    }
+    if (finish) {
+      DoFinish(*finish);
+      return;
+    }
+    if (next > 0) WriteCredit(next);
+  }
   void OnDone() override {
+    pacer_->Detach();  // Waits for a credit update that is running.
     AfterGrpc(this);
     AfterGrpc(&read_buffer_);
     AfterGrpc(&reply_buffer_);
+    AfterGrpc(&credit_buffer_);
     delete this;
+  }
+
+  // The stream's credit from the shard's slack for its member; written
+  // unless a credit write is in flight (then OnWriteDone writes the newest).
+  void UpdateCredit() {
+    absl::StatusOr<int64_t> slack = owner_->shard()->PaceSlack(job_id_, worker_id_, pace_version_);
+    if (!slack.ok() || *slack <= 0) return;  // Nothing more is allowed yet.
+    const int64_t credit = applied_.load() + *slack;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_started_ || stopped_ || credit <= credit_wanted_) return;
+      credit_wanted_ = credit;
+      if (writing_credit_) return;
+      writing_credit_ = true;
+      credit_sent_ = credit;
+    }
+    WriteCredit(credit);
   }
 
  private:
@@ -373,6 +434,10 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       if (status.ok() && owner_->options().on_push_frame) {
         owner_->options().on_push_frame(absl::Now() - apply_start);
       }
+      if (status.ok()) {
+        ++applied_;
+        if (paced_.load()) UpdateCredit();
+      }
       bool more = false;
       {
         absl::MutexLock lock(&mu_);
@@ -410,6 +475,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       const size_t owned =
           index < static_cast<int>(plan.by_shard.size()) ? plan.by_shard[index].size() : 0;
       max_frames_ = static_cast<int64_t>(owned) * 3 + 1;
+      pace_version_ = header.version();
+      if (header.paced()) {
+        absl::StatusOr<bool> paced = shard->WatchPace(job_id_, pacer_);
+        paced_ = paced.ok() && *paced;
+      }
     } else if (header.job_id() != job_id_) {
       return absl::InvalidArgumentError(
           absl::StrCat("push stream mixes jobs '", job_id_, "' and '", header.job_id(), "'"));
@@ -451,16 +521,27 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     return absl::UnavailableError("push stream cut (injected fault)");
   }
 
-  // The status to finish with once nothing is running or pending, at most once.
+  // The status to finish with once nothing is running or pending, at most
+  // once. A stopped stream does not wait for its outstanding read: a paced
+  // client may send nothing more until a credit that will not come.
   std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || drainers_ > 0 || reading_) return std::nullopt;
+    if (finished_ || drainers_ > 0 || (reading_ && !stopped_)) return std::nullopt;
     if (!stopped_ && !(reads_done_ && queue_.empty())) return std::nullopt;
     finished_ = true;
     return stopped_ ? error_ : grpc::Status::OK;
   }
 
-  // Called once, outside mu_, as the last touch of `this` by its caller.
+  // Called once, outside mu_, as the last touch of `this` by its caller
+  // (deferred to OnWriteDone while a credit frame is being written).
   void DoFinish(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_credit_) {
+        deferred_finish_ = status;
+        return;
+      }
+      finish_started_ = true;
+    }
     BeforeGrpc(this);
     if (!status.ok()) {
       Finish(status);
@@ -482,17 +563,30 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     StartWriteAndFinish(&reply_buffer_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
+  void WriteCredit(int64_t credit) {
+    v1::ChunkHeader header;
+    header.set_credit(credit);
+    if (!EncodeFrame(header, nullptr, 0, &credit_buffer_).ok()) return;  // A header only.
+    BeforeGrpc(&credit_buffer_);
+    StartWrite(&credit_buffer_);
+  }
+
   ShardServices::Impl* const owner_;
   const std::string credential_;   // The call's worker credential metadata.
   grpc::ByteBuffer read_buffer_;   // Target of the one outstanding read.
   grpc::ByteBuffer reply_buffer_;  // The reply frame.
+  grpc::ByteBuffer credit_buffer_;  // The credit frame being written.
+  const std::shared_ptr<StreamPacer> pacer_ = std::make_shared<StreamPacer>(this);
 
   // Written by the drainer of the first frame, which runs alone; read-only
   // once first_applied_ lets other drainers start (ordered by mu_).
   std::string worker_id_;
   std::string job_id_;
   int64_t max_frames_ = 0;
+  int64_t pace_version_ = 0;        // The version the stream's frames push.
   std::atomic<int64_t> frames_{0};  // Frames taken for applying.
+  std::atomic<int64_t> applied_{0};  // Frames applied.
+  std::atomic<bool> paced_{false};   // The shard paces this stream.
 
   absl::Mutex mu_;
   int64_t min_version_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
@@ -505,7 +599,19 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;     // Error or cancel: apply nothing more.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status error_ ABSL_GUARDED_BY(mu_);
+  // Credits: the newest computed, the last written, a write in flight, and
+  // Finish started or waiting for that write.
+  int64_t credit_wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t credit_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_credit_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
 };
+
+void StreamPacer::AllowanceChanged() {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->UpdateCredit();
+}
 
 // Pull: one request frame, then a reply frame per chunk in request order.
 // A producer task on the executor queues the frame of each chunk whose

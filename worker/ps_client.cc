@@ -264,12 +264,26 @@ class PushCall final : public GenericReactor {
     if (ok) WriteNext();  // Else the stream broke: the status comes in OnDone.
   }
 
+  // A credit frame (then the next read), or the reply.
   void OnReadDone(bool ok) override {
     GrpcReaction reaction(this, &reply_);
     if (!ok) return;
     v1::ChunkHeader reply;
     PayloadView payload;
-    if (DecodeFrame(reply_, &reply, &payload).ok()) version_ = reply.version();
+    if (!DecodeFrame(reply_, &reply, &payload).ok()) return;
+    if (reply.credit() <= 0) {
+      version_ = reply.version();
+      return;
+    }
+    bool resume = false;
+    {
+      absl::MutexLock lock(&mu_);
+      credit_ = std::max(credit_, reply.credit());
+      resume = std::exchange(waiting_for_credit_, false);
+    }
+    BeforeGrpc(&reply_);
+    StartRead(&reply_);
+    if (resume) WriteNext();
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -300,7 +314,18 @@ class PushCall final : public GenericReactor {
   }
 
  private:
+  // Writes the next frame, or half-closes after the last; waits instead
+  // when the shard's credit (once one came) does not cover it. One write
+  // at a time: called at the start, when a write is done, or when a credit
+  // frees a waiting stream.
   void WriteNext() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (next_ < frames_.size() && credit_ >= 0 && static_cast<int64_t>(next_) >= credit_) {
+        waiting_for_credit_ = true;
+        return;
+      }
+    }
     if (next_ == frames_.size()) {
       BeforeGrpc(this);
       StartWritesDone();
@@ -339,9 +364,12 @@ class PushCall final : public GenericReactor {
   const RetryPolicy retry_;
   const int attempt_;
   bool encode_failed_ = false;  // Set before TryCancel; read in OnDone.
-  size_t next_ = 0;
+  size_t next_ = 0;             // Touched by one WriteNext at a time (ordered by mu_).
   grpc::ByteBuffer buffer_;  // The frame being written.
   grpc::ByteBuffer reply_;
+  absl::Mutex mu_;
+  int64_t credit_ ABSL_GUARDED_BY(mu_) = -1;  // Frames the shard allows in all; -1: no credit yet.
+  bool waiting_for_credit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> reached_server_{false};
   int64_t version_ = 0;
 };
@@ -585,6 +613,7 @@ class GrpcPsClient final : public PsClient {
           {c.chunk_id, info.count, c.values, static_cast<size_t>(info.count) * 4, nullptr});
     }
     v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
+    header.set_paced(true);  // Shards of sync jobs answer with credits.
     header.set_incarnation(incarnation_);
     header.set_update_seq(next_update_seq_.fetch_add(1));
     auto op = std::make_shared<OpState>(CountCalls(by_shard));

@@ -6,7 +6,9 @@
 #include "worker/ps_client.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_callback.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,16 +22,19 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/chunking.h"
 #include "common/model_graph.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/gradient_codec.h"
+#include "common/rpc/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
@@ -398,6 +403,138 @@ TEST(PsClientTest, CompressedAsyncPushesApplyTheDecodedGradientsWithErrorFeedbac
       }
     }
   }
+}
+
+// A shard stand-in that paces one push by hand: it credits the stream with
+// `first_credit` frames before reading any, counts the frames that arrive,
+// raises the credit when the test says, and replies version 7.
+class HandPacedShard final : public grpc::CallbackGenericService {
+ public:
+  explicit HandPacedShard(int64_t first_credit) : first_credit_(first_credit) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~HandPacedShard() override { server_->Shutdown(DeadlineFromNow(absl::Seconds(5))); }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int frames() {
+    absl::MutexLock lock(&mu_);
+    return frames_;
+  }
+  void Credit(int64_t total) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](HandPacedShard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+          return s->reactor_ == nullptr || !s->reactor_->writing();
+        },
+        this));
+    if (reactor_ != nullptr && !reactor_->replied()) reactor_->Send(total);  // Else it is over.
+  }
+
+ private:
+  class Reactor final : public grpc::ServerGenericBidiReactor {
+   public:
+    Reactor(HandPacedShard* owner, int64_t first_credit) : owner_(owner) {
+      Send(first_credit);  // Before the first read: the client learns its credit first.
+    }
+    // Under owner_->mu_ (or before the reactor is shared).
+    bool writing() const { return writing_; }
+    bool replied() const { return replied_; }
+    void Send(int64_t credit) {
+      writing_ = true;
+      v1::ChunkHeader header;
+      header.set_credit(credit);
+      EXPECT_TRUE(EncodeFrame(header, nullptr, 0, &credit_).ok());
+      StartWrite(&credit_);
+    }
+    void OnWriteDone(bool) override {
+      absl::MutexLock lock(&owner_->mu_);
+      writing_ = false;
+      if (!reading_) {
+        reading_ = true;
+        StartRead(&in_);
+      }
+      if (std::exchange(finish_after_write_, false)) Reply();
+    }
+    void OnReadDone(bool ok) override {
+      absl::MutexLock lock(&owner_->mu_);
+      if (ok) {
+        ++owner_->frames_;
+        StartRead(&in_);
+      } else if (writing_) {
+        finish_after_write_ = true;
+      } else {
+        Reply();
+      }
+    }
+    void OnDone() override {
+      absl::MutexLock lock(&owner_->mu_);
+      owner_->reactor_ = nullptr;
+      delete this;
+    }
+
+   private:
+    void Reply() ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+      replied_ = true;
+      v1::ChunkHeader header;
+      header.set_version(7);
+      EXPECT_TRUE(EncodeFrame(header, nullptr, 0, &reply_).ok());
+      StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+    }
+    HandPacedShard* const owner_;
+    grpc::ByteBuffer in_, credit_, reply_;
+    bool reading_ = false;             // Callbacks of one stream: one at a time here.
+    bool writing_ = false;             // Guarded by owner_->mu_ once shared.
+    bool finish_after_write_ = false;  // Guarded by owner_->mu_.
+    bool replied_ = false;             // Guarded by owner_->mu_.
+  };
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    absl::MutexLock lock(&mu_);
+    reactor_ = new Reactor(this, first_credit_);
+    return reactor_;
+  }
+
+  const int64_t first_credit_;
+  absl::Mutex mu_;
+  int frames_ ABSL_GUARDED_BY(mu_) = 0;
+  Reactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(PsClientTest, APushSendsNoFrameBeyondTheShardsCredit) {
+  // fc1/weight: 1536 x 1024 floats in 24 chunks of 256 KiB (each larger
+  // than HTTP/2's first window, so none is sent before the first credit),
+  // and fc1/bias: 25 frames for the one shard.
+  const v1::JobSpec spec =
+      ::pstrain::testing::DenseJob("paced", 1536, 1024, 3, v1::CONSISTENCY_SYNC);
+  const ModelGraph graph = *BuildModelGraph(spec.model());
+  const ChunkPlan plan = *PlanChunks(graph, 1, 256 << 10);
+  const int total = static_cast<int>(plan.chunks.size());
+  ASSERT_EQ(total, 25);
+  HandPacedShard shard(/*first_credit=*/2);
+  PsClient::Options options;
+  options.shard_addresses = {shard.address()};
+  options.job_id = kJob;
+  options.worker_id = "w0";
+  options.generation = 1;
+  options.rpc_timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
+  std::vector<std::vector<float>> gradients;
+  for (const ChunkInfo& c : plan.chunks) gradients.emplace_back(c.count, 0.25f);
+  std::unique_ptr<PendingOp> push =
+      client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(gradients));
+  // Held at the credit (loopback would carry all 6 MB in far less time).
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_GE(shard.frames(), 2);
+  EXPECT_LT(shard.frames(), total);
+  shard.Credit(total);
+  ASSERT_OK(push->Wait());
+  EXPECT_EQ(shard.frames(), total);
+  EXPECT_EQ(push->version(), 7);
 }
 
 TEST(PsClientTest, PullThatCannotBeSatisfiedFailsAtTheDeadline) {

@@ -683,6 +683,70 @@ TEST(ParameterShardAsyncTest, AsyncPushesOpenNoBarrier) {
             std::vector<int64_t>(std::size(kBarrierWaitBounds) + 1, 0));
 }
 
+// Counts AllowanceChanged calls.
+class CountingWatcher final : public PaceWatcher {
+ public:
+  void AllowanceChanged() override { ++calls; }
+  std::atomic<int> calls{0};
+};
+
+TEST(ParameterShardPacingTest, AMemberMayRunTheLeadAheadOfTheSlowestAndIsToldWhenItMovesOn) {
+  // fc/weight in 6 chunks of 2 floats: frames enough to run ahead.
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b", "worker-c"},
+                        /*num_shards=*/1, /*chunk_bytes=*/8);
+  ParameterShard shard({.pace_lead_frames = 2});
+  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  auto watcher = std::make_shared<CountingWatcher>();
+  ASSERT_OK_AND_ASSIGN(const bool paced, shard.WatchPace(job.config.job_id, watcher));
+  ASSERT_TRUE(paced);
+  auto push = [&](const std::string& worker, int piece) {
+    const int chunk = job.ChunkOf("fc/weight", piece);
+    ASSERT_TRUE(shard.Push(job.Args(worker, chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
+  };
+  auto slack = [&](const std::string& worker) {
+    return *shard.PaceSlack(job.config.job_id, worker, /*version=*/0);
+  };
+  EXPECT_EQ(slack("worker-a"), 2);  // Nobody has pushed: the lead.
+  push("worker-a", 0);
+  push("worker-a", 1);
+  EXPECT_EQ(slack("worker-a"), 0);  // Two ahead of b and c.
+  EXPECT_EQ(slack("worker-b"), 2);
+  push("worker-b", 0);
+  EXPECT_EQ(watcher->calls.load(), 0);  // c, the slowest, has not moved.
+  push("worker-c", 0);
+  EXPECT_EQ(watcher->calls.load(), 1);  // Now all have pushed one.
+  EXPECT_EQ(slack("worker-a"), 1);
+  EXPECT_EQ(slack("worker-c"), 2);
+  // Removing the two slow members leaves a alone: it is the slowest.
+  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  EXPECT_EQ(watcher->calls.load(), 2);
+  EXPECT_EQ(slack("worker-a"), 2);
+  // A version past is not held back (a retry of a finished step).
+  EXPECT_GT(*shard.PaceSlack(job.config.job_id, "worker-a", -1), 1000);
+  // A watcher that is gone is forgotten, not called.
+  watcher.reset();
+  push("worker-a", 2);
+}
+
+TEST(ParameterShardPacingTest, OnlySyncJobsWithALeadArePaced) {
+  TestJob async_job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard shard({});
+  ASSERT_TRUE(shard.ConfigureJob(async_job.config, async_job.InitialChunks(0)).ok());
+  ASSERT_OK_AND_ASSIGN(const bool async_paced,
+                       shard.WatchPace("job-1", std::make_shared<CountingWatcher>()));
+  EXPECT_FALSE(async_paced);
+  EXPECT_GT(*shard.PaceSlack("job-1", "worker-a", 0), 1000);
+
+  TestJob sync_job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  ParameterShard unpaced({.pace_lead_frames = 0});
+  ASSERT_TRUE(unpaced.ConfigureJob(sync_job.config, sync_job.InitialChunks(0)).ok());
+  ASSERT_OK_AND_ASSIGN(const bool without_lead,
+                       unpaced.WatchPace("job-1", std::make_shared<CountingWatcher>()));
+  EXPECT_FALSE(without_lead);
+  EXPECT_EQ(shard.WatchPace("no-such-job", std::make_shared<CountingWatcher>()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});

@@ -243,6 +243,55 @@ TEST_F(PsServiceTest, SyncPushThenPullIsBitExact) {
   }
 }
 
+// Splits a push's replies into credit frames and the final reply.
+void SplitReplies(const std::vector<grpc::ByteBuffer>& replies, std::vector<int64_t>* credits,
+                  std::vector<v1::ChunkHeader>* finals) {
+  for (const grpc::ByteBuffer& r : replies) {
+    v1::ChunkHeader header;
+    PayloadView payload;
+    ASSERT_TRUE(DecodeFrame(r, &header, &payload).ok());
+    if (header.credit() > 0) {
+      credits->push_back(header.credit());
+    } else {
+      finals->push_back(header);
+    }
+  }
+}
+
+TEST_F(PsServiceTest, APacedPushIsNeverCreditedMoreThanTheLeadPastTheSlowestMember) {
+  StartJob(v1::CONSISTENCY_SYNC, {kWorkerA, kWorkerB});
+  std::vector<grpc::ByteBuffer> frames;
+  for (int id : plan_.by_shard[0]) {
+    v1::ChunkHeader h = PushHeader(id);
+    h.set_paced(true);
+    frames.push_back(Frame(h, Ones(id)));
+  }
+  ASSERT_GT(frames.size(), 3u);
+  // This raw client sends every frame whatever the credits say: the shard
+  // applies them all (credits pace, they do not police), but while worker-b
+  // has pushed nothing it never allows more than the lead (2) in all.
+  std::vector<grpc::ByteBuffer> replies;
+  ASSERT_TRUE(Push(0, std::move(frames), &replies).ok());
+  std::vector<int64_t> credits;
+  std::vector<v1::ChunkHeader> finals;
+  SplitReplies(replies, &credits, &finals);
+  ASSERT_FALSE(credits.empty());
+  for (int64_t c : credits) EXPECT_LE(c, 2);
+  ASSERT_EQ(finals.size(), 1u);
+  EXPECT_EQ(finals[0].version(), 0);  // The step waits for worker-b.
+
+  // worker-b, one frame, not paced: only the reply, as before pacing.
+  v1::ChunkHeader b = PushHeader(FirstChunkOf(0));
+  b.set_worker_id(kWorkerB);
+  replies.clear();
+  ASSERT_TRUE(Push(0, {Frame(b, Ones(FirstChunkOf(0)))}, &replies).ok());
+  credits.clear();
+  finals.clear();
+  SplitReplies(replies, &credits, &finals);
+  EXPECT_TRUE(credits.empty());
+  EXPECT_EQ(finals.size(), 1u);
+}
+
 TEST_F(PsServiceTest, PullRepliesInRequestOrder) {
   StartJob(v1::CONSISTENCY_ASYNC);
   std::vector<int> ids = plan_.by_shard[1];
