@@ -1223,13 +1223,7 @@ absl::Status ParameterShard::SetMembers(const std::string& job_id,
                                         const std::vector<std::string>& members, int64_t generation,
                                         v1::SetMembersResponse* response) {
   for (const std::string& id : members) PSTRAIN_RETURN_IF_ERROR(CheckId("worker id", id));
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-    job = it->second;
-  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   PSTRAIN_ASSIGN_OR_RETURN(Outcome outcome, job->SetMembers(members, generation, response));
   absl::MutexLock lock(&mu_);
   stats_.applied_updates += outcome.applied_updates;
@@ -1297,13 +1291,7 @@ absl::StatusOr<int64_t> ParameterShard::Push(const PushArgs& args, absl::Span<co
 }
 
 absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Time deadline) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(args.job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", args.job_id));
-    job = it->second;
-  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(args.job_id));
   PSTRAIN_ASSIGN_OR_RETURN(PulledChunk pulled, job->Pull(args, deadline));
   absl::MutexLock lock(&mu_);
   ++stats_.pulls;
@@ -1321,38 +1309,28 @@ absl::StatusOr<PulledChunk> ParameterShard::Pull(const PullArgs& args, absl::Tim
 absl::StatusOr<std::vector<v1::ChunkValues>> ParameterShard::ReadChunks(const std::string& job_id,
                                                                         ReadOptions options,
                                                                         absl::Time deadline) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-    job = it->second;
-  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   return job->ReadChunks(options, deadline);
+}
+
+absl::StatusOr<std::shared_ptr<ParameterShard::Job>> ParameterShard::FindJob(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  return it->second;
 }
 
 absl::StatusOr<bool> ParameterShard::WatchPace(const std::string& job_id,
                                                std::weak_ptr<PaceWatcher> watcher) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-    job = it->second;
-  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   return job->WatchPace(std::move(watcher));
 }
 
 absl::StatusOr<int64_t> ParameterShard::PaceSlack(const std::string& job_id,
                                                   const std::string& worker_id,
                                                   int64_t version) const {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-    job = it->second;
-  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   return job->PaceSlack(worker_id, version);
 }
 

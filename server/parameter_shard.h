@@ -283,6 +283,8 @@ class ParameterShard {
   struct Job;  // Defined in parameter_shard.cc.
 
   absl::Status CheckId(const char* what, const std::string& id) const;
+  // The job, or NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
   void RecordBarrierWaits(absl::Span<const absl::Duration> waits)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -623,12 +623,18 @@ size_t BarrierWaitBucket(double seconds) {
          std::begin(kBarrierWaitBounds);
 }
 
+// A shard whose barrier waits are timed by `*now`.
+std::unique_ptr<ParameterShard> ShardOnClock(const absl::Time* now) {
+  ParameterShard::Options options;
+  options.clock = [now] { return *now; };
+  return std::make_unique<ParameterShard>(options);
+}
+
 TEST(ParameterShardSyncTest, BarrierWaitsRunFromTheFirstMembersPushToTheLast) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b", "worker-c"});
   absl::Time now = absl::UnixEpoch();
-  ParameterShard::Options options;
-  options.clock = [&now] { return now; };
-  ParameterShard shard(options);
+  std::unique_ptr<ParameterShard> owned = ShardOnClock(&now);
+  ParameterShard& shard = *owned;
   ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
   const int chunk = job.ChunkOf("logits/weight");
   const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.25f);
@@ -659,9 +665,8 @@ TEST(ParameterShardSyncTest, BarrierWaitsRunFromTheFirstMembersPushToTheLast) {
 TEST(ParameterShardSyncTest, ASingleMembersBarriersDoNotWait) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   absl::Time now = absl::UnixEpoch();
-  ParameterShard::Options options;
-  options.clock = [&now] { return now; };
-  ParameterShard shard(options);
+  std::unique_ptr<ParameterShard> owned = ShardOnClock(&now);
+  ParameterShard& shard = *owned;
   ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
   const int chunk = job.ChunkOf("logits/weight");
   for (int64_t step = 0; step < 3; ++step) {
