@@ -257,13 +257,17 @@ tcp_segs() {
 
 # barrier_waits -> "SECONDS COUNT": the barrier waits every server's /metrics
 # has counted (pstrain_server_barrier_wait_seconds; refreshed each second).
+# "0 0" for a server whose /metrics is HTTPS (the tls points).
 METRICS_PORT=9100
 barrier_waits() {
   local ns
   for ns in "${SERVER_NS[@]}"; do
     ip netns exec "$ns" python3 -c "
-import sys, urllib.request
-text = urllib.request.urlopen('http://127.0.0.1:$METRICS_PORT/metrics', timeout=5).read().decode()
+import urllib.request
+try:
+    text = urllib.request.urlopen('http://127.0.0.1:$METRICS_PORT/metrics', timeout=5).read().decode()
+except Exception:
+    text = ''
 v = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith('pstrain_server_barrier_wait_seconds_')}
 print(v.get('pstrain_server_barrier_wait_seconds_sum', 0), int(v.get('pstrain_server_barrier_wait_seconds_count', 0)))" ||
       echo "0 0"
