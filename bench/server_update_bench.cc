@@ -58,6 +58,9 @@ ABSL_FLAG(bool, tune_malloc, true,
           "(TuneAllocatorForLargeMessages), so that the chunks' buffers are reused");
 ABSL_FLAG(std::string, threads, "1,2", "Comma-separated pusher (and AXPY) thread counts");
 ABSL_FLAG(int, reps, 7, "Measured rounds per variant (after one warm-up)");
+ABSL_FLAG(int, pace_lead, 2,
+          "Sync variants: ParameterShard::Options::pace_lead_frames (pstrain-server "
+          "--push-pacing-lead; 0 = no pacing)");
 ABSL_FLAG(std::string, pull_codecs, "",
           "Comma-separated pull codecs (none, fp16, bf16, topk, onebit) to run as sync jobs "
           "instead of the async one");
@@ -100,7 +103,8 @@ class UpdateBench {
     spec_.mutable_optimizer()->set_momentum(0.9f);
     graph_ = *BuildModelGraph(spec_.model());
     plan_ = *PlanChunks(graph_, 1, kChunkBytes);
-    shard_ = std::make_unique<ParameterShard>(ParameterShard::Options{.shard_index = 0});
+    shard_ = std::make_unique<ParameterShard>(ParameterShard::Options{
+        .shard_index = 0, .pace_lead_frames = absl::GetFlag(FLAGS_pace_lead)});
     ShardJobConfig config;
     config.job_id = kJob;
     config.spec = spec_;
