@@ -19,10 +19,17 @@
 //   backward           partial sums of dy and dy * xhat -> per-channel
 //                      finalisation (dgamma, dbeta, coefficients) -> dx
 //   inference          one element-wise pass
+//
+// Memory bound, so the walks avoid per-element integer division: the
+// reductions divide once per thread and then step (ChannelWalk), and the
+// element-wise passes use 32-bit indices below 2^31 elements. Where planes
+// hold a multiple of 4 values and the buffers are aligned, every access
+// moves 4 values at once (16 bytes in fp32), the summation order still fixed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "absl/status/status.h"
@@ -41,18 +48,36 @@ constexpr int kBnThreads = 256;
 constexpr int64_t kValuesPerThread = 16;
 constexpr int kMaxBnBlocks = 128;
 
-// The address of value j (0 <= j < n * s) of channel ch.
-__device__ __forceinline__ int64_t ChannelIndex(int64_t j, int64_t ch, int64_t c, int64_t s) {
-  const int64_t sample = j / s;
-  return (sample * c + ch) * s + (j - sample * s);
-}
+// Walks one channel's values of [N, C, S] in units of V values (sv = S / V
+// units per sample): unit j (0 <= j < n * sv) is unit j % sv of sample
+// j / sv. It divides once, when it starts; each step of `step` units then
+// costs two additions and a compare.
+struct ChannelWalk {
+  __device__ ChannelWalk(int64_t j, int64_t step, int64_t sv) : sv(sv) {
+    sample = j / sv;
+    offset = j - sample * sv;
+    step_samples = step / sv;
+    step_offset = step - step_samples * sv;
+  }
+  // The unit's index in the whole tensor, in units of V values.
+  __device__ int64_t Unit(int64_t ch, int64_t c) const { return (sample * c + ch) * sv + offset; }
+  __device__ void Advance() {
+    sample += step_samples;
+    offset += step_offset;
+    if (offset >= sv) {
+      offset -= sv;
+      ++sample;
+    }
+  }
+  int64_t sv, sample, offset, step_samples, step_offset;
+};
 
-// Values [begin, end) of the channel's m are slice `slice`'s.
-__device__ __forceinline__ void SliceBounds(int64_t m, int blocks, int slice, int64_t* begin,
+// Units [begin, end) of the channel's mv are slice `slice`'s.
+__device__ __forceinline__ void SliceBounds(int64_t mv, int blocks, int slice, int64_t* begin,
                                             int64_t* end) {
-  const int64_t per = (m + blocks - 1) / blocks;
-  *begin = min(m, per * slice);
-  *end = min(m, *begin + per);
+  const int64_t per = (mv + blocks - 1) / blocks;
+  *begin = min(mv, per * slice);
+  *end = min(mv, *begin + per);
 }
 
 // Sum of `count` floats in a fixed order (every caller gets the same value).
@@ -63,35 +88,50 @@ __device__ __forceinline__ float SumInOrder(const float* values, int count) {
 }
 
 // grid (blocks, C): partial[ch * blocks + slice] = sum of the slice's x.
-template <typename T>
-__global__ void BnPartialSumKernel(const T* x, int64_t c, int64_t s, int64_t m, int blocks,
+// mv = n * sv units of V values per channel.
+template <typename T, int V>
+__global__ void BnPartialSumKernel(const T* x, int64_t c, int64_t sv, int64_t mv, int blocks,
                                    float* partial) {
   __shared__ float scratch[32];
   const int64_t ch = blockIdx.y;
   int64_t begin, end;
-  SliceBounds(m, blocks, blockIdx.x, &begin, &end);
+  SliceBounds(mv, blocks, blockIdx.x, &begin, &end);
   float sum = 0.f;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    sum += ToFloat(x[ChannelIndex(j, ch, c, s)]);
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    for (ChannelWalk walk(j, blockDim.x, sv); j < end; j += blockDim.x, walk.Advance()) {
+      float v[V];
+      LoadVec<T, V>(x + walk.Unit(ch, c) * V, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += v[k];
+    }
   }
   sum = BlockReduce<false>(sum, scratch);
   if (threadIdx.x == 0) partial[ch * blocks + blockIdx.x] = sum;
 }
 
 // grid (blocks, C): partial_sq[...] = sum over the slice of (x - mean)^2,
-// with mean from the partial sums.
-template <typename T>
-__global__ void BnPartialSquaresKernel(const T* x, int64_t c, int64_t s, int64_t m, int blocks,
-                                       const float* partial_sum, float* partial_sq) {
+// with mean from the partial sums (m values per channel).
+template <typename T, int V>
+__global__ void BnPartialSquaresKernel(const T* x, int64_t c, int64_t sv, int64_t mv, int64_t m,
+                                       int blocks, const float* partial_sum, float* partial_sq) {
   __shared__ float scratch[32];
   const int64_t ch = blockIdx.y;
   const float mean = SumInOrder(partial_sum + ch * blocks, blocks) / static_cast<float>(m);
   int64_t begin, end;
-  SliceBounds(m, blocks, blockIdx.x, &begin, &end);
+  SliceBounds(mv, blocks, blockIdx.x, &begin, &end);
   float sq = 0.f;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    const float d = ToFloat(x[ChannelIndex(j, ch, c, s)]) - mean;
-    sq += d * d;
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    for (ChannelWalk walk(j, blockDim.x, sv); j < end; j += blockDim.x, walk.Advance()) {
+      float v[V];
+      LoadVec<T, V>(x + walk.Unit(ch, c) * V, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float d = v[k] - mean;
+        sq += d * d;
+      }
+    }
   }
   sq = BlockReduce<false>(sq, scratch);
   if (threadIdx.x == 0) partial_sq[ch * blocks + blockIdx.x] = sq;
@@ -119,44 +159,65 @@ __global__ void BnFinalizeForwardKernel(int64_t c, int64_t m, int blocks, const 
   running_var[ch] = (1.f - momentum) * running_var[ch] + momentum * var * unbias;
 }
 
+// The element-wise passes walk the whole tensor in units of V values
+// (total_v of them, sv per [sample, channel] plane): the unit's channel is
+// (i / sv) % c.
+
 // y = x * scale[ch] + shift[ch] over every element.
-template <typename T>
-__global__ void BnScaleShiftKernel(const T* x, T* y, int64_t total, int64_t c, int64_t s,
+template <typename T, int V, typename Index>
+__global__ void BnScaleShiftKernel(const T* x, T* y, Index total_v, Index c, Index sv,
                                    const float* scale_shift) {
-  for (int64_t i = GlobalThreadIndex(); i < total; i += GridStride()) {
-    const int64_t ch = (i / s) % c;
-    y[i] = FromFloat<T>(ToFloat(x[i]) * scale_shift[ch] + scale_shift[c + ch]);
+  for (Index i = FirstIndex<Index>(); i < total_v; i += StrideOf<Index>()) {
+    const Index ch = (i / sv) % c;
+    const float scale = scale_shift[ch], shift = scale_shift[c + ch];
+    float v[V];
+    LoadVec<T, V>(x + static_cast<int64_t>(i) * V, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = v[k] * scale + shift;
+    StoreVec<T, V>(y + static_cast<int64_t>(i) * V, v);
   }
 }
 
-template <typename T>
-__global__ void BnInferenceKernel(const T* x, T* y, int64_t total, int64_t c, int64_t s,
+template <typename T, int V, typename Index>
+__global__ void BnInferenceKernel(const T* x, T* y, Index total_v, Index c, Index sv,
                                   const float* gamma, const float* beta, const float* running_mean,
                                   const float* running_var, float epsilon) {
-  for (int64_t i = GlobalThreadIndex(); i < total; i += GridStride()) {
-    const int64_t ch = (i / s) % c;
+  for (Index i = FirstIndex<Index>(); i < total_v; i += StrideOf<Index>()) {
+    const Index ch = (i / sv) % c;
     const float scale = gamma[ch] / sqrtf(running_var[ch] + epsilon);
     const float shift = beta[ch] - running_mean[ch] * scale;
-    y[i] = FromFloat<T>(ToFloat(x[i]) * scale + shift);
+    float v[V];
+    LoadVec<T, V>(x + static_cast<int64_t>(i) * V, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = v[k] * scale + shift;
+    StoreVec<T, V>(y + static_cast<int64_t>(i) * V, v);
   }
 }
 
 // grid (blocks, C): partial[2 * (ch * blocks + slice)] = {sum dy, sum dy * xhat}.
-template <typename T>
-__global__ void BnBackwardPartialKernel(const T* x, const T* dy, int64_t c, int64_t s, int64_t m,
+template <typename T, int V>
+__global__ void BnBackwardPartialKernel(const T* x, const T* dy, int64_t c, int64_t sv, int64_t mv,
                                         int blocks, const float* save_mean,
                                         const float* save_inv_std, float* partial) {
   __shared__ float scratch[32];
   const int64_t ch = blockIdx.y;
   const float mean = save_mean[ch], inv_std = save_inv_std[ch];
   int64_t begin, end;
-  SliceBounds(m, blocks, blockIdx.x, &begin, &end);
+  SliceBounds(mv, blocks, blockIdx.x, &begin, &end);
   float sum_dy = 0.f, sum_dy_xhat = 0.f;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    const int64_t i = ChannelIndex(j, ch, c, s);
-    const float g = ToFloat(dy[i]);
-    sum_dy += g;
-    sum_dy_xhat += g * ((ToFloat(x[i]) - mean) * inv_std);
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    for (ChannelWalk walk(j, blockDim.x, sv); j < end; j += blockDim.x, walk.Advance()) {
+      const int64_t i = walk.Unit(ch, c) * V;
+      float xv[V], g[V];
+      LoadVec<T, V>(x + i, xv);
+      LoadVec<T, V>(dy + i, g);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        sum_dy += g[k];
+        sum_dy_xhat += g[k] * ((xv[k] - mean) * inv_std);
+      }
+    }
   }
   sum_dy = BlockReduce<false>(sum_dy, scratch);
   sum_dy_xhat = BlockReduce<false>(sum_dy_xhat, scratch);
@@ -186,15 +247,36 @@ __global__ void BnFinalizeBackwardKernel(int64_t c, int64_t m, int blocks, const
 }
 
 // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)).
-template <typename T>
-__global__ void BnBackwardDxKernel(const T* x, const T* dy, T* dx, int64_t total, int64_t c,
-                                   int64_t s, const float* save_mean, const float* save_inv_std,
+template <typename T, int V, typename Index>
+__global__ void BnBackwardDxKernel(const T* x, const T* dy, T* dx, Index total_v, Index c, Index sv,
+                                   const float* save_mean, const float* save_inv_std,
                                    const float* coef) {
-  for (int64_t i = GlobalThreadIndex(); i < total; i += GridStride()) {
-    const int64_t ch = (i / s) % c;
-    const float xhat = (ToFloat(x[i]) - save_mean[ch]) * save_inv_std[ch];
-    dx[i] = FromFloat<T>(coef[ch] * (ToFloat(dy[i]) - coef[c + ch] - xhat * coef[2 * c + ch]));
+  for (Index i = FirstIndex<Index>(); i < total_v; i += StrideOf<Index>()) {
+    const Index ch = (i / sv) % c;
+    const float mean = save_mean[ch], inv_std = save_inv_std[ch];
+    const float scale = coef[ch], mean_dy = coef[c + ch], mean_dy_xhat = coef[2 * c + ch];
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float xv[V], g[V];
+    LoadVec<T, V>(x + at, xv);
+    LoadVec<T, V>(dy + at, g);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float xhat = (xv[k] - mean) * inv_std;
+      g[k] = scale * (g[k] - mean_dy - xhat * mean_dy_xhat);
+    }
+    StoreVec<T, V>(dx + at, g);
   }
+}
+
+// Whether every pointer can be read 4 elements at a time and a plane of
+// `spatial` values is a whole number of such units.
+template <typename T>
+bool Vectorizable(int64_t spatial, std::initializer_list<const void*> pointers) {
+  if (spatial % 4 != 0) return false;
+  for (const void* p : pointers) {
+    if (!IsAligned4<T>(p)) return false;
+  }
+  return true;
 }
 
 absl::Status CheckShape(const char* op, int64_t n, int64_t c, int64_t s) {
@@ -240,19 +322,26 @@ absl::Status LaunchBatchNormForwardTraining(DataType dtype, const void* x, void*
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* in = static_cast<const T*>(x);
-    BnPartialSumKernel<T><<<grid, kBnThreads, 0, stream>>>(in, c, spatial, m, blocks, partial_sum);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    BnPartialSquaresKernel<T>
-        <<<grid, kBnThreads, 0, stream>>>(in, c, spatial, m, blocks, partial_sum, partial_sq);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    BnFinalizeForwardKernel<<<BlocksFor(c), kThreadsPerBlock, 0, stream>>>(
-        c, m, blocks, partial_sum, partial_sq, gamma, beta, epsilon, momentum, running_mean,
-        running_var, save_mean, save_inv_std, scale_shift);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    BnScaleShiftKernel<T><<<BlocksFor(total), kThreadsPerBlock, 0, stream>>>(
-        in, static_cast<T*>(y), total, c, spatial, scale_shift);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    T* out = static_cast<T*>(y);
+    return DispatchWalk(total, Vectorizable<T>(spatial, {x, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      const int64_t sv = spatial / V, mv = n * sv;
+      BnPartialSumKernel<T, V><<<grid, kBnThreads, 0, stream>>>(in, c, sv, mv, blocks, partial_sum);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      BnPartialSquaresKernel<T, V>
+          <<<grid, kBnThreads, 0, stream>>>(in, c, sv, mv, m, blocks, partial_sum, partial_sq);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      BnFinalizeForwardKernel<<<BlocksFor(c), kThreadsPerBlock, 0, stream>>>(
+          c, m, blocks, partial_sum, partial_sq, gamma, beta, epsilon, momentum, running_mean,
+          running_var, save_mean, save_inv_std, scale_shift);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      BnScaleShiftKernel<T, V, Index><<<BlocksFor(total / V), kThreadsPerBlock, 0, stream>>>(
+          in, out, static_cast<Index>(total / V), static_cast<Index>(c), static_cast<Index>(sv),
+          scale_shift);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -270,11 +359,16 @@ absl::Status LaunchBatchNormForwardInference(DataType dtype, const void* x, void
   const int64_t total = n * c * spatial;
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    BnInferenceKernel<T><<<BlocksFor(total), kThreadsPerBlock, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), total, c, spatial, gamma, beta, running_mean,
-        running_var, epsilon);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(total, Vectorizable<T>(spatial, {x, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      BnInferenceKernel<T, V, Index><<<BlocksFor(total / V), kThreadsPerBlock, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<T*>(y), static_cast<Index>(total / V),
+          static_cast<Index>(c), static_cast<Index>(spatial / V), gamma, beta, running_mean,
+          running_var, epsilon);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -296,16 +390,22 @@ absl::Status LaunchBatchNormBackward(DataType dtype, const void* x, const void* 
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* in = static_cast<const T*>(x);
     const T* grad = static_cast<const T*>(dy);
-    BnBackwardPartialKernel<T><<<grid, kBnThreads, 0, stream>>>(in, grad, c, spatial, m, blocks,
-                                                                save_mean, save_inv_std, partial);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    BnFinalizeBackwardKernel<<<BlocksFor(c), kThreadsPerBlock, 0, stream>>>(
-        c, m, blocks, partial, gamma, save_inv_std, dgamma, dbeta, coef);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    BnBackwardDxKernel<T><<<BlocksFor(total), kThreadsPerBlock, 0, stream>>>(
-        in, grad, static_cast<T*>(dx), total, c, spatial, save_mean, save_inv_std, coef);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(total, Vectorizable<T>(spatial, {x, dy, dx}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      const int64_t sv = spatial / V, mv = n * sv;
+      BnBackwardPartialKernel<T, V><<<grid, kBnThreads, 0, stream>>>(
+          in, grad, c, sv, mv, blocks, save_mean, save_inv_std, partial);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      BnFinalizeBackwardKernel<<<BlocksFor(c), kThreadsPerBlock, 0, stream>>>(
+          c, m, blocks, partial, gamma, save_inv_std, dgamma, dbeta, coef);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      BnBackwardDxKernel<T, V, Index><<<BlocksFor(total / V), kThreadsPerBlock, 0, stream>>>(
+          in, grad, static_cast<T*>(dx), static_cast<Index>(total / V), static_cast<Index>(c),
+          static_cast<Index>(sv), save_mean, save_inv_std, coef);
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 

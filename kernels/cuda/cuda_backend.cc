@@ -393,6 +393,13 @@ class CudaBackend final : public Backend {
     PSTRAIN_RETURN_IF_CUBLAS_ERROR(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
     PSTRAIN_ASSIGN_OR_RETURN(cudnn_, CudnnHandle::Create());
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetStream(cudnn_.get(), stream_.get()));
+    if (cuda::ConcurrentConvBackward()) {
+      // A convolution's backward-filter pass runs here while its
+      // backward-data pass runs on stream_ (cudnn_plans.cc).
+      PSTRAIN_ASSIGN_OR_RETURN(side_stream_, Stream::Create());
+      PSTRAIN_ASSIGN_OR_RETURN(side_cudnn_, CudnnHandle::Create());
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetStream(side_cudnn_.get(), side_stream_.get()));
+    }
 
     int pools_supported = 0;
     PSTRAIN_RETURN_IF_CUDA_ERROR(
@@ -431,7 +438,8 @@ class CudaBackend final : public Backend {
   }
 
   cuda::CudnnContext Context() {
-    return cuda::CudnnContext{this, stream_.get(), cudnn_.get(), ordinal_};
+    return cuda::CudnnContext{this,     stream_.get(),      cudnn_.get(),
+                              ordinal_, side_stream_.get(), side_cudnn_.get()};
   }
 
   absl::Status Copy(const char* op, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -466,6 +474,9 @@ class CudaBackend final : public Backend {
   Stream stream_;
   CublasHandle cublas_;
   CudnnHandle cudnn_;
+  // Empty unless ConcurrentConvBackward(); side_cudnn_ is bound to side_stream_.
+  Stream side_stream_;
+  CudnnHandle side_cudnn_;
 
   // Used by the trainer's thread only. Declared after stream_ so that they are
   // released (via Free, on the stream) before it.

@@ -66,13 +66,19 @@ class Stream : public UniqueHandle<cudaStream_t, cudaStreamDestroy> {
   }
 };
 
-// An event without timing (the cheapest kind, for ordering and waiting).
+// An event without timing (the cheapest kind, for ordering and waiting),
+// or with it (CreateTimed, for cudaEventElapsedTime).
 class CudaEvent : public UniqueHandle<cudaEvent_t, cudaEventDestroy> {
  public:
   using UniqueHandle::UniqueHandle;
   static absl::StatusOr<CudaEvent> Create() {
     cudaEvent_t event = nullptr;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return CudaEvent(event);
+  }
+  static absl::StatusOr<CudaEvent> CreateTimed() {
+    cudaEvent_t event = nullptr;
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&event));
     return CudaEvent(event);
   }
 };

@@ -197,6 +197,33 @@ absl::Status CheckBatchNormConfig(const BatchNormConfig& c) {
 // Convolution
 // ---------------------------------------------------------------------------
 
+// cuDNN's descriptors and chosen algorithms for a convolution in one data type.
+struct ConvSetup {
+  TensorDescriptor x;
+  TensorDescriptor y;
+  FilterDescriptor w;
+  ConvolutionDescriptor conv;
+  cudnnConvolutionFwdAlgo_t forward = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  cudnnConvolutionBwdDataAlgo_t backward_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  cudnnConvolutionBwdFilterAlgo_t backward_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+};
+
+// Whether bf16 and fp16 plans run a pass in fp32 (CudnnConv2dPlan::
+// ChooseRoutes): where that measures faster (the default), never
+// (PSTRAIN_CUDNN_FP32_ROUTE=0) or always (=always, for the parity tests of
+// that route).
+enum class Fp32Route { kMeasured, kNever, kAlways };
+Fp32Route Fp32RoutePolicy() {
+  static const Fp32Route policy = [] {
+    const char* env = std::getenv("PSTRAIN_CUDNN_FP32_ROUTE");
+    const std::string value = env == nullptr ? "" : env;
+    if (value == "0") return Fp32Route::kNever;
+    if (value == "always") return Fp32Route::kAlways;
+    return Fp32Route::kMeasured;
+  }();
+  return policy;
+}
+
 class CudnnConv2dPlan final : public Conv2dPlan {
  public:
   static absl::StatusOr<std::unique_ptr<Conv2dPlan>> Create(const CudnnContext& context,
@@ -209,9 +236,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
 
   absl::Status Forward(const void* x, const void* w, const void* bias, void* y) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
-        context_.cudnn, &kOne, x_desc_.get(), x, w_desc_.get(), w, conv_desc_.get(), forward_algo_,
-        workspace_.data(), workspace_.bytes(), &kZero, y_desc_.get(), y));
+    PSTRAIN_RETURN_IF_ERROR(EnqueueForward(fp32_forward_, x, w, y));
     if (bias != nullptr) {
       PSTRAIN_RETURN_IF_ERROR(LaunchAddBias(config_.dtype, y, bias, config_.n, config_.filters,
                                             int64_t{out_h_} * out_w_, context_.stream));
@@ -221,21 +246,46 @@ class CudnnConv2dPlan final : public Conv2dPlan {
 
   absl::Status BackwardData(const void* dy, const void* w, void* dx) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
-        context_.cudnn, &kOne, w_desc_.get(), w, y_desc_.get(), dy, conv_desc_.get(),
-        backward_data_algo_, workspace_.data(), workspace_.bytes(), &kZero, x_desc_.get(), dx));
-    return absl::OkStatus();
+    return EnqueueBackwardData(fp32_data_, dy, /*dy32=*/nullptr, w, dx);
   }
 
   absl::Status BackwardFilter(const void* x, const void* dy, void* dw, void* dbias) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
-        context_.cudnn, &kOne, x_desc_.get(), x, y_desc_.get(), dy, conv_desc_.get(),
-        backward_filter_algo_, workspace_.data(), workspace_.bytes(), &kZero, w_desc_.get(), dw));
-    if (dbias != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(config_.dtype, dy, dbias, config_.n, config_.filters,
-                                             int64_t{out_h_} * out_w_, context_.stream));
+    return EnqueueBackwardFilter(fp32_filter_, context_.cudnn, context_.stream, workspace_, x, dy,
+                                 /*dy32=*/nullptr, dw, dbias);
+  }
+
+  // With a side stream: the backward-filter pass (and the bias gradient)
+  // there, the backward-data pass here, and the main stream waits for both,
+  // so that what follows on it sees dw, dbias and dx as if they had run in
+  // order. The side stream waits for everything enqueued before (x and dy
+  // written, the buffers allocated, dy converted to fp32 for passes that
+  // run in fp32).
+  absl::Status Backward(const void* x, const void* dy, const void* w, void* dx, void* dw,
+                        void* dbias) override {
+    if (dx == nullptr || !fork_) return Conv2dPlan::Backward(x, dy, w, dx, dw, dbias);
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    const float* dy32 = nullptr;
+    if (fp32_data_ || fp32_filter_) {
+      PSTRAIN_RETURN_IF_ERROR(ToF32(dy, y_count(), &y32_, context_.stream));
+      dy32 = static_cast<const float*>(y32_.data());
     }
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventRecord(fork_.get(), context_.stream));
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(context_.side_stream, fork_.get(), 0));
+    absl::Status filter =
+        EnqueueBackwardFilter(fp32_filter_, context_.side_cudnn, context_.side_stream,
+                              side_workspace_, x, dy, dy32, dw, dbias);
+    absl::Status data = EnqueueBackwardData(fp32_data_, dy, dy32, w, dx);
+    // Joined even after a failure: nothing on the side stream may outlive
+    // the main stream's view of it.
+    const cudaError_t joined = cudaEventRecord(join_.get(), context_.side_stream);
+    const cudaError_t waited = joined == cudaSuccess
+                                   ? cudaStreamWaitEvent(context_.stream, join_.get(), 0)
+                                   : cudaStreamSynchronize(context_.side_stream);
+    PSTRAIN_RETURN_IF_ERROR(filter);
+    PSTRAIN_RETURN_IF_ERROR(data);
+    PSTRAIN_RETURN_IF_CUDA_ERROR(joined);
+    PSTRAIN_RETURN_IF_CUDA_ERROR(waited);
     return absl::OkStatus();
   }
 
@@ -243,39 +293,145 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   CudnnConv2dPlan(const CudnnContext& context, const Conv2dConfig& config)
       : context_(context), config_(config), out_h_(config.out_h()), out_w_(config.out_w()) {}
 
-  bool tensor_ops() const { return config_.dtype != DataType::kF32; }
+  bool reduced() const { return config_.dtype != DataType::kF32; }
+  bool concurrent() const {
+    return context_.side_stream != nullptr && context_.side_cudnn != nullptr;
+  }
+  int64_t x_count() const { return int64_t{config_.n} * config_.c * config_.h * config_.w; }
+  int64_t y_count() const { return int64_t{config_.n} * config_.filters * out_h_ * out_w_; }
+  int64_t w_count() const {
+    return int64_t{config_.filters} * config_.c * config_.kernel_h * config_.kernel_w;
+  }
+
+  // --- The passes ------------------------------------------------------------
+  // A pass "via fp32" (bf16 and fp16 plans only; see ChooseRoutes) converts
+  // its inputs to fp32 scratch buffers, runs cuDNN's fp32 algorithm, and
+  // rounds its output to the plan's type once.
+
+  // x (config dtype, `count` elements) into *f32, on `stream`.
+  absl::Status ToF32(const void* x, int64_t count, DeviceBuffer* f32, cudaStream_t stream) {
+    return LaunchConvert(config_.dtype, x, DataType::kF32, f32->data(), count, 1.f, nullptr,
+                         stream);
+  }
+  absl::Status FromF32(const DeviceBuffer& f32, int64_t count, void* y, cudaStream_t stream) {
+    return LaunchConvert(DataType::kF32, f32.data(), config_.dtype, y, count, 1.f, nullptr, stream);
+  }
+
+  absl::Status EnqueueForward(bool via_f32, const void* x, const void* w, void* y) {
+    if (!via_f32) {
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
+          context_.cudnn, &kOne, native_.x.get(), x, native_.w.get(), w, native_.conv.get(),
+          native_.forward, workspace_.data(), workspace_.bytes(), &kZero, native_.y.get(), y));
+      return absl::OkStatus();
+    }
+    PSTRAIN_RETURN_IF_ERROR(ToF32(x, x_count(), &x32_, context_.stream));
+    PSTRAIN_RETURN_IF_ERROR(ToF32(w, w_count(), &w32_, context_.stream));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnConvolutionForward(context_.cudnn, &kOne, f32_.x.get(), x32_.data(), f32_.w.get(),
+                                w32_.data(), f32_.conv.get(), f32_.forward, workspace_.data(),
+                                workspace_.bytes(), &kZero, f32_.y.get(), y32_.data()));
+    return FromF32(y32_, y_count(), y, context_.stream);
+  }
+
+  // On the main stream. `dy32`: dy already in fp32 (y32_), or null.
+  absl::Status EnqueueBackwardData(bool via_f32, const void* dy, const float* dy32, const void* w,
+                                   void* dx) {
+    if (!via_f32) {
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
+          context_.cudnn, &kOne, native_.w.get(), w, native_.y.get(), dy, native_.conv.get(),
+          native_.backward_data, workspace_.data(), workspace_.bytes(), &kZero, native_.x.get(),
+          dx));
+      return absl::OkStatus();
+    }
+    if (dy32 == nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(ToF32(dy, y_count(), &y32_, context_.stream));
+      dy32 = static_cast<const float*>(y32_.data());
+    }
+    PSTRAIN_RETURN_IF_ERROR(ToF32(w, w_count(), &w32_, context_.stream));
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(
+        cudnnConvolutionBackwardData(context_.cudnn, &kOne, f32_.w.get(), w32_.data(), f32_.y.get(),
+                                     dy32, f32_.conv.get(), f32_.backward_data, workspace_.data(),
+                                     workspace_.bytes(), &kZero, f32_.x.get(), dx32_.data()));
+    return FromF32(dx32_, x_count(), dx, context_.stream);
+  }
+
+  // On `stream` (the main one or the side one, with its handle and
+  // workspace). Via fp32 it writes x32_ and dw32_, which nothing on the
+  // other stream touches meanwhile.
+  absl::Status EnqueueBackwardFilter(bool via_f32, cudnnHandle_t cudnn, cudaStream_t stream,
+                                     const DeviceBuffer& workspace, const void* x, const void* dy,
+                                     const float* dy32, void* dw, void* dbias) {
+    if (!via_f32) {
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
+          cudnn, &kOne, native_.x.get(), x, native_.y.get(), dy, native_.conv.get(),
+          native_.backward_filter, workspace.data(), workspace.bytes(), &kZero, native_.w.get(),
+          dw));
+    } else {
+      if (dy32 == nullptr) {
+        PSTRAIN_RETURN_IF_ERROR(ToF32(dy, y_count(), &y32_, stream));
+        dy32 = static_cast<const float*>(y32_.data());
+      }
+      PSTRAIN_RETURN_IF_ERROR(ToF32(x, x_count(), &x32_, stream));
+      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
+          cudnn, &kOne, f32_.x.get(), x32_.data(), f32_.y.get(), dy32, f32_.conv.get(),
+          f32_.backward_filter, workspace.data(), workspace.bytes(), &kZero, f32_.w.get(),
+          dw32_.data()));
+      PSTRAIN_RETURN_IF_ERROR(FromF32(dw32_, w_count(), dw, stream));
+    }
+    if (dbias != nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(config_.dtype, dy, dbias, config_.n, config_.filters,
+                                             int64_t{out_h_} * out_w_, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  // --- Set-up --------------------------------------------------------------------
 
   absl::Status Init() {
-    const Conv2dConfig& c = config_;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype));
-    PSTRAIN_ASSIGN_OR_RETURN(w_desc_, FilterDescriptor::Create());
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(w_desc_.get(), CudnnType(c.dtype),
+    PSTRAIN_RETURN_IF_ERROR(MakeSetup(config_.dtype, &native_));
+    if (reduced() && Fp32RoutePolicy() != Fp32Route::kNever) {
+      PSTRAIN_RETURN_IF_ERROR(MakeSetup(DataType::kF32, &f32_));
+      PSTRAIN_RETURN_IF_ERROR(ChooseRoutes());
+    }
+    PSTRAIN_RETURN_IF_ERROR(AllocateWorkspaces());
+    if (concurrent()) {
+      PSTRAIN_ASSIGN_OR_RETURN(fork_, CudaEvent::Create());
+      PSTRAIN_ASSIGN_OR_RETURN(join_, CudaEvent::Create());
+    }
+    return absl::OkStatus();
+  }
+
+  // Descriptors for `dtype`, and the algorithms measured fastest for them.
+  absl::Status MakeSetup(DataType dtype, ConvSetup* setup) {
+    const Conv2dConfig& c = config_;
+    PSTRAIN_ASSIGN_OR_RETURN(setup->x, NewTensor4d(c.n, c.c, c.h, c.w, dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(setup->w, FilterDescriptor::Create());
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(setup->w.get(), CudnnType(dtype),
                                                              CUDNN_TENSOR_NCHW, c.filters, c.c,
                                                              c.kernel_h, c.kernel_w));
-    PSTRAIN_ASSIGN_OR_RETURN(conv_desc_, ConvolutionDescriptor::Create());
+    PSTRAIN_ASSIGN_OR_RETURN(setup->conv, ConvolutionDescriptor::Create());
     // fp32 accumulation for every data type (cuDNN's PSEUDO_HALF and
     // PSEUDO_BFLOAT16 configurations for bf16 and fp16).
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolution2dDescriptor(
-        conv_desc_.get(), c.pad_h, c.pad_w, c.stride_h, c.stride_w, /*dilation_h=*/1,
+        setup->conv.get(), c.pad_h, c.pad_w, c.stride_h, c.stride_w, /*dilation_h=*/1,
         /*dilation_w=*/1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     // fp32: FMA only, as TF32 would put the results ~1e-3 away from the
     // CPU's. bf16 and fp16: tensor cores.
+    const bool tensor_ops = dtype != DataType::kF32;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetConvolutionMathType(
-        conv_desc_.get(), tensor_ops() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+        setup->conv.get(), tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 
     int n = 0, k = 0, p = 0, q = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolution2dForwardOutputDim(
-        conv_desc_.get(), x_desc_.get(), w_desc_.get(), &n, &k, &p, &q));
+        setup->conv.get(), setup->x.get(), setup->w.get(), &n, &k, &p, &q));
     if (n != c.n || k != c.filters || p != out_h_ || q != out_w_) {
       return absl::InternalError(absl::StrCat("CreateConv2d: cuDNN output [", n, ", ", k, ", ", p,
                                               ", ", q, "] differs from the expected [", c.n, ", ",
                                               c.filters, ", ", out_h_, ", ", out_w_, "]"));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.filters, out_h_, out_w_, c.dtype));
-
-    PSTRAIN_RETURN_IF_ERROR(ChooseAlgorithms());
-    return AllocateWorkspace();
+    PSTRAIN_ASSIGN_OR_RETURN(setup->y, NewTensor4d(c.n, c.filters, out_h_, out_w_, dtype));
+    return ChooseAlgorithms(tensor_ops, setup);
   }
 
   // Measures every algorithm on this shape once (cudnnFind*, which runs them
@@ -283,7 +439,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   // back to cuDNN's heuristic ranking when measuring fails (e.g. no memory
   // for its scratch buffers), and to an algorithm that needs no workspace
   // when nothing qualifies.
-  absl::Status ChooseAlgorithms() {
+  absl::Status ChooseAlgorithms(bool tensor_ops, ConvSetup* s) {
     cudnnHandle_t h = context_.cudnn;
     int max_count = 0;
     int returned = 0;
@@ -291,68 +447,190 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(std::max(max_count, 1));
     bool measured =
-        cudnnFindConvolutionForwardAlgorithm(h, x_desc_.get(), w_desc_.get(), conv_desc_.get(),
-                                             y_desc_.get(), static_cast<int>(fwd.size()), &returned,
+        cudnnFindConvolutionForwardAlgorithm(h, s->x.get(), s->w.get(), s->conv.get(), s->y.get(),
+                                             static_cast<int>(fwd.size()), &returned,
                                              fwd.data()) == CUDNN_STATUS_SUCCESS;
     if (!measured) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
-          h, x_desc_.get(), w_desc_.get(), conv_desc_.get(), y_desc_.get(),
-          static_cast<int>(fwd.size()), &returned, fwd.data()));
+          h, s->x.get(), s->w.get(), s->conv.get(), s->y.get(), static_cast<int>(fwd.size()),
+          &returned, fwd.data()));
     }
-    if (!PickAlgorithm(fwd, returned, measured, tensor_ops(), &forward_algo_)) {
-      forward_algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // Needs no workspace.
+    if (!PickAlgorithm(fwd, returned, measured, tensor_ops, &s->forward)) {
+      s->forward = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // Needs no workspace.
     }
 
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(std::max(max_count, 1));
     measured =
         cudnnFindConvolutionBackwardDataAlgorithm(
-            h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(),
-            static_cast<int>(bwd_data.size()), &returned, bwd_data.data()) == CUDNN_STATUS_SUCCESS;
+            h, s->w.get(), s->y.get(), s->conv.get(), s->x.get(), static_cast<int>(bwd_data.size()),
+            &returned, bwd_data.data()) == CUDNN_STATUS_SUCCESS;
     if (!measured) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(),
-          static_cast<int>(bwd_data.size()), &returned, bwd_data.data()));
+          h, s->w.get(), s->y.get(), s->conv.get(), s->x.get(), static_cast<int>(bwd_data.size()),
+          &returned, bwd_data.data()));
     }
-    if (!PickAlgorithm(bwd_data, returned, measured, tensor_ops(), &backward_data_algo_)) {
-      backward_data_algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    if (!PickAlgorithm(bwd_data, returned, measured, tensor_ops, &s->backward_data)) {
+      s->backward_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     }
 
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
         cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(std::max(max_count, 1));
     measured = cudnnFindConvolutionBackwardFilterAlgorithm(
-                   h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(),
+                   h, s->x.get(), s->y.get(), s->conv.get(), s->w.get(),
                    static_cast<int>(bwd_filter.size()), &returned,
                    bwd_filter.data()) == CUDNN_STATUS_SUCCESS;
     if (!measured) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(),
-          static_cast<int>(bwd_filter.size()), &returned, bwd_filter.data()));
+          h, s->x.get(), s->y.get(), s->conv.get(), s->w.get(), static_cast<int>(bwd_filter.size()),
+          &returned, bwd_filter.data()));
     }
-    if (!PickAlgorithm(bwd_filter, returned, measured, tensor_ops(), &backward_filter_algo_)) {
-      backward_filter_algo_ = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    if (!PickAlgorithm(bwd_filter, returned, measured, tensor_ops, &s->backward_filter)) {
+      s->backward_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     }
     (void)cudaGetLastError();  // A failed measurement leaves nothing to report.
     return absl::OkStatus();
   }
 
-  absl::Status AllocateWorkspace() {
-    cudnnHandle_t h = context_.cudnn;
-    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnGetConvolutionForwardWorkspaceSize(h, x_desc_.get(), w_desc_.get(), conv_desc_.get(),
-                                                y_desc_.get(), forward_algo_, &fwd_bytes));
+  // Workspace bytes of each pass's algorithm, native or via fp32.
+  absl::StatusOr<size_t> ForwardBytes(bool via_f32) {
+    const ConvSetup& s = via_f32 ? f32_ : native_;
+    size_t bytes = 0;
+    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
+        context_.cudnn, s.x.get(), s.w.get(), s.conv.get(), s.y.get(), s.forward, &bytes));
+    return bytes;
+  }
+  absl::StatusOr<size_t> BackwardDataBytes(bool via_f32) {
+    const ConvSetup& s = via_f32 ? f32_ : native_;
+    size_t bytes = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
-        h, w_desc_.get(), y_desc_.get(), conv_desc_.get(), x_desc_.get(), backward_data_algo_,
-        &data_bytes));
+        context_.cudnn, s.w.get(), s.y.get(), s.conv.get(), s.x.get(), s.backward_data, &bytes));
+    return bytes;
+  }
+  absl::StatusOr<size_t> BackwardFilterBytes(bool via_f32) {
+    const ConvSetup& s = via_f32 ? f32_ : native_;
+    size_t bytes = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        h, x_desc_.get(), y_desc_.get(), conv_desc_.get(), w_desc_.get(), backward_filter_algo_,
-        &filter_bytes));
+        context_.cudnn, s.x.get(), s.y.get(), s.conv.get(), s.w.get(), s.backward_filter, &bytes));
+    return bytes;
+  }
+
+  // The main workspace holds what the chosen passes that run on the main
+  // stream need (all three without a side stream); the side workspace the
+  // backward-filter pass's. With fp32 routes, the fp32 scratch buffers.
+  absl::Status AllocateWorkspaces() {
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t fwd_bytes, ForwardBytes(fp32_forward_));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t data_bytes, BackwardDataBytes(fp32_data_));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t filter_bytes, BackwardFilterBytes(fp32_filter_));
+    // BackwardFilter alone runs on the main stream too.
     const size_t bytes = std::max({fwd_bytes, data_bytes, filter_bytes});
+    workspace_ = DeviceBuffer();
+    side_workspace_ = DeviceBuffer();
     if (bytes > 0) {
       PSTRAIN_ASSIGN_OR_RETURN(workspace_, context_.backend->Allocate(bytes));
     }
+    if (concurrent() && filter_bytes > 0) {
+      PSTRAIN_ASSIGN_OR_RETURN(side_workspace_, context_.backend->Allocate(filter_bytes));
+    }
+    if (fp32_forward_ || fp32_data_ || fp32_filter_) {
+      PSTRAIN_RETURN_IF_ERROR(AllocateF32Scratch());
+    } else {
+      x32_ = DeviceBuffer();
+      dx32_ = DeviceBuffer();
+      y32_ = DeviceBuffer();
+      w32_ = DeviceBuffer();
+      dw32_ = DeviceBuffer();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllocateF32Scratch() {
+    Backend* b = context_.backend;
+    if (!x32_.data()) {
+      PSTRAIN_ASSIGN_OR_RETURN(x32_, b->Allocate(x_count() * sizeof(float)));
+    }
+    if (!dx32_.data()) {
+      PSTRAIN_ASSIGN_OR_RETURN(dx32_, b->Allocate(x_count() * sizeof(float)));
+    }
+    if (!y32_.data()) {
+      PSTRAIN_ASSIGN_OR_RETURN(y32_, b->Allocate(y_count() * sizeof(float)));
+    }
+    if (!w32_.data()) {
+      PSTRAIN_ASSIGN_OR_RETURN(w32_, b->Allocate(w_count() * sizeof(float)));
+    }
+    if (!dw32_.data()) {
+      PSTRAIN_ASSIGN_OR_RETURN(dw32_, b->Allocate(w_count() * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+
+  // ms per call of what `enqueue` puts on the main stream: one call to warm
+  // up, then the mean of kTimingReps.
+  template <typename Fn>
+  absl::StatusOr<float> TimeOnStream(Fn&& enqueue) {
+    constexpr int kTimingReps = 5;
+    PSTRAIN_ASSIGN_OR_RETURN(CudaEvent start, CudaEvent::CreateTimed());
+    PSTRAIN_ASSIGN_OR_RETURN(CudaEvent stop, CudaEvent::CreateTimed());
+    PSTRAIN_RETURN_IF_ERROR(enqueue());
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventRecord(start.get(), context_.stream));
+    for (int i = 0; i < kTimingReps; ++i) PSTRAIN_RETURN_IF_ERROR(enqueue());
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventRecord(stop.get(), context_.stream));
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop.get()));
+    float ms = 0.f;
+    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    return ms / kTimingReps;
+  }
+
+  // bf16 and fp16: for each pass, times the reduced-type algorithm against
+  // the fp32 route (conversions included) on this shape, on zero-filled
+  // buffers, and takes the route only when it is faster. cuDNN's
+  // tensor-core algorithms are built for NHWC; in NCHW some of their
+  // backward passes, strided 1x1 and 3x3 ones above all, run 5 to 20 times
+  // slower than fp32's (bench/gpu_layers_bench on an H200). The fp32 route
+  // rounds once, at its output, so it is at least as accurate.
+  absl::Status ChooseRoutes() {
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_fwd, ForwardBytes(false));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_data, BackwardDataBytes(false));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_filter, BackwardFilterBytes(false));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_fwd, ForwardBytes(true));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_data, BackwardDataBytes(true));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_filter, BackwardFilterBytes(true));
+    const size_t bytes =
+        std::max({native_fwd, native_data, native_filter, f32_fwd, f32_data, f32_filter});
+    Backend* b = context_.backend;
+    if (bytes > 0) {
+      PSTRAIN_ASSIGN_OR_RETURN(workspace_, b->Allocate(bytes));
+    }
+    PSTRAIN_RETURN_IF_ERROR(AllocateF32Scratch());
+    const size_t element = DataTypeBytes(config_.dtype);
+    PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer x, b->Allocate(x_count() * element));
+    PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer y, b->Allocate(y_count() * element));
+    PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer w, b->Allocate(w_count() * element));
+    PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer dx, b->Allocate(x_count() * element));
+    PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer dw, b->Allocate(w_count() * element));
+    for (const DeviceBuffer* buffer : {&x, &y, &w}) {
+      PSTRAIN_RETURN_IF_CUDA_ERROR(
+          cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), context_.stream));
+    }
+    auto faster_via_f32 = [&](auto&& run) -> absl::StatusOr<bool> {
+      if (Fp32RoutePolicy() == Fp32Route::kAlways) return true;
+      PSTRAIN_ASSIGN_OR_RETURN(const float native_ms, TimeOnStream([&] { return run(false); }));
+      PSTRAIN_ASSIGN_OR_RETURN(const float f32_ms, TimeOnStream([&] { return run(true); }));
+      return f32_ms < native_ms;
+    };
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_forward_, faster_via_f32([&](bool via_f32) {
+                               return EnqueueForward(via_f32, x.data(), w.data(), y.data());
+                             }));
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_data_, faster_via_f32([&](bool via_f32) {
+                               return EnqueueBackwardData(via_f32, y.data(), nullptr, w.data(),
+                                                          dx.data());
+                             }));
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_filter_, faster_via_f32([&](bool via_f32) {
+                               return EnqueueBackwardFilter(via_f32, context_.cudnn,
+                                                            context_.stream, workspace_, x.data(),
+                                                            y.data(), nullptr, dw.data(), nullptr);
+                             }));
     return absl::OkStatus();
   }
 
@@ -361,15 +639,26 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   const Conv2dConfig config_;
   const int out_h_;
   const int out_w_;
-  TensorDescriptor x_desc_;
-  TensorDescriptor y_desc_;
-  FilterDescriptor w_desc_;
-  ConvolutionDescriptor conv_desc_;
-  cudnnConvolutionFwdAlgo_t forward_algo_ = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  cudnnConvolutionBwdDataAlgo_t backward_data_algo_ = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  cudnnConvolutionBwdFilterAlgo_t backward_filter_algo_ = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  // Shared by the three passes, which run in stream order, never concurrently.
+  ConvSetup native_;  // config_.dtype
+  ConvSetup f32_;     // bf16 and fp16 plans that may route passes via fp32; else empty
+  bool fp32_forward_ = false;
+  bool fp32_data_ = false;
+  bool fp32_filter_ = false;
+  // The passes that run on the main stream use workspace_ in its order.
   DeviceBuffer workspace_;
+  // With a side stream (else empty): the backward-filter pass's workspace
+  // there, and the events that order the two streams.
+  DeviceBuffer side_workspace_;
+  CudaEvent fork_;
+  CudaEvent join_;
+  // fp32 scratch of the passes that run via fp32 (else empty): x32_ and
+  // dw32_ are the backward-filter pass's (on the side stream), dx32_ and
+  // w32_ the backward-data pass's (main stream); y32_ holds y or dy.
+  DeviceBuffer x32_;
+  DeviceBuffer dx32_;
+  DeviceBuffer y32_;
+  DeviceBuffer w32_;
+  DeviceBuffer dw32_;
 };
 
 // ---------------------------------------------------------------------------
@@ -582,6 +871,14 @@ bool UseCudnnBatchNorm() {
 }
 
 }  // namespace
+
+bool ConcurrentConvBackward() {
+  static const bool on = [] {
+    const char* env = std::getenv("PSTRAIN_CUDNN_CONCURRENT_BACKWARD");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
 
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
                                                                   const Conv2dConfig& config) {

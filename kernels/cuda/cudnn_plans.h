@@ -25,13 +25,24 @@
 namespace pstrain::cuda {
 
 // What a plan borrows from its backend. `backend` allocates the plan's
-// workspace; `stream` is the one `cudnn` is bound to.
+// workspace; `stream` is the one `cudnn` is bound to. `side_stream` and
+// `side_cudnn` (bound to it), when not null, let a convolution's two backward
+// passes run at once (ConcurrentConvBackward).
 struct CudnnContext {
   Backend* backend = nullptr;
   cudaStream_t stream = nullptr;
   cudnnHandle_t cudnn = nullptr;
   int device_ordinal = 0;
+  cudaStream_t side_stream = nullptr;
+  cudnnHandle_t side_cudnn = nullptr;
 };
+
+// Whether Conv2dPlan::Backward runs the backward-filter pass on the side
+// stream while the backward-data pass runs on the main one (they read the
+// same dy and write different buffers, and neither fills the GPU on
+// resnet-sized layers). On unless PSTRAIN_CUDNN_CONCURRENT_BACKWARD=0; the
+// results are the same either way.
+bool ConcurrentConvBackward();
 
 // Largest workspace a convolution algorithm may ask for; algorithms that need
 // more are passed over in favour of leaner ones.

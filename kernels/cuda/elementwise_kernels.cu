@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "absl/status/status.h"
@@ -25,6 +26,17 @@ absl::Status CheckBiasShape(const char* op, int64_t outer, int64_t channels, int
         absl::StrCat(op, ": negative shape [", outer, ", ", channels, ", ", inner, "]"));
   }
   return absl::OkStatus();
+}
+
+// Whether every pointer can be read 4 elements at a time over `count`
+// elements (see DispatchWalk).
+template <typename T>
+bool Vectorizable(int64_t count, std::initializer_list<const void*> pointers) {
+  if (count % 4 != 0) return false;
+  for (const void* p : pointers) {
+    if (!IsAligned4<T>(p)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -119,57 +131,67 @@ absl::Status LaunchBiasGrad(DataType dtype, const void* dy, void* dbias, int64_t
 
 // --- Activations -----------------------------------------------------------
 
-template <typename T>
-__global__ void ActivationForwardKernel(Activation kind, float alpha, const T* x, T* y,
-                                        int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    const float v = ToFloat(x[i]);
-    float out;
-    switch (kind) {
-      case Activation::kRelu:
-        out = v > 0.f ? v : 0.f;
-        break;
-      case Activation::kLeakyRelu:
-        out = v > 0.f ? v : alpha * v;
-        break;
-      case Activation::kTanh:
-        out = tanhf(v);
-        break;
-      case Activation::kSigmoid:
-      default:
-        out = 1.f / (1.f + expf(-v));
-        break;
-    }
-    y[i] = FromFloat<T>(out);
+__device__ __forceinline__ float ActivationOf(Activation kind, float alpha, float v) {
+  switch (kind) {
+    case Activation::kRelu:
+      return v > 0.f ? v : 0.f;
+    case Activation::kLeakyRelu:
+      return v > 0.f ? v : alpha * v;
+    case Activation::kTanh:
+      return tanhf(v);
+    case Activation::kSigmoid:
+    default:
+      return 1.f / (1.f + expf(-v));
   }
 }
 
-template <typename T>
+// The gradient through the activation from its input x or output y (each
+// kind reads only one of them).
+__device__ __forceinline__ float ActivationGradOf(Activation kind, float alpha, float x, float y,
+                                                  float g) {
+  switch (kind) {
+    case Activation::kRelu:
+      return x > 0.f ? g : 0.f;
+    case Activation::kLeakyRelu:
+      return x > 0.f ? g : alpha * g;
+    case Activation::kTanh:
+      return g * (1.f - y * y);
+    case Activation::kSigmoid:
+    default:
+      return g * y * (1.f - y);
+  }
+}
+
+// The element-wise kernels below walk `count` elements in units of V
+// (count_v = count / V units; see DispatchWalk).
+template <typename T, int V, typename Index>
+__global__ void ActivationForwardKernel(Activation kind, float alpha, const T* x, T* y,
+                                        Index count_v) {
+  for (Index i = FirstIndex<Index>(); i < count_v; i += StrideOf<Index>()) {
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float v[V];
+    LoadVec<T, V>(x + at, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = ActivationOf(kind, alpha, v[k]);
+    StoreVec<T, V>(y + at, v);
+  }
+}
+
+template <typename T, int V, typename Index>
 __global__ void ActivationBackwardKernel(Activation kind, float alpha, const T* x, const T* y,
-                                         const T* dy, T* dx, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    const float g = ToFloat(dy[i]);
-    float out;
-    switch (kind) {
-      case Activation::kRelu:
-        out = ToFloat(x[i]) > 0.f ? g : 0.f;
-        break;
-      case Activation::kLeakyRelu:
-        out = ToFloat(x[i]) > 0.f ? g : alpha * g;
-        break;
-      case Activation::kTanh: {
-        const float out_y = ToFloat(y[i]);
-        out = g * (1.f - out_y * out_y);
-        break;
-      }
-      case Activation::kSigmoid:
-      default: {
-        const float out_y = ToFloat(y[i]);
-        out = g * out_y * (1.f - out_y);
-        break;
-      }
+                                         const T* dy, T* dx, Index count_v) {
+  const bool uses_x = kind == Activation::kRelu || kind == Activation::kLeakyRelu;
+  for (Index i = FirstIndex<Index>(); i < count_v; i += StrideOf<Index>()) {
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float in[V], g[V];
+    LoadVec<T, V>((uses_x ? x : y) + at, in);
+    LoadVec<T, V>(dy + at, g);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      g[k] = uses_x ? ActivationGradOf(kind, alpha, in[k], 0.f, g[k])
+                    : ActivationGradOf(kind, alpha, 0.f, in[k], g[k]);
     }
-    dx[i] = FromFloat<T>(out);
+    StoreVec<T, V>(dx + at, g);
   }
 }
 
@@ -198,10 +220,14 @@ absl::Status LaunchActivationForward(DataType dtype, Activation kind, float alph
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    ActivationForwardKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
-        kind, alpha, static_cast<const T*>(x), static_cast<T*>(y), count);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(count, Vectorizable<T>(count, {x, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      ActivationForwardKernel<T, V, Index><<<BlocksFor(count / V), kThreadsPerBlock, 0, stream>>>(
+          kind, alpha, static_cast<const T*>(x), static_cast<T*>(y), static_cast<Index>(count / V));
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -217,11 +243,16 @@ absl::Status LaunchActivationBackward(DataType dtype, Activation kind, float alp
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {uses_x ? x : y, dy, dx}));
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    ActivationBackwardKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
-        kind, alpha, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
-        static_cast<T*>(dx), count);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    const bool vectorizable = Vectorizable<T>(count, {uses_x ? x : y, dy, dx});
+    return DispatchWalk(count, vectorizable, [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      ActivationBackwardKernel<T, V, Index><<<BlocksFor(count / V), kThreadsPerBlock, 0, stream>>>(
+          kind, alpha, static_cast<const T*>(x), static_cast<const T*>(y),
+          static_cast<const T*>(dy), static_cast<T*>(dx), static_cast<Index>(count / V));
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -259,10 +290,16 @@ absl::Status LaunchDropoutForward(DataType dtype, const void* x, void* y, void* 
 
 // --- Multiply, Add, Axpy, Scale, Fill ------------------------------------------
 
-template <typename T>
-__global__ void MultiplyKernel(const T* a, const T* b, T* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    y[i] = FromFloat<T>(ToFloat(a[i]) * ToFloat(b[i]));
+template <typename T, int V, typename Index>
+__global__ void MultiplyKernel(const T* a, const T* b, T* y, Index count_v) {
+  for (Index i = FirstIndex<Index>(); i < count_v; i += StrideOf<Index>()) {
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float va[V], vb[V];
+    LoadVec<T, V>(a + at, va);
+    LoadVec<T, V>(b + at, vb);
+#pragma unroll
+    for (int k = 0; k < V; ++k) va[k] *= vb[k];
+    StoreVec<T, V>(y + at, va);
   }
 }
 
@@ -274,17 +311,28 @@ absl::Status LaunchMultiply(DataType dtype, const void* a, const void* b, void* 
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {a, b, y}));
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    MultiplyKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(count, Vectorizable<T>(count, {a, b, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      MultiplyKernel<T, V, Index><<<BlocksFor(count / V), kThreadsPerBlock, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y),
+          static_cast<Index>(count / V));
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
-template <typename T>
-__global__ void AddKernel(const T* a, const T* b, T* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    y[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
+template <typename T, int V, typename Index>
+__global__ void AddKernel(const T* a, const T* b, T* y, Index count_v) {
+  for (Index i = FirstIndex<Index>(); i < count_v; i += StrideOf<Index>()) {
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float va[V], vb[V];
+    LoadVec<T, V>(a + at, va);
+    LoadVec<T, V>(b + at, vb);
+#pragma unroll
+    for (int k = 0; k < V; ++k) va[k] += vb[k];
+    StoreVec<T, V>(y + at, va);
   }
 }
 
@@ -296,17 +344,28 @@ absl::Status LaunchAdd(DataType dtype, const void* a, const void* b, void* y, in
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {a, b, y}));
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    AddKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(count, Vectorizable<T>(count, {a, b, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      AddKernel<T, V, Index><<<BlocksFor(count / V), kThreadsPerBlock, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y),
+          static_cast<Index>(count / V));
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 
-template <typename T>
-__global__ void AxpyKernel(float alpha, const T* x, T* y, int64_t count) {
-  for (int64_t i = GlobalThreadIndex(); i < count; i += GridStride()) {
-    y[i] = FromFloat<T>(ToFloat(y[i]) + alpha * ToFloat(x[i]));
+template <typename T, int V, typename Index>
+__global__ void AxpyKernel(float alpha, const T* x, T* y, Index count_v) {
+  for (Index i = FirstIndex<Index>(); i < count_v; i += StrideOf<Index>()) {
+    const int64_t at = static_cast<int64_t>(i) * V;
+    float vx[V], vy[V];
+    LoadVec<T, V>(x + at, vx);
+    LoadVec<T, V>(y + at, vy);
+#pragma unroll
+    for (int k = 0; k < V; ++k) vy[k] += alpha * vx[k];
+    StoreVec<T, V>(y + at, vy);
   }
 }
 
@@ -318,10 +377,14 @@ absl::Status LaunchAxpy(DataType dtype, float alpha, const void* x, void* y, int
   PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
   return DispatchDataType(kOp, dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    AxpyKernel<T><<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(
-        alpha, static_cast<const T*>(x), static_cast<T*>(y), count);
-    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
-    return absl::OkStatus();
+    return DispatchWalk(count, Vectorizable<T>(count, {x, y}), [&](auto width, auto index) {
+      constexpr int V = decltype(width)::value;
+      using Index = decltype(index);
+      AxpyKernel<T, V, Index><<<BlocksFor(count / V), kThreadsPerBlock, 0, stream>>>(
+          alpha, static_cast<const T*>(x), static_cast<T*>(y), static_cast<Index>(count / V));
+      PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+      return absl::OkStatus();
+    });
   });
 }
 

@@ -86,6 +86,85 @@ __device__ __forceinline__ T FromFloat(float v) {
   }
 }
 
+// Four consecutive elements, loaded and stored as one 16-byte (fp32) or
+// 8-byte (bf16, fp16) access: `p` must be aligned to 4 elements
+// (IsAligned4). Values are read as fp32 and rounded once when stored.
+template <typename T>
+struct alignas(4 * sizeof(T)) Pack4 {
+  T v[4];
+};
+template <typename T>
+__device__ __forceinline__ void Load4(const T* p, float out[4]) {
+  const Pack4<T> pack = *reinterpret_cast<const Pack4<T>*>(p);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = ToFloat(pack.v[k]);
+}
+template <typename T>
+__device__ __forceinline__ void Store4(T* p, const float in[4]) {
+  Pack4<T> pack;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pack.v[k] = FromFloat<T>(in[k]);
+  *reinterpret_cast<Pack4<T>*>(p) = pack;
+}
+template <typename T>
+inline bool IsAligned4(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// Counts below this are indexed with 32-bit arithmetic (a 64-bit division
+// costs several times a 32-bit one); a grid-stride step stays far below it,
+// so index + step cannot wrap.
+inline constexpr int64_t kMax32BitCount = int64_t{1} << 31;
+
+// V = 1 or 4 consecutive elements as fp32 (Load4/Store4 when V is 4).
+template <typename T, int V>
+__device__ __forceinline__ void LoadVec(const T* p, float out[V]) {
+  if constexpr (V == 4) {
+    Load4(p, out);
+  } else {
+    static_assert(V == 1);
+    out[0] = ToFloat(*p);
+  }
+}
+template <typename T, int V>
+__device__ __forceinline__ void StoreVec(T* p, const float in[V]) {
+  if constexpr (V == 4) {
+    Store4(p, in);
+  } else {
+    static_assert(V == 1);
+    *p = FromFloat<T>(in[0]);
+  }
+}
+
+// Chooses how an element-wise kernel walks `count` elements and calls
+// fn(std::integral_constant<int, V>{}, Index{}): 4 elements per access with
+// 32-bit indices when `vectorizable` (every pointer IsAligned4 and the
+// count, or the innermost extent the kernel divides by, a multiple of 4),
+// else 1; 64-bit indices from kMax32BitCount elements on.
+//   return DispatchWalk(count, vectorizable, [&](auto width, auto index) {
+//     constexpr int V = decltype(width)::value;
+//     using Index = decltype(index);
+//     ...
+//   });
+template <typename Fn>
+absl::Status DispatchWalk(int64_t count, bool vectorizable, Fn&& fn) {
+  if (count < kMax32BitCount) {
+    if (vectorizable) return fn(std::integral_constant<int, 4>{}, uint32_t{});
+    return fn(std::integral_constant<int, 1>{}, uint32_t{});
+  }
+  return fn(std::integral_constant<int, 1>{}, int64_t{});
+}
+
+// The first index and the stride of a grid-stride loop in Index arithmetic.
+template <typename Index>
+__device__ __forceinline__ Index FirstIndex() {
+  return static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+template <typename Index>
+__device__ __forceinline__ Index StrideOf() {
+  return static_cast<Index>(gridDim.x) * blockDim.x;
+}
+
 // Calls fn(static_cast<T*>(nullptr)) with T the element type of `dtype`
 // (float, __nv_bfloat16 or __half), so that a generic lambda can launch the
 // kernel template for it:

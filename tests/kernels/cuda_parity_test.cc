@@ -304,6 +304,13 @@ TEST_F(CudaParityTest, ConvolutionForwardAndBackwardMatchCpu) {
     Pair dx = Random(x_count, ++seed), dw = Random(w_count, ++seed);
     Pair dbias = Random(cfg.filters, ++seed);
     Pair dw_only = Random(w_count, ++seed);
+    // Both passes in one call (on CUDA, the backward-filter pass on the side
+    // stream), each result copied on the main stream straight after it: the
+    // copies see the finished results only if the main stream waits for the
+    // side stream.
+    Pair dx_both = Random(x_count, ++seed), dw_both = Random(w_count, ++seed);
+    Pair dbias_both = Random(cfg.filters, ++seed);
+    Pair dx_copy = Zeros(x_count), dw_copy = Zeros(w_count), dbias_copy = Zeros(cfg.filters);
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend(i).CreateConv2d(cfg);
       ASSERT_TRUE(plan.ok()) << plan.status();
@@ -312,6 +319,11 @@ TEST_F(CudaParityTest, ConvolutionForwardAndBackwardMatchCpu) {
       ASSERT_OK((*plan)->BackwardData(dy[i], w[i], dx[i]));
       ASSERT_OK((*plan)->BackwardFilter(x[i], dy[i], dw[i], dbias[i]));
       ASSERT_OK((*plan)->BackwardFilter(x[i], dy[i], dw_only[i], nullptr));
+      ASSERT_OK((*plan)->Backward(x[i], dy[i], w[i], dx_both[i], dw_both[i], dbias_both[i]));
+      ASSERT_OK(backend(i).CopyDeviceToDevice(dw_copy[i], dw_both[i], w_count * sizeof(float)));
+      ASSERT_OK(
+          backend(i).CopyDeviceToDevice(dbias_copy[i], dbias_both[i], cfg.filters * sizeof(float)));
+      ASSERT_OK(backend(i).CopyDeviceToDevice(dx_copy[i], dx_both[i], x_count * sizeof(float)));
       ASSERT_OK(backend(i).Synchronize());
     }
     ExpectParity(y, "conv forward");
@@ -320,6 +332,9 @@ TEST_F(CudaParityTest, ConvolutionForwardAndBackwardMatchCpu) {
     ExpectParity(dw, "conv backward filter");
     ExpectParity(dbias, "conv bias gradient");
     ExpectParity(dw_only, "conv backward filter without bias");
+    ExpectParity(dx_copy, "conv backward data, both passes in one call");
+    ExpectParity(dw_copy, "conv backward filter, both passes in one call");
+    ExpectParity(dbias_copy, "conv bias gradient, both passes in one call");
   }
 }
 
@@ -386,8 +401,19 @@ TEST_F(CudaParityTest, BatchNormTrainingInferenceAndBackwardMatchCpu) {
   wide_bn.n = 33;
   wide_bn.c = 5;
   wide_bn.spatial = 4097;
+  // Planes of a multiple of 4 values, read 4 at a time: a walk through a
+  // channel steps over several samples at once (13 units of 4 per plane,
+  // 256 threads), and slices that begin and end inside a sample's plane.
+  BatchNormConfig short_planes;
+  short_planes.n = 37;
+  short_planes.c = 3;
+  short_planes.spatial = 52;
+  BatchNormConfig long_planes;
+  long_planes.n = 129;
+  long_planes.c = 4;
+  long_planes.spatial = 4100;
   uint32_t seed = 3000;
-  for (const BatchNormConfig& cfg : {conv_bn, dense_bn, wide_bn}) {
+  for (const BatchNormConfig& cfg : {conv_bn, dense_bn, wide_bn, short_planes, long_planes}) {
     SCOPED_TRACE(absl::StrCat("batch norm [", cfg.n, ", ", cfg.c, ", ", cfg.spatial, "]"));
     const int64_t count = int64_t{cfg.n} * cfg.c * cfg.spatial;
     Pair x = Random(count, ++seed, -1.f, 3.f);  // Mean away from zero.
@@ -423,24 +449,42 @@ TEST_F(CudaParityTest, BatchNormTrainingInferenceAndBackwardMatchCpu) {
 
 // --- Element-wise -------------------------------------------------------------
 
+// The element-wise kernels take 4 elements per access where the count is a
+// multiple of 4 and every pointer is aligned to 4 elements, 1 otherwise:
+// each case runs on an odd count, a multiple of 4, and a multiple of 4 from
+// pointers one element past the buffers' (aligned) starts.
+struct ElementwiseWalk {
+  const char* name;
+  int64_t count;
+  int64_t offset;  // Elements skipped at the start of every buffer.
+};
+constexpr ElementwiseWalk kWalks[] = {
+    {"odd count", 64 * 1024 + 3, 0},
+    {"multiple of 4, aligned", 64 * 1024, 0},
+    {"multiple of 4, misaligned", 64 * 1024 - 4, 1},
+};
+
 TEST_F(CudaParityTest, ActivationsMatchCpu) {
-  const int64_t count = 64 * 1024 + 3;
   const std::pair<const char*, Activation> kinds[] = {{"relu", Activation::kRelu},
                                                       {"leaky relu", Activation::kLeakyRelu},
                                                       {"tanh", Activation::kTanh},
                                                       {"sigmoid", Activation::kSigmoid}};
   uint32_t seed = 4000;
-  for (const auto& [name, kind] : kinds) {
-    SCOPED_TRACE(name);
-    Pair x = Random(count, ++seed, -4.f, 4.f);
-    Pair dy = Random(count, ++seed);
-    Pair y = Zeros(count), dx = Zeros(count);
-    for (int i : {kCpu, kCuda}) {
-      ASSERT_OK(backend(i).ActivationForward(kind, 0.1f, x[i], y[i], count));
-      ASSERT_OK(backend(i).ActivationBackward(kind, 0.1f, x[i], y[i], dy[i], dx[i], count));
+  for (const ElementwiseWalk& walk : kWalks) {
+    const int64_t size = walk.count + walk.offset, at = walk.offset, count = walk.count;
+    for (const auto& [name, kind] : kinds) {
+      SCOPED_TRACE(absl::StrCat(name, ", ", walk.name));
+      Pair x = Random(size, ++seed, -4.f, 4.f);
+      Pair dy = Random(size, ++seed);
+      Pair y = Zeros(size), dx = Zeros(size);
+      for (int i : {kCpu, kCuda}) {
+        ASSERT_OK(backend(i).ActivationForward(kind, 0.1f, x[i] + at, y[i] + at, count));
+        ASSERT_OK(backend(i).ActivationBackward(kind, 0.1f, x[i] + at, y[i] + at, dy[i] + at,
+                                                dx[i] + at, count));
+      }
+      ExpectParity(y, "forward");
+      ExpectParity(dx, "backward");
     }
-    ExpectParity(y, "forward");
-    ExpectParity(dx, "backward");
   }
 }
 
@@ -468,24 +512,28 @@ TEST_F(CudaParityTest, DropoutMasksMatchCpuBitForBit) {
 }
 
 TEST_F(CudaParityTest, MultiplyAddAxpyScaleFillMatchCpu) {
-  const int64_t count = 3 * 100000 + 7;
-  Pair a = Random(count, 6000), b = Random(count, 6001);
-  Pair product = Zeros(count), sum = Zeros(count), axpy = Random(count, 6002);
-  Pair scaled = Random(count, 6003), filled = Zeros(count);
-  for (int i : {kCpu, kCuda}) {
-    ASSERT_OK(backend(i).Multiply(a[i], b[i], product[i], count));
-    ASSERT_OK(backend(i).Add(a[i], b[i], sum[i], count));
-    ASSERT_OK(backend(i).Axpy(-0.3f, a[i], axpy[i], count));
-    ASSERT_OK(backend(i).Scale(1.7f, scaled[i], count));
-    ASSERT_OK(backend(i).Fill(filled[i], 2.5f, count));
+  uint32_t seed = 6000;
+  for (const ElementwiseWalk& walk : kWalks) {
+    SCOPED_TRACE(walk.name);
+    const int64_t size = walk.count + walk.offset, at = walk.offset, count = walk.count;
+    Pair a = Random(size, ++seed), b = Random(size, ++seed);
+    Pair product = Zeros(size), sum = Zeros(size), axpy = Random(size, ++seed);
+    Pair scaled = Random(size, ++seed), filled = Zeros(size);
+    for (int i : {kCpu, kCuda}) {
+      ASSERT_OK(backend(i).Multiply(a[i] + at, b[i] + at, product[i] + at, count));
+      ASSERT_OK(backend(i).Add(a[i] + at, b[i] + at, sum[i] + at, count));
+      ASSERT_OK(backend(i).Axpy(-0.3f, a[i] + at, axpy[i] + at, count));
+      ASSERT_OK(backend(i).Scale(1.7f, scaled[i] + at, count));
+      ASSERT_OK(backend(i).Fill(filled[i] + at, 2.5f, count));
+    }
+    ExpectParity(product, "Multiply");
+    ExpectParity(sum, "Add");
+    ExpectParity(axpy, "Axpy");
+    ExpectParity(scaled, "Scale");
+    ExpectParity(filled, "Fill");
+    const std::vector<float> fill = Read(kCuda, filled.t[kCuda]);
+    EXPECT_TRUE(std::all_of(fill.begin() + at, fill.end(), [](float v) { return v == 2.5f; }));
   }
-  ExpectParity(product, "Multiply");
-  ExpectParity(sum, "Add");
-  ExpectParity(axpy, "Axpy");
-  ExpectParity(scaled, "Scale");
-  ExpectParity(filled, "Fill");
-  const std::vector<float> fill = Read(kCuda, filled.t[kCuda]);
-  EXPECT_TRUE(std::all_of(fill.begin(), fill.end(), [](float v) { return v == 2.5f; }));
 }
 
 // --- Loss ---------------------------------------------------------------------

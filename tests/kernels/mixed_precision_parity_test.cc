@@ -403,6 +403,41 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
   }
 }
 
+// ElementwiseOpsAndLossMatchFp32's odd count takes the one-element walk;
+// a multiple of 4 from aligned buffers takes the 4-element one (8-byte
+// accesses in bf16 and fp16), with the same bounds.
+TEST_P(MixedPrecisionParityTest, ElementwiseOpsFourAtATimeMatchFp32) {
+  const int64_t count = 64 * 1024;
+  uint32_t seed = 3500;
+  const std::vector<float> x = RandomRounded(dtype(), count, ++seed, -3.f, 3.f);
+  const std::vector<float> b = RandomRounded(dtype(), count, ++seed);
+  const std::vector<float> dy = RandomRounded(dtype(), count, ++seed);
+  Tensor cx = F32(*cpu_, x), cb = F32(*cpu_, b), cdy = F32(*cpu_, dy);
+  Tensor gx = Half(x), gb = Half(b), gdy = Half(dy);
+  for (Activation kind : {Activation::kRelu, Activation::kSigmoid}) {
+    SCOPED_TRACE(kind == Activation::kRelu ? "relu" : "sigmoid");
+    Tensor cy = F32(*cpu_, std::vector<float>(count)), cdx = F32(*cpu_, std::vector<float>(count));
+    Tensor gy = HalfZeros(count), gdx = HalfZeros(count);
+    ASSERT_OK(cpu_->ActivationForward(kind, 0.1f, cx.data(), cy.data(), count));
+    ASSERT_OK(cuda_->ActivationForward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), count));
+    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward", Bound(dtype(), 1));
+    Tensor cy_rounded = F32(*cpu_, Read(*cuda_, gy));
+    ASSERT_OK(cpu_->ActivationBackward(kind, 0.1f, cx.data(), cy_rounded.data(), cdy.data(),
+                                       cdx.data(), count));
+    ASSERT_OK(cuda_->ActivationBackward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), gdy.raw(),
+                                        gdx.raw(), count));
+    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
+  }
+  Tensor cy = F32(*cpu_, std::vector<float>(count)), gy = HalfZeros(count);
+  ASSERT_OK(cpu_->Add(cx.data(), cb.data(), cy.data(), count));
+  ASSERT_OK(cuda_->Add(dtype(), gx.raw(), gb.raw(), gy.raw(), count));
+  ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "add", Bound(dtype(), 1));
+  Tensor cz = F32(*cpu_, b), gz = Half(b);
+  ASSERT_OK(cpu_->Axpy(0.5f, cx.data(), cz.data(), count));
+  ASSERT_OK(cuda_->Axpy(dtype(), 0.5f, gx.raw(), gz.raw(), count));
+  ExpectClose(Read(*cuda_, gz), Read(*cpu_, cz), "axpy", Bound(dtype(), 1));
+}
+
 TEST_P(MixedPrecisionParityTest, ElementwiseOpsAndLossMatchFp32) {
   const int64_t count = 64 * 1024 + 3;
   uint32_t seed = 3000;
