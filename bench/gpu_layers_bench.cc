@@ -89,7 +89,8 @@ absl::StatusOr<DtypeResult> RunDtype(Backend& backend, const ModelGraph& g, Data
   const int n_layers = static_cast<int>(g.layers.size());
   std::vector<std::unique_ptr<Layer>> layers;
   for (const LayerInfo& info : g.layers) {
-    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info, dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                             Layer::Create(info, dtype, backend.ChannelsLast(dtype)));
     PSTRAIN_RETURN_IF_ERROR(layer->Prepare(&backend, batch));
     layers.push_back(std::move(layer));
   }

@@ -118,13 +118,15 @@ stage_tests() {
     ((rc == 0)) || failed=1
   done
   # The same binaries with the CUDA backend's other routes forced: the two
-  # backward passes of a convolution in order (not on two streams), and bf16
-  # and fp16 convolutions always, or never, via fp32.
+  # backward passes of a convolution in order (not on two streams), bf16
+  # and fp16 convolutions always, or never, via fp32, and bf16 and fp16
+  # models in NCHW instead of channels last.
   local variant
   for variant in ${TEST_VARIANTS-"PSTRAIN_CUDNN_CONCURRENT_BACKWARD=0:cuda_parity_test" \
                  "PSTRAIN_CUDNN_FP32_ROUTE=always:mixed_precision_parity_test" \
                  "PSTRAIN_CUDNN_FP32_ROUTE=always:mixed_precision_test" \
-                 "PSTRAIN_CUDNN_FP32_ROUTE=0:mixed_precision_parity_test"}; do
+                 "PSTRAIN_CUDNN_FP32_ROUTE=0:mixed_precision_parity_test" \
+                 "PSTRAIN_CUDNN_NHWC=0:mixed_precision_test"}; do
     local setting=${variant%%:*} t=${variant#*:}
     echo "== $t ($setting)" >>"$log"
     env "$setting" timeout 120 "$BIN/$t" --gtest_brief=0 >>"$log" 2>&1

@@ -37,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -165,6 +166,14 @@ class Event {
   virtual absl::Status Wait() = 0;
 };
 
+// Memory order of the 4-D activations a plan reads and writes. Shapes in
+// the configs stay (n, c, h, w) either way. kNHWC (channels last) is what
+// tensor-core convolutions are built for; a backend asks for it through
+// Backend::ChannelsLast, and backends that do not support it refuse plans
+// that ask for it.
+enum class TensorLayout { kNCHW, kNHWC };
+const char* TensorLayoutName(TensorLayout layout);  // "NCHW", "NHWC".
+
 // ---------------------------------------------------------------------------
 // Plans: per-shape state (cuDNN descriptors and algorithms, oneDNN primitives,
 // workspaces). Create once per input shape and reuse every step.
@@ -179,6 +188,8 @@ struct Conv2dConfig {
   // Of x, y, w, bias and their gradients. Reduced precision runs on tensor
   // cores with fp32 accumulation (backends that support it: SupportsDataType).
   DataType dtype = DataType::kF32;
+  // Of x, y and their gradients; w and dw are [K, C, R, S] either way.
+  TensorLayout layout = TensorLayout::kNCHW;
   int out_h() const { return (h + 2 * pad_h - kernel_h) / stride_h + 1; }
   int out_w() const { return (w + 2 * pad_w - kernel_w) / stride_w + 1; }
 };
@@ -215,6 +226,7 @@ struct Pool2dConfig {
   int n = 0, c = 0, h = 0, w = 0;  // Input NCHW.
   int window = 2, stride = 2, pad = 0;
   DataType dtype = DataType::kF32;  // Of x, y, dx and dy.
+  TensorLayout layout = TensorLayout::kNCHW;
   int out_h() const { return (h + 2 * pad - window) / stride + 1; }
   int out_w() const { return (w + 2 * pad - window) / stride + 1; }
 };
@@ -255,6 +267,8 @@ struct BatchNormConfig {
   // Of x, y, dx and dy; gamma, beta, the statistics and dgamma, dbeta are
   // fp32 whatever it is.
   DataType dtype = DataType::kF32;
+  // kNHWC: x is [N, spatial, C] (the same as kNCHW when spatial is 1).
+  TensorLayout layout = TensorLayout::kNCHW;
 };
 
 class BatchNormPlan {
@@ -395,6 +409,16 @@ class Backend {
   // accepts; for the others each op returns UNIMPLEMENTED. The defaults run
   // fp32 through the ops above, and refuse everything else.
   virtual bool SupportsDataType(DataType dtype) const { return dtype == DataType::kF32; }
+  // Whether this backend wants `dtype`'s 4-D activations channels last
+  // (TensorLayout::kNHWC) in the plans it creates; the model then keeps
+  // them so, and Transpose converts where a layer needs NCHW order.
+  virtual bool ChannelsLast(DataType dtype) const { return false; }
+  // y[b][c][r] = x[b][r][c] for b < batch, r < rows, c < cols (NHWC to NCHW
+  // with rows = H*W and cols = C, and back with the two swapped). x and y
+  // must not overlap. The default runs fp32 through CopyDeviceToHost and
+  // back; backends with their own memory override it.
+  virtual absl::Status Transpose(DataType dtype, const void* x, void* y, int64_t batch,
+                                 int64_t rows, int64_t cols);
   virtual absl::Status Gemm(DataType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                             int64_t k, float alpha, const void* a, const void* b, float beta,
                             void* c);
@@ -452,6 +476,10 @@ inline absl::StatusOr<Tensor> Backend::AllocateTensor(const Shape& shape, DataTy
   absl::StatusOr<DeviceBuffer> buffer = Allocate(bytes == 0 ? sizeof(float) : bytes);
   if (!buffer.ok()) return buffer.status();
   return Tensor(shape, *std::move(buffer), dtype);
+}
+
+inline const char* TensorLayoutName(TensorLayout layout) {
+  return layout == TensorLayout::kNHWC ? "NHWC" : "NCHW";
 }
 
 inline size_t DataTypeBytes(DataType dtype) { return dtype == DataType::kF32 ? 4 : 2; }
@@ -556,6 +584,29 @@ inline absl::Status Backend::SoftmaxCrossEntropy(DataType dtype, const void* log
       SoftmaxCrossEntropy(static_cast<const float*>(logits), labels, n, classes, loss, d, nullptr));
   if (d == nullptr || dlogits_scale == 1.f) return absl::OkStatus();
   return Scale(dlogits_scale, d, n * classes);
+}
+
+inline absl::Status Backend::Transpose(DataType dtype, const void* x, void* y, int64_t batch,
+                                       int64_t rows, int64_t cols) {
+  if (dtype != DataType::kF32) return backend_internal::Unsupported(*this, "Transpose", dtype);
+  if (batch < 0 || rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transpose: negative shape [", batch, ", ", rows, ", ", cols, "]"));
+  }
+  const int64_t count = batch * rows * cols;
+  if (count == 0) return absl::OkStatus();
+  std::vector<float> in(count), out(count);
+  PSTRAIN_RETURN_IF_ERROR(CopyDeviceToHost(in.data(), x, count * sizeof(float)));
+  PSTRAIN_RETURN_IF_ERROR(Synchronize());
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* src = in.data() + b * rows * cols;
+    float* dst = out.data() + b * rows * cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+    }
+  }
+  PSTRAIN_RETURN_IF_ERROR(CopyHostToDevice(y, out.data(), count * sizeof(float)));
+  return Synchronize();
 }
 
 inline absl::Status Backend::Convert(DataType from, const void* x, DataType to, void* y,

@@ -80,6 +80,7 @@ class Conv2dLayer final : public Layer {
       Conv2dConfig config = config_;
       config.n = n;
       config.dtype = dtype();
+      config.layout = input_layout();
       return backend->CreateConv2d(config);
     }));
     return absl::OkStatus();
@@ -110,6 +111,7 @@ class Pool2dLayer final : public Layer {
       Pool2dConfig config = config_;
       config.n = n;
       config.dtype = dtype();
+      config.layout = input_layout();
       return backend->CreatePool2d(config);
     }));
     return absl::OkStatus();
@@ -130,16 +132,33 @@ class Pool2dLayer final : public Layer {
   Pool2dPlan* plan_ = nullptr;
 };
 
-// y[N, units] = x[N, in] * W^T + b, W stored [units, in].
+// y[N, units] = x[N, in] * W^T + b, W stored [units, in]. A channels-last
+// [C, H, W] input is first put in [C, H, W] order (x_), and its gradient
+// back (dx_), so that W means the same as on an NCHW backend.
 class DenseLayer final : public Layer {
  public:
   explicit DenseLayer(const LayerInfo& info)
       : Layer(info), units_(info.spec.dense().units()), has_bias_(!info.spec.dense().no_bias()) {}
 
+  absl::Status Prepare(Backend* backend, int batch) override {
+    if (input_transposed() && x_.num_elements() != batch * in_per_sample()) {
+      PSTRAIN_ASSIGN_OR_RETURN(x_, backend->AllocateTensor(Shape{batch, in_per_sample()}, dtype()));
+      PSTRAIN_ASSIGN_OR_RETURN(dx_,
+                               backend->AllocateTensor(Shape{batch, in_per_sample()}, dtype()));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     const int64_t in = in_per_sample();
-    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), false, true, a.batch, units_, in, 1.f,
-                                          a.inputs[0], a.params[0], 0.f, a.output));
+    const void* x = a.inputs[0];
+    if (input_transposed()) {
+      const Shape& s = info().input_shapes[0];
+      PSTRAIN_RETURN_IF_ERROR(backend->Transpose(dtype(), x, x_.raw(), a.batch, s[1] * s[2], s[0]));
+      x = x_.raw();
+    }
+    PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), false, true, a.batch, units_, in, 1.f, x,
+                                          a.params[0], 0.f, a.output));
     if (has_bias_) {
       PSTRAIN_RETURN_IF_ERROR(backend->AddBias(dtype(), a.output, a.params[1], a.batch, units_, 1));
     }
@@ -148,17 +167,25 @@ class DenseLayer final : public Layer {
 
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     const int64_t in = in_per_sample();
+    // x_ still holds the reordered input of the preceding Forward.
+    const void* x = input_transposed() ? x_.raw() : a.inputs[0];
     // dW[units, in] = dY^T[units, N] * X[N, in].
     PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), true, false, units_, in, a.batch, 1.f,
-                                          a.d_output, a.inputs[0], 0.f, a.d_params[0]));
+                                          a.d_output, x, 0.f, a.d_params[0]));
     if (has_bias_) {
       PSTRAIN_RETURN_IF_ERROR(
           backend->BiasGrad(dtype(), a.d_output, a.d_params[1], a.batch, units_, 1));
     }
     if (a.d_inputs[0] != nullptr) {
       // dX[N, in] = dY[N, units] * W[units, in].
+      void* dx = input_transposed() ? dx_.raw() : a.d_inputs[0];
       PSTRAIN_RETURN_IF_ERROR(backend->Gemm(dtype(), false, false, a.batch, in, units_, 1.f,
-                                            a.d_output, a.params[0], 0.f, a.d_inputs[0]));
+                                            a.d_output, a.params[0], 0.f, dx));
+      if (input_transposed()) {
+        const Shape& s = info().input_shapes[0];
+        PSTRAIN_RETURN_IF_ERROR(
+            backend->Transpose(dtype(), dx, a.d_inputs[0], a.batch, s[0], s[1] * s[2]));
+      }
     }
     return absl::OkStatus();
   }
@@ -166,6 +193,7 @@ class DenseLayer final : public Layer {
  private:
   const int64_t units_;
   const bool has_bias_;
+  Tensor x_, dx_;  // Channels-last [C, H, W] input only.
 };
 
 class ActivationLayer final : public Layer {
@@ -245,6 +273,7 @@ class BatchNormLayer final : public Layer {
       BatchNormConfig config = config_;
       config.n = n;
       config.dtype = dtype();
+      config.layout = input_layout();
       return backend->CreateBatchNorm(config);
     }));
     return absl::OkStatus();
@@ -286,16 +315,25 @@ class BatchNormLayer final : public Layer {
   Tensor save_mean_, save_inv_std_, scratch_;
 };
 
-// Flatten is a reshape: the bytes are already in the right order.
+// Flatten is a reshape: the bytes are already in the right order, except
+// from a channels-last [C, H, W], which is put in [C, H, W] order.
 class FlattenLayer final : public Layer {
  public:
   explicit FlattenLayer(const LayerInfo& info) : Layer(info) {}
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
+    if (input_transposed()) {
+      const Shape& s = info().input_shapes[0];
+      return backend->Transpose(dtype(), a.inputs[0], a.output, a.batch, s[1] * s[2], s[0]);
+    }
     return backend->CopyDeviceToDevice(a.output, a.inputs[0],
                                        a.batch * out_per_sample() * element_bytes());
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
     if (a.d_inputs[0] == nullptr) return absl::OkStatus();
+    if (input_transposed()) {
+      const Shape& s = info().input_shapes[0];
+      return backend->Transpose(dtype(), a.d_output, a.d_inputs[0], a.batch, s[0], s[1] * s[2]);
+    }
     return backend->CopyDeviceToDevice(a.d_inputs[0], a.d_output,
                                        a.batch * out_per_sample() * element_bytes());
   }
@@ -391,7 +429,8 @@ const std::map<LayerType, LayerFactory>& LayerFactories() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info, DataType dtype) {
+absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info, DataType dtype,
+                                                     bool channels_last) {
   auto it = LayerFactories().find(info.type);
   if (it == LayerFactories().end()) {
     return absl::InvalidArgumentError(
@@ -399,6 +438,7 @@ absl::StatusOr<std::unique_ptr<Layer>> Layer::Create(const LayerInfo& info, Data
   }
   std::unique_ptr<Layer> layer = it->second(info);
   layer->dtype_ = dtype;
+  layer->channels_last_ = channels_last;
   return layer;
 }
 

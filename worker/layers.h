@@ -54,9 +54,13 @@ class Layer {
   virtual ~Layer() = default;
 
   // Creates the layer for `info`, computing in `dtype` (ForwardArgs); fails
-  // for unknown types.
+  // for unknown types. `channels_last` (Backend::ChannelsLast): every
+  // [C, H, W] activation, the model's input included, is held as [H, W, C];
+  // flatten and dense layers put such inputs back in [C, H, W] order, so
+  // the parameters mean the same either way.
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const LayerInfo& info,
-                                                       DataType dtype = DataType::kF32);
+                                                       DataType dtype = DataType::kF32,
+                                                       bool channels_last = false);
 
   // (Re)creates per-batch-size state. Called before the first Forward at a
   // given batch size.
@@ -69,6 +73,19 @@ class Layer {
   explicit Layer(const LayerInfo& info) : info_(info) {}
   const LayerInfo& info() const { return info_; }
   DataType dtype() const { return dtype_; }
+  bool channels_last() const { return channels_last_; }
+  // The plan layout of input `i`: kNHWC for a [C, H, W] input of a
+  // channels-last layer.
+  TensorLayout input_layout(int i = 0) const {
+    return channels_last_ && info_.input_shapes[i].rank() == 3 ? TensorLayout::kNHWC
+                                                               : TensorLayout::kNCHW;
+  }
+  // Whether input `i` is a channels-last [C, H, W] with more than one
+  // position, whose memory order differs from [C, H, W]'s.
+  bool input_transposed(int i = 0) const {
+    const Shape& in = info_.input_shapes[i];
+    return input_layout(i) == TensorLayout::kNHWC && in[1] * in[2] > 1;
+  }
   size_t element_bytes() const { return DataTypeBytes(dtype_); }
   int64_t in_per_sample(int i = 0) const { return info_.input_shapes[i].num_elements(); }
   int64_t out_per_sample() const { return info_.output_shape.num_elements(); }
@@ -76,6 +93,7 @@ class Layer {
  private:
   const LayerInfo info_;  // Constant after construction.
   DataType dtype_ = DataType::kF32;  // Set once by Create.
+  bool channels_last_ = false;       // Set once by Create.
 };
 
 // The plan configurations of a conv2d or pool layer at `batch` samples, as

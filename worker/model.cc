@@ -40,8 +40,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec));
   std::unique_ptr<Model> model(new Model(std::move(graph), backend, options.precision));
   const ModelGraph& g = model->graph_;
+  model->channels_last_ = backend->ChannelsLast(options.precision);
   for (const LayerInfo& info : g.layers) {
-    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, Layer::Create(info, options.precision));
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                             Layer::Create(info, options.precision, model->channels_last_));
     model->layers_.push_back(std::move(layer));
   }
   model->block_of_.assign(g.layers.size(), -1);
@@ -186,6 +188,11 @@ absl::Status Model::PrepareBatch(int batch) {
       PSTRAIN_ASSIGN_OR_RETURN(
           input_cast_,
           backend_->AllocateTensor(Shape{batch, graph_.input_shape.num_elements()}, precision_));
+      if (InputTransposed()) {
+        PSTRAIN_ASSIGN_OR_RETURN(
+            input_nchw_,
+            backend_->AllocateTensor(Shape{batch, graph_.input_shape.num_elements()}, precision_));
+      }
       PSTRAIN_ASSIGN_OR_RETURN(logits_f32_,
                                backend_->AllocateTensor(Shape{batch, graph_.num_classes}));
     }
@@ -213,9 +220,14 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
   if (reduced()) {
     // The images, and the parameters as they are now (an updater may have
     // just replaced them), in precision_.
-    PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, images, precision_, input_cast_.raw(),
-                                              int64_t{batch} * graph_.input_shape.num_elements(),
-                                              1.f, nullptr));
+    const Shape& in = graph_.input_shape;
+    void* cast = InputTransposed() ? input_nchw_.raw() : input_cast_.raw();
+    PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, images, precision_, cast,
+                                              int64_t{batch} * in.num_elements(), 1.f, nullptr));
+    if (InputTransposed()) {  // [C, H*W] -> [H*W, C] per image.
+      PSTRAIN_RETURN_IF_ERROR(
+          backend_->Transpose(precision_, cast, input_cast_.raw(), batch, in[0], in[1] * in[2]));
+    }
     input_ = input_cast_.raw();
     for (int p = 0; p < num_params(); ++p) {
       if (compute_params_[p].empty()) continue;

@@ -160,6 +160,12 @@ class Model {
   Model(ModelGraph graph, Backend* backend, DataType precision)
       : graph_(std::move(graph)), backend_(backend), precision_(precision) {}
   bool reduced() const { return precision_ != DataType::kF32; }
+  // Whether the images are [C, H, W] with more than one position, held
+  // channels last (reduced precision only).
+  bool InputTransposed() const {
+    const Shape& in = graph_.input_shape;
+    return channels_last_ && reduced() && in.rank() == 3 && in[1] * in[2] > 1;
+  }
   bool dynamic_loss_scaling() const { return precision_ == DataType::kF16; }
   absl::Status PrepareBatch(int batch);
   // Layer l's input slot i: the model input or a producer's output.
@@ -210,6 +216,11 @@ class Model {
   std::vector<Tensor> compute_params_;
   std::vector<Tensor> compute_grads_;
   Tensor input_cast_;  // Reduced precision: the batch's images in precision_.
+  // The backend's Backend::ChannelsLast(precision_): [C, H, W] activations,
+  // the input too, are held as [H, W, C]; input_nchw_ holds the images in
+  // precision_ before they are transposed (multi-position images only).
+  bool channels_last_ = false;
+  Tensor input_nchw_;
   Tensor logits_f32_;  // Reduced precision: the logits in fp32.
   // fp16 loss scaling.
   float loss_scale_ = 1.f;

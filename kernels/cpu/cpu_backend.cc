@@ -68,6 +68,14 @@ absl::Status CheckF32(const char* op, DataType dtype) {
       "device)"));
 }
 
+absl::Status CheckNchw(const char* op, TensorLayout layout) {
+  if (layout == TensorLayout::kNCHW) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      op, ": ", TensorLayoutName(layout),
+      " activations are not supported on the CPU (its plans take NCHW; channels last is for "
+      "CUDA's reduced precision)"));
+}
+
 class CpuBackend final : public Backend {
  public:
   // The typed ops of Backend: fp32 runs the ops below, the rest is refused.
@@ -206,6 +214,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateConv2d(const Conv2dConfig& config) override {
     PSTRAIN_RETURN_IF_ERROR(ctx_status_);
     PSTRAIN_RETURN_IF_ERROR(CheckF32("CreateConv2d", config.dtype));
+    PSTRAIN_RETURN_IF_ERROR(CheckNchw("CreateConv2d", config.layout));
     return cpu_internal::CreateCpuConv2dPlan(ctx_, config, options_.conv_layout, threads_);
   }
 
@@ -220,13 +229,34 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) override {
     PSTRAIN_RETURN_IF_ERROR(CheckF32("CreatePool2d", config.dtype));
+    PSTRAIN_RETURN_IF_ERROR(CheckNchw("CreatePool2d", config.layout));
     return cpu_internal::CreateCpuPool2dPlan(config, threads_);
   }
 
   absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNorm(
       const BatchNormConfig& config) override {
     PSTRAIN_RETURN_IF_ERROR(CheckF32("CreateBatchNorm", config.dtype));
+    if (config.spatial > 1) PSTRAIN_RETURN_IF_ERROR(CheckNchw("CreateBatchNorm", config.layout));
     return cpu_internal::CreateCpuBatchNormPlan(config, threads_);
+  }
+
+  absl::Status Transpose(DataType dtype, const void* x, void* y, int64_t batch, int64_t rows,
+                         int64_t cols) override {
+    PSTRAIN_RETURN_IF_ERROR(CheckF32("Transpose", dtype));
+    if (batch < 0 || rows < 0 || cols < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Transpose: negative shape [", batch, ", ", rows, ", ", cols, "]"));
+    }
+    if (batch * rows * cols == 0) return absl::OkStatus();
+    if (x == nullptr || y == nullptr) return NullError("Transpose");
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* src = static_cast<const float*>(x) + b * rows * cols;
+      float* dst = static_cast<float*>(y) + b * rows * cols;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+    return absl::OkStatus();
   }
 
   // --- Element-wise -------------------------------------------------------------

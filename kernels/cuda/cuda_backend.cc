@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -342,6 +343,24 @@ class CudaBackend final : public Backend {
   // Tensor cores for fp16 from compute capability 7.0 (Volta), for bf16
   // from 8.0 (Ampere); below that cuDNN has no reduced-precision algorithms
   // worth running, and the job is refused up front.
+  // bf16 and fp16 run channels last: cuDNN's tensor-core convolutions are
+  // built for NHWC, and in NCHW their backward passes were no faster than
+  // fp32's (bench/gpu_layers_bench on an H200). fp32 stays NCHW, where its
+  // FMA algorithms match the CPU backend. PSTRAIN_CUDNN_NHWC=0 keeps NCHW.
+  bool ChannelsLast(DataType dtype) const override {
+    static const bool enabled = [] {
+      const char* env = std::getenv("PSTRAIN_CUDNN_NHWC");
+      return env == nullptr || std::string(env) != "0";
+    }();
+    return dtype != DataType::kF32 && enabled && SupportsDataType(dtype);
+  }
+
+  absl::Status Transpose(DataType dtype, const void* x, void* y, int64_t batch, int64_t rows,
+                         int64_t cols) override {
+    PSTRAIN_RETURN_IF_ERROR(Activate());
+    return cuda::LaunchTranspose(dtype, x, y, batch, rows, cols, stream_.get());
+  }
+
   bool SupportsDataType(DataType dtype) const override {
     switch (dtype) {
       case DataType::kF32:

@@ -51,6 +51,17 @@ absl::Status LaunchFill(float* x, float value, int64_t count, cudaStream_t strea
 absl::Status LaunchConvert(DataType from, const void* x, DataType to, void* y, int64_t count,
                            float scale, int32_t* nonfinite, cudaStream_t stream);
 
+// y[b][c][r] = x[b][r][c] (Backend::Transpose); x and y must not overlap.
+absl::Status LaunchTranspose(DataType dtype, const void* x, void* y, int64_t batch, int64_t rows,
+                             int64_t cols, cudaStream_t stream);
+// sums[c] = the sum over r of x[r * cols + c], in a fixed order (the same
+// result every run), through `scratch`: device memory of
+// ColumnSumScratchFloats(rows, cols) floats. A convolution's bias gradient
+// in NHWC (rows = N*P*Q, cols = K).
+size_t ColumnSumScratchFloats(int64_t rows, int64_t cols);
+absl::Status LaunchColumnSums(DataType dtype, const void* x, void* sums, int64_t rows, int64_t cols,
+                              float* scratch, cudaStream_t stream);
+
 // --- loss_kernels.cu --------------------------------------------------------
 // Softmax cross-entropy (see Backend::SoftmaxCrossEntropy) of `dtype` logits;
 // dlogits (`dtype`, unless null) are multiplied by dlogits_scale, and probs
@@ -66,29 +77,31 @@ absl::Status LaunchSoftmaxCrossEntropy(DataType dtype, const void* logits, const
                                        int32_t* label_error, cudaStream_t stream);
 
 // --- batch_norm_kernels.cu -------------------------------------------------
-// Spatial batch norm of x viewed as [n, c, spatial] (x, y, dy, dx in dtype;
-// gamma, beta, the statistics and dgamma, dbeta in fp32), with the
-// semantics of BatchNormPlan in kernels/backend.h. Training and backward use
-// `scratch`: device memory of BatchNormScratchFloats(n, c, spatial) floats,
-// not used by anything else while the stream runs them.
-int BatchNormBlocks(int64_t n, int64_t spatial);
-size_t BatchNormScratchFloats(int64_t n, int64_t c, int64_t spatial);
+// Spatial batch norm of x viewed as [n, c, spatial], or as [n * spatial, c]
+// when `layout` is kNHWC and spatial > 1 (x, y, dy, dx in dtype; gamma,
+// beta, the statistics and dgamma, dbeta in fp32), with the semantics of
+// BatchNormPlan in kernels/backend.h. Training and backward use `scratch`:
+// device memory of BatchNormScratchFloats(n, c, spatial, layout) floats, not
+// used by anything else while the stream runs them.
+int BatchNormBlocks(int64_t n, int64_t c, int64_t spatial, TensorLayout layout);
+size_t BatchNormScratchFloats(int64_t n, int64_t c, int64_t spatial, TensorLayout layout);
 absl::Status LaunchBatchNormForwardTraining(DataType dtype, const void* x, void* y,
                                             const float* gamma, const float* beta,
                                             float* running_mean, float* running_var,
                                             float* save_mean, float* save_inv_std, int64_t n,
                                             int64_t c, int64_t spatial, float epsilon,
-                                            float momentum, float* scratch, cudaStream_t stream);
+                                            float momentum, float* scratch, TensorLayout layout,
+                                            cudaStream_t stream);
 absl::Status LaunchBatchNormForwardInference(DataType dtype, const void* x, void* y,
                                              const float* gamma, const float* beta,
                                              const float* running_mean, const float* running_var,
                                              int64_t n, int64_t c, int64_t spatial, float epsilon,
-                                             cudaStream_t stream);
+                                             TensorLayout layout, cudaStream_t stream);
 absl::Status LaunchBatchNormBackward(DataType dtype, const void* x, const void* dy, void* dx,
                                      const float* gamma, const float* save_mean,
                                      const float* save_inv_std, float* dgamma, float* dbeta,
                                      int64_t n, int64_t c, int64_t spatial, float* scratch,
-                                     cudaStream_t stream);
+                                     TensorLayout layout, cudaStream_t stream);
 
 // --- optimizer_kernels.cu ---------------------------------------------------
 absl::Status LaunchSgdUpdate(float* param, const float* grad, float* velocity, int64_t count,

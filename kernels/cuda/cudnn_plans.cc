@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -31,11 +32,16 @@ cudnnDataType_t CudnnType(DataType dtype) {
   }
 }
 
+cudnnTensorFormat_t CudnnFormat(TensorLayout layout) {
+  return layout == TensorLayout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+}
+
 absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w,
-                                             DataType dtype = DataType::kF32) {
+                                             DataType dtype = DataType::kF32,
+                                             TensorLayout layout = TensorLayout::kNCHW) {
   PSTRAIN_ASSIGN_OR_RETURN(TensorDescriptor desc, TensorDescriptor::Create());
   PSTRAIN_RETURN_IF_CUDNN_ERROR(
-      cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CudnnType(dtype), n, c, h, w));
+      cudnnSetTensor4dDescriptor(desc.get(), CudnnFormat(layout), CudnnType(dtype), n, c, h, w));
   return desc;
 }
 
@@ -213,6 +219,16 @@ struct ConvSetup {
 // (PSTRAIN_CUDNN_FP32_ROUTE=0) or always (=always, for the parity tests of
 // that route).
 enum class Fp32Route { kMeasured, kNever, kAlways };
+
+// PSTRAIN_CUDNN_LOG_ROUTES=1: each bf16/fp16 convolution plan prints its
+// per-pass times and choice to stderr (for bench/gpu_layers_bench).
+bool LogRoutes() {
+  static const bool log = [] {
+    const char* env = std::getenv("PSTRAIN_CUDNN_LOG_ROUTES");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return log;
+}
 Fp32Route Fp32RoutePolicy() {
   static const Fp32Route policy = [] {
     const char* env = std::getenv("PSTRAIN_CUDNN_FP32_ROUTE");
@@ -238,8 +254,12 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     PSTRAIN_RETURN_IF_ERROR(EnqueueForward(fp32_forward_, x, w, y));
     if (bias != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(LaunchAddBias(config_.dtype, y, bias, config_.n, config_.filters,
-                                            int64_t{out_h_} * out_w_, context_.stream));
+      const int64_t planes = int64_t{config_.n} * out_h_ * out_w_;
+      PSTRAIN_RETURN_IF_ERROR(
+          nhwc()
+              ? LaunchAddBias(config_.dtype, y, bias, planes, config_.filters, 1, context_.stream)
+              : LaunchAddBias(config_.dtype, y, bias, config_.n, config_.filters,
+                              int64_t{out_h_} * out_w_, context_.stream));
     }
     return absl::OkStatus();
   }
@@ -294,6 +314,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
       : context_(context), config_(config), out_h_(config.out_h()), out_w_(config.out_w()) {}
 
   bool reduced() const { return config_.dtype != DataType::kF32; }
+  bool nhwc() const { return config_.layout == TensorLayout::kNHWC; }
   bool concurrent() const {
     return context_.side_stream != nullptr && context_.side_cudnn != nullptr;
   }
@@ -317,7 +338,20 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     return LaunchConvert(DataType::kF32, f32.data(), config_.dtype, y, count, 1.f, nullptr, stream);
   }
 
-  absl::Status EnqueueForward(bool via_f32, const void* x, const void* w, void* y) {
+  // NHWC: cuDNN's channels-last kernels take the filter as [K, R, S, C];
+  // w stays [K, C, R, S] outside the plan, so each pass that reads it
+  // transposes it into w_t_ (main stream), and the backward-filter pass
+  // writes dw_t_ and transposes that into dw (small: a layer's weights).
+  absl::StatusOr<const void*> KernelWeights(const void* w) {
+    if (!nhwc()) return w;
+    PSTRAIN_RETURN_IF_ERROR(LaunchTranspose(config_.dtype, w, w_t_.data(), config_.filters,
+                                            config_.c, int64_t{config_.kernel_h} * config_.kernel_w,
+                                            context_.stream));
+    return static_cast<const void*>(w_t_.data());
+  }
+
+  absl::Status EnqueueForward(bool via_f32, const void* x, const void* w_kcrs, void* y) {
+    PSTRAIN_ASSIGN_OR_RETURN(const void* w, KernelWeights(w_kcrs));
     if (!via_f32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
           context_.cudnn, &kOne, native_.x.get(), x, native_.w.get(), w, native_.conv.get(),
@@ -334,8 +368,9 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   }
 
   // On the main stream. `dy32`: dy already in fp32 (y32_), or null.
-  absl::Status EnqueueBackwardData(bool via_f32, const void* dy, const float* dy32, const void* w,
-                                   void* dx) {
+  absl::Status EnqueueBackwardData(bool via_f32, const void* dy, const float* dy32,
+                                   const void* w_kcrs, void* dx) {
+    PSTRAIN_ASSIGN_OR_RETURN(const void* w, KernelWeights(w_kcrs));
     if (!via_f32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
           context_.cudnn, &kOne, native_.w.get(), w, native_.y.get(), dy, native_.conv.get(),
@@ -360,7 +395,8 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   // other stream touches meanwhile.
   absl::Status EnqueueBackwardFilter(bool via_f32, cudnnHandle_t cudnn, cudaStream_t stream,
                                      const DeviceBuffer& workspace, const void* x, const void* dy,
-                                     const float* dy32, void* dw, void* dbias) {
+                                     const float* dy32, void* dw_kcrs, void* dbias) {
+    void* dw = nhwc() ? dw_t_.data() : dw_kcrs;
     if (!via_f32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
           cudnn, &kOne, native_.x.get(), x, native_.y.get(), dy, native_.conv.get(),
@@ -378,9 +414,18 @@ class CudnnConv2dPlan final : public Conv2dPlan {
           dw32_.data()));
       PSTRAIN_RETURN_IF_ERROR(FromF32(dw32_, w_count(), dw, stream));
     }
+    if (nhwc()) {
+      PSTRAIN_RETURN_IF_ERROR(LaunchTranspose(config_.dtype, dw, dw_kcrs, config_.filters,
+                                              int64_t{config_.kernel_h} * config_.kernel_w,
+                                              config_.c, stream));
+    }
     if (dbias != nullptr) {
-      PSTRAIN_RETURN_IF_ERROR(LaunchBiasGrad(config_.dtype, dy, dbias, config_.n, config_.filters,
-                                             int64_t{out_h_} * out_w_, stream));
+      const int64_t planes = int64_t{config_.n} * out_h_ * out_w_;
+      PSTRAIN_RETURN_IF_ERROR(
+          nhwc() ? LaunchColumnSums(config_.dtype, dy, dbias, planes, config_.filters,
+                                    static_cast<float*>(bias_scratch_.data()), stream)
+                 : LaunchBiasGrad(config_.dtype, dy, dbias, config_.n, config_.filters,
+                                  int64_t{out_h_} * out_w_, stream));
     }
     return absl::OkStatus();
   }
@@ -389,6 +434,16 @@ class CudnnConv2dPlan final : public Conv2dPlan {
 
   absl::Status Init() {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
+    if (nhwc()) {
+      Backend* b = context_.backend;
+      const size_t w_bytes = w_count() * DataTypeBytes(config_.dtype);
+      PSTRAIN_ASSIGN_OR_RETURN(w_t_, b->Allocate(w_bytes));
+      PSTRAIN_ASSIGN_OR_RETURN(dw_t_, b->Allocate(w_bytes));
+      PSTRAIN_ASSIGN_OR_RETURN(
+          bias_scratch_, b->Allocate(ColumnSumScratchFloats(int64_t{config_.n} * out_h_ * out_w_,
+                                                            config_.filters) *
+                                     sizeof(float)));
+    }
     PSTRAIN_RETURN_IF_ERROR(MakeSetup(config_.dtype, &native_));
     if (reduced() && Fp32RoutePolicy() != Fp32Route::kNever) {
       PSTRAIN_RETURN_IF_ERROR(MakeSetup(DataType::kF32, &f32_));
@@ -405,10 +460,10 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   // Descriptors for `dtype`, and the algorithms measured fastest for them.
   absl::Status MakeSetup(DataType dtype, ConvSetup* setup) {
     const Conv2dConfig& c = config_;
-    PSTRAIN_ASSIGN_OR_RETURN(setup->x, NewTensor4d(c.n, c.c, c.h, c.w, dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(setup->x, NewTensor4d(c.n, c.c, c.h, c.w, dtype, c.layout));
     PSTRAIN_ASSIGN_OR_RETURN(setup->w, FilterDescriptor::Create());
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetFilter4dDescriptor(setup->w.get(), CudnnType(dtype),
-                                                             CUDNN_TENSOR_NCHW, c.filters, c.c,
+                                                             CudnnFormat(c.layout), c.filters, c.c,
                                                              c.kernel_h, c.kernel_w));
     PSTRAIN_ASSIGN_OR_RETURN(setup->conv, ConvolutionDescriptor::Create());
     // fp32 accumulation for every data type (cuDNN's PSEUDO_HALF and
@@ -430,7 +485,8 @@ class CudnnConv2dPlan final : public Conv2dPlan {
                                               ", ", q, "] differs from the expected [", c.n, ", ",
                                               c.filters, ", ", out_h_, ", ", out_w_, "]"));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(setup->y, NewTensor4d(c.n, c.filters, out_h_, out_w_, dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(setup->y,
+                             NewTensor4d(c.n, c.filters, out_h_, out_w_, dtype, c.layout));
     return ChooseAlgorithms(tensor_ops, setup);
   }
 
@@ -610,23 +666,41 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer dx, b->Allocate(x_count() * element));
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer dw, b->Allocate(w_count() * element));
     for (const DeviceBuffer* buffer : {&x, &y, &w}) {
+      // Small non-zero values (0x3c3c: about 0.012 in bf16, 1.06 in fp16).
       PSTRAIN_RETURN_IF_CUDA_ERROR(
-          cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), context_.stream));
+          cudaMemsetAsync(buffer->data(), 0x3c, buffer->bytes(), context_.stream));
     }
-    auto faster_via_f32 = [&](auto&& run) -> absl::StatusOr<bool> {
+    auto faster_via_f32 = [&](const char* pass, auto&& run) -> absl::StatusOr<bool> {
       if (Fp32RoutePolicy() == Fp32Route::kAlways) return true;
       PSTRAIN_ASSIGN_OR_RETURN(const float native_ms, TimeOnStream([&] { return run(false); }));
-      PSTRAIN_ASSIGN_OR_RETURN(const float f32_ms, TimeOnStream([&] { return run(true); }));
-      return f32_ms < native_ms;
+      // A route cuDNN cannot run here (no fp32 algorithm for the layout) is
+      // not taken.
+      absl::StatusOr<float> f32_ms = TimeOnStream([&] { return run(true); });
+      if (!f32_ms.ok()) {
+        PSTRAIN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(context_.stream));
+        (void)cudaGetLastError();
+      }
+      const bool via_f32 = f32_ms.ok() && *f32_ms < native_ms;
+      if (LogRoutes()) {
+        const Conv2dConfig& c = config_;
+        std::fprintf(stderr,
+                     "pstrain cudnn route: conv [%d, %d, %d, %d] -> %d filters %dx%d stride %d "
+                     "%s %s %s: %s %.4f ms, via fp32 %s%.4f ms -> %s\n",
+                     c.n, c.c, c.h, c.w, c.filters, c.kernel_h, c.kernel_w, c.stride_h,
+                     DataTypeName(c.dtype), TensorLayoutName(c.layout), pass, DataTypeName(c.dtype),
+                     native_ms, f32_ms.ok() ? "" : "(failed) ", f32_ms.ok() ? *f32_ms : 0.f,
+                     via_f32 ? "fp32" : DataTypeName(c.dtype));
+      }
+      return via_f32;
     };
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_forward_, faster_via_f32([&](bool via_f32) {
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_forward_, faster_via_f32("forward", [&](bool via_f32) {
                                return EnqueueForward(via_f32, x.data(), w.data(), y.data());
                              }));
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_data_, faster_via_f32([&](bool via_f32) {
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_data_, faster_via_f32("backward data", [&](bool via_f32) {
                                return EnqueueBackwardData(via_f32, y.data(), nullptr, w.data(),
                                                           dx.data());
                              }));
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_filter_, faster_via_f32([&](bool via_f32) {
+    PSTRAIN_ASSIGN_OR_RETURN(fp32_filter_, faster_via_f32("backward filter", [&](bool via_f32) {
                                return EnqueueBackwardFilter(via_f32, context_.cudnn,
                                                             context_.stream, workspace_, x.data(),
                                                             y.data(), nullptr, dw.data(), nullptr);
@@ -659,6 +733,12 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   DeviceBuffer y32_;
   DeviceBuffer w32_;
   DeviceBuffer dw32_;
+  // NHWC only (else empty): w as [K, R, S, C] (main stream), the
+  // backward-filter pass's dw before it is transposed back (its stream),
+  // and the scratch of the bias gradient's column sums.
+  DeviceBuffer w_t_;
+  DeviceBuffer dw_t_;
+  DeviceBuffer bias_scratch_;
 };
 
 // ---------------------------------------------------------------------------
@@ -708,7 +788,7 @@ class CudnnPool2dPlan final : public Pool2dPlan {
   absl::Status Init() {
     const Pool2dConfig& c = config_;
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype, c.layout));
     PSTRAIN_ASSIGN_OR_RETURN(pool_desc_, PoolingDescriptor::Create());
     const cudnnPoolingMode_t mode =
         c.mode == PoolMode::kMax ? CUDNN_POOLING_MAX : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
@@ -723,7 +803,8 @@ class CudnnPool2dPlan final : public Pool2dPlan {
                                               ", ", q, "] differs from the expected [", c.n, ", ",
                                               c.c, ", ", c.out_h(), ", ", c.out_w(), "]"));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(y_desc_, NewTensor4d(c.n, c.c, c.out_h(), c.out_w(), c.dtype));
+    PSTRAIN_ASSIGN_OR_RETURN(y_desc_,
+                             NewTensor4d(c.n, c.c, c.out_h(), c.out_w(), c.dtype, c.layout));
     return absl::OkStatus();
   }
 
@@ -790,8 +871,9 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
   absl::Status Init() {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     // [N, C, spatial] is viewed as NCHW with H = spatial, W = 1.
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_,
-                             NewTensor4d(config_.n, config_.c, config_.spatial, 1, config_.dtype));
+    // (NHWC: [N, spatial, C], the same bytes.)
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(config_.n, config_.c, config_.spatial, 1,
+                                                  config_.dtype, config_.layout));
     PSTRAIN_ASSIGN_OR_RETURN(param_desc_, TensorDescriptor::Create());
     // fp32 for every data type of x.
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
@@ -817,8 +899,9 @@ class CudaBatchNormPlan final : public BatchNormPlan {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context.device_ordinal));
     PSTRAIN_ASSIGN_OR_RETURN(
         plan->scratch_,
-        context.backend->Allocate(BatchNormScratchFloats(config.n, config.c, config.spatial) *
-                                  sizeof(float)));
+        context.backend->Allocate(
+            BatchNormScratchFloats(config.n, config.c, config.spatial, config.layout) *
+            sizeof(float)));
     return std::unique_ptr<BatchNormPlan>(std::move(plan));
   }
 
@@ -826,10 +909,10 @@ class CudaBatchNormPlan final : public BatchNormPlan {
                                float* running_mean, float* running_var, float* save_mean,
                                float* save_inv_std) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return LaunchBatchNormForwardTraining(config_.dtype, x, y, gamma, beta, running_mean,
-                                          running_var, save_mean, save_inv_std, config_.n,
-                                          config_.c, config_.spatial, config_.epsilon,
-                                          config_.momentum, scratch(), context_.stream);
+    return LaunchBatchNormForwardTraining(
+        config_.dtype, x, y, gamma, beta, running_mean, running_var, save_mean, save_inv_std,
+        config_.n, config_.c, config_.spatial, config_.epsilon, config_.momentum, scratch(),
+        config_.layout, context_.stream);
   }
 
   absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
@@ -838,7 +921,7 @@ class CudaBatchNormPlan final : public BatchNormPlan {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     return LaunchBatchNormForwardInference(config_.dtype, x, y, gamma, beta, running_mean,
                                            running_var, config_.n, config_.c, config_.spatial,
-                                           config_.epsilon, context_.stream);
+                                           config_.epsilon, config_.layout, context_.stream);
   }
 
   absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
@@ -846,7 +929,7 @@ class CudaBatchNormPlan final : public BatchNormPlan {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     return LaunchBatchNormBackward(config_.dtype, x, dy, dx, gamma, save_mean, save_inv_std, dgamma,
                                    dbeta, config_.n, config_.c, config_.spatial, scratch(),
-                                   context_.stream);
+                                   config_.layout, context_.stream);
   }
 
  private:

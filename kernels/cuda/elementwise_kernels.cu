@@ -5,6 +5,7 @@
 // __half): they compute in fp32 and round once when they store.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -448,6 +449,139 @@ absl::Status LaunchConvert(DataType from, const void* x, DataType to, void* y, i
       PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
       return absl::OkStatus();
     });
+  });
+}
+
+// --- Transpose --------------------------------------------------------------------
+
+// y[b][c][r] = x[b][r][c]: 32x32 tiles through shared memory (a column of
+// padding keeps the column reads free of bank conflicts), 32x8 threads per
+// tile, grid (column tiles, row tiles, samples).
+template <typename T>
+__global__ void TransposeKernel(const T* x, T* y, int64_t batch, int rows, int cols) {
+  __shared__ float tile[32][33];
+  const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+  const int64_t plane = int64_t{rows} * cols;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const T* src = x + b * plane;
+    T* dst = y + b * plane;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+      const int r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[i][threadIdx.x] = ToFloat(src[int64_t{r} * cols + c]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+      const int c = c0 + i, r = r0 + threadIdx.x;
+      if (c < cols && r < rows) dst[int64_t{c} * rows + r] = FromFloat<T>(tile[threadIdx.x][i]);
+    }
+    __syncthreads();  // The tile is refilled for the next sample.
+  }
+}
+
+absl::Status LaunchTranspose(DataType dtype, const void* x, void* y, int64_t batch, int64_t rows,
+                             int64_t cols, cudaStream_t stream) {
+  constexpr const char* kOp = "Transpose";
+  if (batch < 0 || rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": negative shape [", batch, ", ", rows, ", ", cols, "]"));
+  }
+  if (batch * rows * cols == 0) return absl::OkStatus();
+  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x, y}));
+  const int64_t tiles_r = (rows + 31) / 32, tiles_c = (cols + 31) / 32;
+  if (tiles_r > 65535 || tiles_c > INT32_MAX || rows > INT32_MAX || cols > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": [", rows, ", ", cols, "] per sample is too large"));
+  }
+  const dim3 grid(static_cast<unsigned>(tiles_c), static_cast<unsigned>(tiles_r),
+                  static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
+  const dim3 block(32, 8);
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    TransposeKernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
+                                                   batch, static_cast<int>(rows),
+                                                   static_cast<int>(cols));
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
+  });
+}
+
+// --- Column sums -------------------------------------------------------------------
+
+namespace {
+
+constexpr int kColumnLanes = 32;    // Columns per block (one warp across).
+constexpr int kColumnRowLanes = 8;  // Rows read at once per block.
+constexpr int kMaxColumnSlices = 256;
+
+int ColumnSlices(int64_t rows) {
+  // At least 64 rows per slice, at most kMaxColumnSlices slices.
+  return static_cast<int>(std::clamp<int64_t>((rows + 63) / 64, 1, kMaxColumnSlices));
+}
+
+}  // namespace
+
+size_t ColumnSumScratchFloats(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(ColumnSlices(rows)) * static_cast<size_t>(cols);
+}
+
+// grid (slices, column blocks), block (32, 8): partial[slice * cols + c] =
+// the sum of column c over the slice's rows, in a fixed order.
+template <typename T>
+__global__ void ColumnPartialSumKernel(const T* x, int64_t rows, int64_t cols, int slices,
+                                       float* partial) {
+  __shared__ float sums[kColumnRowLanes][kColumnLanes];
+  const int64_t c = int64_t{blockIdx.y} * kColumnLanes + threadIdx.x;
+  const int64_t per = (rows + slices - 1) / slices;
+  const int64_t begin = min(rows, per * blockIdx.x), end = min(rows, begin + per);
+  float sum = 0.f;
+  if (c < cols) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kColumnRowLanes) {
+      sum += ToFloat(x[r * cols + c]);
+    }
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.f;
+    for (int i = 0; i < kColumnRowLanes; ++i) total += sums[i][threadIdx.x];
+    partial[int64_t{blockIdx.x} * cols + c] = total;
+  }
+}
+
+template <typename T>
+__global__ void ColumnFinalSumKernel(const float* partial, int64_t cols, int slices, T* sums) {
+  for (int64_t c = GlobalThreadIndex(); c < cols; c += GridStride()) {
+    float total = 0.f;
+    for (int s = 0; s < slices; ++s) total += partial[s * cols + c];
+    sums[c] = FromFloat<T>(total);
+  }
+}
+
+absl::Status LaunchColumnSums(DataType dtype, const void* x, void* sums, int64_t rows, int64_t cols,
+                              float* scratch, cudaStream_t stream) {
+  constexpr const char* kOp = "ColumnSums";
+  if (rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": negative shape [", rows, ", ", cols, "]"));
+  }
+  if (cols == 0) return absl::OkStatus();
+  PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {sums, scratch}));
+  if (rows > 0) PSTRAIN_RETURN_IF_ERROR(CheckPointers(kOp, {x}));
+  const int64_t column_blocks = (cols + kColumnLanes - 1) / kColumnLanes;
+  if (column_blocks > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": too many columns ", cols));
+  }
+  const int slices = ColumnSlices(rows);
+  return DispatchDataType(kOp, dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ColumnPartialSumKernel<T>
+        <<<dim3(slices, static_cast<unsigned>(column_blocks)), dim3(kColumnLanes, kColumnRowLanes),
+           0, stream>>>(static_cast<const T*>(x), rows, cols, slices, scratch);
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    ColumnFinalSumKernel<T><<<BlocksFor(cols), kThreadsPerBlock, 0, stream>>>(
+        scratch, cols, slices, static_cast<T*>(sums));
+    PSTRAIN_RETURN_IF_LAUNCH_FAILED(kOp);
+    return absl::OkStatus();
   });
 }
 

@@ -886,6 +886,58 @@ TEST_F(CpuBackendTest, ElementwiseOpsMatchLoops) {
   EXPECT_EQ(backend_->Fill(nullptr, 1.f, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CpuBackendTest, TransposeSwapsTheTwoInnerAxesOfEverySample) {
+  const int64_t batch = 3, rows = 5, cols = 7;
+  std::vector<float> x = RandomVector(batch * rows * cols, 72);
+  Tensor tx = Upload(x), ty = Zeros(batch * rows * cols), tz = Zeros(batch * rows * cols);
+  ASSERT_TRUE(backend_->Transpose(DataType::kF32, tx.data(), ty.data(), batch, rows, cols).ok());
+  const std::vector<float> y = Download(ty);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(y[(b * cols + c) * rows + r], x[(b * rows + r) * cols + c]);
+      }
+    }
+  }
+  // And back.
+  ASSERT_TRUE(backend_->Transpose(DataType::kF32, ty.data(), tz.data(), batch, cols, rows).ok());
+  EXPECT_EQ(Download(tz), x);
+  EXPECT_EQ(backend_->Transpose(DataType::kF32, tx.data(), ty.data(), -1, rows, cols).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Transpose(DataType::kBF16, tx.data(), ty.data(), batch, rows, cols).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(backend_->ChannelsLast(DataType::kF32));
+}
+
+TEST_F(CpuBackendTest, ChannelsLastPlansAreRefusedWithAClearMessage) {
+  Conv2dConfig conv;
+  conv.n = 2;
+  conv.c = 3;
+  conv.h = conv.w = 8;
+  conv.filters = 4;
+  conv.kernel_h = conv.kernel_w = 3;
+  conv.layout = TensorLayout::kNHWC;
+  absl::StatusOr<std::unique_ptr<Conv2dPlan>> conv_plan = backend_->CreateConv2d(conv);
+  ASSERT_FALSE(conv_plan.ok());
+  EXPECT_EQ(conv_plan.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(conv_plan.status().message(), HasSubstr("NHWC"));
+  Pool2dConfig pool;
+  pool.n = 2;
+  pool.c = 3;
+  pool.h = pool.w = 8;
+  pool.layout = TensorLayout::kNHWC;
+  EXPECT_EQ(backend_->CreatePool2d(pool).status().code(), absl::StatusCode::kUnimplemented);
+  BatchNormConfig bn;
+  bn.n = 4;
+  bn.c = 3;
+  bn.spatial = 16;
+  bn.layout = TensorLayout::kNHWC;
+  EXPECT_EQ(backend_->CreateBatchNorm(bn).status().code(), absl::StatusCode::kUnimplemented);
+  // With one position per channel the two layouts are the same bytes.
+  bn.spatial = 1;
+  EXPECT_TRUE(backend_->CreateBatchNorm(bn).ok());
+}
+
 // --- Loss ----------------------------------------------------------------------------------
 
 TEST_F(CpuBackendTest, SoftmaxCrossEntropyMatchesReference) {

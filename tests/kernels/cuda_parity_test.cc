@@ -447,6 +447,95 @@ TEST_F(CudaParityTest, BatchNormTrainingInferenceAndBackwardMatchCpu) {
   }
 }
 
+// Channels last ([N, spatial, C]), as bf16 and fp16 models hold their
+// activations on CUDA: the CUDA plan's results, put back in NCHW order on
+// the host, against the CPU's NCHW plan. Channel counts below and above one
+// block's 64 lanes, with and without 4-channel accesses.
+TEST_F(CudaParityTest, ChannelsLastBatchNormMatchesCpu) {
+  const std::array<std::array<int, 3>, 4> shapes = {
+      {{7, 5, 81}, {4, 100, 36}, {64, 16, 1024}, {3, 64, 4}}};
+  uint32_t seed = 3500;
+  for (const auto& [n, c, spatial] : shapes) {
+    SCOPED_TRACE(absl::StrCat("batch norm NHWC [", n, ", ", spatial, ", ", c, "]"));
+    BatchNormConfig cfg;
+    cfg.n = n;
+    cfg.c = c;
+    cfg.spatial = spatial;
+    const int64_t count = int64_t{n} * c * spatial;
+    const std::vector<float> x = RandomVector(count, ++seed, -1.f, 3.f);
+    const std::vector<float> dy = RandomVector(count, ++seed, -1.f, 1.f);
+    auto to_nhwc = [&](const std::vector<float>& v) {
+      std::vector<float> out(v.size());
+      for (int b = 0; b < n; ++b)
+        for (int ch = 0; ch < c; ++ch)
+          for (int i = 0; i < spatial; ++i)
+            out[(int64_t{b} * spatial + i) * c + ch] = v[(int64_t{b} * c + ch) * spatial + i];
+      return out;
+    };
+    auto to_nchw = [&](const std::vector<float>& v) {
+      std::vector<float> out(v.size());
+      for (int b = 0; b < n; ++b)
+        for (int ch = 0; ch < c; ++ch)
+          for (int i = 0; i < spatial; ++i)
+            out[(int64_t{b} * c + ch) * spatial + i] = v[(int64_t{b} * spatial + i) * c + ch];
+      return out;
+    };
+    Pair px = Make(x), pdy = Make(dy);
+    // The CUDA side reads the channels-last copies.
+    ASSERT_OK(cuda_->CopyHostToDevice(px[kCuda], to_nhwc(x).data(), count * sizeof(float)));
+    ASSERT_OK(cuda_->CopyHostToDevice(pdy[kCuda], to_nhwc(dy).data(), count * sizeof(float)));
+    ASSERT_OK(cuda_->Synchronize());
+    Pair gamma = Random(c, ++seed, 0.5f, 1.5f), beta = Random(c, ++seed);
+    Pair running_mean = Random(c, ++seed), running_var = Random(c, ++seed, 0.5f, 1.5f);
+    Pair save_mean = Zeros(c), save_inv_std = Zeros(c);
+    Pair y = Zeros(count), y_inference = Zeros(count), dx = Zeros(count);
+    Pair dgamma = Zeros(c), dbeta = Zeros(c);
+    for (int i : {kCpu, kCuda}) {
+      BatchNormConfig config = cfg;
+      config.layout = i == kCuda ? TensorLayout::kNHWC : TensorLayout::kNCHW;
+      absl::StatusOr<std::unique_ptr<BatchNormPlan>> plan = backend(i).CreateBatchNorm(config);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK((*plan)->ForwardTraining(px[i], gamma[i], beta[i], y[i], running_mean[i],
+                                         running_var[i], save_mean[i], save_inv_std[i]));
+      ASSERT_OK((*plan)->Backward(px[i], pdy[i], gamma[i], save_mean[i], save_inv_std[i], dx[i],
+                                  dgamma[i], dbeta[i]));
+      ASSERT_OK((*plan)->ForwardInference(px[i], gamma[i], beta[i], running_mean[i], running_var[i],
+                                          y_inference[i]));
+    }
+    ExpectRelativelyClose(to_nchw(Read(kCuda, y.t[kCuda])), Read(kCpu, y.t[kCpu]),
+                          "training output");
+    ExpectRelativelyClose(to_nchw(Read(kCuda, dx.t[kCuda])), Read(kCpu, dx.t[kCpu]), "dx");
+    ExpectRelativelyClose(to_nchw(Read(kCuda, y_inference.t[kCuda])),
+                          Read(kCpu, y_inference.t[kCpu]), "inference output");
+    ExpectParity(running_mean, "running mean");
+    ExpectParity(running_var, "running variance (unbiased)");
+    ExpectParity(save_mean, "saved mean");
+    ExpectParity(save_inv_std, "saved 1/sqrt(var + eps)");
+    ExpectParity(dgamma, "dgamma");
+    ExpectParity(dbeta, "dbeta");
+  }
+}
+
+TEST_F(CudaParityTest, TransposeMatchesCpu) {
+  const std::array<std::array<int64_t, 3>, 4> shapes = {
+      {{1, 1, 1}, {3, 49, 64}, {2, 33, 70}, {5, 1000, 3}}};
+  uint32_t seed = 3600;
+  for (const auto& [batch, rows, cols] : shapes) {
+    SCOPED_TRACE(absl::StrCat("transpose [", batch, ", ", rows, ", ", cols, "]"));
+    const int64_t count = batch * rows * cols;
+    Pair x = Random(count, ++seed), y = Zeros(count);
+    for (int i : {kCpu, kCuda}) {
+      ASSERT_OK(backend(i).Transpose(DataType::kF32, x[i], y[i], batch, rows, cols));
+    }
+    const std::vector<float> out = Read(kCuda, y.t[kCuda]);
+    EXPECT_EQ(out, Read(kCpu, y.t[kCpu]));
+    const std::vector<float> in = Read(kCpu, x.t[kCpu]);
+    // One element checked by hand: [b = batch - 1][c = cols - 1][r = rows - 1].
+    EXPECT_EQ(out[(batch - 1) * rows * cols + (cols - 1) * rows + rows - 1],
+              in[(batch - 1) * rows * cols + (rows - 1) * cols + cols - 1]);
+  }
+}
+
 // --- Element-wise -------------------------------------------------------------
 
 // The element-wise kernels take 4 elements per access where the count is a

@@ -124,6 +124,28 @@ double UnitRoundoff(DataType dtype) {
 // The bound of the file comment for r roundings.
 double Bound(DataType dtype, int roundings) { return roundings * UnitRoundoff(dtype) + 1e-4; }
 
+// [n, c, s] as [n, s, c] (channels last), and back, on the host.
+std::vector<float> ToNhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t s) {
+  std::vector<float> out(v.size());
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < s; ++i) out[(b * s + i) * c + ch] = v[(b * c + ch) * s + i];
+    }
+  }
+  return out;
+}
+std::vector<float> ToNchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t s) {
+  std::vector<float> out(v.size());
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < s; ++i) out[(b * c + ch) * s + i] = v[(b * s + i) * c + ch];
+    }
+  }
+  return out;
+}
+
+constexpr TensorLayout kLayouts[] = {TensorLayout::kNCHW, TensorLayout::kNHWC};
+
 std::vector<float> RandomRounded(DataType dtype, size_t count, uint32_t seed, float lo = -1.f,
                                  float hi = 1.f) {
   std::mt19937 gen(seed);
@@ -299,21 +321,34 @@ TEST_P(MixedPrecisionParityTest, ConvolutionForwardAndBackwardMatchFp32) {
     ASSERT_OK(
         (*cpu_plan)->Backward(cx.raw(), cdy.raw(), cw.raw(), cdx.raw(), cdw.raw(), cdb.raw()));
 
-    cfg.dtype = dtype();
-    absl::StatusOr<std::unique_ptr<Conv2dPlan>> gpu_plan = cuda_->CreateConv2d(cfg);
-    ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
-    Tensor gx = Half(x), gw = Half(w), gb = Half(bias), gdy = Half(dy);
-    Tensor gy = HalfZeros(y_count), gdx = HalfZeros(x_count), gdw = HalfZeros(w_count);
-    Tensor gdb = HalfZeros(cfg.filters);
-    ASSERT_OK((*gpu_plan)->Forward(gx.raw(), gw.raw(), gb.raw(), gy.raw()));
-    ASSERT_OK(
-        (*gpu_plan)->Backward(gx.raw(), gdy.raw(), gw.raw(), gdx.raw(), gdw.raw(), gdb.raw()));
-    ASSERT_OK(cuda_->Synchronize());
-
-    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward (+ bias)", Bound(dtype(), 2));
-    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward data", Bound(dtype(), 4));
-    ExpectClose(Read(*cuda_, gdw), Read(*cpu_, cdw), "backward filter", Bound(dtype(), 8));
-    ExpectClose(Read(*cuda_, gdb), Read(*cpu_, cdb), "bias gradient", Bound(dtype(), 1));
+    // Channels last: x, y and their gradients as [N, H, W, C]; w, dw and
+    // the bias as in NCHW.
+    const int64_t in_hw = int64_t{cfg.h} * cfg.w, out_hw = int64_t{cfg.out_h()} * cfg.out_w();
+    for (TensorLayout layout : kLayouts) {
+      SCOPED_TRACE(TensorLayoutName(layout));
+      const bool nhwc = layout == TensorLayout::kNHWC;
+      cfg.dtype = dtype();
+      cfg.layout = layout;
+      absl::StatusOr<std::unique_ptr<Conv2dPlan>> gpu_plan = cuda_->CreateConv2d(cfg);
+      ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+      Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, in_hw) : x), gw = Half(w), gb = Half(bias);
+      Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.filters, out_hw) : dy);
+      Tensor gy = HalfZeros(y_count), gdx = HalfZeros(x_count), gdw = HalfZeros(w_count);
+      Tensor gdb = HalfZeros(cfg.filters);
+      ASSERT_OK((*gpu_plan)->Forward(gx.raw(), gw.raw(), gb.raw(), gy.raw()));
+      ASSERT_OK(
+          (*gpu_plan)->Backward(gx.raw(), gdy.raw(), gw.raw(), gdx.raw(), gdw.raw(), gdb.raw()));
+      ASSERT_OK(cuda_->Synchronize());
+      std::vector<float> y_out = Read(*cuda_, gy), dx_out = Read(*cuda_, gdx);
+      if (nhwc) {
+        y_out = ToNchw(y_out, cfg.n, cfg.filters, out_hw);
+        dx_out = ToNchw(dx_out, cfg.n, cfg.c, in_hw);
+      }
+      ExpectClose(y_out, Read(*cpu_, cy), "forward (+ bias)", Bound(dtype(), 2));
+      ExpectClose(dx_out, Read(*cpu_, cdx), "backward data", Bound(dtype(), 4));
+      ExpectClose(Read(*cuda_, gdw), Read(*cpu_, cdw), "backward filter", Bound(dtype(), 8));
+      ExpectClose(Read(*cuda_, gdb), Read(*cpu_, cdb), "bias gradient", Bound(dtype(), 1));
+    }
   }
 }
 
@@ -338,14 +373,27 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
     Tensor cdx = F32(*cpu_, std::vector<float>(x_count));
     ASSERT_OK((*cpu_plan)->Forward(cx.raw(), cy.raw(), true));
     ASSERT_OK((*cpu_plan)->Backward(cx.raw(), cy.raw(), cdy.raw(), cdx.raw()));
-    cfg.dtype = dtype();
-    absl::StatusOr<std::unique_ptr<Pool2dPlan>> gpu_plan = cuda_->CreatePool2d(cfg);
-    ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
-    Tensor gx = Half(x), gdy = Half(dy), gy = HalfZeros(y_count), gdx = HalfZeros(x_count);
-    ASSERT_OK((*gpu_plan)->Forward(gx.raw(), gy.raw(), true));
-    ASSERT_OK((*gpu_plan)->Backward(gx.raw(), gy.raw(), gdy.raw(), gdx.raw()));
-    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward", Bound(dtype(), 1));
-    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
+    const int64_t in_hw = int64_t{cfg.h} * cfg.w, out_hw = int64_t{cfg.out_h()} * cfg.out_w();
+    for (TensorLayout layout : kLayouts) {
+      SCOPED_TRACE(TensorLayoutName(layout));
+      const bool nhwc = layout == TensorLayout::kNHWC;
+      cfg.dtype = dtype();
+      cfg.layout = layout;
+      absl::StatusOr<std::unique_ptr<Pool2dPlan>> gpu_plan = cuda_->CreatePool2d(cfg);
+      ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+      Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, in_hw) : x);
+      Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.c, out_hw) : dy);
+      Tensor gy = HalfZeros(y_count), gdx = HalfZeros(x_count);
+      ASSERT_OK((*gpu_plan)->Forward(gx.raw(), gy.raw(), true));
+      ASSERT_OK((*gpu_plan)->Backward(gx.raw(), gy.raw(), gdy.raw(), gdx.raw()));
+      std::vector<float> y_out = Read(*cuda_, gy), dx_out = Read(*cuda_, gdx);
+      if (nhwc) {
+        y_out = ToNchw(y_out, cfg.n, cfg.c, out_hw);
+        dx_out = ToNchw(dx_out, cfg.n, cfg.c, in_hw);
+      }
+      ExpectClose(y_out, Read(*cpu_, cy), "forward", Bound(dtype(), 1));
+      ExpectClose(dx_out, Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
+    }
   }
 
   BatchNormConfig cfg;  // After a resnet convolution: [32, 16, 8x8].
@@ -378,28 +426,41 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
                                   c_stats[5].data()));
   ASSERT_OK((*cpu_plan)->ForwardInference(cx.raw(), cg.data(), cbeta.data(), c_stats[0].data(),
                                           c_stats[1].data(), cyi.raw()));
-  cfg.dtype = dtype();
-  absl::StatusOr<std::unique_ptr<BatchNormPlan>> gpu_plan = cuda_->CreateBatchNorm(cfg);
-  ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
-  Tensor gx = Half(x), gdy = Half(dy), gy = HalfZeros(count), gdx = HalfZeros(count);
-  Tensor gyi = HalfZeros(count);
-  ASSERT_OK((*gpu_plan)->ForwardTraining(gx.raw(), gg.data(), gbeta.data(), gy.raw(),
-                                         g_stats[0].data(), g_stats[1].data(), g_stats[2].data(),
-                                         g_stats[3].data()));
-  ASSERT_OK((*gpu_plan)->Backward(gx.raw(), gdy.raw(), gg.data(), g_stats[2].data(),
-                                  g_stats[3].data(), gdx.raw(), g_stats[4].data(),
-                                  g_stats[5].data()));
-  ASSERT_OK((*gpu_plan)->ForwardInference(gx.raw(), gg.data(), gbeta.data(), g_stats[0].data(),
-                                          g_stats[1].data(), gyi.raw()));
-  ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "batch norm training output", Bound(dtype(), 1));
-  ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "batch norm dx", Bound(dtype(), 1));
-  ExpectClose(Read(*cuda_, gyi), Read(*cpu_, cyi), "batch norm inference output",
-              Bound(dtype(), 1));
-  const char* stat_names[] = {"running mean", "running var", "saved mean",
-                              "saved 1/std",  "dgamma",      "dbeta"};
-  for (int i = 0; i < 6; ++i) {
-    // fp32 outputs from the same (rounded) inputs: fp32's bound.
-    ExpectClose(Read(*cuda_, g_stats[i]), Read(*cpu_, c_stats[i]), stat_names[i], 1e-4);
+  for (TensorLayout layout : kLayouts) {
+    SCOPED_TRACE(TensorLayoutName(layout));
+    const bool nhwc = layout == TensorLayout::kNHWC;
+    for (int i = 0; i < 6; ++i) g_stats[i] = F32(*cuda_, i == 1 ? ones : zeros);
+    cfg.dtype = dtype();
+    cfg.layout = layout;
+    absl::StatusOr<std::unique_ptr<BatchNormPlan>> gpu_plan = cuda_->CreateBatchNorm(cfg);
+    ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+    Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, cfg.spatial) : x);
+    Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.c, cfg.spatial) : dy);
+    Tensor gy = HalfZeros(count), gdx = HalfZeros(count), gyi = HalfZeros(count);
+    ASSERT_OK((*gpu_plan)->ForwardTraining(gx.raw(), gg.data(), gbeta.data(), gy.raw(),
+                                           g_stats[0].data(), g_stats[1].data(), g_stats[2].data(),
+                                           g_stats[3].data()));
+    ASSERT_OK((*gpu_plan)->Backward(gx.raw(), gdy.raw(), gg.data(), g_stats[2].data(),
+                                    g_stats[3].data(), gdx.raw(), g_stats[4].data(),
+                                    g_stats[5].data()));
+    ASSERT_OK((*gpu_plan)->ForwardInference(gx.raw(), gg.data(), gbeta.data(), g_stats[0].data(),
+                                            g_stats[1].data(), gyi.raw()));
+    std::vector<float> y_out = Read(*cuda_, gy), dx_out = Read(*cuda_, gdx);
+    std::vector<float> yi_out = Read(*cuda_, gyi);
+    if (nhwc) {
+      y_out = ToNchw(y_out, cfg.n, cfg.c, cfg.spatial);
+      dx_out = ToNchw(dx_out, cfg.n, cfg.c, cfg.spatial);
+      yi_out = ToNchw(yi_out, cfg.n, cfg.c, cfg.spatial);
+    }
+    ExpectClose(y_out, Read(*cpu_, cy), "batch norm training output", Bound(dtype(), 1));
+    ExpectClose(dx_out, Read(*cpu_, cdx), "batch norm dx", Bound(dtype(), 1));
+    ExpectClose(yi_out, Read(*cpu_, cyi), "batch norm inference output", Bound(dtype(), 1));
+    const char* stat_names[] = {"running mean", "running var", "saved mean",
+                                "saved 1/std",  "dgamma",      "dbeta"};
+    for (int i = 0; i < 6; ++i) {
+      // fp32 outputs from the same (rounded) inputs: fp32's bound.
+      ExpectClose(Read(*cuda_, g_stats[i]), Read(*cpu_, c_stats[i]), stat_names[i], 1e-4);
+    }
   }
 }
 

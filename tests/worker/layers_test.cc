@@ -287,5 +287,123 @@ TEST(ModelFusionTest, ReluMaxPoolFusedMatchesLayerByLayerBitForBit) {
   }
 }
 
+// Channels last (Backend::ChannelsLast): flatten and dense layers read a
+// [C, H, W] input held as [H, W, C], put it in [C, H, W] order, and hand its
+// gradient back in the held order, so that a model means the same either
+// way. Checked on the CPU backend (its Transpose), against the same layers
+// reading the [C, H, W] input directly.
+std::vector<float> HwcOf(const std::vector<float>& chw, int batch, int c, int hw) {
+  std::vector<float> out(chw.size());
+  for (int b = 0; b < batch; ++b)
+    for (int ch = 0; ch < c; ++ch)
+      for (int i = 0; i < hw; ++i) out[(b * hw + i) * c + ch] = chw[(b * c + ch) * hw + i];
+  return out;
+}
+
+TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend();
+  const int batch = 2, c = 3, hw = 20, in = c * hw, units = 6;
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(ParseModel(
+      R"({"name":"g","input_shape":[3,4,5],"num_classes":6,"layers":[
+        {"name":"fc","dense":{"units":6}},
+        {"name":"loss","softmax_cross_entropy":{}}]})"));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ModelGraph> flat_graph = BuildModelGraph(ParseModel(
+      R"({"name":"g","input_shape":[3,4,5],"num_classes":60,"layers":[
+        {"name":"flat","flatten":{}},
+        {"name":"loss","softmax_cross_entropy":{}}]})"));
+  ASSERT_TRUE(flat_graph.ok()) << flat_graph.status();
+
+  std::vector<float> x(batch * in), w(units * in), bias(units), dy(batch * units),
+      dflat(batch * in);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = UniformFloat(1, i) - 0.5f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = UniformFloat(2, i) - 0.5f;
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = UniformFloat(3, i);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = UniformFloat(4, i) - 0.5f;
+  for (size_t i = 0; i < dflat.size(); ++i) dflat[i] = UniformFloat(5, i) - 0.5f;
+  auto upload = [&](const std::vector<float>& v) {
+    absl::StatusOr<Tensor> t = backend->AllocateTensor(Shape{static_cast<int64_t>(v.size())});
+    EXPECT_TRUE(t.ok());
+    EXPECT_TRUE(backend->CopyHostToDevice(t->data(), v.data(), t->bytes()).ok());
+    return *std::move(t);
+  };
+  auto download = [&](const Tensor& t) {
+    std::vector<float> v(t.num_elements());
+    EXPECT_TRUE(backend->CopyDeviceToHost(v.data(), t.data(), t.bytes()).ok());
+    return v;
+  };
+
+  // Per layout: the dense layer's output, dW, dbias and d(input) (in the
+  // held order), and the flatten layer's output and d(input).
+  std::vector<float> results[2][5];
+  for (bool channels_last : {false, true}) {
+    const std::vector<float> held = channels_last ? HwcOf(x, batch, c, hw) : x;
+    Tensor tx = upload(held), tw = upload(w), tb = upload(bias), tdy = upload(dy);
+    Tensor ty = upload(std::vector<float>(batch * units)), tdw = upload(w), tdb = upload(bias);
+    Tensor tdx = upload(std::vector<float>(batch * in));
+    absl::StatusOr<std::unique_ptr<Layer>> dense =
+        Layer::Create(graph->layers[0], DataType::kF32, channels_last);
+    ASSERT_TRUE(dense.ok()) << dense.status();
+    ASSERT_TRUE((*dense)->Prepare(backend.get(), batch).ok());
+    ForwardArgs f;
+    f.batch = batch;
+    f.inputs = {tx.data()};
+    f.output = ty.data();
+    f.params = {tw.data(), tb.data()};
+    f.training = true;
+    ASSERT_TRUE((*dense)->Forward(backend.get(), f).ok());
+    BackwardArgs b;
+    b.batch = batch;
+    b.inputs = {tx.data()};
+    b.output = ty.data();
+    b.d_output = tdy.data();
+    b.d_inputs = {tdx.data()};
+    b.params = {tw.data(), tb.data()};
+    b.d_params = {tdw.data(), tdb.data()};
+    ASSERT_TRUE((*dense)->Backward(backend.get(), b).ok());
+    const int k = channels_last ? 1 : 0;
+    results[k][0] = download(ty);
+    results[k][1] = download(tdw);
+    results[k][2] = download(tdb);
+    results[k][3] = download(tdx);
+
+    absl::StatusOr<std::unique_ptr<Layer>> flatten =
+        Layer::Create(flat_graph->layers[0], DataType::kF32, channels_last);
+    ASSERT_TRUE(flatten.ok()) << flatten.status();
+    Tensor tflat = upload(std::vector<float>(batch * in)), tdflat = upload(dflat);
+    Tensor tdflat_in = upload(std::vector<float>(batch * in));
+    ForwardArgs ff;
+    ff.batch = batch;
+    ff.inputs = {tx.data()};
+    ff.output = tflat.data();
+    ASSERT_TRUE((*flatten)->Forward(backend.get(), ff).ok());
+    BackwardArgs fb;
+    fb.batch = batch;
+    fb.inputs = {tx.data()};
+    fb.output = tflat.data();
+    fb.d_output = tdflat.data();
+    fb.d_inputs = {tdflat_in.data()};
+    ASSERT_TRUE((*flatten)->Backward(backend.get(), fb).ok());
+    results[k][4] = download(tflat);
+    // d(input) in the held order, compared in [C, H, W] order below.
+    std::vector<float> dflat_in = download(tdflat_in);
+    results[k][3].insert(results[k][3].end(), dflat_in.begin(), dflat_in.end());
+  }
+  EXPECT_EQ(results[1][0], results[0][0]) << "dense output";
+  EXPECT_EQ(results[1][1], results[0][1]) << "dense weight gradient";
+  EXPECT_EQ(results[1][2], results[0][2]) << "dense bias gradient";
+  EXPECT_EQ(results[1][4], results[0][4]) << "flatten output";
+  EXPECT_EQ(results[0][4], x) << "flatten output is the input in [C, H, W] order";
+  // Gradients w.r.t. the input: the channels-last ones are the NCHW ones,
+  // held as [H, W, C].
+  const std::vector<float> nchw_dx(results[0][3].begin(), results[0][3].begin() + batch * in);
+  const std::vector<float> nchw_dflat(results[0][3].begin() + batch * in, results[0][3].end());
+  const std::vector<float> cl_dx(results[1][3].begin(), results[1][3].begin() + batch * in);
+  const std::vector<float> cl_dflat(results[1][3].begin() + batch * in, results[1][3].end());
+  EXPECT_EQ(cl_dx, HwcOf(nchw_dx, batch, c, hw)) << "dense input gradient";
+  EXPECT_EQ(cl_dflat, HwcOf(nchw_dflat, batch, c, hw)) << "flatten input gradient";
+  EXPECT_EQ(nchw_dflat, dflat);
+}
+
 }  // namespace
 }  // namespace pstrain
