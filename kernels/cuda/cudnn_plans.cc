@@ -871,9 +871,8 @@ class CudnnBatchNormPlan final : public BatchNormPlan {
   absl::Status Init() {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     // [N, C, spatial] is viewed as NCHW with H = spatial, W = 1.
-    // (NHWC: [N, spatial, C], the same bytes.)
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(config_.n, config_.c, config_.spatial, 1,
-                                                  config_.dtype, config_.layout));
+    PSTRAIN_ASSIGN_OR_RETURN(x_desc_,
+                             NewTensor4d(config_.n, config_.c, config_.spatial, 1, config_.dtype));
     PSTRAIN_ASSIGN_OR_RETURN(param_desc_, TensorDescriptor::Create());
     // fp32 for every data type of x.
     PSTRAIN_RETURN_IF_CUDNN_ERROR(
@@ -975,7 +974,10 @@ absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnCon
 
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNormPlan(const CudnnContext& context,
                                                                    const BatchNormConfig& config) {
-  if (UseCudnnBatchNorm()) return CudnnBatchNormPlan::Create(context, config);
+  // cuDNN's batch norm is kept to NCHW, the layout it was measured and tested
+  // in; channels-last plans always run pstrain's kernels.
+  const bool channels_last = config.layout == TensorLayout::kNHWC && config.spatial > 1;
+  if (UseCudnnBatchNorm() && !channels_last) return CudnnBatchNormPlan::Create(context, config);
   PSTRAIN_RETURN_IF_ERROR(CheckBatchNormConfig(config));
   return CudaBatchNormPlan::Create(context, config);
 }

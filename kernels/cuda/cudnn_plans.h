@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnCon
 // Spatial batch norm (statistics per channel over N and spatial); the running
 // variance is the unbiased one, exponential factor = config.momentum. Runs
 // pstrain's kernels (batch_norm_kernels.cu), or cuDNN's batch norm when
-// PSTRAIN_CUDNN_BATCHNORM=1.
+// PSTRAIN_CUDNN_BATCHNORM=1 (NCHW plans only).
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNormPlan(const CudnnContext& context,
                                                                    const BatchNormConfig& config);
 
