@@ -47,8 +47,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
     model->layers_.push_back(std::move(layer));
   }
   model->block_of_.assign(g.layers.size(), -1);
-  // Conv -> ReLU -> pool plans are fp32 (the CPU's).
-  if (options.fuse_relu_max_pool && options.fuse_conv_relu_pool && !model->reduced()) {
+  // Conv -> ReLU -> pool plans are fp32 (the CPU's) and NCHW.
+  if (options.fuse_relu_max_pool && options.fuse_conv_relu_pool && !model->reduced() &&
+      !model->channels_last_) {
     for (int l = 0; l < static_cast<int>(g.layers.size()); ++l) {
       const LayerInfo& conv = g.layers[l];
       if (conv.type != LayerType::kConv2d || conv.consumers.size() != 1) continue;
@@ -184,15 +185,16 @@ absl::Status Model::PrepareBatch(int batch) {
         scratch_.emplace_back();
       }
     }
+    const int64_t image = graph_.input_shape.num_elements();
+    if (reduced() || InputTransposed()) {
+      PSTRAIN_ASSIGN_OR_RETURN(input_cast_,
+                               backend_->AllocateTensor(Shape{batch, image}, precision_));
+    }
+    if (reduced() && InputTransposed()) {
+      PSTRAIN_ASSIGN_OR_RETURN(input_nchw_,
+                               backend_->AllocateTensor(Shape{batch, image}, precision_));
+    }
     if (reduced()) {
-      PSTRAIN_ASSIGN_OR_RETURN(
-          input_cast_,
-          backend_->AllocateTensor(Shape{batch, graph_.input_shape.num_elements()}, precision_));
-      if (InputTransposed()) {
-        PSTRAIN_ASSIGN_OR_RETURN(
-            input_nchw_,
-            backend_->AllocateTensor(Shape{batch, graph_.input_shape.num_elements()}, precision_));
-      }
       PSTRAIN_ASSIGN_OR_RETURN(logits_f32_,
                                backend_->AllocateTensor(Shape{batch, graph_.num_classes}));
     }
@@ -217,18 +219,24 @@ absl::Status Model::Forward(const float* images, const int32_t* labels, int batc
   input_ = images;
   labels_ = labels;
   last_forward_training_ = training;
+  // The images in precision_ and, channels last, as [H*W, C] per image.
+  const Shape& in = graph_.input_shape;
+  const void* images_nchw = images;
   if (reduced()) {
-    // The images, and the parameters as they are now (an updater may have
-    // just replaced them), in precision_.
-    const Shape& in = graph_.input_shape;
     void* cast = InputTransposed() ? input_nchw_.raw() : input_cast_.raw();
     PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, images, precision_, cast,
                                               int64_t{batch} * in.num_elements(), 1.f, nullptr));
-    if (InputTransposed()) {  // [C, H*W] -> [H*W, C] per image.
-      PSTRAIN_RETURN_IF_ERROR(
-          backend_->Transpose(precision_, cast, input_cast_.raw(), batch, in[0], in[1] * in[2]));
-    }
+    images_nchw = cast;
     input_ = input_cast_.raw();
+  }
+  if (InputTransposed()) {
+    PSTRAIN_RETURN_IF_ERROR(backend_->Transpose(precision_, images_nchw, input_cast_.raw(), batch,
+                                                in[0], in[1] * in[2]));
+    input_ = input_cast_.raw();
+  }
+  if (reduced()) {
+    // The parameters as they are now (an updater may have just replaced
+    // them), in precision_.
     for (int p = 0; p < num_params(); ++p) {
       if (compute_params_[p].empty()) continue;
       PSTRAIN_RETURN_IF_ERROR(backend_->Convert(DataType::kF32, params_[p].raw(), precision_,

@@ -161,10 +161,10 @@ class Model {
       : graph_(std::move(graph)), backend_(backend), precision_(precision) {}
   bool reduced() const { return precision_ != DataType::kF32; }
   // Whether the images are [C, H, W] with more than one position, held
-  // channels last (reduced precision only).
+  // channels last.
   bool InputTransposed() const {
     const Shape& in = graph_.input_shape;
-    return channels_last_ && reduced() && in.rank() == 3 && in[1] * in[2] > 1;
+    return channels_last_ && in.rank() == 3 && in[1] * in[2] > 1;
   }
   bool dynamic_loss_scaling() const { return precision_ == DataType::kF16; }
   absl::Status PrepareBatch(int batch);
@@ -215,10 +215,12 @@ class Model {
   // precision_ copy and gradient (empty elsewhere).
   std::vector<Tensor> compute_params_;
   std::vector<Tensor> compute_grads_;
-  Tensor input_cast_;  // Reduced precision: the batch's images in precision_.
+  // The batch's images as the layers read them: in precision_ (reduced
+  // precision), channels last (InputTransposed), or both; else empty.
+  Tensor input_cast_;
   // The backend's Backend::ChannelsLast(precision_): [C, H, W] activations,
   // the input too, are held as [H, W, C]; input_nchw_ holds the images in
-  // precision_ before they are transposed (multi-position images only).
+  // reduced precision before they are transposed.
   bool channels_last_ = false;
   Tensor input_nchw_;
   Tensor logits_f32_;  // Reduced precision: the logits in fp32.
