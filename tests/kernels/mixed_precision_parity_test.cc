@@ -221,6 +221,47 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
     for (size_t i = 0; i < bits.size(); ++i) out[i] = FromBits(t.dtype(), bits[i]);
     return out;
   }
+
+  // Activations (forward, and backward from the rounded forward output),
+  // add and axpy on `count` elements, against the CPU's fp32 on the same
+  // (representable) inputs: one rounding each.
+  void CheckActivationsAddAxpy(int64_t count, uint32_t seed) {
+    SCOPED_TRACE(absl::StrCat(count, " elements"));
+    const std::vector<float> x = RandomRounded(dtype(), count, ++seed, -3.f, 3.f);
+    const std::vector<float> b = RandomRounded(dtype(), count, ++seed);
+    const std::vector<float> dy = RandomRounded(dtype(), count, ++seed);
+    Tensor cx = F32(*cpu_, x), cb = F32(*cpu_, b), cdy = F32(*cpu_, dy);
+    Tensor gx = Half(x), gb = Half(b), gdy = Half(dy);
+    const std::pair<const char*, Activation> kinds[] = {{"relu", Activation::kRelu},
+                                                        {"leaky relu", Activation::kLeakyRelu},
+                                                        {"tanh", Activation::kTanh},
+                                                        {"sigmoid", Activation::kSigmoid}};
+    for (const auto& [name, kind] : kinds) {
+      SCOPED_TRACE(name);
+      Tensor cy = F32(*cpu_, std::vector<float>(count));
+      Tensor cdx = F32(*cpu_, std::vector<float>(count));
+      Tensor gy = HalfZeros(count), gdx = HalfZeros(count);
+      ASSERT_OK(cpu_->ActivationForward(kind, 0.1f, cx.data(), cy.data(), count));
+      ASSERT_OK(cuda_->ActivationForward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), count));
+      ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward", Bound(dtype(), 1));
+      // Backward reads the forward output, which the reduced type rounded
+      // (tanh, sigmoid): the CPU gets that same output.
+      Tensor cy_rounded = F32(*cpu_, Read(*cuda_, gy));
+      ASSERT_OK(cpu_->ActivationBackward(kind, 0.1f, cx.data(), cy_rounded.data(), cdy.data(),
+                                         cdx.data(), count));
+      ASSERT_OK(cuda_->ActivationBackward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), gdy.raw(),
+                                          gdx.raw(), count));
+      ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
+    }
+    Tensor cy = F32(*cpu_, std::vector<float>(count)), gy = HalfZeros(count);
+    ASSERT_OK(cpu_->Add(cx.data(), cb.data(), cy.data(), count));
+    ASSERT_OK(cuda_->Add(dtype(), gx.raw(), gb.raw(), gy.raw(), count));
+    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "add", Bound(dtype(), 1));
+    Tensor cz = F32(*cpu_, b), gz = Half(b);
+    ASSERT_OK(cpu_->Axpy(0.5f, cx.data(), cz.data(), count));
+    ASSERT_OK(cuda_->Axpy(dtype(), 0.5f, gx.raw(), gz.raw(), count));
+    ExpectClose(Read(*cuda_, gz), Read(*cpu_, cz), "axpy", Bound(dtype(), 1));
+  }
 };
 
 TEST_P(MixedPrecisionParityTest, ConvertRoundsToNearestEvenAndFlagsNonFiniteResults) {
@@ -464,81 +505,27 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
   }
 }
 
-// ElementwiseOpsAndLossMatchFp32's odd count takes the one-element walk;
-// a multiple of 4 from aligned buffers takes the 4-element one (8-byte
-// accesses in bf16 and fp16), with the same bounds.
-TEST_P(MixedPrecisionParityTest, ElementwiseOpsFourAtATimeMatchFp32) {
-  const int64_t count = 64 * 1024;
-  uint32_t seed = 3500;
-  const std::vector<float> x = RandomRounded(dtype(), count, ++seed, -3.f, 3.f);
-  const std::vector<float> b = RandomRounded(dtype(), count, ++seed);
-  const std::vector<float> dy = RandomRounded(dtype(), count, ++seed);
-  Tensor cx = F32(*cpu_, x), cb = F32(*cpu_, b), cdy = F32(*cpu_, dy);
-  Tensor gx = Half(x), gb = Half(b), gdy = Half(dy);
-  for (Activation kind : {Activation::kRelu, Activation::kSigmoid}) {
-    SCOPED_TRACE(kind == Activation::kRelu ? "relu" : "sigmoid");
-    Tensor cy = F32(*cpu_, std::vector<float>(count)), cdx = F32(*cpu_, std::vector<float>(count));
-    Tensor gy = HalfZeros(count), gdx = HalfZeros(count);
-    ASSERT_OK(cpu_->ActivationForward(kind, 0.1f, cx.data(), cy.data(), count));
-    ASSERT_OK(cuda_->ActivationForward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), count));
-    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward", Bound(dtype(), 1));
-    Tensor cy_rounded = F32(*cpu_, Read(*cuda_, gy));
-    ASSERT_OK(cpu_->ActivationBackward(kind, 0.1f, cx.data(), cy_rounded.data(), cdy.data(),
-                                       cdx.data(), count));
-    ASSERT_OK(cuda_->ActivationBackward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), gdy.raw(),
-                                        gdx.raw(), count));
-    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
-  }
-  Tensor cy = F32(*cpu_, std::vector<float>(count)), gy = HalfZeros(count);
-  ASSERT_OK(cpu_->Add(cx.data(), cb.data(), cy.data(), count));
-  ASSERT_OK(cuda_->Add(dtype(), gx.raw(), gb.raw(), gy.raw(), count));
-  ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "add", Bound(dtype(), 1));
-  Tensor cz = F32(*cpu_, b), gz = Half(b);
-  ASSERT_OK(cpu_->Axpy(0.5f, cx.data(), cz.data(), count));
-  ASSERT_OK(cuda_->Axpy(dtype(), 0.5f, gx.raw(), gz.raw(), count));
-  ExpectClose(Read(*cuda_, gz), Read(*cpu_, cz), "axpy", Bound(dtype(), 1));
+// The element-wise kernels walk 1 element at a time on an odd count and 4
+// at a time (8-byte accesses in bf16 and fp16) on a multiple of 4 from
+// aligned buffers; both walks, with the same bounds.
+TEST_P(MixedPrecisionParityTest, ActivationsAddAndAxpyMatchFp32OnBothWalks) {
+  CheckActivationsAddAxpy(64 * 1024 + 3, 3000);
+  CheckActivationsAddAxpy(64 * 1024, 3500);
 }
 
+// Multiply, dropout, bias and the loss (activations, add and axpy:
+// ActivationsAddAndAxpyMatchFp32OnBothWalks).
 TEST_P(MixedPrecisionParityTest, ElementwiseOpsAndLossMatchFp32) {
   const int64_t count = 64 * 1024 + 3;
   uint32_t seed = 3000;
   const std::vector<float> x = RandomRounded(dtype(), count, ++seed, -3.f, 3.f);
   const std::vector<float> b = RandomRounded(dtype(), count, ++seed);
-  const std::vector<float> dy = RandomRounded(dtype(), count, ++seed);
-  Tensor cx = F32(*cpu_, x), cb = F32(*cpu_, b), cdy = F32(*cpu_, dy);
-  Tensor gx = Half(x), gb = Half(b), gdy = Half(dy);
-  const std::pair<const char*, Activation> kinds[] = {{"relu", Activation::kRelu},
-                                                      {"leaky relu", Activation::kLeakyRelu},
-                                                      {"tanh", Activation::kTanh},
-                                                      {"sigmoid", Activation::kSigmoid}};
-  for (const auto& [name, kind] : kinds) {
-    SCOPED_TRACE(name);
-    Tensor cy = F32(*cpu_, std::vector<float>(count)), cdx = F32(*cpu_, std::vector<float>(count));
-    Tensor gy = HalfZeros(count), gdx = HalfZeros(count);
-    ASSERT_OK(cpu_->ActivationForward(kind, 0.1f, cx.data(), cy.data(), count));
-    ASSERT_OK(cuda_->ActivationForward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), count));
-    ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "forward", Bound(dtype(), 1));
-    // Backward reads the forward output, which the reduced type rounded
-    // (tanh, sigmoid): the CPU gets that same output.
-    Tensor cy_rounded = F32(*cpu_, Read(*cuda_, gy));
-    ASSERT_OK(cpu_->ActivationBackward(kind, 0.1f, cx.data(), cy_rounded.data(), cdy.data(),
-                                       cdx.data(), count));
-    ASSERT_OK(cuda_->ActivationBackward(dtype(), kind, 0.1f, gx.raw(), gy.raw(), gdy.raw(),
-                                        gdx.raw(), count));
-    ExpectClose(Read(*cuda_, gdx), Read(*cpu_, cdx), "backward", Bound(dtype(), 1));
-  }
-
+  Tensor cx = F32(*cpu_, x), cb = F32(*cpu_, b);
+  Tensor gx = Half(x), gb = Half(b);
   Tensor cy = F32(*cpu_, std::vector<float>(count)), gy = HalfZeros(count);
   ASSERT_OK(cpu_->Multiply(cx.data(), cb.data(), cy.data(), count));
   ASSERT_OK(cuda_->Multiply(dtype(), gx.raw(), gb.raw(), gy.raw(), count));
   ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "multiply", Bound(dtype(), 1));
-  ASSERT_OK(cpu_->Add(cx.data(), cb.data(), cy.data(), count));
-  ASSERT_OK(cuda_->Add(dtype(), gx.raw(), gb.raw(), gy.raw(), count));
-  ExpectClose(Read(*cuda_, gy), Read(*cpu_, cy), "add", Bound(dtype(), 1));
-  Tensor cz = F32(*cpu_, b), gz = Half(b);
-  ASSERT_OK(cpu_->Axpy(0.5f, cx.data(), cz.data(), count));
-  ASSERT_OK(cuda_->Axpy(dtype(), 0.5f, gx.raw(), gz.raw(), count));
-  ExpectClose(Read(*cuda_, gz), Read(*cpu_, cz), "axpy", Bound(dtype(), 1));
 
   // Dropout: the same keep decisions; y = x * 1/(1 - rate), rounded.
   Tensor cmask = F32(*cpu_, std::vector<float>(count)), gmask = HalfZeros(count);
