@@ -455,7 +455,10 @@ TEST_F(CudaParityTest, ChannelsLastBatchNormMatchesCpu) {
   const std::array<std::array<int, 3>, 4> shapes = {
       {{7, 5, 81}, {4, 100, 36}, {64, 16, 1024}, {3, 64, 4}}};
   uint32_t seed = 3500;
-  for (const auto& [n, c, spatial] : shapes) {
+  for (const std::array<int, 3>& shape : shapes) {
+    // Plain locals (the lambdas below capture them; clang refuses captured
+    // structured bindings before C++20's P1091).
+    const int n = shape[0], c = shape[1], spatial = shape[2];
     SCOPED_TRACE(absl::StrCat("batch norm NHWC [", n, ", ", spatial, ", ", c, "]"));
     BatchNormConfig cfg;
     cfg.n = n;
