@@ -340,9 +340,6 @@ class CudaBackend final : public Backend {
     return cuda::LaunchAdamUpdate(param, grad, m, v, count, hyper, stream_.get());
   }
 
-  // Tensor cores for fp16 from compute capability 7.0 (Volta), for bf16
-  // from 8.0 (Ampere); below that cuDNN has no reduced-precision algorithms
-  // worth running, and the job is refused up front.
   // bf16 and fp16 run channels last: cuDNN's tensor-core convolutions are
   // built for NHWC, and in NCHW their backward passes were no faster than
   // fp32's (bench/gpu_layers_bench on an H200). fp32 stays NCHW, where its
@@ -361,6 +358,9 @@ class CudaBackend final : public Backend {
     return cuda::LaunchTranspose(dtype, x, y, batch, rows, cols, stream_.get());
   }
 
+  // Tensor cores for fp16 from compute capability 7.0 (Volta), for bf16
+  // from 8.0 (Ampere); below that cuDNN has no reduced-precision algorithms
+  // worth running, and the job is refused up front.
   bool SupportsDataType(DataType dtype) const override {
     switch (dtype) {
       case DataType::kF32:
