@@ -25,8 +25,10 @@
 # line this script prints carries "bench_only_fixed_compute_ms=<value>" (0
 # for the Fashion-MNIST runs, which train for real).
 #
-# Per point (N workers, S shards, a codec) it submits bench/jobs/
-# dense-8mb-synthetic.json in sync mode, skips WARM steps, then measures
+# Per point (N workers, S shards, a codec) it submits JOB (default bench/jobs/
+# dense-8mb-synthetic.json: one 8 MB dense layer; bench/jobs/
+# mlp-8mb-synthetic.json spreads as many bytes over five layers, whose
+# gradients a step pushes last layer first) in sync mode, skips WARM steps, then measures
 # K steps: the step time is the median interval between worker 1's step ends
 # (its per-step BENCH ONLY log lines); the bytes each link carried per step
 # are the veth counters (tx + rx of every host's eth0: headers, gRPC framing,
@@ -64,6 +66,7 @@
 #   onebit" NS_LIST="1 2 4 8" SS_LIST="1 2 4" WINDOW_S=4 WARM=3
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
+#   JOB=bench/jobs/dense-8mb-synthetic.json (smoke, sweep and tls)
 #   TCP_CC=cubic (reno where namespaces may not use cubic)
 #   QUEUE_MS=20 QUEUE_MIN_BYTES=262144: each link's tbf queue, in time at
 #   its rate, at least that many bytes.
@@ -480,7 +483,7 @@ if [[ $WHAT == smoke ]]; then
 fi
 
 if [[ $WHAT == sweep || $WHAT == all ]]; then
-  note "== sweep: sync, $(basename "$JOB") (8.43 MB of fp32), $RATE links (servers ${SERVER_RATE:-$RATE}; +${DELAY_MS} ms netem where available), fixed compute ${FIXED_MS} ms, $(when)"
+  note "== sweep: sync, $(basename "$JOB"), $RATE links (servers ${SERVER_RATE:-$RATE}; +${DELAY_MS} ms netem where available), fixed compute ${FIXED_MS} ms, $(when)"
   header
   for codec in ${CODECS:-none onebit}; do
     for s in ${SS_LIST:-1 2 4}; do

@@ -219,6 +219,13 @@ class RemoteUpdater final : public ParameterUpdater {
   // compression). Sized once: pulls in flight point into it.
   std::vector<PsClient::HeldValues> held_;
   std::vector<int> all_chunks_, trainable_chunks_, running_stat_chunks_;
+  // Every chunk in the order a step pushes them: trainable parameters layer by
+  // layer in backward order (Model::Backward's), then running statistics.
+  // The pipelined sync pull asks for chunks in this order because a shard
+  // answers a pull's chunks in request order and each only once its barrier
+  // is complete; in forward order a shard's first chunk would be its first
+  // layer's, pushed last, and hold back all the others behind it.
+  std::vector<int> push_order_chunks_;
   std::vector<PullOp> pulls_;          // Issued by ApplyUpdate.
   bool pulled_not_copied_ = false;     // CUDA: staging holds values not yet in the model.
   absl::Status staging_error_;         // From OnGradientsReady, reported by ApplyUpdate.

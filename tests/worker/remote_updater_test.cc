@@ -226,12 +226,20 @@ class FakePsClient final : public PsClient {
                                   std::vector<ChunkRef> chunks, int slot) override {
     last_push_clock = worker_clock;
     log.Add("push");
+    {
+      absl::MutexLock lock(&chunks_mu);
+      for (const ChunkRef& c : chunks) pushed_chunks.push_back(c.chunk_id);
+    }
     return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks), &log);
   }
   std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version, int worker_clock,
                                   std::vector<ChunkDest> chunks, int slot, bool master) override {
     last_pull_clock = worker_clock;
     log.Add("pull");
+    {
+      absl::MutexLock lock(&chunks_mu);
+      for (const ChunkDest& c : chunks) pulled_chunks.push_back(c.chunk_id);
+    }
     return std::make_unique<LazyPullOp>(server_, kind, min_version, slot, std::move(chunks));
   }
   void SetGeneration(int64_t generation) override {}
@@ -240,6 +248,9 @@ class FakePsClient final : public PsClient {
 
   int last_push_clock = -1, last_pull_clock = -1;
   EventLog log;
+  absl::Mutex chunks_mu;
+  std::vector<int> pushed_chunks ABSL_GUARDED_BY(chunks_mu);  // Every Push's, in call order.
+  std::vector<int> pulled_chunks ABSL_GUARDED_BY(chunks_mu);  // Every Pull's, in call order.
 
  private:
   FakeServer* server_;
@@ -568,6 +579,32 @@ TEST(RemoteUpdaterTest, SyncPullsGoOutWithThePushesAsyncAfterTheirAnswers) {
     EXPECT_EQ(w->updater->version(), 1);
     EXPECT_EQ(w->updater->resyncs(), 0);
   }
+}
+
+// A shard answers a pull's chunks in request order, each once its barrier is
+// complete, so the pull that goes out with a sync step's pushes asks for the
+// chunks in the order they were pushed: backward's layer order, then running
+// statistics. In forward order it would wait for the first layer's chunks,
+// pushed last, before sending any.
+TEST(RemoteUpdaterTest, SyncPullAsksForChunksInTheOrderTheyWerePushed) {
+  FakeServer server(v1::CONSISTENCY_SYNC, TinyGraph(), TinyPlan(), 1);
+  auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 5);
+  ASSERT_TRUE(w->updater->Start().ok());
+  ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
+  {
+    absl::MutexLock lock(&w->client->chunks_mu);
+    w->client->pulled_chunks.clear();  // BeforeStep's first pull.
+  }
+  ASSERT_TRUE(w->Compute(0).ok());
+  ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+  absl::MutexLock lock(&w->client->chunks_mu);
+  const std::vector<int>& pushed = w->client->pushed_chunks;
+  const std::vector<int>& pulled = w->client->pulled_chunks;
+  ASSERT_EQ(pushed.size(), TinyPlan().chunks.size());
+  EXPECT_EQ(pulled, pushed) << "pushed " << absl::StrJoin(pushed, ",") << "; pulled "
+                            << absl::StrJoin(pulled, ",");
+  // fc2's weights (the last layer's) first.
+  EXPECT_EQ(TinyPlan().chunks[pulled.front()].param, TinyGraph().layers[3].params[0]);
 }
 
 TEST(RemoteUpdaterTest, CancelStopsAtTheNextStep) {
