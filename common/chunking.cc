@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -41,11 +40,22 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
     model_elements += *n;
     sizes.push_back(*n);
   }
-  if (chunk_bytes == kAutoChunkBytes) chunk_bytes = AutoChunkBytes(model_elements * 4, num_shards);
+  const bool auto_size = chunk_bytes == kAutoChunkBytes;
+  if (auto_size) chunk_bytes = AutoChunkBytes(model_elements * 4, num_shards);
   const int64_t per_chunk = chunk_bytes / 4;
+  // Tapered ends (auto plans): num_shards chunks of per_chunk/8, then /4,
+  // then /2 elements at each end of a parameter large enough.
+  const int64_t end_elements =
+      num_shards * (per_chunk / kTaperDivisors[0] + per_chunk / kTaperDivisors[1] +
+                    per_chunk / kTaperDivisors[2]);
+  auto tapered = [&](int64_t n) {
+    return auto_size && n - 2 * end_elements >= kMinTaperedChunksPerShard * num_shards * per_chunk;
+  };
   int64_t num_chunks = 0;
   for (int64_t n : sizes) {
-    const int64_t chunks = n / per_chunk + (n % per_chunk != 0 ? 1 : 0);
+    const int64_t middle = tapered(n) ? n - 2 * end_elements : n;
+    const int64_t chunks = middle / per_chunk + (middle % per_chunk != 0 ? 1 : 0) +
+                           (tapered(n) ? 2 * kTaperLevels * int64_t{num_shards} : 0);
     if (chunks > kMaxChunks || (num_chunks += chunks) > kMaxChunks) {
       return absl::InvalidArgumentError(absl::StrCat("the model needs more than ", kMaxChunks,
                                                      " chunks of ", chunk_bytes, " bytes"));
@@ -56,25 +66,53 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   plan.num_shards = num_shards;
   plan.chunk_bytes = chunk_bytes;
   plan.by_param.resize(graph.params.size());
-  for (size_t p = 0; p < graph.params.size(); ++p) {
-    const int64_t n = sizes[p];
-    for (int64_t offset = 0; offset < n; offset += per_chunk) {
-      ChunkInfo c;
-      c.id = static_cast<int>(plan.chunks.size());
-      c.param = static_cast<int>(p);
-      c.offset = offset;
-      c.count = std::min(per_chunk, n - offset);
-      plan.by_param[p].push_back(c.id);
-      plan.chunks.push_back(c);
-    }
-  }
-  // Largest chunk first onto the least-loaded shard (ties: lower index).
-  std::vector<int> order(plan.chunks.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return plan.chunks[a].count > plan.chunks[b].count;
-  });
   plan.shard_bytes.assign(num_shards, 0);
+  std::vector<bool> placed;  // By chunk: an eighth of a tapered end, dealt one per shard.
+  auto add = [&](int p, int64_t offset, int64_t count, int shard) {
+    ChunkInfo c;
+    c.id = static_cast<int>(plan.chunks.size());
+    c.param = p;
+    c.offset = offset;
+    c.count = count;
+    c.shard = std::max(shard, 0);
+    plan.by_param[p].push_back(c.id);
+    plan.chunks.push_back(c);
+    placed.push_back(shard >= 0);
+    if (shard >= 0) plan.shard_bytes[shard] += count * 4;
+  };
+  for (size_t p = 0; p < graph.params.size(); ++p) {
+    const int param = static_cast<int>(p);
+    const int64_t n = sizes[p];
+    int64_t offset = 0;
+    auto taper = [&](bool head) {
+      for (int level = 0; level < kTaperLevels; ++level) {
+        const int64_t divisor = kTaperDivisors[head ? level : kTaperLevels - 1 - level];
+        const int64_t count = per_chunk / divisor;
+        // The eighths one per shard; the rest by load, filling its gaps.
+        const bool dealt = divisor == kTaperDivisors[0];
+        for (int s = 0; s < num_shards; ++s, offset += count) {
+          add(param, offset, count, dealt ? s : -1);
+        }
+      }
+    };
+    const bool taper_ends = tapered(n);
+    if (taper_ends) taper(/*head=*/true);
+    const int64_t middle_end = taper_ends ? n - end_elements : n;
+    while (offset < middle_end) {
+      const int64_t count = std::min(per_chunk, middle_end - offset);
+      add(param, offset, count, /*shard=*/-1);
+      offset += count;
+    }
+    if (taper_ends) taper(/*head=*/false);
+  }
+  // The dealt eighths add the same bytes to every shard; the rest goes
+  // largest chunk first onto the least-loaded shard (ties: lower index).
+  std::vector<int> order;
+  for (const ChunkInfo& c : plan.chunks) {
+    if (!placed[c.id]) order.push_back(c.id);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return plan.chunks[a].count > plan.chunks[b].count; });
   for (int id : order) {
     int best = 0;
     for (int s = 1; s < num_shards; ++s) {

@@ -25,6 +25,13 @@ inline constexpr int64_t kAutoChunkBytes = 0;
 // AutoChunkBytes' floor, and the chunks it wants every shard to hold.
 inline constexpr int64_t kMinAutoChunkBytes = int64_t{64} << 10;
 inline constexpr int64_t kMinChunksPerShard = 8;
+// Tapered ends of auto plans (PlanChunks): a parameter that leaves at least
+// kMinTaperedChunksPerShard full chunks per shard between its ends starts
+// with num_shards chunks of 1/8 of the chunk size, then num_shards of 1/4,
+// then num_shards of 1/2, and ends with the same in reverse.
+inline constexpr int kTaperLevels = 3;
+inline constexpr int64_t kTaperDivisors[kTaperLevels] = {8, 4, 2};
+inline constexpr int64_t kMinTaperedChunksPerShard = 2;
 // Most chunks one plan may hold (1 TiB of parameters at the default chunk
 // size); a plan's memory is ~40 bytes per chunk.
 inline constexpr int64_t kMaxChunks = int64_t{1} << 20;
@@ -60,11 +67,23 @@ int64_t AutoChunkBytes(int64_t model_bytes, int num_shards);
 // chunk_bytes (kAutoChunkBytes: AutoChunkBytes of the model's fp32 bytes;
 // small parameters are not merged: a chunk never spans two parameters), then
 // assigns chunks to shards greedily by bytes, largest first, so that shard
-// loads differ by at most one chunk. Deterministic: servers and workers plan
-// the same from the same model and shard count. INVALID_ARGUMENT for
-// num_shards < 1, chunk_bytes neither kAutoChunkBytes nor in
-// [4, kMaxChunkBytes], or more than kMaxChunks chunks (counted,
-// overflow-checked, before anything is allocated).
+// loads differ by at most one chunk.
+//
+// Auto plans also taper both ends of every large parameter (kTaperLevels
+// above) and deal the eighths one per shard (the other sizes go by load, so
+// that they fill its gaps), so that every shard's first and last chunks of
+// that parameter are an eighth of the chunk size. Why: a worker pushes to
+// its shards side by side, each at 1/num_shards of its link, and a sync
+// shard can send a chunk's pull only once every worker's push of it is in;
+// a small first chunk lets the pulls start eight times sooner, and a small
+// last chunk makes the last pull, which a shard sends to every worker before
+// their next step, eight times shorter (docs/BENCHMARKS.md, "Tapered
+// chunks"). Explicit chunk sizes are cut as asked.
+//
+// Deterministic: servers and workers plan the same from the same model and
+// shard count. INVALID_ARGUMENT for num_shards < 1, chunk_bytes neither
+// kAutoChunkBytes nor in [4, kMaxChunkBytes], or more than kMaxChunks chunks
+// (counted, overflow-checked, before anything is allocated).
 absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
                                      int64_t chunk_bytes = kAutoChunkBytes);
 

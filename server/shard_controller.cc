@@ -223,7 +223,7 @@ absl::Status ShardController::ConfigureJob(const JobLaunch& launch) {
     request.set_job_id(launch.job_id);
     *request.mutable_spec() = launch.spec;
     request.set_num_shards(num_shards());
-    request.set_chunk_bytes(plan.chunk_bytes);
+    request.set_chunk_bytes(chunk_bytes_);  // 0 (auto) stays auto: workers plan so too.
     request.set_shard_index(s);
     for (const std::string& m : launch.members) request.add_members(m);
     request.set_generation(launch.generation);

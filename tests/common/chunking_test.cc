@@ -117,18 +117,70 @@ TEST(ChunkingTest, DefaultPlansGiveEveryShardEightChunksOfAnEightMegabyteModel) 
     EXPECT_EQ(plan->chunk_bytes, kDefaultChunkBytes / shards);
     for (const std::vector<int>& owned : plan->by_shard) EXPECT_GE(owned.size(), 8u);
     for (const ChunkInfo& c : plan->chunks) EXPECT_LE(c.count * 4, plan->chunk_bytes);
-    absl::StatusOr<ChunkPlan> same = PlanChunks(graph, shards, plan->chunk_bytes);
-    ASSERT_TRUE(same.ok());
-    ASSERT_EQ(same->chunks.size(), plan->chunks.size());
-    for (size_t i = 0; i < plan->chunks.size(); ++i) {
-      EXPECT_EQ(same->chunks[i].count, plan->chunks[i].count);
-      EXPECT_EQ(same->chunks[i].shard, plan->chunks[i].shard);
-    }
   }
   absl::StatusOr<ChunkPlan> fixed = PlanChunks(graph, 8, kDefaultChunkBytes);
   ASSERT_TRUE(fixed.ok());
   EXPECT_EQ(fixed->chunk_bytes, kDefaultChunkBytes);  // An explicit size is kept.
   EXPECT_LE(fixed->by_shard[7].size(), 2u);
+}
+
+// Auto plans cut the ends of a large parameter small and deal its eighths
+// one per shard, so that every shard's first and last chunk of it is an
+// eighth of the chunk size; the shards stay balanced and an explicit chunk
+// size is cut as asked.
+TEST(ChunkingTest, AutoPlansTaperALargeParametersEndsOneSmallChunkPerShard) {
+  ModelGraph graph = Dense8Mb();
+  const int weight = 0;  // fc1's [1024, 2048] weights: 8 MiB.
+  ASSERT_EQ(graph.params[weight].shape.num_elements(), int64_t{2048} * 1024);
+  for (int shards : {1, 2, 3, 8}) {
+    SCOPED_TRACE(shards);
+    absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t full = plan->chunk_bytes / 4;
+    const std::vector<int>& chunks = plan->by_param[weight];
+    const size_t ends = static_cast<size_t>(kTaperLevels) * shards;
+    ASSERT_GT(chunks.size(), 2 * ends);
+    // Offsets run on without a gap; the ends are 1/8, 1/4, 1/2 of a chunk.
+    int64_t next = 0;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const ChunkInfo& c = plan->chunks[chunks[k]];
+      EXPECT_EQ(c.offset, next);
+      next += c.count;
+      if (k < ends) {
+        EXPECT_EQ(c.count, full / kTaperDivisors[k / shards]) << k;
+        if (k < static_cast<size_t>(shards)) {
+          EXPECT_EQ(c.shard, static_cast<int>(k)) << k;
+        }
+      } else if (k >= chunks.size() - ends) {
+        const size_t from_end = chunks.size() - 1 - k;
+        EXPECT_EQ(c.count, full / kTaperDivisors[from_end / shards]) << k;
+      } else if (k + 1 < chunks.size() - ends) {
+        EXPECT_EQ(c.count, full) << k;
+      }
+    }
+    EXPECT_EQ(next, graph.params[weight].shape.num_elements());
+    // Every shard's first and last chunk of the weights is the smallest.
+    for (int s = 0; s < shards; ++s) {
+      std::vector<int64_t> counts;
+      for (int id : chunks) {
+        if (plan->chunks[id].shard == s) counts.push_back(plan->chunks[id].count);
+      }
+      ASSERT_FALSE(counts.empty()) << s;
+      EXPECT_EQ(counts.front(), full / kTaperDivisors[0]) << s;
+      EXPECT_EQ(counts.back(), full / kTaperDivisors[0]) << s;
+    }
+    // Balanced by bytes, and the small bias is one chunk, untapered.
+    const int64_t lo = *std::min_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
+    const int64_t hi = *std::max_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
+    EXPECT_LE(hi - lo, plan->chunk_bytes);
+    EXPECT_EQ(plan->by_param[1].size(), 1u);
+    // The same size asked for explicitly: full chunks from the first.
+    absl::StatusOr<ChunkPlan> exact = PlanChunks(graph, shards, plan->chunk_bytes);
+    ASSERT_TRUE(exact.ok());
+    EXPECT_EQ(exact->chunks[exact->by_param[weight].front()].count, full);
+    EXPECT_EQ(exact->by_param[weight].size(),
+              static_cast<size_t>(graph.params[weight].shape.num_elements() / full));
+  }
 }
 
 // Regression (issue 8): a dense layer of 2^31-1 units grew the plan past
