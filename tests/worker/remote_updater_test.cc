@@ -248,9 +248,18 @@ class FakePsClient final : public PsClient {
 
   int last_push_clock = -1, last_pull_clock = -1;
   EventLog log;
+  // The chunk ids of every Push and of every Pull, in call order.
+  std::vector<int> PushedChunks() {
+    absl::MutexLock lock(&chunks_mu);
+    return pushed_chunks;
+  }
+  std::vector<int> TakePulledChunks() {
+    absl::MutexLock lock(&chunks_mu);
+    return std::exchange(pulled_chunks, {});
+  }
   absl::Mutex chunks_mu;
-  std::vector<int> pushed_chunks ABSL_GUARDED_BY(chunks_mu);  // Every Push's, in call order.
-  std::vector<int> pulled_chunks ABSL_GUARDED_BY(chunks_mu);  // Every Pull's, in call order.
+  std::vector<int> pushed_chunks ABSL_GUARDED_BY(chunks_mu);
+  std::vector<int> pulled_chunks ABSL_GUARDED_BY(chunks_mu);
 
  private:
   FakeServer* server_;
@@ -591,15 +600,11 @@ TEST(RemoteUpdaterTest, SyncPullAsksForChunksInTheOrderTheyWerePushed) {
   auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 5);
   ASSERT_TRUE(w->updater->Start().ok());
   ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
-  {
-    absl::MutexLock lock(&w->client->chunks_mu);
-    w->client->pulled_chunks.clear();  // BeforeStep's first pull.
-  }
+  w->client->TakePulledChunks();  // BeforeStep's first pull.
   ASSERT_TRUE(w->Compute(0).ok());
   ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
-  absl::MutexLock lock(&w->client->chunks_mu);
-  const std::vector<int>& pushed = w->client->pushed_chunks;
-  const std::vector<int>& pulled = w->client->pulled_chunks;
+  const std::vector<int> pushed = w->client->PushedChunks();
+  const std::vector<int> pulled = w->client->TakePulledChunks();
   ASSERT_EQ(pushed.size(), TinyPlan().chunks.size());
   EXPECT_EQ(pulled, pushed) << "pushed " << absl::StrJoin(pushed, ",") << "; pulled "
                             << absl::StrJoin(pulled, ",");
