@@ -25,13 +25,14 @@
 # line this script prints carries "bench_only_fixed_compute_ms=<value>" (0
 # for the Fashion-MNIST runs, which train for real).
 #
-# Per point (N workers, S shards, a codec) it submits JOB (default bench/jobs/
-# dense-8mb-synthetic.json: one 8 MB dense layer; bench/jobs/
+# Per point (N workers, S shards, a codec) it submits JOB (default
+# bench/jobs/dense-8mb-synthetic.json: one 8 MB dense layer; bench/jobs/
 # mlp-8mb-synthetic.json spreads as many bytes over five layers, whose
-# gradients a step pushes last layer first) in sync mode, skips WARM steps, then measures
-# K steps: the step time is the median interval between worker 1's step ends
-# (its per-step BENCH ONLY log lines); the bytes each link carried per step
-# are the veth counters (tx + rx of every host's eth0: headers, gRPC framing,
+# gradients a step pushes last layer first) in sync mode, skips WARM steps,
+# then measures K steps: the step time is the median interval between
+# worker 1's step ends (its per-step BENCH ONLY log lines); the bytes each
+# link carried per step are the veth counters (tx + rx of every host's eth0:
+# headers, gRPC framing,
 # heartbeats and TLS records included) over the same window, divided by the
 # steps in it. Two bounds the links allow, each FIXED_MS + the busiest link's
 # time: "serial" counts a link's two directions one after the other (each

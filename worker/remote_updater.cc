@@ -103,28 +103,16 @@ absl::Status RemoteUpdater::Init() {
       (trainable ? trainable_chunks_ : running_stat_chunks_).push_back(c);
     }
   }
-  {
-    std::vector<bool> listed(graph.params.size(), false);
-    for (int l = static_cast<int>(graph.layers.size()) - 1; l >= 0; --l) {
-      for (int p : graph.layers[l].params) {
-        if (p < 0 || p >= static_cast<int>(graph.params.size()) || listed[p] ||
-            !graph.params[p].trainable) {
-          continue;
-        }
-        listed[p] = true;
-        const std::vector<int>& chunks = plan_.by_param[p];
-        push_order_chunks_.insert(push_order_chunks_.end(), chunks.begin(), chunks.end());
-      }
+  // Every parameter is in exactly one layer (BuildModelGraph).
+  for (int l = static_cast<int>(graph.layers.size()) - 1; l >= 0; --l) {
+    for (int p : graph.layers[l].params) {
+      if (!graph.params[p].trainable) continue;
+      push_order_chunks_.insert(push_order_chunks_.end(), plan_.by_param[p].begin(),
+                                plan_.by_param[p].end());
     }
-    for (size_t p = 0; p < graph.params.size(); ++p) {  // In no layer (none today), then stats.
-      if (!listed[p] && graph.params[p].trainable) {
-        push_order_chunks_.insert(push_order_chunks_.end(), plan_.by_param[p].begin(),
-                                  plan_.by_param[p].end());
-      }
-    }
-    push_order_chunks_.insert(push_order_chunks_.end(), running_stat_chunks_.begin(),
-                              running_stat_chunks_.end());
   }
+  push_order_chunks_.insert(push_order_chunks_.end(), running_stat_chunks_.begin(),
+                            running_stat_chunks_.end());
   chunk_version_.assign(plan_.chunks.size(), 0);
   held_.assign(plan_.chunks.size(), PsClient::HeldValues{});
 
