@@ -32,9 +32,8 @@
 # then measures K steps: the step time is the median interval between
 # worker 1's step ends (its per-step BENCH ONLY log lines); the bytes each
 # link carried per step are the veth counters (tx + rx of every host's eth0:
-# headers, gRPC framing,
-# heartbeats and TLS records included) over the same window, divided by the
-# steps in it. Two bounds the links allow, each FIXED_MS + the busiest link's
+# headers, gRPC framing, heartbeats and TLS records included) over the same
+# window, divided by the steps in it. Two bounds the links allow, each FIXED_MS + the busiest link's
 # time: "serial" counts a link's two directions one after the other (each
 # worker's link carries its push and then its pull; each server's link its
 # share of every worker's push, then of every pull); "duplex" counts each
