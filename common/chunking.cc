@@ -43,24 +43,67 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   const bool auto_size = chunk_bytes == kAutoChunkBytes;
   if (auto_size) chunk_bytes = AutoChunkBytes(model_elements * 4, num_shards);
   const int64_t per_chunk = chunk_bytes / 4;
-  // Tapered ends (auto plans): num_shards chunks of per_chunk/8, then /4,
-  // then /2 elements at each end of a parameter large enough.
+  // Tapered ends (auto plans): at most num_shards * (1/8 + 1/4 + 1/2) chunks'
+  // elements at each end of the push, and at least kMinTaperedChunksPerShard
+  // full chunks per shard between them.
   const int64_t end_elements =
       num_shards * (per_chunk / kTaperDivisors[0] + per_chunk / kTaperDivisors[1] +
                     per_chunk / kTaperDivisors[2]);
-  auto tapered = [&](int64_t n) {
-    return auto_size && n - 2 * end_elements >= kMinTaperedChunksPerShard * num_shards * per_chunk;
-  };
-  int64_t num_chunks = 0;
+  const bool tapered = auto_size && model_elements - 2 * end_elements >=
+                                        kMinTaperedChunksPerShard * num_shards * per_chunk;
+  // At most ceil(n / per_chunk) chunks per parameter between the tapered
+  // ends, and 2 * kTaperLevels * num_shards chunks in them.
+  int64_t num_chunks = tapered ? 2 * kTaperLevels * int64_t{num_shards} : 0;
   for (int64_t n : sizes) {
-    const int64_t middle = tapered(n) ? n - 2 * end_elements : n;
-    const int64_t chunks = middle / per_chunk + (middle % per_chunk != 0 ? 1 : 0) +
-                           (tapered(n) ? 2 * kTaperLevels * int64_t{num_shards} : 0);
+    const int64_t chunks = n / per_chunk + (n % per_chunk != 0 ? 1 : 0);
     if (chunks > kMaxChunks || (num_chunks += chunks) > kMaxChunks) {
       return absl::InvalidArgumentError(absl::StrCat("the model needs more than ", kMaxChunks,
                                                      " chunks of ", chunk_bytes, " bytes"));
     }
   }
+
+  // The cuts of each parameter, by offset: count elements from offset, on a
+  // dealt shard (an eighth of a tapered end) or on -1 (placed by load).
+  struct Cut {
+    int64_t offset = 0;
+    int64_t count = 0;
+    int shard = -1;
+  };
+  std::vector<std::vector<Cut>> cuts(graph.params.size());
+  std::vector<int> pushed;  // Parameters in push order, the empty ones left out.
+  for (int p : ParamsInPushOrder(graph)) {
+    if (sizes[p] > 0) pushed.push_back(p);
+  }
+  // The middle of parameter pushed[i] is [lo[i], hi[i]): what the tapered
+  // ends leave of it.
+  std::vector<int64_t> lo(pushed.size(), 0), hi(pushed.size());
+  for (size_t i = 0; i < pushed.size(); ++i) hi[i] = sizes[pushed[i]];
+  if (tapered) {
+    // The head, from the first parameter pushed on, then the tail, from the
+    // last one back; `tapered` leaves full chunks between them.
+    size_t i = 0;
+    for (int k = 0; k < kTaperLevels * num_shards; ++k) {
+      while (lo[i] == hi[i]) ++i;
+      const int64_t want = per_chunk / kTaperDivisors[k / num_shards];
+      const int64_t count = std::min(want, hi[i] - lo[i]);
+      cuts[pushed[i]].push_back({lo[i], count, k < num_shards ? k : -1});
+      lo[i] += count;
+    }
+    size_t j = pushed.size() - 1;
+    for (int k = 0; k < kTaperLevels * num_shards; ++k) {
+      while (lo[j] == hi[j]) --j;
+      const int64_t want = per_chunk / kTaperDivisors[k / num_shards];
+      const int64_t count = std::min(want, hi[j] - lo[j]);
+      hi[j] -= count;
+      cuts[pushed[j]].push_back({hi[j], count, k < num_shards ? k : -1});
+    }
+  }
+  for (size_t i = 0; i < pushed.size(); ++i) {
+    for (int64_t offset = lo[i]; offset < hi[i]; offset += per_chunk) {
+      cuts[pushed[i]].push_back({offset, std::min(per_chunk, hi[i] - offset), -1});
+    }
+  }
+
   ChunkPlan plan;
   plan.chunks.reserve(static_cast<size_t>(num_chunks));
   plan.num_shards = num_shards;
@@ -68,42 +111,21 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   plan.by_param.resize(graph.params.size());
   plan.shard_bytes.assign(num_shards, 0);
   std::vector<bool> placed;  // By chunk: an eighth of a tapered end, dealt one per shard.
-  auto add = [&](int p, int64_t offset, int64_t count, int shard) {
-    ChunkInfo c;
-    c.id = static_cast<int>(plan.chunks.size());
-    c.param = p;
-    c.offset = offset;
-    c.count = count;
-    c.shard = std::max(shard, 0);
-    plan.by_param[p].push_back(c.id);
-    plan.chunks.push_back(c);
-    placed.push_back(shard >= 0);
-    if (shard >= 0) plan.shard_bytes[shard] += count * 4;
-  };
   for (size_t p = 0; p < graph.params.size(); ++p) {
-    const int param = static_cast<int>(p);
-    const int64_t n = sizes[p];
-    int64_t offset = 0;
-    auto taper = [&](bool head) {
-      for (int level = 0; level < kTaperLevels; ++level) {
-        const int64_t divisor = kTaperDivisors[head ? level : kTaperLevels - 1 - level];
-        const int64_t count = per_chunk / divisor;
-        // The eighths one per shard; the rest by load, filling its gaps.
-        const bool dealt = divisor == kTaperDivisors[0];
-        for (int s = 0; s < num_shards; ++s, offset += count) {
-          add(param, offset, count, dealt ? s : -1);
-        }
-      }
-    };
-    const bool taper_ends = tapered(n);
-    if (taper_ends) taper(/*head=*/true);
-    const int64_t middle_end = taper_ends ? n - end_elements : n;
-    while (offset < middle_end) {
-      const int64_t count = std::min(per_chunk, middle_end - offset);
-      add(param, offset, count, /*shard=*/-1);
-      offset += count;
+    std::sort(cuts[p].begin(), cuts[p].end(),
+              [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
+    for (const Cut& cut : cuts[p]) {
+      ChunkInfo c;
+      c.id = static_cast<int>(plan.chunks.size());
+      c.param = static_cast<int>(p);
+      c.offset = cut.offset;
+      c.count = cut.count;
+      c.shard = std::max(cut.shard, 0);
+      plan.by_param[p].push_back(c.id);
+      plan.chunks.push_back(c);
+      placed.push_back(cut.shard >= 0);
+      if (cut.shard >= 0) plan.shard_bytes[cut.shard] += cut.count * 4;
     }
-    if (taper_ends) taper(/*head=*/false);
   }
   // The dealt eighths add the same bytes to every shard; the rest goes
   // largest chunk first onto the least-loaded shard (ties: lower index).
@@ -124,6 +146,24 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards, in
   plan.by_shard.resize(num_shards);
   for (const ChunkInfo& c : plan.chunks) plan.by_shard[c.shard].push_back(c.id);
   return plan;
+}
+
+std::vector<int> ParamsInPushOrder(const ModelGraph& graph) {
+  std::vector<int> order;
+  order.reserve(graph.params.size());
+  std::vector<bool> listed(graph.params.size(), false);
+  for (auto layer = graph.layers.rbegin(); layer != graph.layers.rend(); ++layer) {
+    for (int p : layer->params) {
+      if (p < 0 || p >= static_cast<int>(graph.params.size())) continue;
+      if (!graph.params[p].trainable || listed[p]) continue;
+      listed[p] = true;
+      order.push_back(p);
+    }
+  }
+  for (size_t p = 0; p < graph.params.size(); ++p) {
+    if (!listed[p]) order.push_back(static_cast<int>(p));
+  }
+  return order;
 }
 
 }  // namespace pstrain

@@ -25,10 +25,11 @@ inline constexpr int64_t kAutoChunkBytes = 0;
 // AutoChunkBytes' floor, and the chunks it wants every shard to hold.
 inline constexpr int64_t kMinAutoChunkBytes = int64_t{64} << 10;
 inline constexpr int64_t kMinChunksPerShard = 8;
-// Tapered ends of auto plans (PlanChunks): a parameter that leaves at least
-// kMinTaperedChunksPerShard full chunks per shard between its ends starts
-// with num_shards chunks of 1/8 of the chunk size, then num_shards of 1/4,
-// then num_shards of 1/2, and ends with the same in reverse.
+// Tapered ends of auto plans (PlanChunks): a model that leaves at least
+// kMinTaperedChunksPerShard full chunks per shard between its ends starts,
+// in push order (ParamsInPushOrder), with num_shards chunks of at most 1/8
+// of the chunk size, then num_shards of 1/4, then num_shards of 1/2, and
+// ends with the same in reverse.
 inline constexpr int kTaperLevels = 3;
 inline constexpr int64_t kTaperDivisors[kTaperLevels] = {8, 4, 2};
 inline constexpr int64_t kMinTaperedChunksPerShard = 2;
@@ -69,16 +70,20 @@ int64_t AutoChunkBytes(int64_t model_bytes, int num_shards);
 // assigns chunks to shards greedily by bytes, largest first, so that shard
 // loads differ by at most one chunk.
 //
-// Auto plans also taper both ends of every large parameter (kTaperLevels
-// above) and deal the eighths one per shard (the other sizes go by load, so
-// that they fill its gaps), so that every shard's first and last chunks of
-// that parameter are an eighth of the chunk size. Why: a worker pushes to
-// its shards side by side, each at 1/num_shards of its link, and a sync
-// shard can send a chunk's pull only once every worker's push of it is in;
-// a small first chunk lets the pulls start eight times sooner, and a small
-// last chunk makes the last pull, which a shard sends to every worker before
-// their next step, eight times shorter (docs/BENCHMARKS.md, "Tapered
-// chunks"). Explicit chunk sizes are cut as asked.
+// Auto plans also taper both ends of the step's push (kTaperLevels above):
+// walking the parameters in push order, the first num_shards chunks are cut
+// at an eighth of the chunk size (or where their parameter ends), the next
+// num_shards at a quarter, the next at a half, and the last chunks the same
+// in reverse. The eighths are dealt one per shard, the other sizes go by
+// load (so that they fill its gaps), so that every shard's first and last
+// chunk of a step is at most an eighth of the chunk size, whichever layers
+// they belong to. Why: a worker pushes to its shards side by side, each at
+// 1/num_shards of its link, and a sync shard can send a chunk's pull only
+// once every worker's push of it is in; a small first chunk lets the pulls
+// start eight times sooner, and a small last chunk makes the last pull,
+// which a shard sends to every worker before their next step, eight times
+// shorter (docs/BENCHMARKS.md, "Tapered chunks"). Explicit chunk sizes are
+// cut as asked.
 //
 // Deterministic: servers and workers plan the same from the same model and
 // shard count. INVALID_ARGUMENT for num_shards < 1, chunk_bytes neither
@@ -86,6 +91,13 @@ int64_t AutoChunkBytes(int64_t model_bytes, int num_shards);
 // (counted, overflow-checked, before anything is allocated).
 absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
                                      int64_t chunk_bytes = kAutoChunkBytes);
+
+// The order in which a step pushes a model's parameters: backward's, that
+// is the layers last to first, each layer's trainable parameters in its
+// order; then the running statistics (and any parameter no layer lists) in
+// parameter order. A sync pull asks for its chunks in this order too, since
+// a shard answers them in request order, each once its push is complete.
+std::vector<int> ParamsInPushOrder(const ModelGraph& graph);
 
 }  // namespace pstrain
 

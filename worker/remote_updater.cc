@@ -103,16 +103,10 @@ absl::Status RemoteUpdater::Init() {
       (trainable ? trainable_chunks_ : running_stat_chunks_).push_back(c);
     }
   }
-  // Every parameter is in exactly one layer (BuildModelGraph).
-  for (int l = static_cast<int>(graph.layers.size()) - 1; l >= 0; --l) {
-    for (int p : graph.layers[l].params) {
-      if (!graph.params[p].trainable) continue;
-      push_order_chunks_.insert(push_order_chunks_.end(), plan_.by_param[p].begin(),
-                                plan_.by_param[p].end());
-    }
+  for (int p : ParamsInPushOrder(graph)) {
+    push_order_chunks_.insert(push_order_chunks_.end(), plan_.by_param[p].begin(),
+                              plan_.by_param[p].end());
   }
-  push_order_chunks_.insert(push_order_chunks_.end(), running_stat_chunks_.begin(),
-                            running_stat_chunks_.end());
   chunk_version_.assign(plan_.chunks.size(), 0);
   held_.assign(plan_.chunks.size(), PsClient::HeldValues{});
 

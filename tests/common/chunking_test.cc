@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -124,62 +126,134 @@ TEST(ChunkingTest, DefaultPlansGiveEveryShardEightChunksOfAnEightMegabyteModel) 
   EXPECT_LE(fixed->by_shard[7].size(), 2u);
 }
 
-// Auto plans cut the ends of a large parameter small and deal its eighths
-// one per shard, so that every shard's first and last chunk of it is an
-// eighth of the chunk size; the shards stay balanced and an explicit chunk
-// size is cut as asked.
-TEST(ChunkingTest, AutoPlansTaperALargeParametersEndsOneSmallChunkPerShard) {
-  ModelGraph graph = Dense8Mb();
-  const int weight = 0;  // fc1's [1024, 2048] weights: 8 MiB.
-  ASSERT_EQ(graph.params[weight].shape.num_elements(), int64_t{2048} * 1024);
-  for (int shards : {1, 2, 3, 8}) {
-    SCOPED_TRACE(shards);
-    absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    const int64_t full = plan->chunk_bytes / 4;
-    const std::vector<int>& chunks = plan->by_param[weight];
-    const size_t ends = static_cast<size_t>(kTaperLevels) * shards;
-    ASSERT_GT(chunks.size(), 2 * ends);
-    // Offsets run on without a gap; the ends are 1/8, 1/4, 1/2 of a chunk.
-    int64_t next = 0;
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      const ChunkInfo& c = plan->chunks[chunks[k]];
-      EXPECT_EQ(c.offset, next);
-      next += c.count;
-      if (k < ends) {
-        EXPECT_EQ(c.count, full / kTaperDivisors[k / shards]) << k;
-        if (k < static_cast<size_t>(shards)) {
-          EXPECT_EQ(c.shard, static_cast<int>(k)) << k;
+// The dense 1024 -> 1024 -> 512 -> 512 -> 512 -> 10 model of
+// bench/jobs/mlp-8mb-synthetic.json: 8.4 MB over five layers, the largest
+// (fc1, 4 MB) pushed last.
+ModelGraph Mlp8Mb() {
+  absl::StatusOr<ModelGraph> graph = DenseGraph({1, 32, 32}, {1024, 512, 512, 512}, 10);
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return *graph;
+}
+
+// fmnist-cnn's shape with a batch norm after the first dense layer: running
+// statistics, pushed after every trainable parameter.
+ModelGraph DenseWithBatchNorm() {
+  v1::ModelSpec model;
+  for (int d : {1, 32, 64}) model.add_input_shape(d);
+  model.set_num_classes(10);
+  model.add_layers()->mutable_flatten();
+  model.add_layers()->mutable_dense()->set_units(1024);
+  model.add_layers()->mutable_batch_norm();
+  model.add_layers()->mutable_dense()->set_units(10);
+  model.add_layers()->mutable_softmax_cross_entropy();
+  for (int i = 0; i < model.layers_size(); ++i) {
+    model.mutable_layers(i)->set_name(absl::StrCat("layer", i));
+  }
+  absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return *graph;
+}
+
+TEST(ChunkingTest, ParamsArePushedLastLayerFirstThenTheRunningStatistics) {
+  ModelGraph graph = DenseWithBatchNorm();
+  std::vector<std::string> names;
+  for (int p : ParamsInPushOrder(graph)) names.push_back(graph.params[p].name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layer3/weight", "layer3/bias", "layer2/gamma",
+                                             "layer2/beta", "layer1/weight", "layer1/bias",
+                                             "layer2/running_mean", "layer2/running_var"}));
+}
+
+// Auto plans cut both ends of a step's push small, whatever layers they
+// fall in: walking the parameters in push order, the first S chunks are at
+// most an eighth of the chunk size and dealt one per shard, the next S at
+// most a quarter, the next S at most a half (each either that size or the
+// rest of its parameter), and the last chunks the same in reverse; so every
+// shard's first and last chunk of a step is at most an eighth. The shards
+// stay balanced, and an explicit chunk size is cut as asked.
+TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
+  const std::vector<std::pair<std::string, ModelGraph>> models = {
+      {"dense-8mb", Dense8Mb()}, {"mlp-8mb", Mlp8Mb()}, {"dense+batch norm", DenseWithBatchNorm()}};
+  for (const auto& [name, graph] : models) {
+    for (int shards : {1, 2, 3, 8}) {
+      SCOPED_TRACE(absl::StrCat(name, ", ", shards, " shards"));
+      absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const int64_t full = plan->chunk_bytes / 4;
+      // The chunks in push order; within a parameter, offsets run on
+      // without a gap.
+      std::vector<int> pushed;
+      for (int p : ParamsInPushOrder(graph)) {
+        int64_t next = 0;
+        for (int id : plan->by_param[p]) {
+          EXPECT_EQ(plan->chunks[id].offset, next);
+          next += plan->chunks[id].count;
+          pushed.push_back(id);
         }
-      } else if (k >= chunks.size() - ends) {
-        const size_t from_end = chunks.size() - 1 - k;
-        EXPECT_EQ(c.count, full / kTaperDivisors[from_end / shards]) << k;
-      } else if (k + 1 < chunks.size() - ends) {
-        EXPECT_EQ(c.count, full) << k;
+        EXPECT_EQ(next, graph.params[p].shape.num_elements());
+      }
+      const size_t ends = static_cast<size_t>(kTaperLevels) * shards;
+      ASSERT_GT(pushed.size(), 2 * ends);
+      auto ends_its_param = [&](int id, bool head) {
+        const ChunkInfo& c = plan->chunks[id];
+        return head ? c.offset + c.count == graph.params[c.param].shape.num_elements()
+                    : c.offset == 0;
+      };
+      std::vector<bool> dealt_head(shards, false), dealt_tail(shards, false);
+      for (size_t k = 0; k < pushed.size(); ++k) {
+        const ChunkInfo& c = plan->chunks[pushed[k]];
+        const size_t from_end = pushed.size() - 1 - k;
+        if (k < ends || from_end < ends) {
+          const bool head = k < ends;
+          const size_t level = (head ? k : from_end) / shards;
+          const int64_t want = full / kTaperDivisors[level];
+          EXPECT_LE(c.count, want) << k;
+          if (c.count < want) {
+            EXPECT_TRUE(ends_its_param(c.id, head)) << k;
+          }
+          if (level == 0) {
+            std::vector<bool>& dealt = head ? dealt_head : dealt_tail;
+            EXPECT_FALSE(dealt[c.shard]) << k;  // One eighth per shard.
+            dealt[c.shard] = true;
+          }
+        } else {
+          EXPECT_LE(c.count, full) << k;
+          // Short only where its parameter or the untapered middle ends.
+          if (c.count < full && from_end != ends) {
+            EXPECT_EQ(c.offset + c.count, graph.params[c.param].shape.num_elements()) << k;
+          }
+        }
+      }
+      // Every shard's first and last chunk of the push is an eighth or less.
+      for (int s = 0; s < shards; ++s) {
+        std::vector<int64_t> counts;
+        for (int id : pushed) {
+          if (plan->chunks[id].shard == s) counts.push_back(plan->chunks[id].count);
+        }
+        ASSERT_FALSE(counts.empty()) << s;
+        EXPECT_LE(counts.front(), full / kTaperDivisors[0]) << s;
+        EXPECT_LE(counts.back(), full / kTaperDivisors[0]) << s;
+      }
+      // Balanced by bytes.
+      const int64_t lo = *std::min_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
+      const int64_t hi = *std::max_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
+      EXPECT_LE(hi - lo, plan->chunk_bytes);
+      // The same size asked for explicitly: every parameter in full chunks
+      // from its first element.
+      absl::StatusOr<ChunkPlan> exact = PlanChunks(graph, shards, plan->chunk_bytes);
+      ASSERT_TRUE(exact.ok());
+      for (const ChunkInfo& c : exact->chunks) {
+        EXPECT_EQ(c.offset % full, 0);
+        const int64_t n = graph.params[c.param].shape.num_elements();
+        EXPECT_EQ(c.count, std::min(full, n - c.offset));
       }
     }
-    EXPECT_EQ(next, graph.params[weight].shape.num_elements());
-    // Every shard's first and last chunk of the weights is the smallest.
-    for (int s = 0; s < shards; ++s) {
-      std::vector<int64_t> counts;
-      for (int id : chunks) {
-        if (plan->chunks[id].shard == s) counts.push_back(plan->chunks[id].count);
-      }
-      ASSERT_FALSE(counts.empty()) << s;
-      EXPECT_EQ(counts.front(), full / kTaperDivisors[0]) << s;
-      EXPECT_EQ(counts.back(), full / kTaperDivisors[0]) << s;
-    }
-    // Balanced by bytes, and the small bias is one chunk, untapered.
-    const int64_t lo = *std::min_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
-    const int64_t hi = *std::max_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
-    EXPECT_LE(hi - lo, plan->chunk_bytes);
-    EXPECT_EQ(plan->by_param[1].size(), 1u);
-    // The same size asked for explicitly: full chunks from the first.
-    absl::StatusOr<ChunkPlan> exact = PlanChunks(graph, shards, plan->chunk_bytes);
-    ASSERT_TRUE(exact.ok());
-    EXPECT_EQ(exact->chunks[exact->by_param[weight].front()].count, full);
-    EXPECT_EQ(exact->by_param[weight].size(),
-              static_cast<size_t>(graph.params[weight].shape.num_elements() / full));
+  }
+  // A model too small for its shards is not tapered: fmnist-cnn over 64.
+  ModelGraph small = Fmnist();
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(small, 64);
+  ASSERT_TRUE(plan.ok());
+  for (const ChunkInfo& c : plan->chunks) {
+    EXPECT_EQ(c.offset % (plan->chunk_bytes / 4), 0);
   }
 }
 
