@@ -1,7 +1,8 @@
 // PsClient over gRPC's generic callback API: two channels (connections) per shard,
 // one for pushes and one for pulls, one
-// client-streaming Push or server-streaming Pull per shard and operation,
-// all driven by gRPC's callback threads (no thread of ours blocks on the
+// client-streaming Push or server-streaming Pull per shard and operation
+// (the pushes on a connection one after another, in the order they were
+// made: WriteTurns), all driven by gRPC's callback threads (no thread of ours blocks on the
 // network, so no pool is needed here).
 //
 // Zero-copy send: every push frame's payload slice points at the caller's
@@ -81,6 +82,10 @@ class OpState {
     mu_.Await(absl::Condition(this, &OpState::DoneLocked));
     return status_;
   }
+  bool Done() const {
+    absl::MutexLock lock(&mu_);
+    return DoneLocked();
+  }
   int64_t version() const {
     absl::MutexLock lock(&mu_);
     return version_ == std::numeric_limits<int64_t>::max() ? 0 : version_;
@@ -136,6 +141,7 @@ class Op final : public PendingOp {
   ~Op() override { state_->Wait().IgnoreError(); }
   absl::Status Wait() override { return state_->Wait(); }
   int64_t version() const override { return state_->version(); }
+  bool Done() const override { return state_->Done(); }
   void Cancel() override { state_->Cancel(); }
 
  private:
@@ -148,11 +154,57 @@ std::unique_ptr<PendingOp> FailedOp(const absl::Status& status) {
   return std::make_unique<Op>(std::move(state));
 }
 
+// Push calls on one connection run one after another, in the order they
+// were started: a call takes the turn before it starts and hands it on when
+// it has ended. A step may push its layers as separate calls, and a shard
+// answers a sync pull's chunks in push order, each once every worker's push
+// of it is in; calls that shared a connection side by side delivered every
+// layer's chunks late, and the pull waited on them. Handing the turn on
+// when the last frame is written is not enough: HTTP/2 flow control then
+// still lets the next call's frames overtake the last ones (docs/
+// BENCHMARKS.md, "One push at a time"). Thread-safe.
+class WriteTurns {
+ public:
+  // Runs `start` now if no call holds the turn, else once the calls ahead
+  // of it have released it (on the releasing thread).
+  void Take(std::function<void()> start) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (held_) {
+        waiting_.push_back(std::move(start));
+        return;
+      }
+      held_ = true;
+    }
+    start();
+  }
+  // The holder has ended: the next waiting call starts.
+  void Release() {
+    std::function<void()> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty()) {
+        held_ = false;
+        return;
+      }
+      next = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    next();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
 // One connection of one shard, for pushes or for pulls.
 struct ShardChannel {
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
+  WriteTurns push_turns;  // Push connections only.
 };
 
 // The connections of one shard. Pushes and pulls on separate ones: with TLS
@@ -244,14 +296,9 @@ class PushCall final : public GenericReactor {
     ctx_->set_wait_for_ready(true);
   }
 
+  // Starts the call once it holds the connection's turn.
   void Start() {
-    shard_->stub->PrepareBidiStreamingCall(ctx_.get(), kPushMethod, grpc::StubOptions(), this);
-    if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
-    BeforeGrpc(&reply_);
-    StartRead(&reply_);
-    WriteNext();
-    BeforeGrpc(this);
-    StartCall();
+    shard_->push_turns.Take([this] { StartNow(); });
   }
 
   void OnReadInitialMetadataDone(bool ok) override {
@@ -290,6 +337,7 @@ class PushCall final : public GenericReactor {
     AfterGrpc(this);
     AfterGrpc(&reply_);
     AfterGrpc(&buffer_);
+    shard_->push_turns.Release();  // The next push on this connection starts.
     op_->Unregister(ctx_.get());
     const absl::Status result = CallStatus(status, reached_server_, shard_->address, "push");
     const absl::Duration backoff = RetryBackoff(attempt_ + 1);
@@ -314,6 +362,16 @@ class PushCall final : public GenericReactor {
   }
 
  private:
+  void StartNow() {
+    shard_->stub->PrepareBidiStreamingCall(ctx_.get(), kPushMethod, grpc::StubOptions(), this);
+    if (!op_->Register(ctx_)) ctx_->TryCancel();  // Cancelled before this attempt.
+    BeforeGrpc(&reply_);
+    StartRead(&reply_);
+    WriteNext();
+    BeforeGrpc(this);
+    StartCall();
+  }
+
   // Writes the next frame, or half-closes after the last; waits instead
   // when the shard's credit (once one came) does not cover it. One write
   // at a time: called at the start, when a write is done, or when a credit

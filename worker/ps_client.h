@@ -14,7 +14,9 @@
 // Each call is split by shard and sent on that shard's connections (one
 // client-streaming Push or server-streaming Pull per shard and connection,
 // in parallel; Options::connections_per_shard), in ~1 MiB chunk frames (see ChunkHeader in
-// proto/pstrain/v1/service.proto for the framing). Every RPC has a deadline (Options::rpc_timeout).
+// proto/pstrain/v1/service.proto for the framing). The pushes made on one
+// connection run one after another, in the order Push was called, so that
+// a shard receives a step's chunks in push order. Every RPC has a deadline (Options::rpc_timeout).
 //
 // Exactly once: every Push carries an update id (the client's random
 // incarnation and a sequence number per Push). A call to a shard that fails
@@ -50,6 +52,8 @@ class PendingOp {
   // version received is in version() afterwards.
   virtual absl::Status Wait() = 0;
   virtual int64_t version() const = 0;
+  // Whether Wait() would return at once (never blocks).
+  virtual bool Done() const { return true; }
   // The operation's calls end at once and Wait() returns CANCELLED. A pull
   // keeps the chunks it received; a push's update may have been applied on
   // some chunks and not others, as with a cut stream (each chunk's at most

@@ -445,7 +445,16 @@ void RemoteUpdater::StageGradients(absl::Span<const int> params) {
       gradient_batch_bytes_ += plan_.chunks[c].count * static_cast<int64_t>(sizeof(float));
     }
   }
-  if (gradient_batch_bytes_ >= options_.min_push_bytes) FlushGradients();
+  if (gradient_batch_bytes_ >= options_.min_push_bytes && !GradientPushInFlight()) {
+    FlushGradients();
+  }
+}
+
+bool RemoteUpdater::GradientPushInFlight() {
+  absl::MutexLock lock(&mu_);
+  return !tasks_.empty() || tasks_in_flight_ > 0 ||
+         std::any_of(pushes_.begin(), pushes_.end(),
+                     [](const std::unique_ptr<PendingOp>& op) { return !op->Done(); });
 }
 
 void RemoteUpdater::FlushGradients() {

@@ -88,7 +88,11 @@ struct RemoteUpdaterOptions {
   int averaging_frequency = 1;  // K > 0.
   bool average_optimizer_state = false;
   // Gradients of consecutive layers are gathered into one Push until they
-  // reach this many bytes (small tensors cost a call each otherwise).
+  // reach this many bytes (small tensors cost a call each otherwise), and
+  // while an earlier push of the step is still in flight (where the network
+  // is the bottleneck a step's pushes then go as two: a shard answers a
+  // sync pull in push order, and pushes side by side delivered every
+  // layer's chunks late; docs/BENCHMARKS.md, "One push at a time").
   int64_t min_push_bytes = int64_t{256} << 10;
   // Sync mode with JobSpec.pull_compression: parameter pulls offer the
   // values held as the base of a delta (PsClient::ChunkDest::held).
@@ -175,8 +179,14 @@ class RemoteUpdater final : public ParameterUpdater {
   // Phases of a step.
   absl::Status WaitPulls();
   absl::Status CopyPulledIntoModel();
+  // Gathers a layer's gradients into the next push; pushes them once they
+  // reach Options::min_push_bytes, unless a gradient push of the step is
+  // still in flight: then they wait for the next layers', and go as one push
+  // (at the latest FlushGradients, at the end of backward).
   void StageGradients(absl::Span<const int> params);
   void FlushGradients();
+  // A gradient push of this step queued, dispatching or not yet answered.
+  bool GradientPushInFlight();
   absl::Status PushRunningStats();
   absl::Status WaitPushes();
   void IssuePulls();

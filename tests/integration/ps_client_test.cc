@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -27,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -535,6 +537,69 @@ TEST(PsClientTest, APushSendsNoFrameBeyondTheShardsCredit) {
   ASSERT_OK(push->Wait());
   EXPECT_EQ(shard.frames(), total);
   EXPECT_EQ(push->version(), 7);
+}
+
+// Two pushes issued back to back (as a step pushes its layers) reach a
+// shard one after the other, each whole, in the order they were issued: a
+// shard answers a sync pull's chunks in push order, so chunks of a later
+// push that overtook an earlier one's would only wait there.
+TEST(PsClientTest, PushesOnAConnectionArriveOneAfterTheOtherInIssueOrder) {
+  // fc1/weight: 1536 x 1024 floats in 24 chunks of 256 KiB, each larger
+  // than HTTP/2's first window; fc1/bias one more.
+  const v1::JobSpec spec =
+      ::pstrain::testing::DenseJob("ordered", 1536, 1024, 3, v1::CONSISTENCY_ASYNC);
+  const ModelGraph graph = *BuildModelGraph(spec.model());
+  const ChunkPlan plan = *PlanChunks(graph, 1, 256 << 10);
+  ASSERT_EQ(plan.chunks.size(), 25u);
+  absl::Mutex mu;
+  std::vector<int64_t> arrivals;  // The update_seq of every frame, as it arrived.
+  ShardServices::Options service_options;
+  service_options.cut_push_stream = [&](const v1::ChunkHeader& frame, bool applied) {
+    if (!applied) {
+      absl::MutexLock lock(&mu);
+      arrivals.push_back(frame.update_seq());
+    }
+    return false;
+  };
+  ParameterShard shard(ParameterShard::Options{.shard_index = 0});
+  ShardServices services(&shard, service_options);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  services.Register(&builder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ShardJobConfig config;
+  config.job_id = kJob;
+  config.spec = spec;
+  config.num_shards = 1;
+  config.chunk_bytes = 256 << 10;
+  config.members = {"w0"};
+  config.generation = 1;
+  ASSERT_OK(shard.ConfigureJob(config, ::pstrain::testing::InitialChunks(graph, plan, 0)));
+  PsClient::Options options;
+  options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};
+  options.job_id = kJob;
+  options.worker_id = "w0";
+  options.generation = 1;
+  options.rpc_timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
+  std::vector<std::vector<float>> gradients;
+  for (const ChunkInfo& c : plan.chunks) gradients.emplace_back(c.count, 1e-3f);
+  // Three pushes of 8, 8 and 9 chunks, issued without waiting.
+  std::vector<PsClient::ChunkRef> refs = Refs(gradients);
+  std::vector<std::unique_ptr<PendingOp>> pushes;
+  for (auto [from, to] : {std::pair{0, 8}, std::pair{8, 16}, std::pair{16, 25}}) {
+    pushes.push_back(
+        client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1,
+                     std::vector<PsClient::ChunkRef>(refs.begin() + from, refs.begin() + to)));
+  }
+  for (auto& push : pushes) ASSERT_OK(push->Wait());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(arrivals.size(), 25u);
+  EXPECT_TRUE(std::is_sorted(arrivals.begin(), arrivals.end())) << absl::StrJoin(arrivals, " ");
+  EXPECT_EQ(std::count(arrivals.begin(), arrivals.end(), arrivals.front()), 8);
+  EXPECT_EQ(std::count(arrivals.begin(), arrivals.end(), arrivals.back()), 9);
+  server->Shutdown(DeadlineFromNow(absl::Seconds(5)));
 }
 
 TEST(PsClientTest, PullThatCannotBeSatisfiedFailsAtTheDeadline) {

@@ -6,6 +6,7 @@
 #include "worker/remote_updater.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -176,19 +177,24 @@ class EventLog {
   std::vector<std::string> events_;
 };
 
+// A push applied at once; Done() says false until waited on when `held`
+// (a push still in flight on a slow network).
 class DoneOp final : public PendingOp {
  public:
-  explicit DoneOp(absl::Status status, EventLog* log = nullptr)
-      : status_(std::move(status)), log_(log) {}
+  explicit DoneOp(absl::Status status, EventLog* log = nullptr, bool held = false)
+      : status_(std::move(status)), log_(log), held_(held) {}
   absl::Status Wait() override {
     if (log_ != nullptr) log_->Add("wait push");
+    held_ = false;
     return status_;
   }
   int64_t version() const override { return 0; }
+  bool Done() const override { return !held_; }
 
  private:
   absl::Status status_;
   EventLog* log_;
+  std::atomic<bool> held_;
 };
 
 // Pull ops run when waited on: the values are read at Wait(), as late as a
@@ -230,7 +236,8 @@ class FakePsClient final : public PsClient {
       absl::MutexLock lock(&chunks_mu);
       for (const ChunkRef& c : chunks) pushed_chunks.push_back(c.chunk_id);
     }
-    return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks), &log);
+    return std::make_unique<DoneOp>(server_->Push(kind, version, slot, chunks), &log,
+                                    hold_pushes.load());
   }
   std::unique_ptr<PendingOp> Pull(v1::ChunkHeader::Kind kind, int64_t min_version, int worker_clock,
                                   std::vector<ChunkDest> chunks, int slot, bool master) override {
@@ -248,6 +255,7 @@ class FakePsClient final : public PsClient {
 
   int last_push_clock = -1, last_pull_clock = -1;
   EventLog log;
+  std::atomic<bool> hold_pushes{false};  // Pushes stay in flight until waited on.
   // The chunk ids of every Push and of every Pull, in call order.
   std::vector<int> PushedChunks() {
     absl::MutexLock lock(&chunks_mu);
@@ -610,6 +618,34 @@ TEST(RemoteUpdaterTest, SyncPullAsksForChunksInTheOrderTheyWerePushed) {
                             << absl::StrJoin(pulled, ",");
   // fc2's weights (the last layer's) first.
   EXPECT_EQ(TinyPlan().chunks[pulled.front()].param, TinyGraph().layers[3].params[0]);
+}
+
+// Where the network is the bottleneck a push is still in flight when the
+// next layers' gradients are ready: they then go as one push at the end of
+// backward instead of one each, which would share the connections side by
+// side and deliver every layer's chunks late. The chunks and their order do
+// not change.
+TEST(RemoteUpdaterTest, GradientsReadyWhileAPushIsInFlightGoAsOnePush) {
+  std::vector<int> pushed_each_step[2];
+  int gradient_pushes[2] = {0, 0};
+  for (bool held : {false, true}) {
+    FakeServer server(v1::CONSISTENCY_SYNC, TinyGraph(), TinyPlan(), 1);
+    auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 6);
+    w->client->hold_pushes = held;
+    ASSERT_TRUE(w->updater->Start().ok());
+    ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
+    ASSERT_TRUE(w->Compute(0).ok());
+    ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+    ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
+    EXPECT_EQ(w->updater->version(), 1);
+    pushed_each_step[held] = w->client->PushedChunks();
+    gradient_pushes[held] = server.Pushes(v1::ChunkHeader::KIND_GRADIENT);
+  }
+  // fc2, bn1 and fc1 each reach min_push_bytes: three pushes; held, fc2's
+  // goes at once and bn1's and fc1's wait for the end of backward.
+  EXPECT_EQ(gradient_pushes[false], 3);
+  EXPECT_EQ(gradient_pushes[true], 2);
+  EXPECT_EQ(pushed_each_step[true], pushed_each_step[false]);
 }
 
 TEST(RemoteUpdaterTest, CancelStopsAtTheNextStep) {
