@@ -173,7 +173,9 @@ TEST(ChunkingTest, ParamsArePushedLastLayerFirstThenTheRunningStatistics) {
 TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
   const std::vector<std::pair<std::string, ModelGraph>> models = {
       {"dense-8mb", Dense8Mb()}, {"mlp-8mb", Mlp8Mb()}, {"dense+batch norm", DenseWithBatchNorm()}};
-  for (const auto& [name, graph] : models) {
+  for (const auto& model : models) {
+    const std::string& name = model.first;
+    const ModelGraph& graph = model.second;  // A plain reference: lambdas capture it.
     for (int shards : {1, 2, 3, 8}) {
       SCOPED_TRACE(absl::StrCat(name, ", ", shards, " shards"));
       absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
