@@ -507,6 +507,17 @@ class HandPacedShard final : public grpc::CallbackGenericService {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// Worker w0's client options for kJob on the one shard at `address`.
+PsClient::Options OneShardOptions(const std::string& address) {
+  PsClient::Options options;
+  options.shard_addresses = {address};
+  options.job_id = kJob;
+  options.worker_id = "w0";
+  options.generation = 1;
+  options.rpc_timeout = absl::Seconds(20);
+  return options;
+}
+
 TEST(PsClientTest, APushSendsNoFrameBeyondTheShardsCredit) {
   // fc1/weight: 1536 x 1024 floats in 24 chunks of 256 KiB (each larger
   // than HTTP/2's first window, so none is sent before the first credit),
@@ -518,13 +529,8 @@ TEST(PsClientTest, APushSendsNoFrameBeyondTheShardsCredit) {
   const int total = static_cast<int>(plan.chunks.size());
   ASSERT_EQ(total, 25);
   HandPacedShard shard(/*first_credit=*/2);
-  PsClient::Options options;
-  options.shard_addresses = {shard.address()};
-  options.job_id = kJob;
-  options.worker_id = "w0";
-  options.generation = 1;
-  options.rpc_timeout = absl::Seconds(20);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                       PsClient::Create(OneShardOptions(shard.address()), plan));
   std::vector<std::vector<float>> gradients;
   for (const ChunkInfo& c : plan.chunks) gradients.emplace_back(c.count, 0.25f);
   std::unique_ptr<PendingOp> push =
@@ -576,13 +582,9 @@ TEST(PsClientTest, PushesOnAConnectionArriveOneAfterTheOtherInIssueOrder) {
   config.members = {"w0"};
   config.generation = 1;
   ASSERT_OK(shard.ConfigureJob(config, ::pstrain::testing::InitialChunks(graph, plan, 0)));
-  PsClient::Options options;
-  options.shard_addresses = {"127.0.0.1:" + std::to_string(port)};
-  options.job_id = kJob;
-  options.worker_id = "w0";
-  options.generation = 1;
-  options.rpc_timeout = absl::Seconds(20);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<PsClient> client,
+      PsClient::Create(OneShardOptions("127.0.0.1:" + std::to_string(port)), plan));
   std::vector<std::vector<float>> gradients;
   for (const ChunkInfo& c : plan.chunks) gradients.emplace_back(c.count, 1e-3f);
   // Three pushes of 8, 8 and 9 chunks, issued without waiting.
