@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/blocked_loops.h"
 #include "kernels/cpu/cpu_plans.h"
 
 namespace pstrain::cpu_internal {
@@ -153,8 +154,17 @@ class CpuConv2dPlan final : public Conv2dPlan {
       PSTRAIN_RETURN_IF_ERROR(BuildBackwardWeights(with_bias));
     }
     BackwardWeightsStep& b = backward_weights_[with_bias];
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, b.src.In(*ctx_, x));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t diff_dst, b.diff_dst.In(*ctx_, dy));
+    if (converted_dy != nullptr) *converted_dy = diff_dst;
+    if (b.own_lanes != 0) {
+      void* blocked_dy = nullptr;
+      PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(diff_dst, &blocked_dy),
+                                   "Conv2d.BackwardFilter");
+      OneChannelConvWeightGrad(config_, b.own_lanes, num_threads_, x,
+                               static_cast<const float*>(blocked_dy), dw, dbias, &b.scratch);
+      return absl::OkStatus();
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, b.src.In(*ctx_, x));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t diff_weights, b.diff_weights.OutTarget(dw));
     std::vector<dnnl_exec_arg_t> args = {
         {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_weights}};
@@ -165,7 +175,6 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_RETURN_IF_ERROR(b.primitive.Execute(*ctx_, args, "Conv2d.BackwardFilter"));
     PSTRAIN_RETURN_IF_ERROR(b.diff_weights.OutFinish(*ctx_));
     if (with_bias) PSTRAIN_RETURN_IF_ERROR(b.diff_bias.OutFinish(*ctx_));
-    if (converted_dy != nullptr) *converted_dy = diff_dst;
     return absl::OkStatus();
   }
 
@@ -181,6 +190,10 @@ class CpuConv2dPlan final : public Conv2dPlan {
   struct BackwardWeightsStep {
     DnnlPrimitive primitive;
     LayoutBridge src, diff_dst, diff_weights, diff_bias;
+    // Where blocked_loops.h computes the gradient instead of the primitive
+    // (one input channel, dy blocked): the channels per block of dy, else 0.
+    int own_lanes = 0;
+    std::vector<float> scratch;
   };
 
   void SetThreads() const { omp_set_num_threads(num_threads_); }
@@ -267,11 +280,18 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(b.primitive,
                              DnnlPrimitive::Create(std::move(pd), "Conv2d.BackwardFilter"));
     PSTRAIN_ASSIGN_OR_RETURN(
-        b.src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_src_md),
-                                    /*to_primitive=*/true, "Conv2d.BackwardFilter"));
-    PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_dst, LayoutBridge::Create(*ctx_, user_dst_, b.primitive.Md(dnnl_query_diff_dst_md),
                                          /*to_primitive=*/true, "Conv2d.BackwardFilter"));
+    // oneDNN's AVX2 kernel pads one input channel to eight (see
+    // blocked_loops.h); the fused plan makes the same choice, so that both
+    // give the same bits.
+    if (OneChannelConvWeightGradApplies(config_)) {
+      b.own_lanes = ChannelBlock(b.primitive.Md(dnnl_query_diff_dst_md));
+      if (b.own_lanes != 0) return absl::OkStatus();
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(
+        b.src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_src_md),
+                                    /*to_primitive=*/true, "Conv2d.BackwardFilter"));
     PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_weights,
         LayoutBridge::Create(*ctx_, user_weights_, b.primitive.Md(dnnl_query_diff_weights_md),

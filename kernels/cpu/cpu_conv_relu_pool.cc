@@ -14,6 +14,17 @@
 // Measured with bench/cpu_ops_bench (fmnist-cnn, batch 64): the
 // conversions of the convolution outputs and their gradients took 1.7 ms of
 // a 27 ms step.
+//
+// Where the windows tile the output exactly (stride = window, no padding)
+// and the convolution writes channels in blocks of 8 or 16 (oneDNN's AVX2 and
+// AVX-512 layouts), the plan pools with loops of its own instead
+// (blocked_loops.h): forward reads the blocks and writes the ReLU-ed maxima
+// straight into the caller's NCHW y; backward reads the caller's dy, masks
+// it, and finds each window's winner again in the convolution's output. No
+// workspace, no pooled buffer, and no conversions of y and dy. The weight
+// gradient of a convolution with one input channel comes from there too.
+// On a 2-core Zen 3 (AVX2), oneDNN 2.6's pooling took 6.4 ms and that weight
+// gradient 4.4 ms of a 57 ms step (see docs/BENCHMARKS.md).
 #include <omp.h>
 
 #include <cstdint>
@@ -23,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/blocked_loops.h"
 #include "kernels/cpu/cpu_plans.h"
 
 namespace pstrain::cpu_internal {
@@ -188,6 +200,138 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     }
     PSTRAIN_ASSIGN_OR_RETURN(conv_dst_, CreateMemory(conv_dst_md, *ctx_, true, "ConvReluPool"));
 
+    lanes_ = ChannelBlock(conv_dst_md);
+    blocked_pool_ = {.lanes = lanes_,
+                     .n = pool_.n,
+                     .channels = pool_.c,
+                     .h = pool_.h,
+                     .w = pool_.w,
+                     .k = pool_.window,
+                     .num_threads = num_threads_};
+    own_pool_ = lanes_ != 0 && pool_.stride == pool_.window && pool_.pad == 0 &&
+                BlockedPoolShapeIsValid(blocked_pool_);
+    own_weight_grad_ = lanes_ != 0 && OneChannelConvWeightGradApplies(conv_);
+    if (!own_pool_) {
+      PSTRAIN_RETURN_IF_ERROR(InitDnnlPool(conv_dst_md, user_pooled, any_pooled));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(d_conv_dst_, CreateMemory(conv_dst_md, *ctx_, true, "ConvReluPool"));
+
+    // Convolution backward passes reading that gradient where it lies (the
+    // weight gradient of one input channel: blocked_loops.h).
+    if (!own_weight_grad_) {
+      dnnl_convolution_desc_t conv_bwd_w;
+      PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_convolution_backward_weights_desc_init(
+                                       &conv_bwd_w, dnnl_convolution_direct, &any_src, &any_weights,
+                                       bias_md, &any_dst, strides, padding, padding),
+                                   "ConvReluPool.Backward");
+      PSTRAIN_ASSIGN_OR_RETURN(
+          DnnlPrimitiveDesc conv_bwd_w_pd,
+          CreatePrimitiveDesc(&conv_bwd_w, *ctx_, conv_hint, "ConvReluPool.Backward"));
+      PSTRAIN_ASSIGN_OR_RETURN(
+          conv_bwd_w_, DnnlPrimitive::Create(std::move(conv_bwd_w_pd), "ConvReluPool.Backward"));
+      PSTRAIN_ASSIGN_OR_RETURN(d_conv_for_w_,
+                               GradientView::Create(*ctx_, d_conv_dst_, conv_dst_md,
+                                                    conv_bwd_w_.Md(dnnl_query_diff_dst_md)));
+      const dnnl_memory_desc_t& bwd_src_md = conv_bwd_w_.Md(dnnl_query_src_md);
+      reuse_forward_src_ =
+          dnnl_memory_desc_equal(&bwd_src_md, &conv_fwd_.Md(dnnl_query_src_md)) != 0;
+      PSTRAIN_ASSIGN_OR_RETURN(bwd_src_,
+                               LayoutBridge::Create(*ctx_, user_src, bwd_src_md,
+                                                    /*to_primitive=*/true, "ConvReluPool"));
+      PSTRAIN_ASSIGN_OR_RETURN(
+          d_weights_,
+          LayoutBridge::Create(*ctx_, user_weights, conv_bwd_w_.Md(dnnl_query_diff_weights_md),
+                               /*to_primitive=*/false, "ConvReluPool"));
+      if (with_bias_) {
+        PSTRAIN_ASSIGN_OR_RETURN(
+            d_bias_,
+            LayoutBridge::Create(*ctx_, user_bias, conv_bwd_w_.Md(dnnl_query_diff_weights_md, 1),
+                                 /*to_primitive=*/false, "ConvReluPool"));
+      }
+    }
+    dnnl_convolution_desc_t conv_bwd_d;
+    PSTRAIN_RETURN_IF_DNNL_ERROR(
+        dnnl_convolution_backward_data_desc_init(&conv_bwd_d, dnnl_convolution_direct, &any_src,
+                                                 &any_weights, &any_dst, strides, padding, padding),
+        "ConvReluPool.Backward");
+    PSTRAIN_ASSIGN_OR_RETURN(
+        DnnlPrimitiveDesc conv_bwd_d_pd,
+        CreatePrimitiveDesc(&conv_bwd_d, *ctx_, conv_hint, "ConvReluPool.Backward"));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        conv_bwd_d_, DnnlPrimitive::Create(std::move(conv_bwd_d_pd), "ConvReluPool.Backward"));
+    PSTRAIN_ASSIGN_OR_RETURN(d_conv_for_d_,
+                             GradientView::Create(*ctx_, d_conv_dst_, conv_dst_md,
+                                                  conv_bwd_d_.Md(dnnl_query_diff_dst_md)));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        bwd_weights_,
+        LayoutBridge::Create(*ctx_, user_weights, conv_bwd_d_.Md(dnnl_query_weights_md),
+                             /*to_primitive=*/true, "ConvReluPool"));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        d_src_, LayoutBridge::Create(*ctx_, user_src, conv_bwd_d_.Md(dnnl_query_diff_src_md),
+                                     /*to_primitive=*/false, "ConvReluPool"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const float* x, const float* w, const float* bias, float* y,
+                       bool training) override {
+    if (x == nullptr || w == nullptr || y == nullptr || (bias != nullptr) != with_bias_) {
+      return absl::InvalidArgumentError(
+          "ConvReluPool.Forward: x, w and y must be non-null, and bias exactly when the plan "
+          "has one");
+    }
+    omp_set_num_threads(num_threads_);
+    trained_x_ = nullptr;
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, src_.In(*ctx_, x));
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, weights_.In(*ctx_, w));
+    std::vector<dnnl_exec_arg_t> args = {
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, conv_dst_.get()}};
+    if (with_bias_) {
+      PSTRAIN_RETURN_IF_ERROR(Bind(bias_, bias, "ConvReluPool.Forward"));
+      args.push_back({DNNL_ARG_BIAS, bias_.get()});
+    }
+    PSTRAIN_RETURN_IF_ERROR(conv_fwd_.Execute(*ctx_, args, "ConvReluPool.Forward"));
+    if (own_pool_) {
+      PSTRAIN_ASSIGN_OR_RETURN(const float* conv, DataOf(conv_dst_));
+      BlockedMaxPoolReluForward(blocked_pool_, conv, y);
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(DnnlPoolReluForward(y));
+    }
+    if (training) {
+      trained_x_ = x;
+      forward_src_ = src;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                        float* dbias) override {
+    if (x == nullptr || w == nullptr || dy == nullptr || dw == nullptr ||
+        (dbias != nullptr) != with_bias_) {
+      return absl::InvalidArgumentError(
+          "ConvReluPool.Backward: x, w, dy and dw must be non-null, and dbias exactly when the "
+          "plan has a bias");
+    }
+    if (x != trained_x_) {
+      return absl::FailedPreconditionError(
+          "ConvReluPool.Backward needs a training Forward of the same x first");
+    }
+    omp_set_num_threads(num_threads_);
+    if (own_pool_) {
+      PSTRAIN_ASSIGN_OR_RETURN(const float* conv, DataOf(conv_dst_));
+      PSTRAIN_ASSIGN_OR_RETURN(float* d_conv, DataOf(d_conv_dst_));
+      BlockedMaxPoolReluBackward(blocked_pool_, conv, dy, d_conv);
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(DnnlPoolReluBackward(dy));
+    }
+    return ConvBackward(x, w, dx, dw, dbias);
+  }
+
+ private:
+  // oneDNN's max-pool on the convolution's layout, with a workspace, and the
+  // conversions of the pooled output and its gradient.
+  absl::Status InitDnnlPool(const dnnl_memory_desc_t& conv_dst_md,
+                            const dnnl_memory_desc_t& user_pooled,
+                            const dnnl_memory_desc_t& any_pooled) {
     // Max-pool forward on that layout, recording winners in its workspace.
     dnnl_dims_t pool_strides = {pool_.stride, pool_.stride};
     dnnl_dims_t kernel = {pool_.window, pool_.window}, dilation = {0, 0};
@@ -233,77 +377,10 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     PSTRAIN_ASSIGN_OR_RETURN(d_pooled_, CreateMemory(pooled_md, *ctx_, true, "ConvReluPool"));
     PSTRAIN_ASSIGN_OR_RETURN(dy_in_, UserReorder::Create(*ctx_, user_pooled, pooled_md,
                                                          /*user_is_from=*/true, "ConvReluPool"));
-    PSTRAIN_ASSIGN_OR_RETURN(d_conv_dst_, CreateMemory(conv_dst_md, *ctx_, true, "ConvReluPool"));
-
-    // Convolution backward passes reading that gradient where it lies.
-    dnnl_convolution_desc_t conv_bwd_w;
-    PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_convolution_backward_weights_desc_init(
-                                     &conv_bwd_w, dnnl_convolution_direct, &any_src, &any_weights,
-                                     bias_md, &any_dst, strides, padding, padding),
-                                 "ConvReluPool.Backward");
-    PSTRAIN_ASSIGN_OR_RETURN(
-        DnnlPrimitiveDesc conv_bwd_w_pd,
-        CreatePrimitiveDesc(&conv_bwd_w, *ctx_, conv_hint, "ConvReluPool.Backward"));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        conv_bwd_w_, DnnlPrimitive::Create(std::move(conv_bwd_w_pd), "ConvReluPool.Backward"));
-    PSTRAIN_ASSIGN_OR_RETURN(d_conv_for_w_,
-                             GradientView::Create(*ctx_, d_conv_dst_, conv_dst_md,
-                                                  conv_bwd_w_.Md(dnnl_query_diff_dst_md)));
-    const dnnl_memory_desc_t& bwd_src_md = conv_bwd_w_.Md(dnnl_query_src_md);
-    reuse_forward_src_ = dnnl_memory_desc_equal(&bwd_src_md, &conv_fwd_.Md(dnnl_query_src_md)) != 0;
-    PSTRAIN_ASSIGN_OR_RETURN(bwd_src_, LayoutBridge::Create(*ctx_, user_src, bwd_src_md,
-                                                            /*to_primitive=*/true, "ConvReluPool"));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        d_weights_,
-        LayoutBridge::Create(*ctx_, user_weights, conv_bwd_w_.Md(dnnl_query_diff_weights_md),
-                             /*to_primitive=*/false, "ConvReluPool"));
-    if (with_bias_) {
-      PSTRAIN_ASSIGN_OR_RETURN(
-          d_bias_,
-          LayoutBridge::Create(*ctx_, user_bias, conv_bwd_w_.Md(dnnl_query_diff_weights_md, 1),
-                               /*to_primitive=*/false, "ConvReluPool"));
-    }
-    dnnl_convolution_desc_t conv_bwd_d;
-    PSTRAIN_RETURN_IF_DNNL_ERROR(
-        dnnl_convolution_backward_data_desc_init(&conv_bwd_d, dnnl_convolution_direct, &any_src,
-                                                 &any_weights, &any_dst, strides, padding, padding),
-        "ConvReluPool.Backward");
-    PSTRAIN_ASSIGN_OR_RETURN(
-        DnnlPrimitiveDesc conv_bwd_d_pd,
-        CreatePrimitiveDesc(&conv_bwd_d, *ctx_, conv_hint, "ConvReluPool.Backward"));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        conv_bwd_d_, DnnlPrimitive::Create(std::move(conv_bwd_d_pd), "ConvReluPool.Backward"));
-    PSTRAIN_ASSIGN_OR_RETURN(d_conv_for_d_,
-                             GradientView::Create(*ctx_, d_conv_dst_, conv_dst_md,
-                                                  conv_bwd_d_.Md(dnnl_query_diff_dst_md)));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        bwd_weights_,
-        LayoutBridge::Create(*ctx_, user_weights, conv_bwd_d_.Md(dnnl_query_weights_md),
-                             /*to_primitive=*/true, "ConvReluPool"));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        d_src_, LayoutBridge::Create(*ctx_, user_src, conv_bwd_d_.Md(dnnl_query_diff_src_md),
-                                     /*to_primitive=*/false, "ConvReluPool"));
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const float* x, const float* w, const float* bias, float* y,
-                       bool training) override {
-    if (x == nullptr || w == nullptr || y == nullptr || (bias != nullptr) != with_bias_) {
-      return absl::InvalidArgumentError(
-          "ConvReluPool.Forward: x, w and y must be non-null, and bias exactly when the plan "
-          "has one");
-    }
-    omp_set_num_threads(num_threads_);
-    trained_x_ = nullptr;
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, src_.In(*ctx_, x));
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, weights_.In(*ctx_, w));
-    std::vector<dnnl_exec_arg_t> args = {
-        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, conv_dst_.get()}};
-    if (with_bias_) {
-      PSTRAIN_RETURN_IF_ERROR(Bind(bias_, bias, "ConvReluPool.Forward"));
-      args.push_back({DNNL_ARG_BIAS, bias_.get()});
-    }
-    PSTRAIN_RETURN_IF_ERROR(conv_fwd_.Execute(*ctx_, args, "ConvReluPool.Forward"));
+  absl::Status DnnlPoolReluForward(float* y) {
     PSTRAIN_RETURN_IF_ERROR(pool_fwd_.Execute(*ctx_,
                                               {{DNNL_ARG_SRC, conv_dst_.get()},
                                                {DNNL_ARG_DST, pooled_.get()},
@@ -313,27 +390,12 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     const int64_t n = pooled_count_;
 #pragma omp parallel for simd schedule(static) num_threads(num_threads_) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) pooled[i] = pooled[i] > 0.f ? pooled[i] : 0.f;
-    PSTRAIN_RETURN_IF_ERROR(y_out_.Run(*ctx_, pooled_, y, "ConvReluPool.Forward"));
-    if (training) {
-      trained_x_ = x;
-      forward_src_ = src;
-    }
-    return absl::OkStatus();
+    return y_out_.Run(*ctx_, pooled_, y, "ConvReluPool.Forward");
   }
 
-  absl::Status Backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                        float* dbias) override {
-    if (x == nullptr || w == nullptr || dy == nullptr || dw == nullptr ||
-        (dbias != nullptr) != with_bias_) {
-      return absl::InvalidArgumentError(
-          "ConvReluPool.Backward: x, w, dy and dw must be non-null, and dbias exactly when the "
-          "plan has a bias");
-    }
-    if (x != trained_x_) {
-      return absl::FailedPreconditionError(
-          "ConvReluPool.Backward needs a training Forward of the same x first");
-    }
-    omp_set_num_threads(num_threads_);
+  // ReLU's and the pool's backward through oneDNN's workspace, into the
+  // gradient of the convolution's output.
+  absl::Status DnnlPoolReluBackward(const float* dy) {
     PSTRAIN_RETURN_IF_ERROR(dy_in_.Run(*ctx_, d_pooled_, dy, "ConvReluPool.Backward"));
     // The ReLU's backward on the pooled values: nothing flows where the
     // pooled output (already ReLU-ed) is not positive.
@@ -347,7 +409,30 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
                                                {DNNL_ARG_WORKSPACE, workspace_.get()},
                                                {DNNL_ARG_DIFF_SRC, d_conv_dst_.get()}},
                                               "ConvReluPool.Backward"));
+    return absl::OkStatus();
+  }
 
+  absl::Status ConvBackward(const float* x, const float* w, float* dx, float* dw, float* dbias) {
+    if (own_weight_grad_) {
+      PSTRAIN_ASSIGN_OR_RETURN(const float* d_conv, DataOf(d_conv_dst_));
+      OneChannelConvWeightGrad(conv_, lanes_, num_threads_, x, d_conv, dw, dbias,
+                               &weight_grad_scratch_);
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(DnnlWeightGrad(x, dw, dbias));
+    }
+    if (dx == nullptr) return absl::OkStatus();
+
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, bwd_weights_.In(*ctx_, w));
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_src, d_src_.OutTarget(dx));
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_conv_d, d_conv_for_d_.Get(*ctx_));
+    PSTRAIN_RETURN_IF_ERROR(conv_bwd_d_.Execute(
+        *ctx_,
+        {{DNNL_ARG_DIFF_DST, d_conv_d}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, d_src}},
+        "ConvReluPool.Backward"));
+    return d_src_.OutFinish(*ctx_);
+  }
+
+  absl::Status DnnlWeightGrad(const float* x, float* dw, float* dbias) {
     dnnl_memory_t src = forward_src_;
     if (!reuse_forward_src_) {
       PSTRAIN_ASSIGN_OR_RETURN(src, bwd_src_.In(*ctx_, x));
@@ -363,19 +448,9 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     PSTRAIN_RETURN_IF_ERROR(conv_bwd_w_.Execute(*ctx_, args, "ConvReluPool.Backward"));
     PSTRAIN_RETURN_IF_ERROR(d_weights_.OutFinish(*ctx_));
     if (with_bias_) PSTRAIN_RETURN_IF_ERROR(d_bias_.OutFinish(*ctx_));
-    if (dx == nullptr) return absl::OkStatus();
-
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, bwd_weights_.In(*ctx_, w));
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_src, d_src_.OutTarget(dx));
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_conv_d, d_conv_for_d_.Get(*ctx_));
-    PSTRAIN_RETURN_IF_ERROR(conv_bwd_d_.Execute(
-        *ctx_,
-        {{DNNL_ARG_DIFF_DST, d_conv_d}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, d_src}},
-        "ConvReluPool.Backward"));
-    return d_src_.OutFinish(*ctx_);
+    return absl::OkStatus();
   }
 
- private:
   // Constant after construction.
   const std::shared_ptr<DnnlContext> ctx_;
   const Conv2dConfig conv_;
@@ -390,6 +465,11 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   UserReorder y_out_, dy_in_;
   GradientView d_conv_for_w_, d_conv_for_d_;
   int64_t pooled_count_ = 0;  // Floats in the pooled buffers (with layout padding).
+  int lanes_ = 0;             // Channels per block of the convolution's output; 0: not blocked.
+  BlockedPoolShape blocked_pool_;
+  bool own_pool_ = false;         // blocked_loops.h's pool, else oneDNN's.
+  bool own_weight_grad_ = false;  // blocked_loops.h's weight gradient, else oneDNN's.
+  std::vector<float> weight_grad_scratch_;
   bool reuse_forward_src_ = false;
 
   // From the last training Forward: its x, and x as the convolution read it.

@@ -47,6 +47,16 @@ absl::StatusOr<dnnl_memory_desc_t> PlainDesc(const std::vector<int64_t>& dims,
   return md;
 }
 
+int ChannelBlock(const dnnl_memory_desc_t& md) {
+  if (md.ndims != 4 || md.data_type != dnnl_f32) return 0;
+  for (const dnnl_format_tag_t tag : {dnnl_aBcd8b, dnnl_aBcd16b}) {
+    dnnl_memory_desc_t want;
+    if (dnnl_memory_desc_init_by_tag(&want, 4, md.dims, dnnl_f32, tag) != dnnl_success) continue;
+    if (dnnl_memory_desc_equal(&want, &md)) return tag == dnnl_aBcd8b ? 8 : 16;
+  }
+  return 0;
+}
+
 absl::StatusOr<DnnlPrimitiveDesc> CreatePrimitiveDesc(const_dnnl_op_desc_t op_desc,
                                                       const DnnlContext& ctx,
                                                       const_dnnl_primitive_desc_t hint,

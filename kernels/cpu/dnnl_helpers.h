@@ -79,6 +79,11 @@ struct DnnlContext {
 absl::StatusOr<dnnl_memory_desc_t> PlainDesc(const std::vector<int64_t>& dims,
                                              dnnl_format_tag_t tag);
 
+// 8 or 16 when `md` is an fp32 4-d tensor in oneDNN's plain channel-blocked
+// layout (nChw8c, nChw16c: dense, no offset; the loops of blocked_loops.h
+// read it), else 0.
+int ChannelBlock(const dnnl_memory_desc_t& md);
+
 using DnnlAttr = DnnlHandle<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>;
 using DnnlPostOps = DnnlHandle<dnnl_post_ops_t, dnnl_post_ops_destroy>;
 

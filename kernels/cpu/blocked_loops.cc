@@ -1,0 +1,315 @@
+// The loops of blocked_loops.h, in AVX2 intrinsics (kernels/ builds for
+// x86-64-v3): 8 channels per register, a 16-channel block as two.
+#include "kernels/cpu/blocked_loops.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace pstrain::cpu_internal {
+namespace {
+
+// Work is handed out to threads only when there is this much of it.
+constexpr int64_t kParallelElements = int64_t{1} << 14;
+
+// Outputs of one row that the pool loops keep on the stack.
+constexpr int kPoolTile = 32;
+
+// One window's maximum over 8 channels, and where any of them saw a NaN.
+// kWindow is the window's side when known at compile time, else 0 and `k`
+// says it. Elements of a window row are `lane_stride` floats apart, rows
+// `row_stride`.
+template <int kWindow>
+inline void WindowMax8(const float* window, int64_t lane_stride, int64_t row_stride, int k,
+                       __m256* best, __m256* nan) {
+  const int side = kWindow != 0 ? kWindow : k;
+  __m256 m = _mm256_loadu_ps(window);
+  __m256 any_nan = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+  for (int i = 0; i < side; ++i) {
+    for (int j = i == 0 ? 1 : 0; j < side; ++j) {
+      const __m256 v = _mm256_loadu_ps(window + i * row_stride + j * lane_stride);
+      m = _mm256_max_ps(v, m);  // v > m ? v : m
+      any_nan = _mm256_or_ps(any_nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+  }
+  *best = m;
+  *nan = any_nan;
+}
+
+// Where a row of pooled outputs lies: output row p of channel block `block`
+// of sample `sample`.
+struct PoolRow {
+  int64_t sample;
+  int block, p, lanes;  // lanes: the block's real channels.
+};
+
+template <int kLanes>
+PoolRow RowAt(const BlockedPoolShape& s, int64_t row) {
+  PoolRow r;
+  r.p = static_cast<int>(row % s.out_h());
+  const int64_t block_index = row / s.out_h();
+  r.block = static_cast<int>(block_index % s.blocks());
+  r.sample = block_index / s.blocks();
+  r.lanes = std::min(kLanes, s.channels - r.block * kLanes);
+  return r;
+}
+
+template <int kLanes, int kWindow>
+void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
+  static_assert(kLanes % 8 == 0);
+  const int out_h = s.out_h(), out_w = s.out_w();
+  const int64_t out_plane = int64_t{out_h} * out_w;
+  const int64_t row_stride = int64_t{s.w} * kLanes;
+  const int64_t rows = s.n * s.blocks() * out_h;
+#pragma omp parallel for schedule(static) \
+    num_threads(s.num_threads) if (rows * out_w * kLanes >= kParallelElements)
+  for (int64_t row = 0; row < rows; ++row) {
+    const PoolRow r = RowAt<kLanes>(s, row);
+    const float* in = conv + (row / out_h) * s.h * row_stride + int64_t{r.p} * s.k * row_stride;
+    float* out =
+        y + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
+    for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
+      const int count = std::min(kPoolTile, out_w - q0);
+      alignas(32) float tile[kLanes][kPoolTile];
+      for (int q = 0; q < count; ++q) {
+        for (int g = 0; g < kLanes; g += 8) {
+          __m256 best, nan;
+          WindowMax8<kWindow>(in + int64_t{q0 + q} * s.k * kLanes + g, kLanes, row_stride, s.k,
+                              &best, &nan);
+          alignas(32) float relu[8];
+          _mm256_store_ps(relu, _mm256_andnot_ps(nan, _mm256_max_ps(best, _mm256_setzero_ps())));
+          for (int b = 0; b < 8; ++b) tile[g + b][q] = relu[b];
+        }
+      }
+      for (int b = 0; b < r.lanes; ++b) {
+        std::memcpy(out + b * out_plane + q0, tile[b], sizeof(float) * count);
+      }
+    }
+  }
+}
+
+template <int kLanes, int kWindow>
+void PoolReluBackward(const BlockedPoolShape& s, const float* conv, const float* dy,
+                      float* d_conv) {
+  static_assert(kLanes % 8 == 0);
+  const int out_h = s.out_h(), out_w = s.out_w();
+  const int64_t out_plane = int64_t{out_h} * out_w;
+  const int64_t row_stride = int64_t{s.w} * kLanes;
+  const int64_t rows = s.n * s.blocks() * out_h;
+  const int side = kWindow != 0 ? kWindow : s.k;
+#pragma omp parallel for schedule(static) \
+    num_threads(s.num_threads) if (rows * out_w * kLanes >= kParallelElements)
+  for (int64_t row = 0; row < rows; ++row) {
+    const PoolRow r = RowAt<kLanes>(s, row);
+    const int64_t row_offset = (row / out_h) * s.h * row_stride + int64_t{r.p} * s.k * row_stride;
+    const float* g_row =
+        dy + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
+    for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
+      const int count = std::min(kPoolTile, out_w - q0);
+      alignas(32) float g_tile[kPoolTile][kLanes] = {};
+      for (int b = 0; b < r.lanes; ++b) {
+        const float* plane = g_row + b * out_plane + q0;
+        for (int q = 0; q < count; ++q) g_tile[q][b] = plane[q];
+      }
+      for (int q = 0; q < count; ++q) {
+        for (int g = 0; g < kLanes; g += 8) {
+          const int64_t at = row_offset + int64_t{q0 + q} * s.k * kLanes + g;
+          __m256 best, nan;
+          WindowMax8<kWindow>(conv + at, kLanes, row_stride, s.k, &best, &nan);
+          // The ReLU's backward: nothing flows where the pooled output (the
+          // ReLU of the maximum; 0 for NaN) is not positive.
+          const __m256 keep =
+              _mm256_andnot_ps(nan, _mm256_cmp_ps(best, _mm256_setzero_ps(), _CMP_GT_OQ));
+          const __m256 grad = _mm256_and_ps(_mm256_load_ps(&g_tile[q][g]), keep);
+          __m256 taken = _mm256_setzero_ps();
+          for (int i = 0; i < side; ++i) {
+            for (int j = 0; j < side; ++j) {
+              const int64_t offset = at + i * row_stride + int64_t{j} * kLanes;
+              const __m256 wins = _mm256_andnot_ps(
+                  taken, _mm256_cmp_ps(_mm256_loadu_ps(conv + offset), best, _CMP_EQ_OQ));
+              _mm256_storeu_ps(d_conv + offset, _mm256_and_ps(grad, wins));
+              taken = _mm256_or_ps(taken, wins);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The accumulators of one kernel row: for every kw, the sum over the output
+// pixels of dy * x, 8 filters per register. x is the sample's image padded
+// with zeros (row length `padded_w`), dy its block of filters.
+template <int kLanes, int kKernelW>
+void AccumulateKernelRow(const Conv2dConfig& c, const float* padded_x, int64_t padded_w,
+                         const float* dy, int r, float* partial) {
+  const int out_h = c.out_h(), out_w = c.out_w();
+  for (int g = 0; g < kLanes; g += 8) {
+    __m256 acc[kKernelW];
+    for (int s = 0; s < kKernelW; ++s) acc[s] = _mm256_setzero_ps();
+    for (int p = 0; p < out_h; ++p) {
+      const float* x_row = padded_x + (int64_t{p} * c.stride_h + r) * padded_w;
+      const float* dy_row = dy + int64_t{p} * out_w * kLanes + g;
+      for (int q = 0; q < out_w; ++q) {
+        const __m256 d = _mm256_loadu_ps(dy_row + int64_t{q} * kLanes);
+        const float* xs = x_row + int64_t{q} * c.stride_w;
+        for (int s = 0; s < kKernelW; ++s) {
+          acc[s] = _mm256_fmadd_ps(d, _mm256_broadcast_ss(xs + s), acc[s]);
+        }
+      }
+    }
+    for (int s = 0; s < kKernelW; ++s) {
+      float* out = partial + s * kLanes + g;
+      _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), acc[s]));
+    }
+  }
+}
+
+// The sum of dy over the output pixels of one block, added to `partial`.
+template <int kLanes>
+void AccumulateBias(const Conv2dConfig& c, const float* dy, float* partial) {
+  const int64_t pixels = int64_t{c.out_h()} * c.out_w();
+  for (int g = 0; g < kLanes; g += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < pixels; ++i)
+      acc = _mm256_add_ps(acc, _mm256_loadu_ps(dy + i * kLanes + g));
+    _mm256_storeu_ps(partial + g, _mm256_add_ps(_mm256_loadu_ps(partial + g), acc));
+  }
+}
+
+// Each thread sums a contiguous range of samples into its own partial sums
+// ([blocks][kernel_h][kernel_w][kLanes] and [blocks][kLanes]); the partials
+// are then added in thread order.
+template <int kLanes, int kKernelW>
+void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const float* dy, float* dw,
+                float* dbias, std::vector<float>* scratch) {
+  const int blocks = (c.filters + kLanes - 1) / kLanes;
+  const int out_h = c.out_h(), out_w = c.out_w();
+  const int64_t padded_h = c.h + 2 * int64_t{c.pad_h}, padded_w = c.w + 2 * int64_t{c.pad_w};
+  const int64_t image = padded_h * padded_w;
+  const int64_t weights = int64_t{blocks} * c.kernel_h * kKernelW * kLanes;
+  const int64_t biases = int64_t{blocks} * kLanes;
+  const int64_t per_thread = image + weights + biases;
+  const int64_t dy_block = int64_t{out_h} * out_w * kLanes;
+  const int64_t work = c.n * dy_block * c.kernel_h * kKernelW;
+  const int threads = work >= kParallelElements ? std::max(num_threads, 1) : 1;
+  scratch->assign(static_cast<size_t>(per_thread * threads), 0.f);
+  int team = 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    const int count = omp_get_num_threads();
+#pragma omp single
+    team = count;
+    float* padded_x = scratch->data() + t * per_thread;
+    float* partial_w = padded_x + image;
+    float* partial_b = partial_w + weights;
+    const int64_t begin = c.n * t / count, end = c.n * (t + 1) / count;
+    for (int64_t sample = begin; sample < end; ++sample) {
+      // The borders stay zero from the assign above; only the inside moves.
+      const float* in = x + sample * c.h * c.w;
+      for (int i = 0; i < c.h; ++i) {
+        std::memcpy(padded_x + (i + c.pad_h) * padded_w + c.pad_w, in + int64_t{i} * c.w,
+                    sizeof(float) * c.w);
+      }
+      for (int block = 0; block < blocks; ++block) {
+        const float* dy_b = dy + (sample * blocks + block) * dy_block;
+        for (int r = 0; r < c.kernel_h; ++r) {
+          AccumulateKernelRow<kLanes, kKernelW>(
+              c, padded_x, padded_w, dy_b, r,
+              partial_w + (int64_t{block} * c.kernel_h + r) * kKernelW * kLanes);
+        }
+        if (dbias != nullptr) AccumulateBias<kLanes>(c, dy_b, partial_b + int64_t{block} * kLanes);
+      }
+    }
+  }
+  // dw[k][0][r][s] from [block][r][s][lane], the threads' sums in order.
+  for (int k = 0; k < c.filters; ++k) {
+    const int block = k / kLanes, lane = k % kLanes;
+    for (int r = 0; r < c.kernel_h; ++r) {
+      for (int s = 0; s < kKernelW; ++s) {
+        const int64_t at =
+            image + ((int64_t{block} * c.kernel_h + r) * kKernelW + s) * kLanes + lane;
+        float sum = (*scratch)[at];
+        for (int t = 1; t < team; ++t) sum += (*scratch)[t * per_thread + at];
+        dw[(int64_t{k} * c.kernel_h + r) * kKernelW + s] = sum;
+      }
+    }
+    if (dbias != nullptr) {
+      const int64_t at = image + weights + int64_t{block} * kLanes + lane;
+      float sum = (*scratch)[at];
+      for (int t = 1; t < team; ++t) sum += (*scratch)[t * per_thread + at];
+      dbias[k] = sum;
+    }
+  }
+}
+
+template <int kLanes>
+void WeightGradForLanes(const Conv2dConfig& c, int num_threads, const float* x, const float* dy,
+                        float* dw, float* dbias, std::vector<float>* scratch) {
+  switch (c.kernel_w) {
+    case 1:
+      return WeightGrad<kLanes, 1>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 2:
+      return WeightGrad<kLanes, 2>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 3:
+      return WeightGrad<kLanes, 3>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 4:
+      return WeightGrad<kLanes, 4>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 5:
+      return WeightGrad<kLanes, 5>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 6:
+      return WeightGrad<kLanes, 6>(c, num_threads, x, dy, dw, dbias, scratch);
+    case 7:
+      return WeightGrad<kLanes, 7>(c, num_threads, x, dy, dw, dbias, scratch);
+    default:
+      return WeightGrad<kLanes, 8>(c, num_threads, x, dy, dw, dbias, scratch);
+  }
+}
+
+}  // namespace
+
+bool BlockedPoolShapeIsValid(const BlockedPoolShape& s) {
+  return (s.lanes == 8 || s.lanes == 16) && s.n > 0 && s.channels > 0 && s.k > 0 && s.h > 0 &&
+         s.w > 0 && s.h % s.k == 0 && s.w % s.k == 0 && s.num_threads > 0;
+}
+
+void BlockedMaxPoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
+  if (s.lanes == 8) {
+    s.k == 2 ? PoolReluForward<8, 2>(s, conv, y) : PoolReluForward<8, 0>(s, conv, y);
+  } else {
+    s.k == 2 ? PoolReluForward<16, 2>(s, conv, y) : PoolReluForward<16, 0>(s, conv, y);
+  }
+}
+
+void BlockedMaxPoolReluBackward(const BlockedPoolShape& s, const float* conv, const float* dy,
+                                float* d_conv) {
+  if (s.lanes == 8) {
+    s.k == 2 ? PoolReluBackward<8, 2>(s, conv, dy, d_conv)
+             : PoolReluBackward<8, 0>(s, conv, dy, d_conv);
+  } else {
+    s.k == 2 ? PoolReluBackward<16, 2>(s, conv, dy, d_conv)
+             : PoolReluBackward<16, 0>(s, conv, dy, d_conv);
+  }
+}
+
+bool OneChannelConvWeightGradApplies(const Conv2dConfig& c) {
+  return c.c == 1 && c.kernel_w >= 1 && c.kernel_w <= 8 && c.dtype == DataType::kF32 &&
+         c.layout == TensorLayout::kNCHW;
+}
+
+void OneChannelConvWeightGrad(const Conv2dConfig& c, int lanes, int num_threads, const float* x,
+                              const float* dy, float* dw, float* dbias,
+                              std::vector<float>* scratch) {
+  if (lanes == 8) {
+    WeightGradForLanes<8>(c, num_threads, x, dy, dw, dbias, scratch);
+  } else {
+    WeightGradForLanes<16>(c, num_threads, x, dy, dw, dbias, scratch);
+  }
+}
+
+}  // namespace pstrain::cpu_internal
