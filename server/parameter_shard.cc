@@ -86,7 +86,10 @@ std::vector<std::string> SlotNames(const v1::OptimizerSpec& spec) {
 
 // Index of the first non-finite value, or -1. One branch-free pass over the
 // exponent bits (vectorises), then a scan only when something was found.
-int64_t FirstNonFinite(absl::Span<const float> values) {
+// An AVX2 clone runs where the CPU has it (the server builds for baseline
+// x86-64): twice the bytes per instruction on a pass over every pushed value.
+__attribute__((target_clones("avx2", "default"))) int64_t FirstNonFinite(
+    absl::Span<const float> values) {
   // A float is not finite exactly when its exponent bits are all ones.
   // (An OR of comparisons: unsigned max does not vectorise on baseline SSE2.)
   constexpr uint32_t kExponent = 0x7f800000u;
