@@ -84,28 +84,6 @@ std::vector<std::string> SlotNames(const v1::OptimizerSpec& spec) {
   return {};
 }
 
-// Index of the first non-finite value, or -1. One branch-free pass over the
-// exponent bits (vectorises), then a scan only when something was found.
-// An AVX2 clone runs where the CPU has it (the server builds for baseline
-// x86-64): twice the bytes per instruction on a pass over every pushed value.
-__attribute__((target_clones("avx2", "default"))) int64_t FirstNonFinite(
-    absl::Span<const float> values) {
-  // A float is not finite exactly when its exponent bits are all ones.
-  // (An OR of comparisons: unsigned max does not vectorise on baseline SSE2.)
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t any = 0;
-  for (float v : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
-  }
-  if (any == 0) return -1;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
 // Who takes part in a job. Immutable once published; replaced whole.
 struct Membership {
   std::set<std::string> members;
@@ -636,7 +614,8 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
         absl::StrCat(Describe(*chunk), " holds ", chunk->count, " values, got ", values.size()));
   }
   if (options.reject_non_finite) {
-    if (const int64_t bad = FirstNonFinite(values); bad >= 0) {
+    if (const int64_t bad = FirstNonFiniteIndex(values.data(), static_cast<int64_t>(values.size()));
+        bad >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("value ", bad, " of the push to ",
                                                      Describe(*chunk), " is not finite (",
                                                      values[bad], ")"));

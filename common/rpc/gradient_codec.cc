@@ -119,15 +119,6 @@ bool AnyNonFinite(const float* p, int64_t n) {
   return AnyNonFiniteLoop(p, n);
 }
 
-// The first element that is not finite, or -1.
-int64_t FirstNonFiniteIndex(const float* p, int64_t n) {
-  if (!AnyNonFinite(p, n)) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(p[i])) return i;
-  }
-  return -1;
-}
-
 double SumOfMagnitudes(const float* p, int64_t n) {
 #if defined(__x86_64__)
   if (CpuHasAvx2()) return SumOfMagnitudesAvx2(p, n);
@@ -192,6 +183,14 @@ absl::Status EncodeDense(v1::CompressionSpec::Method method, const float* p, int
 }
 
 }  // namespace
+
+int64_t FirstNonFiniteIndex(const float* p, int64_t n) {
+  if (!AnyNonFinite(p, n)) return -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i])) return i;
+  }
+  return -1;
+}
 
 int64_t TopKCount(float ratio, int64_t n) {
   if (n <= 0) return 0;

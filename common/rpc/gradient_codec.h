@@ -55,6 +55,11 @@ namespace pstrain {
 // at least 1 and at most n (0 for n == 0). `ratio` 0 means the default.
 int64_t TopKCount(float ratio, int64_t n);
 
+// The index of the first of p[0, n) that is not finite, or -1: one
+// branch-free pass over the exponent bits (AVX2 where the CPU has it), then a
+// scan only when something was found.
+int64_t FirstNonFiniteIndex(const float* p, int64_t n);
+
 // The payload bytes a frame with this header must carry (num_elements,
 // dtype, encoding, encoded_count), with overflow-safe arithmetic.
 // INVALID_ARGUMENT when the combination is not valid (unknown encoding, a
