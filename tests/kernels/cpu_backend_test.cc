@@ -417,11 +417,15 @@ TEST_F(CpuBackendTest, ConvReluPoolPlanGivesTheBitsOfTheThreeOps) {
     Conv2dConfig conv;
     bool bias;
     int window;
+    int pad = 0;
   };
+  // The first three pool with the plan's own loops where oneDNN blocks the
+  // convolution's output; a padded pool runs on oneDNN's.
   const Case cases[] = {
       {MakeConv(4, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2), true, 2},   // fmnist conv1 block
       {MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), true, 2},  // fmnist conv2 block
       {MakeConv(2, 3, 9, 9, 5, 3, 3, 1, 1, 1, 1), false, 3},     // no bias, 3x3 windows
+      {MakeConv(2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1), true, 2, 1},   // a padded pool
   };
   for (const Case& k : cases) {
     const Conv2dConfig& c = k.conv;
@@ -432,6 +436,7 @@ TEST_F(CpuBackendTest, ConvReluPoolPlanGivesTheBitsOfTheThreeOps) {
     p.h = c.out_h();
     p.w = c.out_w();
     p.window = p.stride = k.window;
+    p.pad = k.pad;
     absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> fused =
         backend_->CreateConvReluPool(c, k.bias, p);
     ASSERT_TRUE(fused.ok()) << fused.status();
