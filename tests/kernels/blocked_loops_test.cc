@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/kernel_configs.h"
 
 namespace pstrain::cpu_internal {
 namespace {
@@ -144,21 +145,10 @@ TEST(BlockedLoopsTest, PoolShapesTheLoopsDoNotHandleAreInvalid) {
   EXPECT_FALSE(BlockedPoolShapeIsValid(s));
 }
 
+// A convolution of one input channel (tests/testing/kernel_configs.h).
 Conv2dConfig OneChannelConv(int n, int h, int w, int filters, int kh, int kw, int sh, int sw,
                             int ph, int pw) {
-  Conv2dConfig c;
-  c.n = n;
-  c.c = 1;
-  c.h = h;
-  c.w = w;
-  c.filters = filters;
-  c.kernel_h = kh;
-  c.kernel_w = kw;
-  c.stride_h = sh;
-  c.stride_w = sw;
-  c.pad_h = ph;
-  c.pad_w = pw;
-  return c;
+  return pstrain::testing::MakeConv(n, 1, h, w, filters, kh, kw, sh, sw, ph, pw);
 }
 
 TEST(BlockedLoopsTest, OneChannelWeightGradMatchesADoublePrecisionSum) {
