@@ -14,7 +14,7 @@
 #   transforms   conv parity and speed with cuDNN's FFT/Winograd algorithms allowed or not
 #   speed        bench/train_gpu_vs_pytorch.py: pstrain against PyTorch eager, same GPU
 #                (SPEED_PRECISIONS=fp32,bf16,fp16 adds mixed precision against
-#                PyTorch autocast)
+#                PyTorch autocast; SPEED_CASES=resnet runs one model)
 #   mixed        mixed precision (issue 10 part 6): standalone Fashion-MNIST in fp32,
 #                bf16 and fp16 (accuracy, time, skipped fp16 steps), then a sync job
 #                of one server and two bf16 workers
@@ -119,14 +119,18 @@ stage_tests() {
   done
   # The same binaries with the CUDA backend's other routes forced: the two
   # backward passes of a convolution in order (not on two streams), bf16
-  # and fp16 convolutions always, or never, via fp32, and bf16 and fp16
-  # models in NCHW instead of channels last.
+  # and fp16 convolutions always, or never, via fp32, bf16 and fp16 models
+  # in NCHW instead of channels last, and pstrain's own narrow-convolution
+  # kernels always, or never, where they apply.
   local variant
   for variant in ${TEST_VARIANTS-"PSTRAIN_CUDNN_CONCURRENT_BACKWARD=0:cuda_parity_test" \
                  "PSTRAIN_CUDNN_FP32_ROUTE=always:mixed_precision_parity_test" \
                  "PSTRAIN_CUDNN_FP32_ROUTE=always:mixed_precision_test" \
                  "PSTRAIN_CUDNN_FP32_ROUTE=0:mixed_precision_parity_test" \
-                 "PSTRAIN_CUDNN_NHWC=0:mixed_precision_test"}; do
+                 "PSTRAIN_CUDNN_NHWC=0:mixed_precision_test" \
+                 "PSTRAIN_CUDA_OWN_CONV=always:mixed_precision_parity_test" \
+                 "PSTRAIN_CUDA_OWN_CONV=always:mixed_precision_test" \
+                 "PSTRAIN_CUDA_OWN_CONV=0:mixed_precision_parity_test"}; do
     local setting=${variant%%:*} t=${variant#*:}
     echo "== $t ($setting)" >>"$log"
     env "$setting" timeout 120 "$BIN/$t" --gtest_brief=0 >>"$log" 2>&1
@@ -214,7 +218,8 @@ stage_busy() {
 stage_speed() {
   timeout "${SPEED_SECONDS:-300}" $PY bench/train_gpu_vs_pytorch.py --binary "$BIN/pstrain-worker" \
     --rounds "${SPEED_ROUNDS:-3}" --epochs "${SPEED_EPOCHS:-4}" \
-    --precisions "${SPEED_PRECISIONS:-fp32}" >"$OUT/speed.log" 2>&1
+    --precisions "${SPEED_PRECISIONS:-fp32}" --cases "${SPEED_CASES:-fmnist,resnet}" \
+    >"$OUT/speed.log" 2>&1
   say "speed: rc=$? $(elapsed)"
   grep -v '^  ' "$OUT/speed.log" | tail -8 | sed 's/^/speed: /' | tee -a "$SUMMARY" >/dev/null
 }

@@ -17,9 +17,11 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
 namespace pstrain::cuda {
@@ -102,6 +104,34 @@ absl::Status LaunchBatchNormBackward(DataType dtype, const void* x, const void* 
                                      const float* save_inv_std, float* dgamma, float* dbeta,
                                      int64_t n, int64_t c, int64_t spatial, float* scratch,
                                      TensorLayout layout, cudaStream_t stream);
+
+// --- narrow_conv_kernels.cu -------------------------------------------------
+// pstrain's own tensor-core kernels for narrow convolutions (Conv2dPlan's
+// semantics, no bias): bf16 or fp16, channels last, channels and filters
+// multiples of 16, and what a block stages (input rows, dy row, weights)
+// within 48 KiB of shared memory. The weight gradient sums in fp32 in a
+// fixed order and rounds once; the forward pass rounds each output once.
+bool NarrowConvForwardSupported(const Conv2dConfig& config);
+bool NarrowConvWeightGradSupported(const Conv2dConfig& config);
+// Blocks each kernel runs with on the device (0: that pass is not
+// supported), and the fp32 scratch the weight gradient needs.
+struct NarrowConvGrids {
+  int forward_blocks = 0;
+  int filter_blocks = 0;
+  size_t filter_scratch_floats = 0;
+};
+absl::StatusOr<NarrowConvGrids> NarrowConvLaunchGrids(const Conv2dConfig& config,
+                                                      int device_ordinal);
+// y [N, OH, OW, K] from x [N, H, W, C] and w as [K, R, S, C]. Every pointer
+// 16-byte aligned.
+absl::Status LaunchNarrowConvForward(const Conv2dConfig& config, const NarrowConvGrids& grids,
+                                     const void* x, const void* w_krsc, void* y,
+                                     cudaStream_t stream);
+// dw as [K, C, R, S] from x and dy (NHWC), through `scratch`
+// (grids.filter_scratch_floats floats). x, dy and scratch 16-byte aligned.
+absl::Status LaunchNarrowConvWeightGrad(const Conv2dConfig& config, const NarrowConvGrids& grids,
+                                        const void* x, const void* dy, void* dw_kcrs,
+                                        float* scratch, cudaStream_t stream);
 
 // --- optimizer_kernels.cu ---------------------------------------------------
 absl::Status LaunchSgdUpdate(float* param, const float* grad, float* velocity, int64_t count,

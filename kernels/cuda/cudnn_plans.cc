@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -240,6 +241,41 @@ Fp32Route Fp32RoutePolicy() {
   return policy;
 }
 
+// Whether bf16 and fp16 plans run a pass with pstrain's own narrow-
+// convolution kernels (narrow_conv_kernels.cu: forward and backward filter,
+// channels last, channels and filters multiples of 16): where that measures
+// fastest (the default), never (PSTRAIN_CUDA_OWN_CONV=0) or wherever they
+// apply (=always, for the parity tests of those kernels).
+enum class OwnConv { kMeasured, kNever, kAlways };
+OwnConv OwnConvPolicy() {
+  static const OwnConv policy = [] {
+    const char* env = std::getenv("PSTRAIN_CUDA_OWN_CONV");
+    const std::string value = env == nullptr ? "" : env;
+    if (value == "0") return OwnConv::kNever;
+    if (value == "always") return OwnConv::kAlways;
+    return OwnConv::kMeasured;
+  }();
+  return policy;
+}
+
+// How a bf16 or fp16 plan runs one of its passes: cuDNN in the plan's type,
+// cuDNN in fp32 between conversions, or pstrain's own kernel. fp32 plans
+// always run kNative.
+enum class Route { kNative, kViaF32, kOwn };
+const char* RouteName(Route route, DataType dtype) {
+  switch (route) {
+    case Route::kViaF32:
+      return "fp32";
+    case Route::kOwn:
+      return "own";
+    case Route::kNative:
+    default:
+      return DataTypeName(dtype);
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 class CudnnConv2dPlan final : public Conv2dPlan {
  public:
   static absl::StatusOr<std::unique_ptr<Conv2dPlan>> Create(const CudnnContext& context,
@@ -252,7 +288,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
 
   absl::Status Forward(const void* x, const void* w, const void* bias, void* y) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_ERROR(EnqueueForward(fp32_forward_, x, w, y));
+    PSTRAIN_RETURN_IF_ERROR(EnqueueForward(forward_route_, x, w, y));
     if (bias != nullptr) {
       const int64_t planes = int64_t{config_.n} * out_h_ * out_w_;
       PSTRAIN_RETURN_IF_ERROR(
@@ -266,12 +302,12 @@ class CudnnConv2dPlan final : public Conv2dPlan {
 
   absl::Status BackwardData(const void* dy, const void* w, void* dx) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return EnqueueBackwardData(fp32_data_, dy, /*dy32=*/nullptr, w, dx);
+    return EnqueueBackwardData(data_route_, dy, /*dy32=*/nullptr, w, dx);
   }
 
   absl::Status BackwardFilter(const void* x, const void* dy, void* dw, void* dbias) override {
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return EnqueueBackwardFilter(fp32_filter_, context_.cudnn, context_.stream, workspace_, x, dy,
+    return EnqueueBackwardFilter(filter_route_, context_.cudnn, context_.stream, workspace_, x, dy,
                                  /*dy32=*/nullptr, dw, dbias);
   }
 
@@ -286,16 +322,16 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     if (dx == nullptr || !fork_) return Conv2dPlan::Backward(x, dy, w, dx, dw, dbias);
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
     const float* dy32 = nullptr;
-    if (fp32_data_ || fp32_filter_) {
+    if (data_route_ == Route::kViaF32 || filter_route_ == Route::kViaF32) {
       PSTRAIN_RETURN_IF_ERROR(ToF32(dy, y_count(), &y32_, context_.stream));
       dy32 = static_cast<const float*>(y32_.data());
     }
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaEventRecord(fork_.get(), context_.stream));
     PSTRAIN_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(context_.side_stream, fork_.get(), 0));
     absl::Status filter =
-        EnqueueBackwardFilter(fp32_filter_, context_.side_cudnn, context_.side_stream,
+        EnqueueBackwardFilter(filter_route_, context_.side_cudnn, context_.side_stream,
                               side_workspace_, x, dy, dy32, dw, dbias);
-    absl::Status data = EnqueueBackwardData(fp32_data_, dy, dy32, w, dx);
+    absl::Status data = EnqueueBackwardData(data_route_, dy, dy32, w, dx);
     // Joined even after a failure: nothing on the side stream may outlive
     // the main stream's view of it.
     const cudaError_t joined = cudaEventRecord(join_.get(), context_.side_stream);
@@ -350,9 +386,14 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     return static_cast<const void*>(w_t_.data());
   }
 
-  absl::Status EnqueueForward(bool via_f32, const void* x, const void* w_kcrs, void* y) {
+  absl::Status EnqueueForward(Route route, const void* x, const void* w_kcrs, void* y) {
     PSTRAIN_ASSIGN_OR_RETURN(const void* w, KernelWeights(w_kcrs));
-    if (!via_f32) {
+    // Own kernels need 16-byte aligned buffers (Backend::Allocate's always
+    // are); any other pointer takes cuDNN's kernel in the plan's type.
+    if (route == Route::kOwn && Aligned16(x) && Aligned16(y)) {
+      return LaunchNarrowConvForward(config_, narrow_, x, w, y, context_.stream);
+    }
+    if (route != Route::kViaF32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionForward(
           context_.cudnn, &kOne, native_.x.get(), x, native_.w.get(), w, native_.conv.get(),
           native_.forward, workspace_.data(), workspace_.bytes(), &kZero, native_.y.get(), y));
@@ -368,10 +409,10 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   }
 
   // On the main stream. `dy32`: dy already in fp32 (y32_), or null.
-  absl::Status EnqueueBackwardData(bool via_f32, const void* dy, const float* dy32,
+  absl::Status EnqueueBackwardData(Route route, const void* dy, const float* dy32,
                                    const void* w_kcrs, void* dx) {
     PSTRAIN_ASSIGN_OR_RETURN(const void* w, KernelWeights(w_kcrs));
-    if (!via_f32) {
+    if (route != Route::kViaF32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardData(
           context_.cudnn, &kOne, native_.w.get(), w, native_.y.get(), dy, native_.conv.get(),
           native_.backward_data, workspace_.data(), workspace_.bytes(), &kZero, native_.x.get(),
@@ -393,11 +434,17 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   // On `stream` (the main one or the side one, with its handle and
   // workspace). Via fp32 it writes x32_ and dw32_, which nothing on the
   // other stream touches meanwhile.
-  absl::Status EnqueueBackwardFilter(bool via_f32, cudnnHandle_t cudnn, cudaStream_t stream,
+  absl::Status EnqueueBackwardFilter(Route route, cudnnHandle_t cudnn, cudaStream_t stream,
                                      const DeviceBuffer& workspace, const void* x, const void* dy,
                                      const float* dy32, void* dw_kcrs, void* dbias) {
+    if (route == Route::kOwn && Aligned16(x) && Aligned16(dy)) {
+      // Writes dw as [K, C, R, S] itself: no transpose.
+      PSTRAIN_RETURN_IF_ERROR(LaunchNarrowConvWeightGrad(
+          config_, narrow_, x, dy, dw_kcrs, static_cast<float*>(narrow_scratch_.data()), stream));
+      return EnqueueBiasGrad(dy, dbias, stream);
+    }
     void* dw = nhwc() ? dw_t_.data() : dw_kcrs;
-    if (!via_f32) {
+    if (route != Route::kViaF32) {
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnConvolutionBackwardFilter(
           cudnn, &kOne, native_.x.get(), x, native_.y.get(), dy, native_.conv.get(),
           native_.backward_filter, workspace.data(), workspace.bytes(), &kZero, native_.w.get(),
@@ -419,6 +466,10 @@ class CudnnConv2dPlan final : public Conv2dPlan {
                                               int64_t{config_.kernel_h} * config_.kernel_w,
                                               config_.c, stream));
     }
+    return EnqueueBiasGrad(dy, dbias, stream);
+  }
+
+  absl::Status EnqueueBiasGrad(const void* dy, void* dbias, cudaStream_t stream) {
     if (dbias != nullptr) {
       const int64_t planes = int64_t{config_.n} * out_h_ * out_w_;
       PSTRAIN_RETURN_IF_ERROR(
@@ -445,8 +496,22 @@ class CudnnConv2dPlan final : public Conv2dPlan {
                                      sizeof(float)));
     }
     PSTRAIN_RETURN_IF_ERROR(MakeSetup(config_.dtype, &native_));
+    if (reduced() && OwnConvPolicy() != OwnConv::kNever &&
+        Fp32RoutePolicy() != Fp32Route::kAlways) {
+      PSTRAIN_ASSIGN_OR_RETURN(narrow_, NarrowConvLaunchGrids(config_, context_.device_ordinal));
+      const bool unlaunchable =
+          (NarrowConvForwardSupported(config_) && narrow_.forward_blocks <= 0) ||
+          (NarrowConvWeightGradSupported(config_) && narrow_.filter_blocks <= 0);
+      if (unlaunchable && OwnConvPolicy() == OwnConv::kAlways) {
+        return absl::InternalError(
+            "CreateConv2d: PSTRAIN_CUDA_OWN_CONV=always, but the own kernels cannot be launched "
+            "on this device");
+      }
+    }
     if (reduced() && Fp32RoutePolicy() != Fp32Route::kNever) {
       PSTRAIN_RETURN_IF_ERROR(MakeSetup(DataType::kF32, &f32_));
+    }
+    if (reduced() && (f32_.x || narrow_.forward_blocks > 0 || narrow_.filter_blocks > 0)) {
       PSTRAIN_RETURN_IF_ERROR(ChooseRoutes());
     }
     PSTRAIN_RETURN_IF_ERROR(AllocateWorkspaces());
@@ -549,23 +614,25 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     return absl::OkStatus();
   }
 
-  // Workspace bytes of each pass's algorithm, native or via fp32.
-  absl::StatusOr<size_t> ForwardBytes(bool via_f32) {
-    const ConvSetup& s = via_f32 ? f32_ : native_;
+  // Workspace bytes of each pass's cuDNN algorithm, native or via fp32. An
+  // own kernel's pass counts the native one's, which runs when a caller's
+  // buffers are not aligned for the own kernel.
+  absl::StatusOr<size_t> ForwardBytes(Route route) {
+    const ConvSetup& s = route == Route::kViaF32 ? f32_ : native_;
     size_t bytes = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardWorkspaceSize(
         context_.cudnn, s.x.get(), s.w.get(), s.conv.get(), s.y.get(), s.forward, &bytes));
     return bytes;
   }
-  absl::StatusOr<size_t> BackwardDataBytes(bool via_f32) {
-    const ConvSetup& s = via_f32 ? f32_ : native_;
+  absl::StatusOr<size_t> BackwardDataBytes(Route route) {
+    const ConvSetup& s = route == Route::kViaF32 ? f32_ : native_;
     size_t bytes = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataWorkspaceSize(
         context_.cudnn, s.w.get(), s.y.get(), s.conv.get(), s.x.get(), s.backward_data, &bytes));
     return bytes;
   }
-  absl::StatusOr<size_t> BackwardFilterBytes(bool via_f32) {
-    const ConvSetup& s = via_f32 ? f32_ : native_;
+  absl::StatusOr<size_t> BackwardFilterBytes(Route route) {
+    const ConvSetup& s = route == Route::kViaF32 ? f32_ : native_;
     size_t bytes = 0;
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         context_.cudnn, s.x.get(), s.y.get(), s.conv.get(), s.w.get(), s.backward_filter, &bytes));
@@ -576,9 +643,9 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   // stream need (all three without a side stream); the side workspace the
   // backward-filter pass's. With fp32 routes, the fp32 scratch buffers.
   absl::Status AllocateWorkspaces() {
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t fwd_bytes, ForwardBytes(fp32_forward_));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t data_bytes, BackwardDataBytes(fp32_data_));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t filter_bytes, BackwardFilterBytes(fp32_filter_));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t fwd_bytes, ForwardBytes(forward_route_));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t data_bytes, BackwardDataBytes(data_route_));
+    PSTRAIN_ASSIGN_OR_RETURN(const size_t filter_bytes, BackwardFilterBytes(filter_route_));
     // BackwardFilter alone runs on the main stream too.
     const size_t bytes = std::max({fwd_bytes, data_bytes, filter_bytes});
     workspace_ = DeviceBuffer();
@@ -589,7 +656,13 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     if (concurrent() && filter_bytes > 0) {
       PSTRAIN_ASSIGN_OR_RETURN(side_workspace_, context_.backend->Allocate(filter_bytes));
     }
-    if (fp32_forward_ || fp32_data_ || fp32_filter_) {
+    if (filter_route_ == Route::kOwn) {
+      PSTRAIN_RETURN_IF_ERROR(AllocateNarrowScratch());
+    } else {
+      narrow_scratch_ = DeviceBuffer();
+    }
+    if (forward_route_ == Route::kViaF32 || data_route_ == Route::kViaF32 ||
+        filter_route_ == Route::kViaF32) {
       PSTRAIN_RETURN_IF_ERROR(AllocateF32Scratch());
     } else {
       x32_ = DeviceBuffer();
@@ -597,6 +670,14 @@ class CudnnConv2dPlan final : public Conv2dPlan {
       y32_ = DeviceBuffer();
       w32_ = DeviceBuffer();
       dw32_ = DeviceBuffer();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllocateNarrowScratch() {
+    if (!narrow_scratch_.data() && narrow_.filter_scratch_floats > 0) {
+      PSTRAIN_ASSIGN_OR_RETURN(narrow_scratch_, context_.backend->Allocate(
+                                                    narrow_.filter_scratch_floats * sizeof(float)));
     }
     return absl::OkStatus();
   }
@@ -639,26 +720,30 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   }
 
   // bf16 and fp16: for each pass, times the reduced-type algorithm against
-  // the fp32 route (conversions included) on this shape, on zero-filled
-  // buffers, and takes the route only when it is faster. cuDNN's
-  // tensor-core algorithms are built for NHWC; in NCHW some of their
-  // backward passes, strided 1x1 and 3x3 ones above all, run 5 to 20 times
-  // slower than fp32's (bench/gpu_layers_bench on an H200). The fp32 route
-  // rounds once, at its output, so it is at least as accurate.
+  // the fp32 route (conversions included) and against pstrain's own kernel
+  // where one applies, on this shape and on buffers of small constant
+  // values, and keeps the fastest. cuDNN's tensor-core algorithms are built
+  // for NHWC; in NCHW some of their backward passes, strided 1x1 and 3x3
+  // ones above all, run 5 to 20 times slower than fp32's, and at 16
+  // channels even NHWC ones fill an H200 poorly (bench/gpu_layers_bench).
+  // The fp32 route and the own kernels round once, at their output, so they
+  // are at least as accurate.
   absl::Status ChooseRoutes() {
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_fwd, ForwardBytes(false));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_data, BackwardDataBytes(false));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t native_filter, BackwardFilterBytes(false));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_fwd, ForwardBytes(true));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_data, BackwardDataBytes(true));
-    PSTRAIN_ASSIGN_OR_RETURN(const size_t f32_filter, BackwardFilterBytes(true));
-    const size_t bytes =
-        std::max({native_fwd, native_data, native_filter, f32_fwd, f32_data, f32_filter});
+    const bool f32_allowed = static_cast<bool>(f32_.x);
+    size_t bytes = 0;
+    for (Route route : {Route::kNative, Route::kViaF32}) {
+      if (route == Route::kViaF32 && !f32_allowed) continue;
+      PSTRAIN_ASSIGN_OR_RETURN(const size_t fwd, ForwardBytes(route));
+      PSTRAIN_ASSIGN_OR_RETURN(const size_t data, BackwardDataBytes(route));
+      PSTRAIN_ASSIGN_OR_RETURN(const size_t filter, BackwardFilterBytes(route));
+      bytes = std::max({bytes, fwd, data, filter});
+    }
     Backend* b = context_.backend;
     if (bytes > 0) {
       PSTRAIN_ASSIGN_OR_RETURN(workspace_, b->Allocate(bytes));
     }
-    PSTRAIN_RETURN_IF_ERROR(AllocateF32Scratch());
+    if (f32_allowed) PSTRAIN_RETURN_IF_ERROR(AllocateF32Scratch());
+    PSTRAIN_RETURN_IF_ERROR(AllocateNarrowScratch());
     const size_t element = DataTypeBytes(config_.dtype);
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer x, b->Allocate(x_count() * element));
     PSTRAIN_ASSIGN_OR_RETURN(DeviceBuffer y, b->Allocate(y_count() * element));
@@ -670,41 +755,57 @@ class CudnnConv2dPlan final : public Conv2dPlan {
       PSTRAIN_RETURN_IF_CUDA_ERROR(
           cudaMemsetAsync(buffer->data(), 0x3c, buffer->bytes(), context_.stream));
     }
-    auto faster_via_f32 = [&](const char* pass, auto&& run) -> absl::StatusOr<bool> {
-      if (Fp32RoutePolicy() == Fp32Route::kAlways) return true;
-      PSTRAIN_ASSIGN_OR_RETURN(const float native_ms, TimeOnStream([&] { return run(false); }));
-      // A route cuDNN cannot run here (no fp32 algorithm for the layout) is
-      // not taken.
-      absl::StatusOr<float> f32_ms = TimeOnStream([&] { return run(true); });
-      if (!f32_ms.ok()) {
-        PSTRAIN_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(context_.stream));
+    // Times each route `pass` may take and returns the fastest. A route that
+    // fails here (cuDNN without an fp32 algorithm for the layout) is not taken.
+    auto fastest = [&](const char* pass, bool own_applies, auto&& run) -> absl::StatusOr<Route> {
+      if (Fp32RoutePolicy() == Fp32Route::kAlways) return Route::kViaF32;
+      if (own_applies && OwnConvPolicy() == OwnConv::kAlways) return Route::kOwn;
+      auto time = [&](Route route) -> float {
+        absl::StatusOr<float> ms = TimeOnStream([&] { return run(route); });
+        if (ms.ok()) return *ms;
+        (void)cudaStreamSynchronize(context_.stream);
         (void)cudaGetLastError();
+        return -1.f;
+      };
+      PSTRAIN_ASSIGN_OR_RETURN(const float native_ms,
+                               TimeOnStream([&] { return run(Route::kNative); }));
+      const float f32_ms = f32_allowed ? time(Route::kViaF32) : -1.f;
+      const float own_ms = own_applies ? time(Route::kOwn) : -1.f;
+      Route best = Route::kNative;
+      float best_ms = native_ms;
+      if (f32_ms >= 0.f && f32_ms < best_ms) {
+        best = Route::kViaF32;
+        best_ms = f32_ms;
       }
-      const bool via_f32 = f32_ms.ok() && *f32_ms < native_ms;
+      if (own_ms >= 0.f && own_ms < best_ms) best = Route::kOwn;
       if (LogRoutes()) {
         const Conv2dConfig& c = config_;
+        auto shown = [](float ms) {
+          return ms >= 0.f ? absl::StrFormat("%.4f ms", ms) : std::string("n/a");
+        };
         std::fprintf(stderr,
                      "pstrain cudnn route: conv [%d, %d, %d, %d] -> %d filters %dx%d stride %d "
-                     "%s %s %s: %s %.4f ms, via fp32 %s%.4f ms -> %s\n",
+                     "%s %s %s: %s %.4f ms, via fp32 %s, own %s -> %s\n",
                      c.n, c.c, c.h, c.w, c.filters, c.kernel_h, c.kernel_w, c.stride_h,
                      DataTypeName(c.dtype), TensorLayoutName(c.layout), pass, DataTypeName(c.dtype),
-                     native_ms, f32_ms.ok() ? "" : "(failed) ", f32_ms.ok() ? *f32_ms : 0.f,
-                     via_f32 ? "fp32" : DataTypeName(c.dtype));
+                     native_ms, shown(f32_ms).c_str(), shown(own_ms).c_str(),
+                     RouteName(best, c.dtype));
       }
-      return via_f32;
+      return best;
     };
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_forward_, faster_via_f32("forward", [&](bool via_f32) {
-                               return EnqueueForward(via_f32, x.data(), w.data(), y.data());
+    PSTRAIN_ASSIGN_OR_RETURN(forward_route_,
+                             fastest("forward", narrow_.forward_blocks > 0, [&](Route route) {
+                               return EnqueueForward(route, x.data(), w.data(), y.data());
                              }));
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_data_, faster_via_f32("backward data", [&](bool via_f32) {
-                               return EnqueueBackwardData(via_f32, y.data(), nullptr, w.data(),
+    PSTRAIN_ASSIGN_OR_RETURN(data_route_, fastest("backward data", false, [&](Route route) {
+                               return EnqueueBackwardData(route, y.data(), nullptr, w.data(),
                                                           dx.data());
                              }));
-    PSTRAIN_ASSIGN_OR_RETURN(fp32_filter_, faster_via_f32("backward filter", [&](bool via_f32) {
-                               return EnqueueBackwardFilter(via_f32, context_.cudnn,
-                                                            context_.stream, workspace_, x.data(),
-                                                            y.data(), nullptr, dw.data(), nullptr);
-                             }));
+    PSTRAIN_ASSIGN_OR_RETURN(
+        filter_route_, fastest("backward filter", narrow_.filter_blocks > 0, [&](Route route) {
+          return EnqueueBackwardFilter(route, context_.cudnn, context_.stream, workspace_, x.data(),
+                                       y.data(), nullptr, dw.data(), nullptr);
+        }));
     return absl::OkStatus();
   }
 
@@ -715,9 +816,13 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   const int out_w_;
   ConvSetup native_;  // config_.dtype
   ConvSetup f32_;     // bf16 and fp16 plans that may route passes via fp32; else empty
-  bool fp32_forward_ = false;
-  bool fp32_data_ = false;
-  bool fp32_filter_ = false;
+  Route forward_route_ = Route::kNative;
+  Route data_route_ = Route::kNative;
+  Route filter_route_ = Route::kNative;
+  // Own kernels' launch sizes (zero where they do not apply) and the
+  // backward-filter pass's scratch (its stream) when it runs there.
+  NarrowConvGrids narrow_;
+  DeviceBuffer narrow_scratch_;
   // The passes that run on the main stream use workspace_ in its order.
   DeviceBuffer workspace_;
   // With a side stream (else empty): the backward-filter pass's workspace

@@ -55,6 +55,9 @@ inline constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 // here, by timing each on this shape (cudnnFind*, as PyTorch's
 // cudnn.benchmark does), the fastest winning unless a deterministic one is
 // within 10% of it; the plan owns one workspace large enough for all three.
+// bf16 and fp16 plans time each pass once more, against the same pass in
+// fp32 between conversions and, where they apply, pstrain's own kernels
+// (narrow_conv_kernels.cu), and keep the fastest route.
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
                                                                   const Conv2dConfig& config);
 
