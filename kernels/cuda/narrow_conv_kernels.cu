@@ -49,8 +49,8 @@ constexpr int kMaxFilterWarps = 4;
 constexpr int kMaxFragsPerWarp = 16;
 constexpr int kReduceLanes = 32;
 constexpr int kReduceSlices = 32;
-// Static and dynamic shared memory together stay within what every block may
-// use without opting in (48 KiB).
+// A block's dynamic shared memory (the kernels have no static shared memory)
+// stays within what every block may use without opting in (48 KiB).
 constexpr size_t kMaxSharedBytes = 48 * 1024;
 
 // The sizes a kernel needs, in int (every count is checked on the host to
