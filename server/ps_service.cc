@@ -372,13 +372,19 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
 
   // The stream's credit from the shard's slack for its member; written
   // unless a credit write is in flight (then OnWriteDone writes the newest).
+  // A stream's first credit goes out even when its member may push nothing
+  // more yet (a credit of the frames applied so far): a client sends freely
+  // until its first credit, so a stream that starts when its member is
+  // already ahead (a step's second push call) would otherwise never be
+  // paced at all.
   void UpdateCredit() {
     absl::StatusOr<int64_t> slack = owner_->shard()->PaceSlack(job_id_, worker_id_, pace_version_);
-    if (!slack.ok() || *slack <= 0) return;  // Nothing more is allowed yet.
-    const int64_t credit = applied_.load() + *slack;
+    if (!slack.ok()) return;
+    const int64_t credit = applied_.load() + std::max<int64_t>(*slack, 0);
     {
       absl::MutexLock lock(&mu_);
-      if (finish_started_ || stopped_ || credit <= credit_wanted_) return;
+      if (*slack <= 0 && credit_wanted_ > 0) return;  // Nothing more is allowed yet.
+      if (finish_started_ || stopped_ || credit <= 0 || credit <= credit_wanted_) return;
       credit_wanted_ = credit;
       if (writing_credit_) return;
       writing_credit_ = true;

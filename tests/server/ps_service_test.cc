@@ -292,6 +292,35 @@ TEST_F(PsServiceTest, APacedPushIsNeverCreditedMoreThanTheLeadPastTheSlowestMemb
   EXPECT_EQ(finals.size(), 1u);
 }
 
+// A step's second push call starts when its member is already the lead
+// ahead: its stream still gets a credit (of the frames applied so far), so
+// that the client stops sending; before, it got none and sent freely.
+TEST_F(PsServiceTest, APushStreamThatStartsWhenItsMemberIsAheadIsCreditedWhatItHasSent) {
+  StartJob(v1::CONSISTENCY_SYNC, {kWorkerA, kWorkerB});
+  const std::vector<int>& ids = plan_.by_shard[0];
+  ASSERT_GE(ids.size(), 4u);
+  auto paced_frames = [&](size_t from, size_t to) {
+    std::vector<grpc::ByteBuffer> frames;
+    for (size_t k = from; k < to; ++k) {
+      v1::ChunkHeader h = PushHeader(ids[k]);
+      h.set_paced(true);
+      frames.push_back(Frame(h, Ones(ids[k])));
+    }
+    return frames;
+  };
+  // First call: two frames, the whole lead (2) while worker-b has pushed nothing.
+  std::vector<grpc::ByteBuffer> replies;
+  ASSERT_TRUE(Push(0, paced_frames(0, 2), &replies).ok());
+  // Second call: worker-a is at the lead when its first frame is applied.
+  replies.clear();
+  ASSERT_TRUE(Push(0, paced_frames(2, 4), &replies).ok());
+  std::vector<int64_t> credits;
+  std::vector<v1::ChunkHeader> finals;
+  SplitReplies(replies, &credits, &finals);
+  EXPECT_EQ(credits, std::vector<int64_t>({1}));
+  ASSERT_EQ(finals.size(), 1u);
+}
+
 TEST_F(PsServiceTest, PullRepliesInRequestOrder) {
   StartJob(v1::CONSISTENCY_ASYNC);
   std::vector<int> ids = plan_.by_shard[1];
