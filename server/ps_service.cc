@@ -383,8 +383,8 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     const int64_t credit = applied_.load() + std::max<int64_t>(*slack, 0);
     {
       absl::MutexLock lock(&mu_);
-      if (*slack <= 0 && credit_wanted_ > 0) return;  // Nothing more is allowed yet.
-      if (finish_started_ || stopped_ || credit <= 0 || credit <= credit_wanted_) return;
+      if (finish_started_ || stopped_ || credit <= credit_wanted_) return;
+      if (*slack <= 0 && credit_wanted_ > 0) return;  // Only a first credit goes without slack.
       credit_wanted_ = credit;
       if (writing_credit_) return;
       writing_credit_ = true;
