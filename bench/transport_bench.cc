@@ -244,6 +244,7 @@ class PstrainBench {
     options.generation = 1;
     options.channel = security_.channel;
     options.connections_per_shard = absl::GetFlag(FLAGS_connections);
+    options.pace_pushes = false;  // As the worker in average mode: shards pace sync jobs only.
     PSTRAIN_ASSIGN_OR_RETURN(client_, PsClient::Create(options, plan_));
 
     // The worker's model: one flat buffer, chunks point into it.

@@ -373,18 +373,32 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   // The stream's credit from the shard's slack for its member; written
   // unless a credit write is in flight (then OnWriteDone writes the newest).
   // A stream's first credit goes out even when its member may push nothing
-  // more yet (a credit of the frames applied so far): a client sends freely
-  // until its first credit, so a stream that starts when its member is
-  // already ahead (a step's second push call) would otherwise never be
-  // paced at all.
+  // more yet (a credit of the frames applied so far): a paced client sends
+  // its first frame and then waits for it, so a stream that starts when its
+  // member is already ahead (a step's second push call) is held from its
+  // second frame on.
   void UpdateCredit() {
     absl::StatusOr<int64_t> slack = owner_->shard()->PaceSlack(job_id_, worker_id_, pace_version_);
-    if (!slack.ok()) return;
-    const int64_t credit = applied_.load() + std::max<int64_t>(*slack, 0);
+    if (!slack.ok()) {
+      // The job just went: the client's next frame gets the error, which a
+      // client waiting for a credit would never send.
+      OfferCredit(max_frames_, /*slack=*/true);
+      return;
+    }
+    OfferCredit(applied_.load() + std::max<int64_t>(*slack, 0), *slack > 0);
+  }
+
+ private:
+  static constexpr size_t kMaxQueuedFrames = 4;
+
+  // Writes `credit` unless it allows nothing new, or unless a credit write
+  // is in flight (then OnWriteDone writes the newest). Without `slack` only
+  // a stream's first credit goes out.
+  void OfferCredit(int64_t credit, bool slack) {
     {
       absl::MutexLock lock(&mu_);
       if (finish_started_ || stopped_ || credit <= credit_wanted_) return;
-      if (*slack <= 0 && credit_wanted_ > 0) return;  // Only a first credit goes without slack.
+      if (!slack && credit_wanted_ > 0) return;
       credit_wanted_ = credit;
       if (writing_credit_) return;
       writing_credit_ = true;
@@ -392,9 +406,6 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     }
     WriteCredit(credit);
   }
-
- private:
-  static constexpr size_t kMaxQueuedFrames = 4;
 
   // True when another Drain task may start: none runs, or the stream's
   // first frame is applied, frames wait and fewer than the limit run.
@@ -441,8 +452,15 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
         owner_->options().on_push_frame(absl::Now() - apply_start);
       }
       if (status.ok()) {
-        ++applied_;
-        if (paced_.load()) UpdateCredit();
+        const int64_t applied = ++applied_;
+        if (paced_.load()) {
+          UpdateCredit();
+        } else if (wants_credit_.load() && applied == 1) {
+          // The client asked for pacing but this shard does not pace the
+          // job (not sync, or --push-pacing-lead 0): one credit for every
+          // frame a stream may carry, so that it stops waiting.
+          OfferCredit(max_frames_, /*slack=*/true);
+        }
       }
       bool more = false;
       {
@@ -483,6 +501,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
       max_frames_ = static_cast<int64_t>(owned) * 3 + 1;
       pace_version_ = header.version();
       if (header.paced()) {
+        wants_credit_ = true;
         absl::StatusOr<bool> paced = shard->WatchPace(job_id_, pacer_);
         paced_ = paced.ok() && *paced;
       }
@@ -593,6 +612,7 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
   std::atomic<int64_t> frames_{0};  // Frames taken for applying.
   std::atomic<int64_t> applied_{0};  // Frames applied.
   std::atomic<bool> paced_{false};   // The shard paces this stream.
+  std::atomic<bool> wants_credit_{false};  // The first frame said `paced`.
 
   absl::Mutex mu_;
   int64_t min_version_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();

@@ -653,6 +653,7 @@ absl::Status WorkerDaemon::Train(Runner* runner) {
   client_options.connections_per_shard = options_.connections_per_shard;
   client_options.channel = options_.channel;
   client_options.compression = job.compression();
+  client_options.pace_pushes = job.mode() == v1::CONSISTENCY_SYNC;
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                            PsClient::Create(client_options, std::move(plan)));
   RemoteUpdaterOptions updater_options = RemoteUpdaterOptionsFromJob(job, a.rank());

@@ -292,6 +292,11 @@ class PushCall final : public GenericReactor {
         frames_(std::move(frames)),
         retry_(retry),
         attempt_(attempt) {
+    // A paced stream carries its first frame, then waits for the shard's
+    // first credit (which every shard sends a paced stream after its first
+    // frame). Sent freely, the rest of a call went into the socket before
+    // the shard could hold it back, so a step's second call was not paced.
+    if (header_.paced()) credit_ = 1;
     ctx_->set_deadline(AttemptDeadline(retry_));
     ctx_->set_wait_for_ready(true);
   }
@@ -426,7 +431,7 @@ class PushCall final : public GenericReactor {
   grpc::ByteBuffer buffer_;  // The frame being written.
   grpc::ByteBuffer reply_;
   absl::Mutex mu_;
-  int64_t credit_ ABSL_GUARDED_BY(mu_) = -1;  // Frames the shard allows in all; -1: no credit yet.
+  int64_t credit_ ABSL_GUARDED_BY(mu_) = -1;  // Frames the shard allows in all; -1: unpaced.
   bool waiting_for_credit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> reached_server_{false};
   int64_t version_ = 0;
@@ -671,7 +676,7 @@ class GrpcPsClient final : public PsClient {
           {c.chunk_id, info.count, c.values, static_cast<size_t>(info.count) * 4, nullptr});
     }
     v1::ChunkHeader header = BaseHeader(kind, version, worker_clock, slot);
-    header.set_paced(true);  // Shards of sync jobs answer with credits.
+    header.set_paced(options_.pace_pushes);
     header.set_incarnation(incarnation_);
     header.set_update_seq(next_update_seq_.fetch_add(1));
     auto op = std::make_shared<OpState>(CountCalls(by_shard));

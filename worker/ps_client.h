@@ -97,6 +97,12 @@ class PsClient {
     // seals and opens its records on one core at a time, so a link faster
     // than one core's TLS needs more than one.
     int connections_per_shard = 1;
+    // Push streams ask the shards for credits (ChunkHeader.paced): a stream
+    // sends its first frame, then no frame beyond what the shard's credits
+    // allow. Shards pace sync jobs (--push-pacing-lead) and answer other
+    // streams with one credit for everything, so that costs those a round
+    // trip a call: set it for sync jobs.
+    bool pace_pushes = true;
   };
   static constexpr int kMaxConnectionsPerShard = 16;
   struct ChunkRef {

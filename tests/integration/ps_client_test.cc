@@ -408,8 +408,9 @@ TEST(PsClientTest, CompressedAsyncPushesApplyTheDecodedGradientsWithErrorFeedbac
 }
 
 // A shard stand-in that paces one push by hand: it credits the stream with
-// `first_credit` frames before reading any, counts the frames that arrive,
-// raises the credit when the test says, and replies version 7.
+// `first_credit` frames before reading any (0: no credit until the test
+// says), counts the frames that arrive, raises the credit when the test
+// says, and replies version 7.
 class HandPacedShard final : public grpc::CallbackGenericService {
  public:
   explicit HandPacedShard(int64_t first_credit) : first_credit_(first_credit) {
@@ -439,7 +440,12 @@ class HandPacedShard final : public grpc::CallbackGenericService {
   class Reactor final : public grpc::ServerGenericBidiReactor {
    public:
     Reactor(HandPacedShard* owner, int64_t first_credit) : owner_(owner) {
-      Send(first_credit);  // Before the first read: the client learns its credit first.
+      if (first_credit > 0) {
+        Send(first_credit);  // Before the first read: the client learns its credit first.
+      } else {
+        reading_ = true;
+        StartRead(&in_);
+      }
     }
     // Under owner_->mu_ (or before the reactor is shared).
     bool writing() const { return writing_; }
@@ -543,6 +549,42 @@ TEST(PsClientTest, APushSendsNoFrameBeyondTheShardsCredit) {
   ASSERT_OK(push->Wait());
   EXPECT_EQ(shard.frames(), total);
   EXPECT_EQ(push->version(), 7);
+}
+
+// A paced stream carries its first frame and then waits for the shard's
+// first credit. Before, it sent freely until that credit came: frames
+// smaller than HTTP/2's window all went into the socket at once, and a
+// step's second push call was never held back (docs/BENCHMARKS.md, "The
+// rest of a push call went out before the shard could pace it").
+TEST(PsClientTest, APacedPushSendsOnlyItsFirstFrameBeforeTheShardsFirstCredit) {
+  // fc1/weight: 64 x 64 floats in 16 chunks of 1 KiB, and fc1/bias: 17
+  // frames for the one shard, all of them within HTTP/2's first window.
+  const v1::JobSpec spec = ::pstrain::testing::DenseJob("paced", 64, 64, 3, v1::CONSISTENCY_SYNC);
+  const ModelGraph graph = *BuildModelGraph(spec.model());
+  const ChunkPlan plan = *PlanChunks(graph, 1, 1 << 10);
+  const int total = static_cast<int>(plan.chunks.size());
+  ASSERT_EQ(total, 17);
+  std::vector<std::vector<float>> gradients;
+  for (const ChunkInfo& c : plan.chunks) gradients.emplace_back(c.count, 0.25f);
+  {
+    HandPacedShard shard(/*first_credit=*/0);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client,
+                         PsClient::Create(OneShardOptions(shard.address()), plan));
+    std::unique_ptr<PendingOp> push =
+        client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(gradients));
+    absl::SleepFor(absl::Milliseconds(300));  // Loopback carries 17 KiB in far less.
+    EXPECT_EQ(shard.frames(), 1);
+    shard.Credit(total);
+    ASSERT_OK(push->Wait());
+    EXPECT_EQ(shard.frames(), total);
+  }
+  // Not paced (pace_pushes false: async jobs), the client waits for nothing.
+  HandPacedShard shard(/*first_credit=*/0);
+  PsClient::Options options = OneShardOptions(shard.address());
+  options.pace_pushes = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> client, PsClient::Create(options, plan));
+  ASSERT_OK(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 1, Refs(gradients))->Wait());
+  EXPECT_EQ(shard.frames(), total);
 }
 
 // Two pushes issued back to back (as a step pushes its layers) reach a

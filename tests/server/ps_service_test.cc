@@ -52,11 +52,12 @@ grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& 
   return out;
 }
 
-// One ParameterShard + ShardServices + gRPC server per shard.
+// One ParameterShard + ShardServices + gRPC server per shard. The pacing
+// tests count on a lead of two frames (the servers' default is one).
 class ShardServer {
  public:
   explicit ShardServer(int index, ShardServices::Options options = {})
-      : shard_({.shard_index = index}), services_(&shard_, options) {
+      : shard_({.shard_index = index, .pace_lead_frames = 2}), services_(&shard_, options) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     services_.Register(&builder);
@@ -318,6 +319,30 @@ TEST_F(PsServiceTest, APushStreamThatStartsWhenItsMemberIsAheadIsCreditedWhatItH
   std::vector<v1::ChunkHeader> finals;
   SplitReplies(replies, &credits, &finals);
   EXPECT_EQ(credits, std::vector<int64_t>({1}));
+  ASSERT_EQ(finals.size(), 1u);
+}
+
+// A paced client sends its first frame and then waits for a credit: a shard
+// that does not pace the job (async here; sync with --push-pacing-lead 0)
+// must still send one, for every frame the stream may carry, or the push
+// would wait for it until its deadline.
+TEST_F(PsServiceTest, AShardThatDoesNotPaceTheJobCreditsAPacedStreamWithEveryFrame) {
+  StartJob(v1::CONSISTENCY_ASYNC);
+  const std::vector<int>& ids = plan_.by_shard[0];
+  ASSERT_GE(ids.size(), 2u);
+  std::vector<grpc::ByteBuffer> frames;
+  for (int id : ids) {
+    v1::ChunkHeader h = PushHeader(id);
+    h.set_paced(true);
+    frames.push_back(Frame(h, Ones(id)));
+  }
+  std::vector<grpc::ByteBuffer> replies;
+  ASSERT_TRUE(Push(0, std::move(frames), &replies).ok());
+  std::vector<int64_t> credits;
+  std::vector<v1::ChunkHeader> finals;
+  SplitReplies(replies, &credits, &finals);
+  ASSERT_EQ(credits.size(), 1u);
+  EXPECT_GE(credits[0], static_cast<int64_t>(ids.size()));
   ASSERT_EQ(finals.size(), 1u);
 }
 
