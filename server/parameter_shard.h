@@ -223,7 +223,7 @@ class ParameterShard {
     // pacing). Frames of one version reach the shards' ports in step, so
     // that a chunk's barrier does not wait for the push that TCP served
     // last (docs/BENCHMARKS.md, "Push pacing").
-    int pace_lead_frames = 1;
+    int pace_lead_frames = 2;
     // Times barrier waits (tests pass a fake one).
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };

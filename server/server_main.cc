@@ -87,7 +87,7 @@ ABSL_FLAG(int64_t, max_job_bytes, int64_t{2} << 30,
           "Most bytes of parameters plus server-side optimizer state a job may take");
 ABSL_FLAG(int, max_name_bytes, 256, "Longest job and model name, in bytes");
 ABSL_FLAG(int, max_id_bytes, 128, "Longest job or worker id accepted in a request, in bytes");
-ABSL_FLAG(int, push_pacing_lead, 1,
+ABSL_FLAG(int, push_pacing_lead, 2,
           "Sync jobs: a worker's push may run at most this many frames ahead of the slowest "
           "member's at this shard (credits on the push stream; 0 = no pacing)");
 ABSL_FLAG(int, max_queued_jobs, 1000, "Most jobs waiting in the queue; SubmitJob beyond it fails");

@@ -52,12 +52,12 @@ grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& 
   return out;
 }
 
-// One ParameterShard + ShardServices + gRPC server per shard. The pacing
-// tests count on a lead of two frames (the servers' default is one).
+// One ParameterShard + ShardServices + gRPC server per shard (the pacing
+// tests count on a lead of two frames, the default).
 class ShardServer {
  public:
   explicit ShardServer(int index, ShardServices::Options options = {})
-      : shard_({.shard_index = index, .pace_lead_frames = 2}), services_(&shard_, options) {
+      : shard_({.shard_index = index}), services_(&shard_, options) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     services_.Register(&builder);
