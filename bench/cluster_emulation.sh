@@ -63,7 +63,7 @@
 # RATE=100mbit FIXED_MS=100 is the same cluster slowed ten times (a tenth
 # of the work per second for the daemons, veths and tbf on this host).
 # Environment (defaults): RATE=1gbit DELAY_MS=0.1 FIXED_MS=10 CODECS="none
-#   onebit" NS_LIST="1 2 4 8" SS_LIST="1 2 4" WINDOW_S=4 WARM=3
+#   onebit" NS_LIST="1 2 4 8" SS_LIST="1 2 4" WINDOW_S=4 WARM=19
 #   FMNIST_EPOCHS=3 FMNIST_CODECS="none fp16 bf16 topk:0.01 onebit"
 #   PSTRAIN_BIN=build/bin PSTRAIN_BENCH_OUT=/tmp/pstrain-cluster-emulation
 #   JOB=bench/jobs/dense-8mb-synthetic.json (smoke, sweep and tls)
@@ -91,7 +91,9 @@ RATE=${RATE:-1gbit}
 DELAY_MS=${DELAY_MS:-0.1}
 FIXED_MS=${FIXED_MS:-10}
 WINDOW_S=${WINDOW_S:-4}
-WARM=${WARM:-3}
+# 19: after the first trial of the servers' --push-pacing-lead auto
+# (versions 2-17; server/pace_lead_tuner.h), so the window sees the lead it chose.
+WARM=${WARM:-19}
 JOB=${JOB:-"$ROOT/bench/jobs/dense-8mb-synthetic.json"}
 # TCP congestion control inside the namespaces: Linux's default (cubic) when
 # the host lets namespaces choose it (net.ipv4.tcp_allowed_congestion_control),

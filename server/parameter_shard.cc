@@ -347,6 +347,8 @@ class JobState {
   void CountPace(const std::string& worker_id, int64_t version, const Membership& membership);
   // Recomputes the slowest member's count for `membership`; true if it grew.
   bool UpdatePaceMin(const Membership& membership) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pace_mu_);
+  // The lead for pushes of `version`.
+  int64_t PaceLead(int64_t version) const ABSL_SHARED_LOCKS_REQUIRED(pace_mu_);
   // The live watchers (the expired ones are forgotten).
   std::vector<std::shared_ptr<PaceWatcher>> LiveWatchers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pace_mu_);
 
@@ -359,7 +361,10 @@ class JobState {
   uint64_t values_epoch_ = 0;  // Non-zero; new with every configuration.
   ChunkPlan plan_;
   std::function<absl::Time()> clock_;  // Constant after Init.
-  int pace_lead_ = 0;                  // Sync jobs: Options::pace_lead_frames.
+  // Sync jobs: Options::pace_lead_frames (kAutoPaceLead: pace_tuner_ sets
+  // the lead); 0: not paced.
+  int pace_lead_ = 0;
+  std::function<void(const std::string&)> log_;
   std::vector<int> local_index_;  // Chunk id -> index in chunks_, or -1.
   std::vector<std::string> slot_names_;
   std::unique_ptr<Backend> backend_;      // sync/async/ssp only.
@@ -373,6 +378,9 @@ class JobState {
   // pulling every chunk at t + 1, so older versions are done).
   mutable absl::Mutex pace_mu_;
   int64_t pace_version_ ABSL_GUARDED_BY(pace_mu_) = -1;
+  absl::Time pace_version_started_ ABSL_GUARDED_BY(pace_mu_);          // Its first push here.
+  std::optional<PaceLeadTuner> pace_tuner_ ABSL_GUARDED_BY(pace_mu_);  // kAutoPaceLead.
+  bool pace_tuner_chose_ ABSL_GUARDED_BY(pace_mu_) = false;            // A trial has ended.
   std::map<std::string, int64_t> pace_frames_ ABSL_GUARDED_BY(pace_mu_);
   int64_t pace_min_ ABSL_GUARDED_BY(pace_mu_) = 0;  // The slowest member's frames.
   std::vector<std::weak_ptr<PaceWatcher>> pace_watchers_ ABSL_GUARDED_BY(pace_mu_);
@@ -416,7 +424,14 @@ absl::Status JobState::Init(const ShardJobConfig& config,
 
   mode_ =
       config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : config.spec.mode();
-  pace_lead_ = mode_ == v1::CONSISTENCY_SYNC ? std::max(options.pace_lead_frames, 0) : 0;
+  pace_lead_ = mode_ == v1::CONSISTENCY_SYNC ? options.pace_lead_frames : 0;
+  if (pace_lead_ == ParameterShard::kAutoPaceLead) {
+    absl::MutexLock lock(&pace_mu_);
+    pace_tuner_.emplace(options.pace_tuner);
+  } else {
+    pace_lead_ = std::max(pace_lead_, 0);
+  }
+  log_ = options.log;
   staleness_ = config.spec.staleness();
   average_optimizer_state_ = config.spec.average_optimizer_state();
   slot_names_ = SlotNames(config.spec.optimizer());
@@ -638,7 +653,7 @@ absl::StatusOr<int64_t> JobState::Push(const PushArgs& args, absl::Span<const fl
       outcome->duplicate = true;
     } else if (barrier_mode()) {
       PSTRAIN_RETURN_IF_ERROR(PushToBarrier(*chunk, args, values, outcome));
-      if (pace_lead_ > 0 && !outcome->duplicate) paced_by = chunk->membership;
+      if (pace_lead_ != 0 && !outcome->duplicate) paced_by = chunk->membership;
     } else {
       PSTRAIN_RETURN_IF_ERROR(
           ApplyOnArrival(*chunk, args, values, options.max_version_lead, outcome));
@@ -808,27 +823,49 @@ int64_t JobState::PaceSlack(const std::string& worker_id, int64_t version) const
   constexpr int64_t kUnpaced = int64_t{1} << 40;
   if (pace_lead_ == 0) return kUnpaced;
   absl::MutexLock lock(&pace_mu_);
-  if (version < pace_version_) return kUnpaced;    // A retry of a step already done.
-  if (version > pace_version_) return pace_lead_;  // The first to push it.
+  if (version < pace_version_) return kUnpaced;  // A retry of a step already done.
+  const int64_t lead = PaceLead(version);
+  if (version > pace_version_) return lead;  // The first to push it.
   auto it = pace_frames_.find(worker_id);
   const int64_t own = it == pace_frames_.end() ? 0 : it->second;
-  return std::max<int64_t>(0, pace_min_ + pace_lead_ - own);
+  return std::max<int64_t>(0, pace_min_ + lead - own);
+}
+
+int64_t JobState::PaceLead(int64_t version) const {
+  return pace_tuner_.has_value() ? pace_tuner_->LeadFor(version) : pace_lead_;
 }
 
 void JobState::CountPace(const std::string& worker_id, int64_t version,
                          const Membership& membership) {
   std::vector<std::shared_ptr<PaceWatcher>> wake;
+  std::string chosen;  // What the lead tuner chose, to log.
   {
     absl::MutexLock lock(&pace_mu_);
     if (version < pace_version_) return;
     if (version > pace_version_) {
+      // A new step: the one before took from its first push here to now.
+      const absl::Time now = clock_();
+      if (pace_tuner_.has_value() && pace_version_ >= 0 && version == pace_version_ + 1) {
+        const int before = pace_tuner_->chosen();
+        const bool first = !pace_tuner_chose_;
+        if (pace_tuner_->StepTook(pace_version_, now - pace_version_started_)) {
+          pace_tuner_chose_ = true;
+          if (first || pace_tuner_->chosen() != before) {
+            chosen = absl::StrCat("job ", job_id_, ": push pacing lead ", pace_tuner_->chosen(),
+                                  " from version ", version, " (median step time with ",
+                                  pace_tuner_->trial_summary(), ")");
+          }
+        }
+      }
       pace_version_ = version;
+      pace_version_started_ = now;
       pace_frames_.clear();
       pace_min_ = 0;
     }
     ++pace_frames_[worker_id];
     if (UpdatePaceMin(membership)) wake = LiveWatchers();
   }
+  if (!chosen.empty() && log_) log_(chosen);
   for (const std::shared_ptr<PaceWatcher>& w : wake) w->AllowanceChanged();
 }
 

@@ -105,6 +105,7 @@
 #include "common/rpc/gradient_codec.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
+#include "server/pace_lead_tuner.h"
 
 namespace pstrain {
 
@@ -208,6 +209,7 @@ class PaceWatcher {
 
 class ParameterShard {
  public:
+  static constexpr int kAutoPaceLead = -1;  // Options::pace_lead_frames.
   struct Options {
     int shard_index = 0;
     bool reject_non_finite = true;
@@ -222,8 +224,13 @@ class ParameterShard {
     // of a version more than the slowest member has pushed here (0: no
     // pacing). Frames of one version reach the shards' ports in step, so
     // that a chunk's barrier does not wait for the push that TCP served
-    // last (docs/BENCHMARKS.md, "Push pacing").
-    int pace_lead_frames = 2;
+    // last (docs/BENCHMARKS.md, "Push pacing"). kAutoPaceLead: each job
+    // chooses among pace_tuner.leads by timing its steps (PaceLeadTuner).
+    int pace_lead_frames = kAutoPaceLead;
+    PaceLeadTuner::Options pace_tuner = {};
+    // Told what a job's lead tuner chose, when the choice is first made or
+    // changes (null: not told).
+    std::function<void(const std::string&)> log = nullptr;
     // Times barrier waits (tests pass a fake one).
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
@@ -254,7 +261,7 @@ class ParameterShard {
   // the requester's clock), or `deadline` (DEADLINE_EXCEEDED).
   absl::StatusOr<PulledChunk> Pull(const PullArgs& args, absl::Time deadline);
 
-  // Push pacing (sync jobs when Options::pace_lead_frames > 0; false for
+  // Push pacing (sync jobs when Options::pace_lead_frames != 0; false for
   // others): `watcher`, held weakly, is told whenever the job's slowest
   // member has pushed more here or left.
   absl::StatusOr<bool> WatchPace(const std::string& job_id, std::weak_ptr<PaceWatcher> watcher);

@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
@@ -87,9 +88,11 @@ ABSL_FLAG(int64_t, max_job_bytes, int64_t{2} << 30,
           "Most bytes of parameters plus server-side optimizer state a job may take");
 ABSL_FLAG(int, max_name_bytes, 256, "Longest job and model name, in bytes");
 ABSL_FLAG(int, max_id_bytes, 128, "Longest job or worker id accepted in a request, in bytes");
-ABSL_FLAG(int, push_pacing_lead, 2,
+ABSL_FLAG(std::string, push_pacing_lead, "auto",
           "Sync jobs: a worker's push may run at most this many frames ahead of the slowest "
-          "member's at this shard (credits on the push stream; 0 = no pacing)");
+          "member's at this shard (credits on the push stream; 0 = no pacing). auto: each job "
+          "tries 1 and 2 for 8 steps each of every 256 and keeps the one whose steps are "
+          "shorter: 1 where the links are the bottleneck, 2 where the cores are");
 ABSL_FLAG(int, max_queued_jobs, 1000, "Most jobs waiting in the queue; SubmitJob beyond it fails");
 ABSL_FLAG(int, max_workers, 10000,
           "Most registered workers (after forgetting dead ones); RegisterWorker beyond it fails");
@@ -464,8 +467,15 @@ int main(int argc, char** argv) {
   shard_options.shard_index = shard_index;
   shard_options.job_limits = job_limits;
   shard_options.max_id_bytes = absl::GetFlag(FLAGS_max_id_bytes);
-  shard_options.pace_lead_frames = absl::GetFlag(FLAGS_push_pacing_lead);
-  if (shard_options.pace_lead_frames < 0) return Fail("--push-pacing-lead must be >= 0");
+  if (const std::string lead = absl::GetFlag(FLAGS_push_pacing_lead); lead == "auto") {
+    shard_options.pace_lead_frames = pstrain::ParameterShard::kAutoPaceLead;
+  } else if (!absl::SimpleAtoi(lead, &shard_options.pace_lead_frames) ||
+             shard_options.pace_lead_frames < 0) {
+    return Fail("--push-pacing-lead must be auto or a whole number >= 0, got '" + lead + "'");
+  }
+  shard_options.log = [](const std::string& line) {
+    std::cerr << "pstrain-server: " << line << std::endl;
+  };
   pstrain::ParameterShard shard(shard_options);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   std::unique_ptr<ServerMetrics> metrics;

@@ -38,6 +38,7 @@ namespace pstrain {
 namespace {
 
 using ::pstrain::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -750,6 +751,52 @@ TEST(ParameterShardPacingTest, OnlySyncJobsWithALeadArePaced) {
   EXPECT_FALSE(without_lead);
   EXPECT_EQ(shard.WatchPace("no-such-job", std::make_shared<CountingWatcher>()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Runs `steps` sync steps of a two-member job on a shard with the automatic
+// lead, each taking `lead_1_ms` or `lead_2_ms` on the shard's clock by the
+// lead the shard gives the step. Returns each step's lead.
+std::vector<int64_t> RunTunedSteps(int steps, int lead_1_ms, int lead_2_ms,
+                                   std::vector<std::string>* log) {
+  TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
+  absl::Time now = absl::UnixEpoch();
+  ParameterShard::Options options;
+  options.pace_lead_frames = ParameterShard::kAutoPaceLead;
+  options.clock = [&now] { return now; };
+  options.log = [log](const std::string& line) { log->push_back(line); };
+  ParameterShard shard(options);
+  EXPECT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  const int chunk = job.ChunkOf("logits/weight");
+  const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.25f);
+  std::vector<int64_t> leads;
+  for (int64_t v = 0; v < steps; ++v) {
+    // As a push stream asks, after its frame: b has pushed nothing of v,
+    // so its slack is the step's lead.
+    EXPECT_OK(shard.Push(job.Args("worker-a", chunk, v), g).status());
+    const int64_t lead = *shard.PaceSlack(job.config.job_id, "worker-b", v);
+    leads.push_back(lead);
+    now += absl::Milliseconds(lead == 1 ? lead_1_ms : lead_2_ms);
+    EXPECT_OK(shard.Push(job.Args("worker-b", chunk, v), g).status());
+  }
+  return leads;
+}
+
+TEST(ParameterShardPacingTest, AnAutomaticLeadTriesOneAndTwoInTurnAndKeepsTheFaster) {
+  std::vector<std::string> log;
+  // Lead 1 makes steps shorter (links the bottleneck): 2 until the trial of
+  // versions 2-17 ends, then 1.
+  EXPECT_THAT(RunTunedSteps(20, 100, 120, &log),
+              ElementsAre(2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("job-1: push pacing lead 1 from version 18"));
+  EXPECT_THAT(log[0], HasSubstr("lead 1: 100.0 ms, lead 2: 120.0 ms; chose 1"));
+
+  // Lead 2 makes them shorter (cores the bottleneck): it stays.
+  log.clear();
+  EXPECT_THAT(RunTunedSteps(20, 130, 100, &log),
+              ElementsAre(2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("chose 2"));
 }
 
 TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
