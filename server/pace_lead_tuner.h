@@ -2,7 +2,7 @@
 //
 //   PaceLeadTuner tuner({});                 // Leads 1 and 2.
 //   int lead = tuner.LeadFor(version);       // When a step's pushes start.
-//   tuner.StepTook(version, step_duration);  // When the next step's start.
+//   tuner.StepTook(version, step_duration);  // When the next step starts.
 //
 // The lead (ParameterShard::Options::pace_lead_frames) is how many frames a
 // member's push may run ahead of the slowest member's at a shard. A lead of
@@ -17,15 +17,15 @@
 //    runs: rounds * leads.size() blocks of block_steps steps, the candidate
 //    leads taking turns block by block (1 1 1 1 2 2 2 2 1 1 1 1 2 2 2 2).
 //    Only the steps inside a block are timed, neither the first nor the
-//    last: a step's lead also changes when the next step's first frame
-//    reaches this shard (how close together the members start, where in
-//    the push this shard's chunks come), so a step is timed only when the
-//    steps on either side ran with its lead. Taking turns step by step hid
-//    most of the difference, and split the shards' choices (docs/
+//    last: a step's lead most likely also changes when the next step's
+//    first frame reaches this shard (how close together the members start,
+//    where in the push this shard's chunks come), so a step is timed only
+//    when the steps on either side ran with its lead. Taking turns step by
+//    step split the shards' choices where blocks did not (docs/
 //    BENCHMARKS.md, "The lead chosen by measuring"). The schedule depends
 //    on the version alone, so all shards of a job try the same lead in the
 //    same step and each sees what the lead of every shard does to the step.
-//  * The choice. When the trial's last step has been timed, the candidate
+//  * The choice. When the trial's last step has ended, the candidate
 //    whose median step time was shortest becomes the lead of the following
 //    steps (a tie keeps the lead chosen before). Until the first trial ends,
 //    and when a trial misses a candidate's steps (a job restored mid-trial,
