@@ -75,7 +75,8 @@ class PaceLeadTuner {
 
   int chosen() const { return options_.leads[chosen_]; }
   // The last trial, for the log: each candidate's median step time and the
-  // lead chosen, e.g. "lead 1: 5102.4 ms, lead 2: 5420.0 ms; chose 1".
+  // lead chosen, e.g. "lead 1: 5102.4 ms, lead 2: 5420.0 ms; chose 1";
+  // empty until a trial has ended.
   const std::string& trial_summary() const { return trial_summary_; }
 
  private:

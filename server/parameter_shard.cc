@@ -380,7 +380,6 @@ class JobState {
   int64_t pace_version_ ABSL_GUARDED_BY(pace_mu_) = -1;
   absl::Time pace_version_started_ ABSL_GUARDED_BY(pace_mu_);          // Its first push here.
   std::optional<PaceLeadTuner> pace_tuner_ ABSL_GUARDED_BY(pace_mu_);  // kAutoPaceLead.
-  bool pace_tuner_chose_ ABSL_GUARDED_BY(pace_mu_) = false;            // A trial has ended.
   std::map<std::string, int64_t> pace_frames_ ABSL_GUARDED_BY(pace_mu_);
   int64_t pace_min_ ABSL_GUARDED_BY(pace_mu_) = 0;  // The slowest member's frames.
   std::vector<std::weak_ptr<PaceWatcher>> pace_watchers_ ABSL_GUARDED_BY(pace_mu_);
@@ -847,9 +846,8 @@ void JobState::CountPace(const std::string& worker_id, int64_t version,
       const absl::Time now = clock_();
       if (pace_tuner_.has_value() && pace_version_ >= 0 && version == pace_version_ + 1) {
         const int before = pace_tuner_->chosen();
-        const bool first = !pace_tuner_chose_;
+        const bool first = pace_tuner_->trial_summary().empty();  // No trial has ended.
         if (pace_tuner_->StepTook(pace_version_, now - pace_version_started_)) {
-          pace_tuner_chose_ = true;
           if (first || pace_tuner_->chosen() != before) {
             chosen = absl::StrCat("job ", job_id_, ": push pacing lead ", pace_tuner_->chosen(),
                                   " from version ", version, " (median step time with ",
