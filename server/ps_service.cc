@@ -362,11 +362,11 @@ class PushReactor final : public grpc::ServerGenericBidiReactor {
     if (next > 0) WriteCredit(next);
   }
   void OnDone() override {
-    pacer_->Detach();  // Waits for a credit update that is running.
     AfterGrpc(this);
     AfterGrpc(&read_buffer_);
     AfterGrpc(&reply_buffer_);
     AfterGrpc(&credit_buffer_);
+    pacer_->Detach();  // Waits for a credit update that is running.
     delete this;
   }
 
