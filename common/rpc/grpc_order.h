@@ -14,6 +14,9 @@
 //   }
 //   void OnDone(...) override { AfterGrpc(this); AfterGrpc(&reply_); ... }
 //
+// In OnDone the AfterGrpc calls come before anything that reads a member:
+// a read above them is a race to TSan (PushReactor's pacer was one).
+//
 // One key per direction (the buffer of a read or a write; `this` for the
 // call itself: StartCall, StartWritesDone, Finish), so that a read's order
 // does not also order the writes that really run beside it. gRPC runs OnDone
