@@ -79,6 +79,11 @@
 #   worker's namespace (e.g. "net.ipv4.tcp_wmem=4096 16384 65536"), and
 #   ROUTE_OPTS, options of every host's route to the others (e.g.
 #   "rto_min 5ms"). rto_per_step counts TCP retransmission timeouts.
+# TRACE_S=0: seconds of worker 1's packet headers to capture after each
+#   point's window (bench/link_trace.py), then report per step how long its
+#   push took against its link time, when each shard's connection finished,
+#   and how long the pull ran on after the push: medians printed, every step
+#   in the point's cluster.*/trace-w1.report.
 # Exit 77 (ctest's SKIP_RETURN_CODE) with the reason when this machine cannot
 # make network namespaces, veths, bridges or tbf (not root, no iproute2...).
 set -euo pipefail
@@ -400,6 +405,11 @@ measure() {
   segs1=$(tcp_segs)
   step1=$(last_step "$w1" "$job")
   waits1=$(barrier_waits)  # After step1: it takes a few hundred ms.
+  if ((${TRACE_S:-0} > 0)); then
+    # After the window, so that the capture's CPU does not weigh on its row.
+    ip netns exec "${WORKER_NS[0]}" python3 "$ROOT/bench/link_trace.py" capture eth0 "$TRACE_S" \
+      "$STATE/trace-w1.txt"
+  fi
   cli cancel "$job" >/dev/null 2>&1 || true
   stop_processes
   python3 - "$w1" "$job" "$step0" "$step1" "$bytes0" "$bytes1" "$(rate_bits "$rate"),$(rate_bits "${SERVER_RATE:-$rate}")" \
@@ -445,6 +455,13 @@ print("\t".join(str(x) for x in [
     f"{(t1 - t0) / (s1 - s0):.2f}", f"{barrier_wait_ms:.1f}",
     f"{(int(wc1) - int(wc0)) / (s1 - s0):.1f}"]))
 PY
+  if ((${TRACE_S:-0} > 0)); then
+    # Every step in the cluster's directory; the summary lines printed.
+    python3 "$ROOT/bench/link_trace.py" report "$STATE/trace-w1.txt" --port "$PORT" \
+      --rate-bits "$(rate_bits "$rate")" --idle-ms $((FIXED_MS / 2 > 5 ? FIXED_MS / 2 : 5)) |
+      sed "s/^/bench_only_fixed_compute_ms=$FIXED_MS N=$n S=$s $codec worker 1: /" >"$STATE/trace-w1.report"
+    grep -v ' link_trace: step ' "$STATE/trace-w1.report" | tee -a "$RUN_DIR/notes.txt"
+  fi
 }
 HEADER="N\tS\tcodec\ttransport\trate\tcores\tsteps\tstep_ms_median\tstep_ms_mean\tworker_up_MB\tworker_down_MB\tserver_in_MB\tserver_out_MB\tserial_bound_ms\tstep/serial\tduplex_bound_ms\tstep/duplex\tretrans_%\trto_per_step\tbarrier_wait_ms\tbarriers_per_step"
 header() { printf 'bench_only_fixed_compute_ms=%s\t%b\n' "$FIXED_MS" "$HEADER" | tee -a "$RESULTS"; }

@@ -3,8 +3,9 @@
 # over tbf-limited veth links between network namespaces) runs end to end
 # and prints its table: a header and one row for N=2 S=2, with a step time,
 # link bytes and a bound, and "bench_only_fixed_compute_ms=" on every line
-# it prints, and the servers' barrier waits (their /metrics). No timing is
-# asserted. Exit 77 (skipped) passes through when the
+# it prints, and the servers' barrier waits (their /metrics); with
+# TRACE_S=2, worker 1's packet trace (bench/link_trace.py) reports its push
+# and pull per step. No timing is asserted. Exit 77 (skipped) passes through when the
 # machine cannot make network namespaces (not root, no iproute2, no tbf).
 #   tests/bench/cluster_emulation_smoke_test.sh BIN_DIR SOURCE_DIR
 set -uo pipefail
@@ -12,7 +13,7 @@ BIN=$1
 SRC=$2
 OUT=$(mktemp -d /tmp/cluster-emulation-smoke.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
-PSTRAIN_BIN=$BIN PSTRAIN_BENCH_OUT=$OUT/bench timeout 150 bash "$SRC/bench/cluster_emulation.sh" \
+PSTRAIN_BIN=$BIN PSTRAIN_BENCH_OUT=$OUT/bench TRACE_S=2 timeout 150 bash "$SRC/bench/cluster_emulation.sh" \
   smoke >"$OUT/stdout" 2>"$OUT/stderr"
 rc=$?
 cat "$OUT/stdout"
@@ -49,5 +50,19 @@ assert float(r[10]) > 1.0 and float(r[12]) > 1.0, r          # MB per step pushe
 # Barrier waits from the servers' /metrics: every chunk completes one a step.
 assert float(r[20]) >= 0 and float(r[21]) >= 1, r
 print("row ok:", "\t".join(r))
+PY
+# The trace's summary: whole steps, each with a push and a pull of bytes.
+python3 - "$OUT/stdout" <<'PY' || fail "no valid link_trace summary"
+import re, sys
+lines = [l for l in open(sys.argv[1]) if "link_trace: median of" in l]
+assert len(lines) == 1, lines
+m = re.search(r"median of (\d+) steps: push_ms (\d+) link_ms (\d+) .* flows_ms (\d+)/(\d+)/(\d+) "
+              r"pull_after_ms (-?\d+) pull_ms (\d+) pull_link_ms (\d+)", lines[0])
+assert m, lines[0]
+steps, push_ms, link_ms, first, median, last, after, pull_ms, pull_link_ms = map(int, m.groups())
+assert steps >= 1 and link_ms > 0 and pull_link_ms > 0, lines[0]
+assert 0 < first <= median <= last <= push_ms, lines[0]
+assert lines[0].startswith("bench_only_fixed_compute_ms="), lines[0]
+print("trace ok:", lines[0].strip())
 PY
 echo "cluster_emulation smoke: ok"
