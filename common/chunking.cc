@@ -11,7 +11,7 @@ namespace pstrain {
 int64_t AutoChunkBytes(int64_t model_bytes, int num_shards) {
   const int64_t shards = std::max(num_shards, 1);
   int64_t chunk = kDefaultChunkBytes;
-  // chunk * kMinChunksPerShard * shards <= 2^20 * 2^3 * 2^31: no overflow.
+  // chunk * kMinChunksPerShard * shards <= 2^20 * 2^4 * 2^31: no overflow.
   while (chunk > kMinAutoChunkBytes && model_bytes < chunk * kMinChunksPerShard * shards) {
     chunk /= 2;
   }

@@ -24,7 +24,7 @@ inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 inline constexpr int64_t kAutoChunkBytes = 0;
 // AutoChunkBytes' floor, and the chunks it wants every shard to hold.
 inline constexpr int64_t kMinAutoChunkBytes = int64_t{64} << 10;
-inline constexpr int64_t kMinChunksPerShard = 8;
+inline constexpr int64_t kMinChunksPerShard = 16;
 // Tapered ends of auto plans (PlanChunks): a model that leaves at least
 // kMinTaperedChunksPerShard full chunks per shard between its ends starts,
 // in push order (ParamsInPushOrder), with num_shards chunks of at most 1/8
@@ -58,10 +58,13 @@ struct ChunkPlan {
 // shard would hold fewer than kMinChunksPerShard chunks of it (model_bytes /
 // num_shards / chunk < kMinChunksPerShard), down to kMinAutoChunkBytes; a
 // power of two. Why: a shard answers a sync pull of a chunk once every
-// worker's push of it is in, so a shard that holds one chunk cannot send
-// before its whole push arrived, and each link carries the push and then the
-// pull; with at least 8 chunks per shard the pull of the first chunks runs
-// while the last ones are pushed (docs/BENCHMARKS.md, "Emulated cluster").
+// worker's push of it is in, so the pull starts a chunk late; without
+// compression it carries as many bytes as the push over links as busy, so it
+// stays a chunk behind to the end of the step. A shard's chunks arrive at
+// 1/num_shards of a worker's link, so that chunk is 1/kMinChunksPerShard of
+// the step's transfer whatever the shard count: 16 chunks per shard cost a
+// step 1/16 more than its link time, 8 cost 1/8 (docs/BENCHMARKS.md, "Where
+// the link time goes").
 int64_t AutoChunkBytes(int64_t model_bytes, int num_shards);
 
 // Cuts every parameter (running statistics included) into chunks of at most

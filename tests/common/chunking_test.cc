@@ -97,27 +97,28 @@ ModelGraph Dense8Mb() {
   return *graph;
 }
 
-TEST(ChunkingTest, AutoChunkBytesHalvesUntilEveryShardHoldsEightChunks) {
+TEST(ChunkingTest, AutoChunkBytesHalvesUntilEveryShardHoldsSixteenChunks) {
   EXPECT_EQ(AutoChunkBytes(int64_t{100} << 20, 1), kDefaultChunkBytes);  // Large: 1 MiB.
-  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 1), kDefaultChunkBytes);    // Exactly 8 chunks.
-  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 2), int64_t{512} << 10);
-  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 8), int64_t{128} << 10);
-  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 64), kMinAutoChunkBytes);  // Floor: 16 KiB wanted.
+  EXPECT_EQ(AutoChunkBytes(int64_t{16} << 20, 1), kDefaultChunkBytes);   // Exactly 16 chunks.
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 1), int64_t{512} << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 2), int64_t{256} << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 8), int64_t{64} << 10);
+  EXPECT_EQ(AutoChunkBytes(int64_t{8} << 20, 64), kMinAutoChunkBytes);  // Floor: 8 KiB wanted.
   EXPECT_EQ(AutoChunkBytes(0, 1), kMinAutoChunkBytes);
   EXPECT_EQ(AutoChunkBytes(INT64_MAX, INT32_MAX), kDefaultChunkBytes);  // No overflow.
 }
 
 // Plans made with the default chunk size (kAutoChunkBytes, as servers and
-// workers make them) give every shard of an 8.4 MB model at least 8 chunks,
+// workers make them) give every shard of an 8.4 MB model at least 16 chunks,
 // where 1 MiB chunks gave each of 8 shards one or two.
-TEST(ChunkingTest, DefaultPlansGiveEveryShardEightChunksOfAnEightMegabyteModel) {
+TEST(ChunkingTest, DefaultPlansGiveEveryShardSixteenChunksOfAnEightMegabyteModel) {
   ModelGraph graph = Dense8Mb();
   for (int shards : {1, 2, 4, 8}) {
     SCOPED_TRACE(shards);
     absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->chunk_bytes, kDefaultChunkBytes / shards);
-    for (const std::vector<int>& owned : plan->by_shard) EXPECT_GE(owned.size(), 8u);
+    EXPECT_EQ(plan->chunk_bytes, kDefaultChunkBytes / 2 / shards);
+    for (const std::vector<int>& owned : plan->by_shard) EXPECT_GE(owned.size(), 16u);
     for (const ChunkInfo& c : plan->chunks) EXPECT_LE(c.count * 4, plan->chunk_bytes);
   }
   absl::StatusOr<ChunkPlan> fixed = PlanChunks(graph, 8, kDefaultChunkBytes);
