@@ -61,7 +61,7 @@ m = re.search(r"median of (\d+) steps: push_ms (\d+) link_ms (\d+) .* flows_ms (
 assert m, lines[0]
 steps, push_ms, link_ms, first, median, last, after, pull_ms, pull_link_ms = map(int, m.groups())
 assert steps >= 1 and link_ms > 0 and pull_link_ms > 0, lines[0]
-assert 0 < first <= median <= last <= push_ms, lines[0]
+assert 0 <= first <= median <= last <= push_ms and push_ms > 0, lines[0]
 assert lines[0].startswith("bench_only_fixed_compute_ms="), lines[0]
 print("trace ok:", lines[0].strip())
 PY
