@@ -408,7 +408,8 @@ measure() {
   if ((${TRACE_S:-0} > 0)); then
     # After the window, so that the capture's CPU does not weigh on its row.
     ip netns exec "${WORKER_NS[0]}" python3 "$ROOT/bench/link_trace.py" capture eth0 "$TRACE_S" \
-      "$STATE/trace-w1.txt"
+      "$STATE/trace-w1.txt" ||
+      die "TRACE_S: the packet capture in ${WORKER_NS[0]} failed (it needs root and AF_PACKET sockets)"
   fi
   cli cancel "$job" >/dev/null 2>&1 || true
   stop_processes
