@@ -48,6 +48,8 @@ struct Flags {
   std::string layout = "all";
   CpuGemmChoice gemm = CpuGemmChoice::kMeasured;
   std::string gemm_name = "measured";
+  CpuConvAlgorithm conv = CpuConvAlgorithm::kAuto;
+  std::string conv_name = "auto";
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -65,11 +67,16 @@ Flags ParseFlags(int argc, char** argv) {
       flags.gemm = flags.gemm_name == "matmul"  ? CpuGemmChoice::kMatmul
                    : flags.gemm_name == "sgemm" ? CpuGemmChoice::kSgemm
                                                 : CpuGemmChoice::kMeasured;
+    } else if (arg == "--conv=auto" || arg == "--conv=direct") {
+      flags.conv_name = arg.substr(7);
+      flags.conv =
+          flags.conv_name == "direct" ? CpuConvAlgorithm::kDirect : CpuConvAlgorithm::kAuto;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--reps=N] [--threads=T] "
-          "[--layout=auto|plain|blocked|blocked-unfused|all] [--gemm=measured|matmul|sgemm]\n",
+          "[--layout=auto|plain|blocked|blocked-unfused|all] [--gemm=measured|matmul|sgemm] "
+          "[--conv=auto|direct]\n",
           argv[0]);
       std::exit(2);
     }
@@ -129,11 +136,12 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
   options.num_threads = flags.threads;
   options.conv_layout = layout;
   options.gemm = flags.gemm;
+  options.conv_algorithm = flags.conv;
   std::unique_ptr<Backend> backend = CreateCpuBackend(options);
   Backend* b = backend.get();
-  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s, gemm %s ==\n",
+  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s, gemm %s, conv %s ==\n",
               b->Describe().c_str(), layout_name, fused ? "as one plan" : "layer by layer",
-              flags.gemm_name.c_str());
+              flags.gemm_name.c_str(), flags.conv_name.c_str());
 
   Model m(b);
   const int64_t n = kBatch;

@@ -57,12 +57,27 @@ enum class CpuGemmChoice {
   kSgemm,   // dnnl_sgemm for every shape.
 };
 
+// Which algorithm computes the convolutions' passes.
+enum class CpuConvAlgorithm {
+  // Winograd's F(2x2, 5x5) (kernels/cpu/winograd.h) for the forward and
+  // backward-data passes of 5x5 stride-1 "same" convolutions whose channel
+  // counts are multiples of 16, in the blocked layouts; oneDNN's direct
+  // kernels for the rest and for every weight gradient. Measured with
+  // bench/cpu_ops_bench (docs/BENCHMARKS.md). Results differ from the direct
+  // kernels' in the last bits (WinogradTest bounds by how much).
+  kAuto,
+  // oneDNN's kernels for every pass (direct in the blocked layouts, im2col
+  // + GEMM in kPlain).
+  kDirect,
+};
+
 struct CpuBackendOptions {
   // OpenMP threads for every op; 0: omp_get_max_threads() as it was when the
   // first CPU backend was created (the cores, or OMP_NUM_THREADS).
   int num_threads = 0;
   CpuConvLayout conv_layout = CpuConvLayout::kAuto;
   CpuGemmChoice gemm = CpuGemmChoice::kMeasured;
+  CpuConvAlgorithm conv_algorithm = CpuConvAlgorithm::kAuto;
 };
 
 // Never fails: CreateCpuBackend() in backend.h is this with default options.

@@ -30,6 +30,39 @@ absl::Status ValidateConv2dConfig(const Conv2dConfig& c) {
   return absl::OkStatus();
 }
 
+void WinogradPass::Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algorithm,
+                        const dnnl_memory_desc_t& first_md, const dnnl_memory_desc_t& second_md,
+                        int num_threads) {
+  config_ = c;
+  role_ = role;
+  const int first_lanes = ChannelBlock(first_md), second_lanes = ChannelBlock(second_md);
+  enabled_ = algorithm == CpuConvAlgorithm::kAuto && WinogradApplies(c) && first_lanes != 0 &&
+             second_lanes != 0;
+  // In WinogradShape's terms: in -> out is x -> y forward, dy -> dx for
+  // backward data.
+  const bool backward_data = role == Role::kBackwardData;
+  shape_ = {.n = c.n,
+            .in_channels = backward_data ? c.filters : c.c,
+            .out_channels = backward_data ? c.c : c.filters,
+            .h = c.h,
+            .w = c.w,
+            .in_lanes = first_lanes,
+            .out_lanes = second_lanes,
+            .num_threads = num_threads};
+}
+
+absl::Status WinogradPass::Run(const float* w, const float* bias, dnnl_memory_t in,
+                               dnnl_memory_t out, absl::string_view what) {
+  void* in_data = nullptr;
+  void* out_data = nullptr;
+  PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(in, &in_data), what);
+  PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(out, &out_data), what);
+  WinogradFilters(config_, w, role_ == Role::kBackwardData, &filters_);
+  WinogradConv5x5(shape_, static_cast<const float*>(in_data), filters_, bias,
+                  static_cast<float*>(out_data));
+  return absl::OkStatus();
+}
+
 namespace {
 
 // kAuto runs every primitive blocked. Measured with bench/cpu_ops_bench on
@@ -44,8 +77,12 @@ bool UseBlocked(CpuConvLayout layout) { return layout != CpuConvLayout::kPlain; 
 class CpuConv2dPlan final : public Conv2dPlan {
  public:
   CpuConv2dPlan(std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, bool blocked,
-                int num_threads)
-      : ctx_(std::move(ctx)), config_(config), blocked_(blocked), num_threads_(num_threads) {}
+                CpuConvAlgorithm algorithm, int num_threads)
+      : ctx_(std::move(ctx)),
+        config_(config),
+        blocked_(blocked),
+        algorithm_(algorithm),
+        num_threads_(num_threads) {}
 
   absl::Status Init() {
     const Conv2dConfig& c = config_;
@@ -91,8 +128,12 @@ class CpuConv2dPlan final : public Conv2dPlan {
     ForwardStep& f = forward_[with_bias];
     std::vector<dnnl_exec_arg_t> args;
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, f.src.In(*ctx_, x));
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, f.weights.In(*ctx_, w));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t dst, f.dst.OutTarget(y));
+    if (f.winograd.enabled()) {
+      PSTRAIN_RETURN_IF_ERROR(f.winograd.Run(w, bias, src, dst, "Conv2d.Forward"));
+      return f.dst.OutFinish(*ctx_);
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, f.weights.In(*ctx_, w));
     args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
     if (with_bias) {
       PSTRAIN_RETURN_IF_ERROR(Bind(f.bias, bias, "Conv2d.Forward"));
@@ -132,8 +173,13 @@ class CpuConv2dPlan final : public Conv2dPlan {
     if (diff_dst == nullptr) {
       PSTRAIN_ASSIGN_OR_RETURN(diff_dst, b.diff_dst.In(*ctx_, dy));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, b.weights.In(*ctx_, w));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t diff_src, b.diff_src.OutTarget(dx));
+    if (b.winograd.enabled()) {
+      PSTRAIN_RETURN_IF_ERROR(
+          b.winograd.Run(w, nullptr, diff_dst, diff_src, "Conv2d.BackwardData"));
+      return b.diff_src.OutFinish(*ctx_);
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, b.weights.In(*ctx_, w));
     PSTRAIN_RETURN_IF_ERROR(b.primitive.Execute(
         *ctx_,
         {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
@@ -181,11 +227,13 @@ class CpuConv2dPlan final : public Conv2dPlan {
   struct ForwardStep {
     DnnlPrimitive primitive;
     LayoutBridge src, weights, dst;
+    WinogradPass winograd;  // Runs instead of the primitive when enabled.
     DnnlMemory bias;
   };
   struct BackwardDataStep {
     DnnlPrimitive primitive;
     LayoutBridge diff_dst, weights, diff_src;
+    WinogradPass winograd;  // Runs instead of the primitive when enabled.
   };
   struct BackwardWeightsStep {
     DnnlPrimitive primitive;
@@ -233,6 +281,9 @@ class CpuConv2dPlan final : public Conv2dPlan {
           f.bias, CreateMemory(f.primitive.Md(dnnl_query_weights_md, 1), *ctx_, false,
                                "Conv2d.Forward"));
     }
+    f.winograd.Init(config_, WinogradPass::Role::kForward, algorithm_,
+                    f.primitive.Md(dnnl_query_src_md), f.primitive.Md(dnnl_query_dst_md),
+                    num_threads_);
     return absl::OkStatus();
   }
 
@@ -260,6 +311,9 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_diff_src_md),
                                          /*to_primitive=*/false, "Conv2d.BackwardData"));
+    b.winograd.Init(config_, WinogradPass::Role::kBackwardData, algorithm_,
+                    b.primitive.Md(dnnl_query_diff_dst_md), b.primitive.Md(dnnl_query_diff_src_md),
+                    num_threads_);
     return absl::OkStatus();
   }
 
@@ -309,6 +363,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
   const std::shared_ptr<DnnlContext> ctx_;
   const Conv2dConfig config_;
   const bool blocked_;
+  const CpuConvAlgorithm algorithm_;
   const int num_threads_;
   dnnl_memory_desc_t user_src_, user_weights_, user_dst_, user_bias_;
   dnnl_memory_desc_t any_src_, any_weights_, any_dst_;
@@ -324,10 +379,11 @@ class CpuConv2dPlan final : public Conv2dPlan {
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(std::shared_ptr<DnnlContext> ctx,
                                                                 const Conv2dConfig& config,
                                                                 CpuConvLayout layout,
+                                                                CpuConvAlgorithm algorithm,
                                                                 int num_threads) {
   PSTRAIN_RETURN_IF_ERROR(ValidateConv2dConfig(config));
-  auto plan = std::make_unique<CpuConv2dPlan>(std::move(ctx), config,
-                                              UseBlocked(layout), num_threads);
+  auto plan = std::make_unique<CpuConv2dPlan>(std::move(ctx), config, UseBlocked(layout),
+                                              algorithm, num_threads);
   PSTRAIN_RETURN_IF_ERROR(plan->Init());
   return std::unique_ptr<Conv2dPlan>(std::move(plan));
 }

@@ -130,11 +130,12 @@ absl::Status AsUnimplemented(const absl::Status& status) {
 class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
  public:
   CpuConvReluPoolPlan(std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-                      const Pool2dConfig& pool, int num_threads)
+                      const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads)
       : ctx_(std::move(ctx)),
         conv_(conv),
         with_bias_(with_bias),
         pool_(pool),
+        algorithm_(algorithm),
         num_threads_(num_threads) {}
 
   absl::Status Init() {
@@ -269,6 +270,13 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     PSTRAIN_ASSIGN_OR_RETURN(
         d_src_, LayoutBridge::Create(*ctx_, user_src, conv_bwd_d_.Md(dnnl_query_diff_src_md),
                                      /*to_primitive=*/false, "ConvReluPool"));
+    // Winograd where the convolution plan would use it (cpu_plans.h), on the
+    // same layouts: the forward from x as the primitive reads it into the
+    // plan's blocked output, backward data from that output's gradient.
+    winograd_fwd_.Init(c, WinogradPass::Role::kForward, algorithm_,
+                       conv_fwd_.Md(dnnl_query_src_md), conv_dst_md, num_threads_);
+    winograd_bwd_.Init(c, WinogradPass::Role::kBackwardData, algorithm_, conv_dst_md,
+                       conv_bwd_d_.Md(dnnl_query_diff_src_md), num_threads_);
     return absl::OkStatus();
   }
 
@@ -282,14 +290,19 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     omp_set_num_threads(num_threads_);
     trained_x_ = nullptr;
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, src_.In(*ctx_, x));
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, weights_.In(*ctx_, w));
-    std::vector<dnnl_exec_arg_t> args = {
-        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, conv_dst_.get()}};
-    if (with_bias_) {
-      PSTRAIN_RETURN_IF_ERROR(Bind(bias_, bias, "ConvReluPool.Forward"));
-      args.push_back({DNNL_ARG_BIAS, bias_.get()});
+    if (winograd_fwd_.enabled()) {
+      PSTRAIN_RETURN_IF_ERROR(
+          winograd_fwd_.Run(w, bias, src, conv_dst_.get(), "ConvReluPool.Forward"));
+    } else {
+      PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, weights_.In(*ctx_, w));
+      std::vector<dnnl_exec_arg_t> args = {
+          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, conv_dst_.get()}};
+      if (with_bias_) {
+        PSTRAIN_RETURN_IF_ERROR(Bind(bias_, bias, "ConvReluPool.Forward"));
+        args.push_back({DNNL_ARG_BIAS, bias_.get()});
+      }
+      PSTRAIN_RETURN_IF_ERROR(conv_fwd_.Execute(*ctx_, args, "ConvReluPool.Forward"));
     }
-    PSTRAIN_RETURN_IF_ERROR(conv_fwd_.Execute(*ctx_, args, "ConvReluPool.Forward"));
     if (own_pool_) {
       PSTRAIN_ASSIGN_OR_RETURN(const float* conv, DataOf(conv_dst_));
       BlockedMaxPoolReluForward(blocked_pool_, conv, y);
@@ -422,8 +435,13 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     }
     if (dx == nullptr) return absl::OkStatus();
 
-    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, bwd_weights_.In(*ctx_, w));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_src, d_src_.OutTarget(dx));
+    if (winograd_bwd_.enabled()) {
+      PSTRAIN_RETURN_IF_ERROR(
+          winograd_bwd_.Run(w, nullptr, d_conv_dst_.get(), d_src, "ConvReluPool.Backward"));
+      return d_src_.OutFinish(*ctx_);
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t weights, bwd_weights_.In(*ctx_, w));
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t d_conv_d, d_conv_for_d_.Get(*ctx_));
     PSTRAIN_RETURN_IF_ERROR(conv_bwd_d_.Execute(
         *ctx_,
@@ -456,6 +474,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   const Conv2dConfig conv_;
   const bool with_bias_;
   const Pool2dConfig pool_;
+  const CpuConvAlgorithm algorithm_;
   const int num_threads_;
 
   // Built by Init().
@@ -464,6 +483,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   DnnlMemory bias_, conv_dst_, pooled_, workspace_, d_pooled_, d_conv_dst_;
   UserReorder y_out_, dy_in_;
   GradientView d_conv_for_w_, d_conv_for_d_;
+  WinogradPass winograd_fwd_, winograd_bwd_;  // Run instead of conv_fwd_ and conv_bwd_d_.
   int64_t pooled_count_ = 0;  // Floats in the pooled buffers (with layout padding).
   int lanes_ = 0;             // Channels per block of the convolution's output; 0: not blocked.
   BlockedPoolShape blocked_pool_;
@@ -481,7 +501,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
 
 absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-    const Pool2dConfig& pool, int num_threads) {
+    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads) {
   PSTRAIN_RETURN_IF_ERROR(ValidateConv2dConfig(conv));
   PSTRAIN_RETURN_IF_ERROR(ValidatePool2dConfig(pool));
   if (pool.mode != PoolMode::kMax || pool.n != conv.n || pool.c != conv.filters ||
@@ -495,8 +515,8 @@ absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     // plan's: close, but not the same bits.
     return absl::UnimplementedError("ConvReluPool: overlapping pool windows");
   }
-  auto plan =
-      std::make_unique<CpuConvReluPoolPlan>(std::move(ctx), conv, with_bias, pool, num_threads);
+  auto plan = std::make_unique<CpuConvReluPoolPlan>(std::move(ctx), conv, with_bias, pool,
+                                                    algorithm, num_threads);
   PSTRAIN_RETURN_IF_ERROR(AsUnimplemented(plan->Init()));
   return std::unique_ptr<ConvReluPoolPlan>(std::move(plan));
 }

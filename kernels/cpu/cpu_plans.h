@@ -12,12 +12,14 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/dnnl_helpers.h"
+#include "kernels/cpu/winograd.h"
 
 namespace pstrain::cpu_internal {
 
@@ -33,17 +35,45 @@ absl::Status ValidatePool2dConfig(const Pool2dConfig& config);
 // runs the ops one by one).
 absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-    const Pool2dConfig& pool, int num_threads);
+    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads);
 
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, CpuConvLayout layout,
-    int num_threads);
+    CpuConvAlgorithm algorithm, int num_threads);
 
 absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(const Pool2dConfig& config,
                                                                 int num_threads);
 
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
     const BatchNormConfig& config, int num_threads);
+
+// A convolution pass (forward or backward data) by winograd.h between
+// oneDNN memories in channel-blocked layouts, where CpuConvAlgorithm allows it; the plans fall
+// back to their oneDNN primitive when it is not enabled. Both convolution
+// plans decide the same way for the same shape, so that the fused and the
+// layer-by-layer paths keep giving the same bits.
+class WinogradPass {
+ public:
+  enum class Role { kForward, kBackwardData };
+  // Enabled when `algorithm` is kAuto, WinogradApplies(c) and both layouts
+  // are blocked (ChannelBlock 8 or 16). The memories the pass reads and
+  // writes: forward x and y, backward data dy and dx.
+  void Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algorithm,
+            const dnnl_memory_desc_t& first_md, const dnnl_memory_desc_t& second_md,
+            int num_threads);
+  bool enabled() const { return enabled_; }
+  // Forward (out = y) and backward data (out = dx): from `in` and the
+  // filters w ([K, C, R, S]) and, forward only, bias (nullptr: none).
+  absl::Status Run(const float* w, const float* bias, dnnl_memory_t in, dnnl_memory_t out,
+                   absl::string_view what);
+
+ private:
+  Conv2dConfig config_;
+  Role role_ = Role::kForward;
+  bool enabled_ = false;
+  WinogradShape shape_;
+  std::vector<float> filters_;  // U, rebuilt from w on every call.
+};
 
 // Row-major C = alpha * op(A) * op(B) + beta * C, as Backend::Gemm. Small
 // products run on dnnl_sgemm. Large ones run on a oneDNN matmul primitive

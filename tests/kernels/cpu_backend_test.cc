@@ -331,6 +331,7 @@ void ConvBackwardRef(const Conv2dConfig& c, const std::vector<float>& x,
 struct ConvCase {
   Conv2dConfig config;
   CpuConvLayout layout;
+  CpuConvAlgorithm algorithm = CpuConvAlgorithm::kAuto;
 };
 
 using ::pstrain::testing::MakeConv;
@@ -342,6 +343,7 @@ TEST_P(ConvTest, ForwardAndBothBackwardPassesMatchNaiveLoops) {
   CpuConvLayout layout = GetParam().layout;
   CpuBackendOptions options;
   options.conv_layout = layout;
+  options.conv_algorithm = GetParam().algorithm;
   backend_ = CreateCpuBackend(options);
   absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend_->CreateConv2d(c);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -404,6 +406,11 @@ std::vector<ConvCase> ConvCases() {
     cases.push_back({MakeConv(3, 4, 8, 8, 5, 3, 3, 2, 2, 1, 1), layout});    // stride 2
     cases.push_back({MakeConv(2, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2), layout});
     cases.push_back({MakeConv(1, 2, 5, 6, 3, 2, 4, 3, 2, 0, 1), layout});    // odd strides
+    // Winograd's shapes (blocked layouts), and the same on the direct kernels.
+    cases.push_back({MakeConv(2, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout});  // fmnist conv2
+    cases.push_back({MakeConv(2, 16, 9, 13, 16, 5, 5, 1, 1, 2, 2), layout});   // partial tiles
+    cases.push_back(
+        {MakeConv(2, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout, CpuConvAlgorithm::kDirect});
   }
   return cases;
 }

@@ -1,0 +1,63 @@
+// Internal to kernels/cpu/: 5x5 "same" convolutions (stride 1, padding 2)
+// by Winograd's minimal filtering F(2x2, 5x5) on oneDNN's channel-blocked
+// activation layout (nChw8c or nChw16c: blocks of `lanes` channels, each
+// pixel's block contiguous, the last block padded with zeros).
+//
+// Why: the direct convolutions of such a layer already run at the CPU's FMA
+// peak (docs/BENCHMARKS.md), so what is left is fewer multiplications.
+// Every 2x2 block of outputs is read from a 6x6 tile of the input as 36
+// products per channel pair instead of 100: 2.8x fewer multiply-adds, plus
+// the transforms of the inputs and outputs (about 30 % of the pass's time
+// at fmnist-cnn's conv2, 32 -> 64 channels, in perf on a Zen 4).
+// The interpolation points are 0, +-1, +-2 and infinity, those of the
+// F(4x4, 3x3) that cuDNN and oneDNN use, so the rounding stays close to the
+// direct convolution's (WinogradTest bounds it).
+//
+// The same routine runs the backward-data pass, which is a convolution of
+// dy with the filters turned 180 degrees and their input and output
+// channels swapped (WinogradFilters' `for_backward_data`).
+//
+// Each output element is computed by one thread in one fixed order, for
+// any thread count and either lane width: results repeat bit for bit, and
+// two plans that hold the same values in different block widths agree.
+#ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_H_
+#define PSTRAIN_KERNELS_CPU_WINOGRAD_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace pstrain::cpu_internal {
+
+// Whether the routines below handle `c`: fp32, 5x5 filters, stride 1,
+// padding 2 on both axes, and input channels and filters multiples of 16
+// (a pass reads its input 8 channels at a time and writes its output 16 at
+// a time, and backward data swaps the two roles; no block is padded).
+bool WinogradApplies(const Conv2dConfig& c);
+
+// The filters in the Winograd domain: U[36][in][out], `out` contiguous.
+// Forward: in = c.c, out = c.filters, from w [filters, c, 5, 5].
+// Backward data: in = c.filters, out = c.c, from the same w, each filter
+// turned 180 degrees.
+void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data,
+                     std::vector<float>* u);
+
+// One convolution in the Winograd domain.
+struct WinogradShape {
+  int64_t n = 0;
+  int in_channels = 0, out_channels = 0;  // As WinogradFilters made U for.
+  int h = 0, w = 0;                       // Input and output spatial size.
+  int in_lanes = 16, out_lanes = 16;      // Channels per block: 8 or 16.
+  int num_threads = 1;
+};
+
+// out[n, o, y, x] = sum_{i, r, s} x[n, i, y + r - 2, x + s - 2] * filter[o, i, r, s]
+// (+ bias[o] unless nullptr), in and out in their blocked layouts; out's
+// padded channels are left as they were.
+void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<float>& u,
+                     const float* bias, float* out);
+
+}  // namespace pstrain::cpu_internal
+
+#endif  // PSTRAIN_KERNELS_CPU_WINOGRAD_H_
