@@ -59,7 +59,7 @@ enum class CpuGemmChoice {
 
 // Which algorithm computes the convolutions' passes.
 enum class CpuConvAlgorithm {
-  // Winograd's F(2x2, 5x5) (kernels/cpu/winograd.h) for the forward and
+  // Winograd's F(4x4, 5x5) (kernels/cpu/winograd.h) for the forward and
   // backward-data passes of 5x5 stride-1 "same" convolutions whose channel
   // counts are multiples of 16, in the blocked layouts; oneDNN's direct
   // kernels for the rest and for every weight gradient. Measured with

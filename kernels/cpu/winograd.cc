@@ -1,16 +1,16 @@
-// winograd.h's F(2x2, 5x5) in AVX2 intrinsics (kernels/ builds for
+// winograd.h's F(4x4, 5x5) in AVX2 intrinsics (kernels/ builds for
 // x86-64-v3): 8 channels per register, a 16-channel block as two.
 //
-// A convolution runs over blocks of kTileBlock output tiles (2x2 outputs
+// A convolution runs over blocks of kTileBlock output tiles (4x4 outputs
 // each), one block per thread at a time, in three steps that stay in the
 // core's cache:
-//  1. input transform: each tile's 6x6 input patch, 8 channels at a time,
-//     becomes V[tile][p][in] = (B^T d B)[p] for the 36 points p;
-//  2. 36 small matrix products M[.][p] = V[.][p] x U[p] ([tiles x in] x
+//  1. input transform: each tile's 8x8 input patch, 8 channels at a time,
+//     becomes V[tile][p][in] = (B^T d B)[p] for the 64 points p;
+//  2. 64 small matrix products M[.][p] = V[.][p] x U[p] ([tiles x in] x
 //     [in x out]), in registers kTileRows tiles by 16 output channels
 //     (M[tile][p][out]; a tile's values lie together for steps 1 and 3);
 //  3. output transform: Y = A^T M A (plus the bias) for each tile and 8
-//     output channels, written to the 2x2 outputs inside the image.
+//     output channels, written to the outputs inside the image.
 #include "kernels/cpu/winograd.h"
 
 #include <immintrin.h>
@@ -24,50 +24,71 @@
 namespace pstrain::cpu_internal {
 namespace {
 
-constexpr int kAlpha = 6;                  // Input tile side: 2 + 5 - 1.
+constexpr int kM = 4;                      // Output tile side.
+constexpr int kAlpha = kM + 4;             // Input tile side: m + 5 - 1.
 constexpr int kPoints = kAlpha * kAlpha;   // Products per tile and channel pair.
 constexpr int kTileRows = 6;               // Tiles per register block of step 2.
 constexpr int kTileBlock = 2 * kTileRows;  // Tiles per block of the three steps.
 
-// G (6x5) of F(2, 5) with points 0, 1, -1, 2, -2 and infinity, scaled so
-// that B^T holds small integers. U = G g G^T is computed in double and
-// rounded to float once per value.
+// F(4, 5) with the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (those
+// of the F(6x6, 3x3) that NNPACK runs in fp32), derived as the transpose of
+// polynomial multiplication evaluated there: A^T the Vandermonde matrix of
+// the output, G that of the filter, B^T the inverse of the tile's, each row
+// of B^T scaled to integers and G by the inverse. U = G g G^T is computed in
+// double and rounded to float once per value.
 constexpr double kG[kAlpha][5] = {
-    {1.0 / 4, 0, 0, 0, 0},
-    {1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6},
-    {1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6},
-    {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
-    {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
-    {0, 0, 0, 0, 1},
+    {0.25, 0.0, 0.0, 0.0, 0.0},
+    {1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0},
+    {1.0 / 18.0, -1.0 / 18.0, 1.0 / 18.0, -1.0 / 18.0, 1.0 / 18.0},
+    {1.0 / 360.0, 1.0 / 180.0, 1.0 / 90.0, 1.0 / 45.0, 2.0 / 45.0},
+    {1.0 / 360.0, -1.0 / 180.0, 1.0 / 90.0, -1.0 / 45.0, 2.0 / 45.0},
+    {1.0 / 45.0, 1.0 / 90.0, 1.0 / 180.0, 1.0 / 360.0, 1.0 / 720.0},
+    {1.0 / 45.0, -1.0 / 90.0, 1.0 / 180.0, -1.0 / 360.0, 1.0 / 720.0},
+    {0.0, 0.0, 0.0, 0.0, 0.25},
+};
+constexpr float kBT[kAlpha][kAlpha] = {
+    {4.0, 0.0, -21.0, 0.0, 21.0, 0.0, -4.0, 0.0},
+    {0.0, -4.0, -4.0, 17.0, 17.0, -4.0, -4.0, 0.0},
+    {0.0, 4.0, -4.0, -17.0, 17.0, 4.0, -4.0, 0.0},
+    {0.0, 2.0, 1.0, -10.0, -5.0, 8.0, 4.0, 0.0},
+    {0.0, -2.0, 1.0, 10.0, -5.0, -8.0, 4.0, 0.0},
+    {0.0, 64.0, 128.0, -80.0, -160.0, 16.0, 32.0, 0.0},
+    {0.0, -64.0, 128.0, 80.0, -160.0, -16.0, 32.0, 0.0},
+    {0.0, -4.0, 0.0, 21.0, 0.0, -21.0, 0.0, 4.0},
+};
+constexpr float kAT[kM][kAlpha] = {
+    {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0},
+    {0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 0.0},
+    {0.0, 1.0, 1.0, 4.0, 4.0, 0.25, 0.25, 0.0},
+    {0.0, 1.0, -1.0, 8.0, -8.0, 0.125, -0.125, 1.0},
 };
 
-// t = B^T d for six vectors, B^T being
-//   { 4,  0, -5,  0, 1, 0 }
-//   { 0,  4,  4, -1, -1, 0 }
-//   { 0, -4,  4,  1, -1, 0 }
-//   { 0, -2, -1,  2, 1, 0 }
-//   { 0,  2, -1, -2, 1, 0 }
-//   { 0,  4,  0, -5, 0, 1 }
-inline void InputTransform6(const __m256 d0, const __m256 d1, const __m256 d2, const __m256 d3,
-                            const __m256 d4, const __m256 d5, __m256* t) {
-  const __m256 two = _mm256_set1_ps(2.f), four = _mm256_set1_ps(4.f), five = _mm256_set1_ps(5.f);
-  t[0] = _mm256_fmadd_ps(four, d0, _mm256_fnmadd_ps(five, d2, d4));
-  t[1] = _mm256_fmsub_ps(four, _mm256_add_ps(d1, d2), _mm256_add_ps(d3, d4));
-  t[2] = _mm256_fmadd_ps(four, _mm256_sub_ps(d2, d1), _mm256_sub_ps(d3, d4));
-  const __m256 d42 = _mm256_sub_ps(d4, d2);
-  t[3] = _mm256_fmadd_ps(two, _mm256_sub_ps(d3, d1), d42);
-  t[4] = _mm256_fmadd_ps(two, _mm256_sub_ps(d1, d3), d42);
-  t[5] = _mm256_fmadd_ps(four, d1, _mm256_fnmadd_ps(five, d3, d5));
-}
-
-// y = A^T m for six vectors, A^T being
-//   { 1, 1,  1, 1,  1, 0 }
-//   { 0, 1, -1, 2, -2, 1 }
-inline void OutputTransform6(const __m256* m, __m256* y0, __m256* y1) {
-  const __m256 two = _mm256_set1_ps(2.f);
-  *y0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(m[0], m[1]), _mm256_add_ps(m[2], m[3])), m[4]);
-  *y1 = _mm256_add_ps(_mm256_fmadd_ps(two, _mm256_sub_ps(m[3], m[4]), _mm256_sub_ps(m[1], m[2])),
-                      m[5]);
+// y = m x for vectors, m a compile-time table: once the loops are unrolled,
+// zero coefficients cost nothing and ones are additions.
+template <int R, int C>
+inline __attribute__((always_inline)) void Apply(const float (&m)[R][C], const __m256* x,
+                                                 __m256* y) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    __m256 acc = _mm256_setzero_ps();
+    bool first = true;
+#pragma GCC unroll 8
+    for (int k = 0; k < C; ++k) {
+      const float c = m[i][k];
+      if (c == 0.f) continue;
+      if (first) {
+        acc = c == 1.f ? x[k] : _mm256_mul_ps(_mm256_set1_ps(c), x[k]);
+        first = false;
+      } else if (c == 1.f) {
+        acc = _mm256_add_ps(acc, x[k]);
+      } else if (c == -1.f) {
+        acc = _mm256_sub_ps(acc, x[k]);
+      } else {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(c), x[k], acc);
+      }
+    }
+    y[i] = acc;
+  }
 }
 
 struct Geometry {
@@ -78,8 +99,8 @@ struct Geometry {
 
 Geometry GeometryOf(const WinogradShape& s) {
   Geometry g;
-  g.tiles_h = (s.h + 1) / 2;
-  g.tiles_w = (s.w + 1) / 2;
+  g.tiles_h = (s.h + kM - 1) / kM;
+  g.tiles_w = (s.w + kM - 1) / kM;
   g.tiles = s.n * g.tiles_h * g.tiles_w;
   g.in_blocks = (s.in_channels + s.in_lanes - 1) / s.in_lanes;
   g.out_blocks = (s.out_channels + s.out_lanes - 1) / s.out_lanes;
@@ -103,7 +124,7 @@ void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in,
     const int tx = static_cast<int>(tile % g.tiles_w);
     const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
     const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
-    const int y0 = 2 * ty - 2, x0 = 2 * tx - 2;
+    const int y0 = kM * ty - 2, x0 = kM * tx - 2;
     for (int c = 0; c < cin; c += 8) {
       const float* plane =
           in + ((image * g.in_blocks + c / s.in_lanes) * s.h) * int64_t{s.w} * s.in_lanes +
@@ -118,17 +139,18 @@ void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in,
                         : zero;
         }
       }
-      __m256 cols[kAlpha][kAlpha];  // cols[i][j] = (B^T d)[i][j].
+      __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
       for (int j = 0; j < kAlpha; ++j) {
-        __m256 t6[kAlpha];
-        InputTransform6(d[0][j], d[1][j], d[2][j], d[3][j], d[4][j], d[5][j], t6);
-        for (int i = 0; i < kAlpha; ++i) cols[i][j] = t6[i];
+        __m256 col[kAlpha];
+        for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
+        Apply(kBT, col, cols[j]);
       }
       for (int i = 0; i < kAlpha; ++i) {
-        __m256 t6[kAlpha];
-        InputTransform6(cols[i][0], cols[i][1], cols[i][2], cols[i][3], cols[i][4], cols[i][5], t6);
+        __m256 row[kAlpha], t8[kAlpha];
+        for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
+        Apply(kBT, row, t8);
         for (int j = 0; j < kAlpha; ++j) {
-          _mm256_storeu_ps(vt + (i * kAlpha + j) * point_stride + c, t6[j]);
+          _mm256_storeu_ps(vt + (i * kAlpha + j) * point_stride + c, t8[j]);
         }
       }
     }
@@ -182,29 +204,30 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
     const int tx = static_cast<int>(tile % g.tiles_w);
     const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
     const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
-    const bool full_h = 2 * ty + 1 < s.h, full_w = 2 * tx + 1 < s.w;
     const float* mt = m + int64_t{t} * kPoints * cout;
     for (int o = 0; o < cout; o += 8) {
-      __m256 rows[2][kAlpha];  // rows[a][j] = (A^T M)[a][j].
+      __m256 rows[kM][kAlpha];  // rows[a][j] = (A^T M)[a][j].
       for (int j = 0; j < kAlpha; ++j) {
-        __m256 col[kAlpha];
+        __m256 col[kAlpha], r4[kM];
         for (int i = 0; i < kAlpha; ++i) {
           col[i] = _mm256_loadu_ps(mt + (i * kAlpha + j) * point_stride + o);
         }
-        OutputTransform6(col, &rows[0][j], &rows[1][j]);
+        Apply(kAT, col, r4);
+        for (int a = 0; a < kM; ++a) rows[a][j] = r4[a];
       }
       const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
       float* plane = out +
                      ((image * g.out_blocks + o / s.out_lanes) * s.h) * int64_t{s.w} * s.out_lanes +
                      o % s.out_lanes;
-      for (int a = 0; a < 2; ++a) {
-        if (a == 1 && !full_h) break;
-        __m256 y0, y1;
-        OutputTransform6(rows[a], &y0, &y1);
-        float* row = plane + (int64_t{2 * ty + a} * s.w + 2 * tx) * s.out_lanes;
-        _mm256_storeu_ps(row, bias != nullptr ? _mm256_add_ps(y0, b) : y0);
-        if (full_w) {
-          _mm256_storeu_ps(row + s.out_lanes, bias != nullptr ? _mm256_add_ps(y1, b) : y1);
+      for (int a = 0; a < kM; ++a) {
+        const int y = kM * ty + a;
+        if (y >= s.h) break;
+        __m256 yv[kM];
+        Apply(kAT, rows[a], yv);
+        float* row = plane + (int64_t{y} * s.w + kM * tx) * s.out_lanes;
+        for (int q = 0; q < kM && kM * tx + q < s.w; ++q) {
+          _mm256_storeu_ps(row + q * s.out_lanes,
+                           bias != nullptr ? _mm256_add_ps(yv[q], b) : yv[q]);
         }
       }
     }
