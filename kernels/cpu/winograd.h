@@ -55,9 +55,9 @@ struct WinogradShape {
   int num_threads = 1;
 };
 
-// out[n, o, y, x] = sum_{i, r, s} x[n, i, y + r - 2, x + s - 2] * filter[o, i, r, s]
-// (+ bias[o] unless nullptr), in and out in their blocked layouts; out's
-// padded channels are left as they were.
+// out[n, o, y, x] = sum_{i, r, s} in[n, i, y + r - 2, x + s - 2] * filter[o, i, r, s]
+// (+ bias[o] unless nullptr), in and out in their blocked layouts (inputs
+// outside the image count as zeros).
 void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<float>& u,
                      const float* bias, float* out);
 
