@@ -13,27 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/blocked_layout.h"
 #include "tests/testing/kernel_configs.h"
 
 namespace pstrain::cpu_internal {
 namespace {
 
-// NCHW into the blocked layout: [n][c / lanes][h][w][lanes], padded
-// channels zero.
-std::vector<float> ToBlocked(const std::vector<float>& nchw, int64_t n, int c, int h, int w,
-                             int lanes) {
-  const int blocks = (c + lanes - 1) / lanes;
-  std::vector<float> out(static_cast<size_t>(n * blocks * h * w * lanes), 0.f);
-  for (int64_t s = 0; s < n; ++s) {
-    for (int ch = 0; ch < c; ++ch) {
-      for (int i = 0; i < h * w; ++i) {
-        out[static_cast<size_t>(((s * blocks + ch / lanes) * h * w + i) * lanes + ch % lanes)] =
-            nchw[static_cast<size_t>((s * c + ch) * h * w + i)];
-      }
-    }
-  }
-  return out;
-}
+using ::pstrain::testing::ToBlocked;
 
 std::vector<float> Coarse(size_t count, uint32_t seed) {
   // Halves in [-3, 3]: many ties within a window, and windows whose maximum

@@ -13,43 +13,15 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/blocked_layout.h"
 #include "tests/testing/kernel_configs.h"
 
 namespace pstrain::cpu_internal {
 namespace {
 
+using ::pstrain::testing::FromBlocked;
 using ::pstrain::testing::MakeConv;
-
-// NCHW <-> the blocked layout [n][c / lanes][h][w][lanes].
-std::vector<float> ToBlocked(const std::vector<float>& nchw, int64_t n, int c, int h, int w,
-                             int lanes) {
-  const int blocks = (c + lanes - 1) / lanes;
-  std::vector<float> out(static_cast<size_t>(n * blocks * h * w * lanes), 0.f);
-  for (int64_t s = 0; s < n; ++s) {
-    for (int ch = 0; ch < c; ++ch) {
-      for (int i = 0; i < h * w; ++i) {
-        out[static_cast<size_t>(((s * blocks + ch / lanes) * h * w + i) * lanes + ch % lanes)] =
-            nchw[static_cast<size_t>((s * c + ch) * h * w + i)];
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<float> FromBlocked(const std::vector<float>& blocked, int64_t n, int c, int h, int w,
-                               int lanes) {
-  const int blocks = (c + lanes - 1) / lanes;
-  std::vector<float> out(static_cast<size_t>(n * c * h * w));
-  for (int64_t s = 0; s < n; ++s) {
-    for (int ch = 0; ch < c; ++ch) {
-      for (int i = 0; i < h * w; ++i) {
-        out[static_cast<size_t>((s * c + ch) * h * w + i)] = blocked[static_cast<size_t>(
-            ((s * blocks + ch / lanes) * h * w + i) * lanes + ch % lanes)];
-      }
-    }
-  }
-  return out;
-}
+using ::pstrain::testing::ToBlocked;
 
 std::vector<float> Random(size_t count, uint32_t seed, float scale) {
   std::mt19937 gen(seed);
