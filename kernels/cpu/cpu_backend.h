@@ -61,10 +61,12 @@ enum class CpuGemmChoice {
 enum class CpuConvAlgorithm {
   // Winograd's F(4x4, 5x5) (kernels/cpu/winograd.h) for the forward and
   // backward-data passes of 5x5 stride-1 "same" convolutions whose channel
-  // counts are multiples of 16, in the blocked layouts; oneDNN's direct
-  // kernels for the rest and for every weight gradient. Measured with
-  // bench/cpu_ops_bench (docs/BENCHMARKS.md). Results differ from the direct
-  // kernels' in the last bits (WinogradTest bounds by how much).
+  // counts are multiples of 16, in the blocked layouts, where it was
+  // measured faster (winograd.h's WinogradApplies: up to 256 x 256
+  // channels, from 2^26 multiply-adds; bench/cpu_ops_bench and
+  // bench/conv_algorithm_bench, docs/BENCHMARKS.md); oneDNN's direct
+  // kernels for the rest and for every weight gradient. Results differ from
+  // the direct kernels' in the last bits (WinogradTest bounds by how much).
   kAuto,
   // oneDNN's kernels for every pass (direct in the blocked layouts, im2col
   // + GEMM in kPlain).

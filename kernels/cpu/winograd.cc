@@ -29,6 +29,15 @@ constexpr int kAlpha = kM + 4;             // Input tile side: m + 5 - 1.
 constexpr int kPoints = kAlpha * kAlpha;   // Products per tile and channel pair.
 constexpr int kTileRows = 6;               // Tiles per register block of step 2.
 constexpr int kTileBlock = 2 * kTileRows;  // Tiles per block of the three steps.
+// Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
+// while U stays in the caches. Measured (docs/BENCHMARKS.md): 1.5-3x the
+// direct kernels up to 256 -> 256 channels (U 16 MiB), 0.45-0.5x at
+// 512 -> 512 (64 MiB), which keeps oneDNN's.
+constexpr int64_t kMaxChannelProduct = 256 * 256;
+// Below about this many multiply-adds of the direct convolution (some 0.5 ms
+// of it on two cores), the filter transform and the thread team cost more
+// than Winograd saves: measured 0.45-0.8x up to 40 M, 1.1-2.3x from 80 M.
+constexpr double kMinDirectMultiplyAdds = double{int64_t{1} << 26};
 
 // F(4, 5) with the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (those
 // of the F(6x6, 3x3) that NNPACK runs in fp32), derived as the transpose of
@@ -236,10 +245,15 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
 
 }  // namespace
 
-bool WinogradApplies(const Conv2dConfig& c) {
+bool WinogradSupports(const Conv2dConfig& c) {
   return c.dtype == DataType::kF32 && c.kernel_h == 5 && c.kernel_w == 5 && c.stride_h == 1 &&
          c.stride_w == 1 && c.pad_h == 2 && c.pad_w == 2 && c.c > 0 && c.c % 16 == 0 &&
          c.filters > 0 && c.filters % 16 == 0 && c.h > 0 && c.w > 0 && c.n > 0;
+}
+
+bool WinogradApplies(const Conv2dConfig& c) {
+  return WinogradSupports(c) && int64_t{c.c} * c.filters <= kMaxChannelProduct &&
+         25.0 * c.n * c.h * c.w * c.c * c.filters >= kMinDirectMultiplyAdds;
 }
 
 void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data,

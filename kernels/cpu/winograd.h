@@ -34,9 +34,16 @@
 namespace pstrain::cpu_internal {
 
 // Whether the routines below handle `c`: fp32, 5x5 filters, stride 1,
-// padding 2 on both axes, and input channels and filters multiples of 16
-// (a pass reads its input 8 channels at a time and writes its output 16 at
-// a time, and backward data swaps the two roles; no block is padded).
+// padding 2 on both axes, input channels and filters multiples of 16 (a
+// pass reads its input 8 channels at a time and writes its output 16 at a
+// time, and backward data swaps the two roles; no block is padded).
+bool WinogradSupports(const Conv2dConfig& c);
+
+// Whether the CPU plans use them for `c`: WinogradSupports, and where they
+// are faster than the direct kernels: channels whose product is at most
+// 256 x 256 (beyond, the transformed filters no longer stay in cache), and
+// at least 2^26 multiply-adds of the direct convolution (below, the fixed
+// costs outweigh the savings). Measured: docs/BENCHMARKS.md.
 bool WinogradApplies(const Conv2dConfig& c);
 
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.

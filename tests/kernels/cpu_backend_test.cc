@@ -406,11 +406,12 @@ std::vector<ConvCase> ConvCases() {
     cases.push_back({MakeConv(3, 4, 8, 8, 5, 3, 3, 2, 2, 1, 1), layout});    // stride 2
     cases.push_back({MakeConv(2, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2), layout});
     cases.push_back({MakeConv(1, 2, 5, 6, 3, 2, 4, 3, 2, 0, 1), layout});    // odd strides
-    // Winograd's shapes (blocked layouts), and the same on the direct kernels.
-    cases.push_back({MakeConv(2, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout});  // fmnist conv2
-    cases.push_back({MakeConv(2, 16, 9, 13, 16, 5, 5, 1, 1, 2, 2), layout});   // partial tiles
+    // Shapes the blocked plans run with Winograd (winograd.h's
+    // WinogradApplies), and the same on the direct kernels.
+    cases.push_back({MakeConv(8, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout});  // fmnist conv2
+    cases.push_back({MakeConv(16, 32, 13, 9, 64, 5, 5, 1, 1, 2, 2), layout});  // partial tiles
     cases.push_back(
-        {MakeConv(2, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout, CpuConvAlgorithm::kDirect});
+        {MakeConv(8, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), layout, CpuConvAlgorithm::kDirect});
   }
   return cases;
 }
@@ -430,7 +431,7 @@ TEST_F(CpuBackendTest, ConvReluPoolPlanGivesTheBitsOfTheThreeOps) {
   // convolution's output; a padded pool runs on oneDNN's.
   const Case cases[] = {
       {MakeConv(4, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2), true, 2},   // fmnist conv1 block
-      {MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), true, 2},  // fmnist conv2 block
+      {MakeConv(8, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), true, 2},  // fmnist conv2 (Winograd)
       {MakeConv(2, 3, 9, 9, 5, 3, 3, 1, 1, 1, 1), false, 3},     // no bias, 3x3 windows
       {MakeConv(2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1), true, 2, 1},   // a padded pool
   };

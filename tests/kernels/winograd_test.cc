@@ -108,7 +108,7 @@ TEST(WinogradTest, BothPassesMatchTheConvolutionInDouble) {
   };
   for (const Case& k : cases) {
     const Conv2dConfig& c = k.conv;
-    ASSERT_TRUE(WinogradApplies(c));
+    ASSERT_TRUE(WinogradSupports(c));
     const std::vector<float> w = Random(static_cast<size_t>(c.filters) * c.c * 25, 1, 0.1f);
     const std::vector<float> bias = Random(static_cast<size_t>(c.filters), 2, 1.f);
     for (const bool backward_data : {false, true}) {
@@ -190,17 +190,27 @@ TEST(WinogradTest, ANonFiniteInputReachesTheOutputsOfItsTiles) {
   }
 }
 
-TEST(WinogradTest, AppliesOnlyToFiveByFiveSameConvolutionsOfBlockedChannels) {
-  EXPECT_TRUE(WinogradApplies(MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2)));
-  EXPECT_FALSE(WinogradApplies(MakeConv(64, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2)));  // 1 channel
-  EXPECT_FALSE(WinogradApplies(MakeConv(4, 24, 14, 14, 32, 5, 5, 1, 1, 2, 2)));  // 24 in
-  EXPECT_FALSE(WinogradApplies(MakeConv(4, 32, 14, 14, 40, 5, 5, 1, 1, 2, 2)));  // 40 out
-  EXPECT_FALSE(WinogradApplies(MakeConv(4, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1)));  // 3x3
-  EXPECT_FALSE(WinogradApplies(MakeConv(4, 32, 14, 14, 64, 5, 5, 2, 2, 2, 2)));  // stride 2
-  EXPECT_FALSE(WinogradApplies(MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 0, 0)));  // valid
-  Conv2dConfig half = MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2);
+TEST(WinogradTest, SupportsOnlyFiveByFiveSameConvolutionsOfBlockedChannels) {
+  EXPECT_TRUE(WinogradSupports(MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2)));
+  EXPECT_TRUE(WinogradSupports(MakeConv(1, 16, 1, 1, 16, 5, 5, 1, 1, 2, 2)));
+  EXPECT_FALSE(WinogradSupports(MakeConv(64, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2)));  // 1 channel
+  EXPECT_FALSE(WinogradSupports(MakeConv(4, 24, 14, 14, 32, 5, 5, 1, 1, 2, 2)));  // 24 in
+  EXPECT_FALSE(WinogradSupports(MakeConv(4, 32, 14, 14, 40, 5, 5, 1, 1, 2, 2)));  // 40 out
+  EXPECT_FALSE(WinogradSupports(MakeConv(4, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1)));  // 3x3
+  EXPECT_FALSE(WinogradSupports(MakeConv(4, 32, 14, 14, 64, 5, 5, 2, 2, 2, 2)));  // stride 2
+  EXPECT_FALSE(WinogradSupports(MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 0, 0)));  // valid
+  Conv2dConfig half = MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2);
   half.dtype = DataType::kF16;
-  EXPECT_FALSE(WinogradApplies(half));
+  EXPECT_FALSE(WinogradSupports(half));
+}
+
+TEST(WinogradTest, ThePlansUseItWhereItWasMeasuredFaster) {
+  EXPECT_TRUE(WinogradApplies(MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2)));  // fmnist conv2
+  EXPECT_TRUE(WinogradApplies(MakeConv(8, 64, 14, 14, 64, 5, 5, 1, 1, 2, 2)));   // 128 M
+  EXPECT_TRUE(WinogradApplies(MakeConv(4, 256, 8, 8, 256, 5, 5, 1, 1, 2, 2)));   // U 16 MiB
+  EXPECT_FALSE(WinogradApplies(MakeConv(2, 64, 14, 14, 64, 5, 5, 1, 1, 2, 2)));  // 40 M: small
+  EXPECT_FALSE(WinogradApplies(MakeConv(4, 512, 8, 8, 256, 5, 5, 1, 1, 2, 2)));  // U 32 MiB
+  EXPECT_FALSE(WinogradApplies(MakeConv(64, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2)));  // unsupported
 }
 
 }  // namespace
