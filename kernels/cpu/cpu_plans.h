@@ -48,10 +48,10 @@ absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
     const BatchNormConfig& config, int num_threads);
 
 // A convolution pass (forward or backward data) by winograd.h between
-// oneDNN memories in channel-blocked layouts, where CpuConvAlgorithm allows it; the plans fall
-// back to their oneDNN primitive when it is not enabled. Both convolution
-// plans decide the same way for the same shape, so that the fused and the
-// layer-by-layer paths keep giving the same bits.
+// oneDNN memories in channel-blocked layouts, where CpuConvAlgorithm allows
+// it; the plans fall back to their oneDNN primitive when it is not
+// enabled. Both convolution plans decide the same way for the same shape,
+// so that the fused and the layer-by-layer paths keep giving the same bits.
 class WinogradPass {
  public:
   enum class Role { kForward, kBackwardData };
