@@ -38,6 +38,9 @@ constexpr int64_t kMaxChannelProduct = 256 * 256;
 // of it on two cores), the filter transform and the thread team cost more
 // than Winograd saves: measured 0.45-0.8x up to 40 M, 1.1-2.3x from 80 M.
 constexpr double kMinDirectMultiplyAdds = double{int64_t{1} << 26};
+// The weight gradient's sums: 64 x c x filters floats in each of its
+// kMaxGradSegments parts at most (8 MiB in all at 64 x 64 channels).
+constexpr int64_t kMaxWeightGradChannelProduct = 64 * 64;
 
 // F(4, 5) with the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (those
 // of the F(6x6, 3x3) that NNPACK runs in fp32), derived as the transpose of
@@ -243,6 +246,152 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
   }
 }
 
+// ---------------------------------------------------------------------------
+// Weight gradient: dW = G^T [sum over tiles (A dy A^T) . (B^T d B)] G, the
+// transpose of the forward's bilinear algorithm (the gradient of
+// sum(dy * A^T [(G g) . (B^T d B)] A) with respect to g). The tiles are cut
+// into segments (as many as the shape says), each summed by one thread into
+// sums of its own, kGradChunk tiles at a time: transformed to the 64 points,
+// then their products added point by point. The segments' sums are then
+// added in segment order: one order per value whatever the thread count,
+// and no barrier between the threads until the end.
+// ---------------------------------------------------------------------------
+
+// Tiles transformed per step: 12 ran faster than 24 or 32 (the transforms
+// and the sums they add to share the core's L2; fmnist-cnn's conv2, Zen 4).
+constexpr int kGradChunk = 12;
+// Segments: up to kMaxGradSegments, each of at least kMinGradSegmentTiles
+// tiles, so that a segment's products outweigh writing and adding its sums.
+// Their number depends on the shape only, never on the thread count.
+constexpr int kMaxGradSegments = 8;
+constexpr int64_t kMinGradSegmentTiles = 64;
+
+// kA[i][a] = kAT[a][i]: A, 8 x 4.
+constexpr float kA[kAlpha][kM] = {
+    {1.0, 0.0, 0.0, 0.0},      {1.0, 1.0, 1.0, 1.0},   {1.0, -1.0, 1.0, -1.0},
+    {1.0, 2.0, 4.0, 8.0},      {1.0, -2.0, 4.0, -8.0}, {1.0, 0.5, 0.25, 0.125},
+    {1.0, -0.5, 0.25, -0.125}, {0.0, 0.0, 0.0, 1.0},
+};
+
+// B^T d B of tile `tile` of x (blocked, s.in_lanes) into vx[p][t][c] (rows of
+// kGradChunk tiles), 8 channels at a time.
+void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* x, int64_t tile,
+                        int t, float* vx) {
+  const int cin = s.in_channels;
+  const __m256 zero = _mm256_setzero_ps();
+  const int tx = static_cast<int>(tile % g.tiles_w);
+  const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
+  const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
+  const int y0 = kM * ty - 2, x0 = kM * tx - 2;
+  for (int c = 0; c < cin; c += 8) {
+    const float* plane =
+        x + ((image * g.in_blocks + c / s.in_lanes) * s.h) * int64_t{s.w} * s.in_lanes +
+        c % s.in_lanes;
+    __m256 d[kAlpha][kAlpha];
+    for (int i = 0; i < kAlpha; ++i) {
+      const int y = y0 + i;
+      for (int j = 0; j < kAlpha; ++j) {
+        const int xx = x0 + j;
+        d[i][j] = (y >= 0 && y < s.h && xx >= 0 && xx < s.w)
+                      ? _mm256_loadu_ps(plane + (int64_t{y} * s.w + xx) * s.in_lanes)
+                      : zero;
+      }
+    }
+    __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
+    for (int j = 0; j < kAlpha; ++j) {
+      __m256 col[kAlpha];
+      for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
+      Apply(kBT, col, cols[j]);
+    }
+    for (int i = 0; i < kAlpha; ++i) {
+      __m256 row[kAlpha], v[kAlpha];
+      for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
+      Apply(kBT, row, v);
+      for (int j = 0; j < kAlpha; ++j) {
+        _mm256_storeu_ps(vx + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cin + c, v[j]);
+      }
+    }
+  }
+}
+
+// A dy A^T of the same tile of dy (blocked, s.out_lanes) into vdy[p][t][k];
+// outputs outside the image count as zeros.
+void TransformGradientTile(const WinogradShape& s, const Geometry& g, const float* dy, int64_t tile,
+                           int t, float* vdy) {
+  const int cout = s.out_channels;
+  const __m256 zero = _mm256_setzero_ps();
+  const int tx = static_cast<int>(tile % g.tiles_w);
+  const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
+  const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
+  for (int o = 0; o < cout; o += 8) {
+    const float* plane =
+        dy + ((image * g.out_blocks + o / s.out_lanes) * s.h) * int64_t{s.w} * s.out_lanes +
+        o % s.out_lanes;
+    __m256 cols[kM][kAlpha];  // cols[b][i] = (A dy)[i][b].
+    for (int b = 0; b < kM; ++b) {
+      const int xx = kM * tx + b;
+      __m256 col[kM];
+      for (int a = 0; a < kM; ++a) {
+        const int yy = kM * ty + a;
+        col[a] = (yy < s.h && xx < s.w)
+                     ? _mm256_loadu_ps(plane + (int64_t{yy} * s.w + xx) * s.out_lanes)
+                     : zero;
+      }
+      Apply(kA, col, cols[b]);
+    }
+    for (int i = 0; i < kAlpha; ++i) {
+      __m256 row[kM], v[kAlpha];
+      for (int b = 0; b < kM; ++b) row[b] = cols[b][i];
+      Apply(kA, row, v);
+      for (int j = 0; j < kAlpha; ++j) {
+        _mm256_storeu_ps(vdy + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cout + o, v[j]);
+      }
+    }
+  }
+}
+
+// m[k][c] += sum_{t < count} vdy[t][k] * vx[t][c] for filters [k0, k0 +
+// Rows), all channels, in t order (m = that sum when `fresh`): Rows filters
+// by 16 channels in registers.
+template <int Rows>
+inline __attribute__((always_inline)) void AccumulateRows(int cin, int cout, int k0, int count,
+                                                          const float* vx, const float* vdy,
+                                                          bool fresh, float* m) {
+  for (int c = 0; c < cin; c += 16) {
+    __m256 acc[Rows][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < Rows; ++r) {
+      acc[r][0] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(m + int64_t{k0 + r} * cin + c);
+      acc[r][1] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(m + int64_t{k0 + r} * cin + c + 8);
+    }
+    for (int t = 0; t < count; ++t) {
+      const __m256 x0 = _mm256_loadu_ps(vx + int64_t{t} * cin + c);
+      const __m256 x1 = _mm256_loadu_ps(vx + int64_t{t} * cin + c + 8);
+#pragma GCC unroll 6
+      for (int r = 0; r < Rows; ++r) {
+        const __m256 d = _mm256_broadcast_ss(vdy + int64_t{t} * cout + k0 + r);
+        acc[r][0] = _mm256_fmadd_ps(d, x0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(d, x1, acc[r][1]);
+      }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < Rows; ++r) {
+      _mm256_storeu_ps(m + int64_t{k0 + r} * cin + c, acc[r][0]);
+      _mm256_storeu_ps(m + int64_t{k0 + r} * cin + c + 8, acc[r][1]);
+    }
+  }
+}
+
+// The same for one point and every filter (cout is even): six filters at a
+// time, then the last two or four.
+void AccumulatePoint(int cin, int cout, int count, const float* vx, const float* vdy, bool fresh,
+                     float* m) {
+  int k = 0;
+  for (; k + 6 <= cout; k += 6) AccumulateRows<6>(cin, cout, k, count, vx, vdy, fresh, m);
+  if (cout - k == 4) AccumulateRows<4>(cin, cout, k, count, vx, vdy, fresh, m);
+  if (cout - k == 2) AccumulateRows<2>(cin, cout, k, count, vx, vdy, fresh, m);
+}
+
 }  // namespace
 
 bool WinogradSupports(const Conv2dConfig& c) {
@@ -254,6 +403,10 @@ bool WinogradSupports(const Conv2dConfig& c) {
 bool WinogradApplies(const Conv2dConfig& c) {
   return WinogradSupports(c) && int64_t{c.c} * c.filters <= kMaxChannelProduct &&
          25.0 * c.n * c.h * c.w * c.c * c.filters >= kMinDirectMultiplyAdds;
+}
+
+bool WinogradWeightGradApplies(const Conv2dConfig& c) {
+  return WinogradApplies(c) && int64_t{c.c} * c.filters <= kMaxWeightGradChannelProduct;
 }
 
 void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data,
@@ -316,6 +469,121 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
       TransformInputs(s, g, in, first, count, v.data());
       MultiplyPoints(s, v.data(), up, m.data());
       TransformOutputs(s, g, m.data(), bias, first, count, out);
+    }
+  }
+}
+
+void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* dy, float* dw,
+                           float* dbias, std::vector<float>* scratch) {
+  const Geometry g = GeometryOf(s);
+  const int cin = s.in_channels, cout = s.out_channels;
+  // The tiles in a fixed number of segments, each summed by one thread
+  // into its own m[p][k][c] in tile order, chunk by chunk; then the segments'
+  // sums in segment order, into the first. So every value is summed in one
+  // order whatever the thread count, and the threads meet only at the end.
+  const int num_segments =
+      static_cast<int>(std::clamp<int64_t>(g.tiles / kMinGradSegmentTiles, 1, kMaxGradSegments));
+  const int64_t per_segment = (g.tiles + num_segments - 1) / num_segments;
+  const size_t m_size = static_cast<size_t>(kPoints) * cin * cout;
+  if (scratch->size() < m_size * num_segments) scratch->resize(m_size * num_segments);
+  float* const segments = scratch->data();
+  const float* const m = segments;  // The sum of the segments, once added.
+#pragma omp parallel num_threads(s.num_threads)
+  {
+    thread_local std::vector<float> vx, vdy;
+    vx.resize(static_cast<size_t>(kPoints) * kGradChunk * cin);
+    vdy.resize(static_cast<size_t>(kPoints) * kGradChunk * cout);
+#pragma omp for schedule(static)
+    for (int segment = 0; segment < num_segments; ++segment) {
+      float* ms = segments + m_size * segment;
+      const int64_t begin = std::min<int64_t>(g.tiles, segment * per_segment);
+      const int64_t end = std::min<int64_t>(g.tiles, (segment + 1) * per_segment);
+      if (begin == end) std::memset(ms, 0, sizeof(float) * m_size);  // No tile: zeros.
+      for (int64_t first = begin; first < end; first += kGradChunk) {
+        const int count = static_cast<int>(std::min<int64_t>(kGradChunk, end - first));
+        for (int t = 0; t < count; ++t) {
+          TransformInputTile(s, g, x, first + t, t, vx.data());
+          TransformGradientTile(s, g, dy, first + t, t, vdy.data());
+        }
+        for (int p = 0; p < kPoints; ++p) {
+          AccumulatePoint(cin, cout, count, vx.data() + static_cast<size_t>(p) * kGradChunk * cin,
+                          vdy.data() + static_cast<size_t>(p) * kGradChunk * cout,
+                          /*fresh=*/first == begin, ms + static_cast<size_t>(p) * cout * cin);
+        }
+      }
+    }
+#pragma omp for schedule(static)
+    for (int p = 0; p < kPoints; ++p) {
+      const size_t at = static_cast<size_t>(p) * cout * cin, size = static_cast<size_t>(cout) * cin;
+      float* out = segments + at;
+      for (int segment = 1; segment < num_segments; ++segment) {
+        const float* add = segments + m_size * segment + at;
+        for (size_t i = 0; i < size; ++i) out[i] += add[i];
+      }
+    }
+    // dW[k][c] = G^T M G, in double (one rounding per value), channels
+    // innermost so that the loops vectorise.
+    std::vector<double> mg(static_cast<size_t>(kAlpha) * 5 * cin);  // (M G)[i][q][c]
+    std::vector<double> out(static_cast<size_t>(25) * cin);         // dW[k][r][q][c]
+#pragma omp for schedule(static)
+    for (int k = 0; k < cout; ++k) {
+      std::fill(mg.begin(), mg.end(), 0.0);
+      for (int i = 0; i < kAlpha; ++i) {
+        for (int j = 0; j < kAlpha; ++j) {
+          const float* mk = m + ((static_cast<size_t>(i) * kAlpha + j) * cout + k) * cin;
+          for (int q = 0; q < 5; ++q) {
+            const double gjq = kG[j][q];
+            if (gjq == 0) continue;
+            double* row = mg.data() + (static_cast<size_t>(i) * 5 + q) * cin;
+            for (int c = 0; c < cin; ++c) row[c] += double{mk[c]} * gjq;
+          }
+        }
+      }
+      std::fill(out.begin(), out.end(), 0.0);
+      for (int r = 0; r < 5; ++r) {
+        for (int i = 0; i < kAlpha; ++i) {
+          const double gir = kG[i][r];
+          if (gir == 0) continue;
+          for (int q = 0; q < 5; ++q) {
+            const double* row = mg.data() + (static_cast<size_t>(i) * 5 + q) * cin;
+            double* o = out.data() + (static_cast<size_t>(r) * 5 + q) * cin;
+            for (int c = 0; c < cin; ++c) o[c] += gir * row[c];
+          }
+        }
+      }
+      float* dst = dw + static_cast<size_t>(k) * cin * 25;
+      for (int c = 0; c < cin; ++c) {
+        for (int rq = 0; rq < 25; ++rq) dst[c * 25 + rq] = static_cast<float>(out[rq * cin + c]);
+      }
+    }
+    if (dbias != nullptr) {
+      // Each filter's gradient over images, then pixels, in four partial
+      // sums (pixel index mod 4) added at the end: one fixed order.
+      const int64_t pixels = int64_t{s.h} * s.w;
+#pragma omp for schedule(static)
+      for (int k = 0; k < cout; k += 8) {
+        __m256 partial[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+        for (int64_t n = 0; n < s.n; ++n) {
+          const float* plane =
+              dy + ((n * g.out_blocks + k / s.out_lanes) * pixels) * s.out_lanes + k % s.out_lanes;
+          int64_t p = 0;
+          for (; p + 4 <= pixels; p += 4) {
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; ++u) {
+              partial[u] =
+                  _mm256_add_ps(partial[u], _mm256_loadu_ps(plane + (p + u) * s.out_lanes));
+            }
+          }
+          for (; p < pixels; ++p) {
+            partial[p % 4] =
+                _mm256_add_ps(partial[p % 4], _mm256_loadu_ps(plane + p * s.out_lanes));
+          }
+        }
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(partial[0], partial[1]),
+                                         _mm256_add_ps(partial[2], partial[3]));
+        _mm256_storeu_ps(dbias + k, sum);
+      }
     }
   }
 }

@@ -18,11 +18,15 @@
 //
 // The same routine runs the backward-data pass, which is a convolution of
 // dy with the filters turned 180 degrees and their input and output
-// channels swapped (WinogradFilters' `for_backward_data`).
+// channels swapped (WinogradFilters' `for_backward_data`). The weight
+// gradient runs the transpose of the same algorithm (WinogradWeightGrad5x5):
+// the 64 points' products of the transformed inputs and output gradients,
+// summed over the tiles, then transformed back to 5x5 (1.2-2.2x oneDNN's
+// direct kernel up to 64 x 64 channels, measured in docs/BENCHMARKS.md).
 //
-// Each output element is computed by one thread in one fixed order, for
-// any thread count and either lane width: results repeat bit for bit, and
-// two plans that hold the same values in different block widths agree.
+// Each output element is computed in one fixed order, for any thread count
+// and either lane width: results repeat bit for bit, and two plans that
+// hold the same values in different block widths agree.
 #ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 #define PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 
@@ -46,6 +50,12 @@ bool WinogradSupports(const Conv2dConfig& c);
 // costs outweigh the savings). Measured: docs/BENCHMARKS.md.
 bool WinogradApplies(const Conv2dConfig& c);
 
+// Whether the plans use WinogradWeightGrad5x5 for `c`: WinogradApplies, and
+// channels whose product is at most kMaxWeightGradChannelProduct (its sums
+// take 64 x c x filters floats in each of 8 fixed parts). Measured:
+// docs/BENCHMARKS.md.
+bool WinogradWeightGradApplies(const Conv2dConfig& c);
+
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.
 // Forward: in = c.c, out = c.filters, from w [filters, c, 5, 5].
 // Backward data: in = c.filters, out = c.c, from the same w, each filter
@@ -67,6 +77,17 @@ struct WinogradShape {
 // outside the image count as zeros).
 void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<float>& u,
                      const float* bias, float* out);
+
+// The weight gradient of the same convolution, by the transpose of its
+// algorithm: dw[o, i, r, s] = sum_{n, y, x} dy[n, o, y, x] *
+// x[n, i, y + r - 2, x + s - 2] (dw in [filters, c, 5, 5]); x and dy in
+// their blocked layouts (s.in_lanes, s.out_lanes; in_channels = c,
+// out_channels = filters). dbias (unless nullptr) gets the sum of dy per
+// filter. Each value is summed in one order whatever the thread count.
+// `scratch` holds the sums between calls (it grows to at most 8 x 64 x c x
+// filters floats and is not cleared).
+void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* dy, float* dw,
+                           float* dbias, std::vector<float>* scratch);
 
 }  // namespace pstrain::cpu_internal
 

@@ -1,6 +1,7 @@
 // Winograd's F(4x4, 5x5) (kernels/cpu/winograd.h) against the convolution
-// summed in double, forward and backward data, for both block widths and
-// mixtures of them, image sides that leave partial tiles, and thread counts.
+// summed in double, forward, backward data and the weight gradient, for both
+// block widths and mixtures of them, image sides that leave partial tiles,
+// and thread counts.
 #include "kernels/cpu/winograd.h"
 
 #include <algorithm>
@@ -190,6 +191,174 @@ TEST(WinogradTest, ANonFiniteInputReachesTheOutputsOfItsTiles) {
   }
 }
 
+// The weight gradient in double: dw[o, i, r, s] = sum_{n, y, x} dy[n, o, y, x] *
+// x[n, i, y + r - 2, x + s - 2], with the sum of the terms' magnitudes.
+void ReferenceWeightGrad(const Conv2dConfig& c, const std::vector<float>& x,
+                         const std::vector<float>& dy, std::vector<double>* dw,
+                         std::vector<double>* magnitude) {
+  dw->assign(static_cast<size_t>(c.filters) * c.c * 25, 0.0);
+  magnitude->assign(dw->size(), 0.0);
+  for (int o = 0; o < c.filters; ++o) {
+    for (int i = 0; i < c.c; ++i) {
+      for (int r = 0; r < 5; ++r) {
+        for (int q = 0; q < 5; ++q) {
+          double sum = 0, mag = 0;
+          for (int n = 0; n < c.n; ++n) {
+            for (int y = 0; y < c.h; ++y) {
+              for (int xx = 0; xx < c.w; ++xx) {
+                const int yy = y + r - 2, xs = xx + q - 2;
+                if (yy < 0 || yy >= c.h || xs < 0 || xs >= c.w) continue;
+                const double term =
+                    double{dy[((size_t{1} * n * c.filters + o) * c.h + y) * c.w + xx]} *
+                    x[((size_t{1} * n * c.c + i) * c.h + yy) * c.w + xs];
+                sum += term;
+                mag += std::fabs(term);
+              }
+            }
+          }
+          const size_t at = ((size_t{1} * o * c.c + i) * 5 + r) * 5 + q;
+          (*dw)[at] = sum;
+          (*magnitude)[at] = mag;
+        }
+      }
+    }
+  }
+}
+
+// The weight gradient through the blocked layouts; dbias into *dbias when
+// not null.
+std::vector<float> RunWeightGrad(const Conv2dConfig& c, const std::vector<float>& x,
+                                 const std::vector<float>& dy, int x_lanes, int dy_lanes,
+                                 int threads, std::vector<float>* dbias = nullptr) {
+  const std::vector<float> blocked_x = ToBlocked(x, c.n, c.c, c.h, c.w, x_lanes);
+  const std::vector<float> blocked_dy = ToBlocked(dy, c.n, c.filters, c.h, c.w, dy_lanes);
+  std::vector<float> dw(static_cast<size_t>(c.filters) * c.c * 25,
+                        std::numeric_limits<float>::quiet_NaN());
+  if (dbias != nullptr) dbias->assign(c.filters, std::numeric_limits<float>::quiet_NaN());
+  const WinogradShape shape{.n = c.n,
+                            .in_channels = c.c,
+                            .out_channels = c.filters,
+                            .h = c.h,
+                            .w = c.w,
+                            .in_lanes = x_lanes,
+                            .out_lanes = dy_lanes,
+                            .num_threads = threads};
+  // Scratch left from another shape, as a plan's would be: never read.
+  std::vector<float> scratch(1000, std::numeric_limits<float>::quiet_NaN());
+  WinogradWeightGrad5x5(shape, blocked_x.data(), blocked_dy.data(), dw.data(),
+                        dbias != nullptr ? dbias->data() : nullptr, &scratch);
+  return dw;
+}
+
+TEST(WinogradTest, TheWeightGradientMatchesTheSumInDouble) {
+  const Case cases[] = {
+      {MakeConv(2, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), 16, 16},  // fmnist conv2, AVX-512 blocks
+      {MakeConv(3, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2), 8, 8},    // the same, AVX2 blocks
+      {MakeConv(1, 16, 13, 9, 32, 5, 5, 1, 1, 2, 2), 8, 16},    // partial tiles
+      {MakeConv(3, 48, 7, 6, 16, 5, 5, 1, 1, 2, 2), 16, 8},     // partial tiles
+      {MakeConv(2, 16, 1, 3, 16, 5, 5, 1, 1, 2, 2), 16, 16},    // smaller than a tile
+      {MakeConv(1, 16, 28, 28, 16, 5, 5, 1, 1, 2, 2), 16, 16},  // tiles fill the image
+      {MakeConv(17, 16, 5, 5, 16, 5, 5, 1, 1, 2, 2), 8, 8},     // a partial tile block
+      {MakeConv(24, 16, 12, 12, 32, 5, 5, 1, 1, 2, 2), 16, 8},  // 216 tiles: three segments
+  };
+  for (const Case& k : cases) {
+    const Conv2dConfig& c = k.conv;
+    SCOPED_TRACE(absl::StrCat(c.n, "x", c.c, "x", c.h, "x", c.w, " -> ", c.filters, ", lanes ",
+                              k.in_lanes, "/", k.out_lanes));
+    const std::vector<float> x = Random(static_cast<size_t>(c.n) * c.c * c.h * c.w, 8, 1.f);
+    const std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 9, 0.1f);
+    std::vector<float> dbias;
+    const std::vector<float> got = RunWeightGrad(c, x, dy, k.in_lanes, k.out_lanes, 2, &dbias);
+    std::vector<double> want, magnitude;
+    ReferenceWeightGrad(c, x, dy, &want, &magnitude);
+    ASSERT_EQ(got.size(), want.size());
+    // As for the other passes: under 1e-5 of the terms' magnitude, here
+    // that of the filter's 25 weights together, which the transforms mix (a
+    // weight whose window never meets the image, 0 in double, comes out at
+    // 1e-6 of its neighbours').
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "weight " << i;
+      const size_t filter = i / 25 * 25;
+      const double scale =
+          *std::max_element(magnitude.begin() + filter, magnitude.begin() + filter + 25);
+      ASSERT_LE(std::fabs(got[i] - want[i]), 1e-5 * scale + 1e-6)
+          << "weight " << i << ": " << got[i] << " against " << want[i];
+      worst = std::max(worst, std::fabs(got[i] - want[i]) / (scale + 1e-30));
+    }
+    RecordProperty(absl::StrCat("worst_relative_", c.h, "x", c.w, "_weights"), absl::StrCat(worst));
+    for (int o = 0; o < c.filters; ++o) {
+      double sum = 0, mag = 0;
+      for (int n = 0; n < c.n; ++n) {
+        for (int p = 0; p < c.h * c.w; ++p) {
+          const double v = dy[(static_cast<size_t>(n) * c.filters + o) * c.h * c.w + p];
+          sum += v;
+          mag += std::fabs(v);
+        }
+      }
+      EXPECT_NEAR(dbias[o], sum, 1e-6 * mag + 1e-7) << "filter " << o;
+    }
+  }
+}
+
+TEST(WinogradTest, TheWeightGradientRepeatsBitForBitAcrossThreadCountsAndBlockWidths) {
+  // One segment of tiles (60 tiles), three (208) and the most, eight (640).
+  for (const Conv2dConfig& c : {MakeConv(5, 32, 11, 14, 32, 5, 5, 1, 1, 2, 2),
+                                MakeConv(13, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2),
+                                MakeConv(40, 16, 14, 14, 16, 5, 5, 1, 1, 2, 2)}) {
+    SCOPED_TRACE(absl::StrCat(c.n, " images"));
+    const std::vector<float> x = Random(static_cast<size_t>(c.n) * c.c * c.h * c.w, 10, 1.f);
+    const std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 11, 1.f);
+    std::vector<float> first_bias;
+    const std::vector<float> first = RunWeightGrad(c, x, dy, 16, 16, 1, &first_bias);
+    for (const int threads : {2, 3, 7, 9}) {
+      for (const int lanes : {8, 16}) {
+        std::vector<float> bias;
+        EXPECT_EQ(RunWeightGrad(c, x, dy, lanes, 24 - lanes, threads, &bias), first)
+            << threads << " threads, lanes " << lanes;
+        EXPECT_EQ(bias, first_bias) << threads << " threads, lanes " << lanes;
+      }
+    }
+  }
+}
+
+TEST(WinogradTest, ANonFiniteGradientReachesItsFiltersWeightsOnly) {
+  // One infinity in dy: every weight of its filter becomes non-finite (the
+  // direct sum would be infinite there too), so a step that met it is
+  // dropped the same way; the other filters stay finite.
+  const Conv2dConfig c = MakeConv(2, 16, 12, 12, 32, 5, 5, 1, 1, 2, 2);
+  const std::vector<float> x(static_cast<size_t>(c.n) * c.c * c.h * c.w, 0.5f);
+  std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 14, 1.f);
+  dy[(static_cast<size_t>(1) * c.filters + 3) * c.h * c.w + 6 * c.w + 6] =
+      std::numeric_limits<float>::infinity();  // image 1, filter 3, (6, 6)
+  std::vector<float> dbias;
+  const std::vector<float> dw = RunWeightGrad(c, x, dy, 16, 16, 2, &dbias);
+  for (int k = 0; k < c.filters; ++k) {
+    for (int i = 0; i < c.c * 25; ++i) {
+      const float v = dw[static_cast<size_t>(k) * c.c * 25 + i];
+      EXPECT_EQ(std::isfinite(v), k != 3) << "filter " << k << ", weight " << i;
+    }
+    EXPECT_EQ(std::isfinite(dbias[k]), k != 3) << "filter " << k;
+  }
+}
+
+TEST(WinogradTest, AWrongWeightGradientCoefficientIsCaught) {
+  // The bound above is far below what a wrong term gives: dropping one
+  // image's contribution moves the gradient by the order of the terms.
+  const Conv2dConfig c = MakeConv(2, 16, 8, 8, 16, 5, 5, 1, 1, 2, 2);
+  const std::vector<float> x = Random(static_cast<size_t>(c.n) * c.c * c.h * c.w, 12, 1.f);
+  std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 13, 1.f);
+  std::vector<double> want, magnitude;
+  ReferenceWeightGrad(c, x, dy, &want, &magnitude);
+  std::fill(dy.begin() + dy.size() / 2, dy.end(), 0.f);  // Image 1 zeroed.
+  const std::vector<float> got = RunWeightGrad(c, x, dy, 16, 16, 2);
+  int beyond = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    beyond += std::fabs(got[i] - want[i]) > 1e-5 * magnitude[i] + 1e-6;
+  }
+  EXPECT_GT(beyond, static_cast<int>(got.size()) / 2);
+}
+
 TEST(WinogradTest, SupportsOnlyFiveByFiveSameConvolutionsOfBlockedChannels) {
   EXPECT_TRUE(WinogradSupports(MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2)));
   EXPECT_TRUE(WinogradSupports(MakeConv(1, 16, 1, 1, 16, 5, 5, 1, 1, 2, 2)));
@@ -211,6 +380,11 @@ TEST(WinogradTest, ThePlansUseItWhereItWasMeasuredFaster) {
   EXPECT_FALSE(WinogradApplies(MakeConv(2, 64, 14, 14, 64, 5, 5, 1, 1, 2, 2)));  // 40 M: small
   EXPECT_FALSE(WinogradApplies(MakeConv(4, 512, 8, 8, 256, 5, 5, 1, 1, 2, 2)));  // U 32 MiB
   EXPECT_FALSE(WinogradApplies(MakeConv(64, 1, 28, 28, 32, 5, 5, 1, 1, 2, 2)));  // unsupported
+  // The weight gradient: up to 64 x 64 channels.
+  EXPECT_TRUE(WinogradWeightGradApplies(MakeConv(64, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2)));
+  EXPECT_TRUE(WinogradWeightGradApplies(MakeConv(32, 64, 32, 32, 64, 5, 5, 1, 1, 2, 2)));
+  EXPECT_FALSE(WinogradWeightGradApplies(MakeConv(16, 64, 14, 14, 128, 5, 5, 1, 1, 2, 2)));
+  EXPECT_FALSE(WinogradWeightGradApplies(MakeConv(2, 64, 14, 14, 64, 5, 5, 1, 1, 2, 2)));  // small
 }
 
 }  // namespace
