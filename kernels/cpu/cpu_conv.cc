@@ -63,6 +63,33 @@ absl::Status WinogradPass::Run(const float* w, const float* bias, dnnl_memory_t 
   return absl::OkStatus();
 }
 
+void WinogradWeightGradPass::Init(const Conv2dConfig& c, CpuConvAlgorithm algorithm,
+                                  const dnnl_memory_desc_t& x_md, const dnnl_memory_desc_t& dy_md,
+                                  int num_threads) {
+  const int x_lanes = ChannelBlock(x_md), dy_lanes = ChannelBlock(dy_md);
+  enabled_ = algorithm == CpuConvAlgorithm::kAuto && WinogradWeightGradApplies(c) && x_lanes != 0 &&
+             dy_lanes != 0;
+  shape_ = {.n = c.n,
+            .in_channels = c.c,
+            .out_channels = c.filters,
+            .h = c.h,
+            .w = c.w,
+            .in_lanes = x_lanes,
+            .out_lanes = dy_lanes,
+            .num_threads = num_threads};
+}
+
+absl::Status WinogradWeightGradPass::Run(dnnl_memory_t x, dnnl_memory_t dy, float* dw, float* dbias,
+                                         absl::string_view what) {
+  void* x_data = nullptr;
+  void* dy_data = nullptr;
+  PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(x, &x_data), what);
+  PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(dy, &dy_data), what);
+  WinogradWeightGrad5x5(shape_, static_cast<const float*>(x_data),
+                        static_cast<const float*>(dy_data), dw, dbias, &scratch_);
+  return absl::OkStatus();
+}
+
 namespace {
 
 // kAuto runs every primitive blocked. Measured with bench/cpu_ops_bench on
@@ -211,6 +238,9 @@ class CpuConv2dPlan final : public Conv2dPlan {
       return absl::OkStatus();
     }
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t src, b.src.In(*ctx_, x));
+    if (b.winograd.enabled()) {
+      return b.winograd.Run(src, diff_dst, dw, dbias, "Conv2d.BackwardFilter");
+    }
     PSTRAIN_ASSIGN_OR_RETURN(dnnl_memory_t diff_weights, b.diff_weights.OutTarget(dw));
     std::vector<dnnl_exec_arg_t> args = {
         {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_weights}};
@@ -238,6 +268,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
   struct BackwardWeightsStep {
     DnnlPrimitive primitive;
     LayoutBridge src, diff_dst, diff_weights, diff_bias;
+    WinogradWeightGradPass winograd;  // Runs instead of the primitive when enabled.
     // Where blocked_loops.h computes the gradient instead of the primitive
     // (one input channel, dy blocked): the channels per block of dy, else 0.
     int own_lanes = 0;
@@ -346,6 +377,8 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(
         b.src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_src_md),
                                     /*to_primitive=*/true, "Conv2d.BackwardFilter"));
+    b.winograd.Init(config_, algorithm_, b.primitive.Md(dnnl_query_src_md),
+                    b.primitive.Md(dnnl_query_diff_dst_md), num_threads_);
     PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_weights,
         LayoutBridge::Create(*ctx_, user_weights_, b.primitive.Md(dnnl_query_diff_weights_md),

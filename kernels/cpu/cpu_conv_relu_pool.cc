@@ -212,6 +212,9 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     own_pool_ = lanes_ != 0 && pool_.stride == pool_.window && pool_.pad == 0 &&
                 BlockedPoolShapeIsValid(blocked_pool_);
     own_weight_grad_ = lanes_ != 0 && OneChannelConvWeightGradApplies(conv_);
+    // Winograd's weight gradient where the convolution plan would use it,
+    // from x as the forward read it and the gradient where it lies.
+    winograd_wgrad_.Init(c, algorithm_, conv_fwd_.Md(dnnl_query_src_md), conv_dst_md, num_threads_);
     if (!own_pool_) {
       PSTRAIN_RETURN_IF_ERROR(InitDnnlPool(conv_dst_md, user_pooled, any_pooled));
     }
@@ -219,7 +222,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
 
     // Convolution backward passes reading that gradient where it lies (the
     // weight gradient of one input channel: blocked_loops.h).
-    if (!own_weight_grad_) {
+    if (!own_weight_grad_ && !winograd_wgrad_.enabled()) {
       dnnl_convolution_desc_t conv_bwd_w;
       PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_convolution_backward_weights_desc_init(
                                        &conv_bwd_w, dnnl_convolution_direct, &any_src, &any_weights,
@@ -430,6 +433,9 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
       PSTRAIN_ASSIGN_OR_RETURN(const float* d_conv, DataOf(d_conv_dst_));
       OneChannelConvWeightGrad(conv_, lanes_, num_threads_, x, d_conv, dw, dbias,
                                &weight_grad_scratch_);
+    } else if (winograd_wgrad_.enabled()) {
+      PSTRAIN_RETURN_IF_ERROR(
+          winograd_wgrad_.Run(forward_src_, d_conv_dst_.get(), dw, dbias, "ConvReluPool.Backward"));
     } else {
       PSTRAIN_RETURN_IF_ERROR(DnnlWeightGrad(x, dw, dbias));
     }
@@ -484,6 +490,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   UserReorder y_out_, dy_in_;
   GradientView d_conv_for_w_, d_conv_for_d_;
   WinogradPass winograd_fwd_, winograd_bwd_;  // Run instead of conv_fwd_ and conv_bwd_d_.
+  WinogradWeightGradPass winograd_wgrad_;     // Runs instead of conv_bwd_w_.
   int64_t pooled_count_ = 0;  // Floats in the pooled buffers (with layout padding).
   int lanes_ = 0;             // Channels per block of the convolution's output; 0: not blocked.
   BlockedPoolShape blocked_pool_;

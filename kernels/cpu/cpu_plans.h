@@ -75,6 +75,24 @@ class WinogradPass {
   std::vector<float> filters_;  // U, rebuilt from w on every call.
 };
 
+// The weight gradient by winograd.h (WinogradWeightGrad5x5) from x and dy in
+// channel-blocked oneDNN memories, enabled as WinogradPass is (and both
+// plans decide the same way for the same shape). It writes dw in the
+// plan's [filters, c, 5, 5] layout and, when asked, dbias.
+class WinogradWeightGradPass {
+ public:
+  void Init(const Conv2dConfig& c, CpuConvAlgorithm algorithm, const dnnl_memory_desc_t& x_md,
+            const dnnl_memory_desc_t& dy_md, int num_threads);
+  bool enabled() const { return enabled_; }
+  absl::Status Run(dnnl_memory_t x, dnnl_memory_t dy, float* dw, float* dbias,
+                   absl::string_view what);
+
+ private:
+  bool enabled_ = false;
+  WinogradShape shape_;
+  std::vector<float> scratch_;  // The sums, kept between calls.
+};
+
 // Row-major C = alpha * op(A) * op(B) + beta * C, as Backend::Gemm. Small
 // products run on dnnl_sgemm. Large ones run on a oneDNN matmul primitive
 // (brgemm kernels, created once per shape and kept) or on dnnl_sgemm,
