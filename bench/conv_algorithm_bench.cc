@@ -1,6 +1,7 @@
 // conv_algorithm_bench: the CPU backend's 5x5 "same" convolutions through
-// Conv2dPlan (forward with bias, then backward data; NCHW in and out, so
-// the layout reorders count on both sides) with oneDNN's direct kernels
+// Conv2dPlan (forward with bias, backward data, then the weight and bias
+// gradients; NCHW in and out, so the layout reorders count on both sides)
+// with oneDNN's direct kernels
 // (CpuConvAlgorithm::kDirect) beside Winograd's F(4x4, 5x5) where the
 // backend picks it (kAuto), in the same run: for each shape, rounds
 // alternate between the two plans and medians are printed. Shapes whose
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
   }
   std::printf("%s; 5x5 convolutions, stride 1, padding 2; medians of %d alternating rounds\n",
               backends[0]->Describe().c_str(), reps);
-  std::printf("%-22s %12s %12s %7s %12s %12s %7s\n", "N x C x HxW -> K", "fwd direct", "fwd auto",
-              "ratio", "bwd-d direct", "bwd-d auto", "ratio");
+  std::printf("%-22s %12s %12s %7s %12s %12s %7s %12s %12s %7s\n", "N x C x HxW -> K", "fwd direct",
+              "fwd auto", "ratio", "bwd-d direct", "bwd-d auto", "ratio", "bwd-w direct",
+              "bwd-w auto", "ratio");
   for (const ConvShape& s : ParseShapes(absl::GetFlag(FLAGS_shapes))) {
     Conv2dConfig c;
     c.n = s.n;
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
     std::vector<float> x(static_cast<size_t>(c.n) * c.c * c.h * c.w);
     std::vector<float> w(static_cast<size_t>(c.filters) * c.c * 25), bias(c.filters);
     std::vector<float> y(static_cast<size_t>(c.n) * c.filters * c.h * c.w), dx(x.size());
+    std::vector<float> dw(w.size()), dbias(bias.size());
     for (float& v : x) v = normal(gen);
     for (float& v : w) v = 0.05f * normal(gen);
     for (float& v : bias) v = normal(gen);
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
       Check(plan.status(), "CreateConv2d");
       plans[a] = *std::move(plan);
     }
-    std::vector<double> forward[2], backward[2];
+    std::vector<double> forward[2], backward[2], weights[2];
     for (int round = -1; round < reps; ++round) {  // Round -1 warms up.
       for (int a = 0; a < 2; ++a) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -116,17 +119,23 @@ int main(int argc, char** argv) {
         const auto t1 = std::chrono::steady_clock::now();
         Check(plans[a]->BackwardData(y.data(), w.data(), dx.data()), "BackwardData");
         const auto t2 = std::chrono::steady_clock::now();
+        Check(plans[a]->BackwardFilter(x.data(), y.data(), dw.data(), dbias.data()),
+              "BackwardFilter");
+        const auto t3 = std::chrono::steady_clock::now();
         if (round < 0) continue;
         forward[a].push_back(Ms(t1 - t0));
         backward[a].push_back(Ms(t2 - t1));
+        weights[a].push_back(Ms(t3 - t2));
       }
     }
     const double f0 = Median(forward[0]), f1 = Median(forward[1]);
     const double b0 = Median(backward[0]), b1 = Median(backward[1]);
+    const double w0 = Median(weights[0]), w1 = Median(weights[1]);
     char name[64];
     std::snprintf(name, sizeof(name), "%d x %d x %dx%d -> %d", c.n, c.c, c.h, c.w, c.filters);
-    std::printf("%-22s %9.2f ms %9.2f ms %6.2fx %9.2f ms %9.2f ms %6.2fx\n", name, f0, f1, f0 / f1,
-                b0, b1, b0 / b1);
+    std::printf(
+        "%-22s %9.2f ms %9.2f ms %6.2fx %9.2f ms %9.2f ms %6.2fx %9.2f ms %9.2f ms %6.2fx\n", name,
+        f0, f1, f0 / f1, b0, b1, b0 / b1, w0, w1, w0 / w1);
   }
   return 0;
 }
