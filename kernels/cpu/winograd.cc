@@ -119,12 +119,61 @@ Geometry GeometryOf(const WinogradShape& s) {
   return g;
 }
 
+// Tile `tile`: its image and the first of its 4x4 outputs (y, x).
+struct TileAt {
+  int64_t image;
+  int y, x;
+};
+
+TileAt TileAtOf(const Geometry& g, int64_t tile) {
+  return {tile / (int64_t{g.tiles_w} * g.tiles_h),
+          kM * static_cast<int>(tile / g.tiles_w % g.tiles_h),
+          kM * static_cast<int>(tile % g.tiles_w)};
+}
+
+// Channels [c, c + 8) of image `image` in a blocked layout of `blocks`
+// blocks of `lanes` channels: pixel (y, x) at plane + (y * w + x) * lanes.
+template <typename Float>  // float or const float
+Float* ChannelsOf(Float* base, int64_t image, int blocks, int lanes, int h, int w, int c) {
+  return base + ((image * blocks + c / lanes) * h) * int64_t{w} * lanes + c % lanes;
+}
+
+// B^T d B for the 8x8 patch whose first pixel is (y0, x0) (zeros outside
+// the image), 8 channels at `plane` (s.in_lanes apart): store(i, j, v)
+// for each point (i, j).
+template <typename Store>
+inline __attribute__((always_inline)) void TransformInputPatch(const WinogradShape& s,
+                                                               const float* plane, int y0, int x0,
+                                                               Store store) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 d[kAlpha][kAlpha];
+  for (int i = 0; i < kAlpha; ++i) {
+    const int y = y0 + i;
+    for (int j = 0; j < kAlpha; ++j) {
+      const int x = x0 + j;
+      d[i][j] = (y >= 0 && y < s.h && x >= 0 && x < s.w)
+                    ? _mm256_loadu_ps(plane + (int64_t{y} * s.w + x) * s.in_lanes)
+                    : zero;
+    }
+  }
+  __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
+  for (int j = 0; j < kAlpha; ++j) {
+    __m256 col[kAlpha];
+    for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
+    Apply(kBT, col, cols[j]);
+  }
+  for (int i = 0; i < kAlpha; ++i) {
+    __m256 row[kAlpha], v[kAlpha];
+    for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
+    Apply(kBT, row, v);
+    for (int j = 0; j < kAlpha; ++j) store(i, j, v[j]);
+  }
+}
+
 // Step 1 for tiles [first, first + count) into v[kTileBlock][kPoints][in].
 void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in, int64_t first,
                      int count, float* v) {
   const int cin = s.in_channels;
-  const int64_t point_stride = cin;
-  const __m256 zero = _mm256_setzero_ps();
   for (int t = 0; t < kTileBlock; ++t) {
     float* vt = v + int64_t{t} * kPoints * cin;
     if (t >= count) {
@@ -132,39 +181,12 @@ void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in,
       std::memset(vt, 0, sizeof(float) * kPoints * cin);
       continue;
     }
-    const int64_t tile = first + t;
-    const int tx = static_cast<int>(tile % g.tiles_w);
-    const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
-    const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
-    const int y0 = kM * ty - 2, x0 = kM * tx - 2;
+    const TileAt at = TileAtOf(g, first + t);
     for (int c = 0; c < cin; c += 8) {
-      const float* plane =
-          in + ((image * g.in_blocks + c / s.in_lanes) * s.h) * int64_t{s.w} * s.in_lanes +
-          c % s.in_lanes;
-      __m256 d[kAlpha][kAlpha];
-      for (int i = 0; i < kAlpha; ++i) {
-        const int y = y0 + i;
-        for (int j = 0; j < kAlpha; ++j) {
-          const int x = x0 + j;
-          d[i][j] = (y >= 0 && y < s.h && x >= 0 && x < s.w)
-                        ? _mm256_loadu_ps(plane + (int64_t{y} * s.w + x) * s.in_lanes)
-                        : zero;
-        }
-      }
-      __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
-      for (int j = 0; j < kAlpha; ++j) {
-        __m256 col[kAlpha];
-        for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
-        Apply(kBT, col, cols[j]);
-      }
-      for (int i = 0; i < kAlpha; ++i) {
-        __m256 row[kAlpha], t8[kAlpha];
-        for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
-        Apply(kBT, row, t8);
-        for (int j = 0; j < kAlpha; ++j) {
-          _mm256_storeu_ps(vt + (i * kAlpha + j) * point_stride + c, t8[j]);
-        }
-      }
+      const float* plane = ChannelsOf(in, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
+      TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
+        _mm256_storeu_ps(vt + (i * kAlpha + j) * int64_t{cin} + c, v);
+      });
     }
   }
 }
@@ -212,10 +234,7 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
   const int cout = s.out_channels;
   const int64_t point_stride = cout;
   for (int t = 0; t < count; ++t) {
-    const int64_t tile = first + t;
-    const int tx = static_cast<int>(tile % g.tiles_w);
-    const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
-    const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
+    const TileAt at = TileAtOf(g, first + t);
     const float* mt = m + int64_t{t} * kPoints * cout;
     for (int o = 0; o < cout; o += 8) {
       __m256 rows[kM][kAlpha];  // rows[a][j] = (A^T M)[a][j].
@@ -228,16 +247,14 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
         for (int a = 0; a < kM; ++a) rows[a][j] = r4[a];
       }
       const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
-      float* plane = out +
-                     ((image * g.out_blocks + o / s.out_lanes) * s.h) * int64_t{s.w} * s.out_lanes +
-                     o % s.out_lanes;
+      float* plane = ChannelsOf(out, at.image, g.out_blocks, s.out_lanes, s.h, s.w, o);
       for (int a = 0; a < kM; ++a) {
-        const int y = kM * ty + a;
+        const int y = at.y + a;
         if (y >= s.h) break;
         __m256 yv[kM];
         Apply(kAT, rows[a], yv);
-        float* row = plane + (int64_t{y} * s.w + kM * tx) * s.out_lanes;
-        for (int q = 0; q < kM && kM * tx + q < s.w; ++q) {
+        float* row = plane + (int64_t{y} * s.w + at.x) * s.out_lanes;
+        for (int q = 0; q < kM && at.x + q < s.w; ++q) {
           _mm256_storeu_ps(row + q * s.out_lanes,
                            bias != nullptr ? _mm256_add_ps(yv[q], b) : yv[q]);
         }
@@ -278,39 +295,12 @@ constexpr float kA[kAlpha][kM] = {
 void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* x, int64_t tile,
                         int t, float* vx) {
   const int cin = s.in_channels;
-  const __m256 zero = _mm256_setzero_ps();
-  const int tx = static_cast<int>(tile % g.tiles_w);
-  const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
-  const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
-  const int y0 = kM * ty - 2, x0 = kM * tx - 2;
+  const TileAt at = TileAtOf(g, tile);
   for (int c = 0; c < cin; c += 8) {
-    const float* plane =
-        x + ((image * g.in_blocks + c / s.in_lanes) * s.h) * int64_t{s.w} * s.in_lanes +
-        c % s.in_lanes;
-    __m256 d[kAlpha][kAlpha];
-    for (int i = 0; i < kAlpha; ++i) {
-      const int y = y0 + i;
-      for (int j = 0; j < kAlpha; ++j) {
-        const int xx = x0 + j;
-        d[i][j] = (y >= 0 && y < s.h && xx >= 0 && xx < s.w)
-                      ? _mm256_loadu_ps(plane + (int64_t{y} * s.w + xx) * s.in_lanes)
-                      : zero;
-      }
-    }
-    __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
-    for (int j = 0; j < kAlpha; ++j) {
-      __m256 col[kAlpha];
-      for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
-      Apply(kBT, col, cols[j]);
-    }
-    for (int i = 0; i < kAlpha; ++i) {
-      __m256 row[kAlpha], v[kAlpha];
-      for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
-      Apply(kBT, row, v);
-      for (int j = 0; j < kAlpha; ++j) {
-        _mm256_storeu_ps(vx + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cin + c, v[j]);
-      }
-    }
+    const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
+    TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
+      _mm256_storeu_ps(vx + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cin + c, v);
+    });
   }
 }
 
@@ -320,19 +310,15 @@ void TransformGradientTile(const WinogradShape& s, const Geometry& g, const floa
                            int t, float* vdy) {
   const int cout = s.out_channels;
   const __m256 zero = _mm256_setzero_ps();
-  const int tx = static_cast<int>(tile % g.tiles_w);
-  const int ty = static_cast<int>(tile / g.tiles_w % g.tiles_h);
-  const int64_t image = tile / (int64_t{g.tiles_w} * g.tiles_h);
+  const TileAt at = TileAtOf(g, tile);
   for (int o = 0; o < cout; o += 8) {
-    const float* plane =
-        dy + ((image * g.out_blocks + o / s.out_lanes) * s.h) * int64_t{s.w} * s.out_lanes +
-        o % s.out_lanes;
+    const float* plane = ChannelsOf(dy, at.image, g.out_blocks, s.out_lanes, s.h, s.w, o);
     __m256 cols[kM][kAlpha];  // cols[b][i] = (A dy)[i][b].
     for (int b = 0; b < kM; ++b) {
-      const int xx = kM * tx + b;
+      const int xx = at.x + b;
       __m256 col[kM];
       for (int a = 0; a < kM; ++a) {
-        const int yy = kM * ty + a;
+        const int yy = at.y + a;
         col[a] = (yy < s.h && xx < s.w)
                      ? _mm256_loadu_ps(plane + (int64_t{yy} * s.w + xx) * s.out_lanes)
                      : zero;
@@ -565,8 +551,7 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
         __m256 partial[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                              _mm256_setzero_ps()};
         for (int64_t n = 0; n < s.n; ++n) {
-          const float* plane =
-              dy + ((n * g.out_blocks + k / s.out_lanes) * pixels) * s.out_lanes + k % s.out_lanes;
+          const float* plane = ChannelsOf(dy, n, g.out_blocks, s.out_lanes, s.h, s.w, k);
           int64_t p = 0;
           for (; p + 4 <= pixels; p += 4) {
 #pragma GCC unroll 4
