@@ -21,8 +21,9 @@
 // channels swapped (WinogradFilters' `for_backward_data`). The weight
 // gradient runs the transpose of the same algorithm (WinogradWeightGrad5x5):
 // the 64 points' products of the transformed inputs and output gradients,
-// summed over the tiles, then transformed back to 5x5 (1.2-2.2x oneDNN's
-// direct kernel up to 64 x 64 channels, measured in docs/BENCHMARKS.md).
+// summed over the tiles, then transformed back to 5x5 (1.1-2.0x oneDNN's
+// direct kernel on the shapes measured up to 64 x 64 channels; slower
+// beyond: docs/BENCHMARKS.md).
 //
 // Each output element is computed in one fixed order, for any thread count
 // and either lane width: results repeat bit for bit, and two plans that
@@ -52,8 +53,8 @@ bool WinogradApplies(const Conv2dConfig& c);
 
 // Whether the plans use WinogradWeightGrad5x5 for `c`: WinogradApplies, and
 // channels whose product is at most kMaxWeightGradChannelProduct (its sums
-// take 64 x c x filters floats in each of 8 fixed parts). Measured:
-// docs/BENCHMARKS.md.
+// take 64 x c x filters floats in each of up to 8 segments of the tiles,
+// and beyond that they outgrow the caches). Measured: docs/BENCHMARKS.md.
 bool WinogradWeightGradApplies(const Conv2dConfig& c);
 
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.
