@@ -57,7 +57,7 @@ absl::Status WinogradPass::Run(const float* w, const float* bias, dnnl_memory_t 
   void* out_data = nullptr;
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(in, &in_data), what);
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(out, &out_data), what);
-  WinogradFilters(config_, w, role_ == Role::kBackwardData, &filters_);
+  WinogradFilters(config_, w, role_ == Role::kBackwardData, shape_.num_threads, &filters_);
   WinogradConv5x5(shape_, static_cast<const float*>(in_data), filters_, bias,
                   static_cast<float*>(out_data));
   return absl::OkStatus();

@@ -395,44 +395,48 @@ bool WinogradWeightGradApplies(const Conv2dConfig& c) {
   return WinogradApplies(c) && int64_t{c.c} * c.filters <= kMaxWeightGradChannelProduct;
 }
 
-void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data,
+void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data, int num_threads,
                      std::vector<float>* u) {
   const int cin = for_backward_data ? c.filters : c.c;
   const int cout = for_backward_data ? c.c : c.filters;
   u->resize(static_cast<size_t>(kPoints) * cin * cout);
+  float* const dst_base = u->data();
   // kLanes output channels at a time, in double (one rounding per value),
-  // lanes innermost so that the loops vectorise.
+  // lanes innermost so that the loops vectorise. Every value is computed
+  // alone, so the thread count does not change a bit.
   constexpr int kLanes = 8;  // cout is a multiple of 16.
-  for (int i = 0; i < cin; ++i) {
-    for (int o0 = 0; o0 < cout; o0 += kLanes) {
-      double g[5][5][kLanes];  // g[r][q][l]: filter (o0 + l, i) of the convolution U runs.
-      for (int l = 0; l < kLanes; ++l) {
-        const int o = o0 + l;
-        for (int r = 0; r < 5; ++r) {
-          for (int q = 0; q < 5; ++q) {
-            g[r][q][l] = for_backward_data ? w[((int64_t{i} * c.c + o) * 5 + (4 - r)) * 5 + (4 - q)]
-                                           : w[((int64_t{o} * c.c + i) * 5 + r) * 5 + q];
-          }
-        }
-      }
-      double gg[kAlpha][5][kLanes];  // G g
-      for (int a = 0; a < kAlpha; ++a) {
+  const int64_t groups = int64_t{cin} * (cout / kLanes);
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (groups >= 16)
+  for (int64_t group = 0; group < groups; ++group) {
+    const int i = static_cast<int>(group / (cout / kLanes));
+    const int o0 = static_cast<int>(group % (cout / kLanes)) * kLanes;
+    double g[5][5][kLanes];  // g[r][q][l]: filter (o0 + l, i) of the convolution U runs.
+    for (int l = 0; l < kLanes; ++l) {
+      const int o = o0 + l;
+      for (int r = 0; r < 5; ++r) {
         for (int q = 0; q < 5; ++q) {
-          for (int l = 0; l < kLanes; ++l) gg[a][q][l] = 0;
-          for (int r = 0; r < 5; ++r) {
-            for (int l = 0; l < kLanes; ++l) gg[a][q][l] += kG[a][r] * g[r][q][l];
-          }
+          g[r][q][l] = for_backward_data ? w[((int64_t{i} * c.c + o) * 5 + (4 - r)) * 5 + (4 - q)]
+                                         : w[((int64_t{o} * c.c + i) * 5 + r) * 5 + q];
         }
       }
-      for (int a = 0; a < kAlpha; ++a) {
-        for (int b = 0; b < kAlpha; ++b) {
-          double sum[kLanes] = {};
-          for (int q = 0; q < 5; ++q) {
-            for (int l = 0; l < kLanes; ++l) sum[l] += gg[a][q][l] * kG[b][q];
-          }
-          float* dst = u->data() + (static_cast<size_t>(a * kAlpha + b) * cin + i) * cout + o0;
-          for (int l = 0; l < kLanes; ++l) dst[l] = static_cast<float>(sum[l]);
+    }
+    double gg[kAlpha][5][kLanes];  // G g
+    for (int a = 0; a < kAlpha; ++a) {
+      for (int q = 0; q < 5; ++q) {
+        for (int l = 0; l < kLanes; ++l) gg[a][q][l] = 0;
+        for (int r = 0; r < 5; ++r) {
+          for (int l = 0; l < kLanes; ++l) gg[a][q][l] += kG[a][r] * g[r][q][l];
         }
+      }
+    }
+    for (int a = 0; a < kAlpha; ++a) {
+      for (int b = 0; b < kAlpha; ++b) {
+        double sum[kLanes] = {};
+        for (int q = 0; q < 5; ++q) {
+          for (int l = 0; l < kLanes; ++l) sum[l] += gg[a][q][l] * kG[b][q];
+        }
+        float* dst = dst_base + (static_cast<size_t>(a * kAlpha + b) * cin + i) * cout + o0;
+        for (int l = 0; l < kLanes; ++l) dst[l] = static_cast<float>(sum[l]);
       }
     }
   }

@@ -60,8 +60,9 @@ bool WinogradWeightGradApplies(const Conv2dConfig& c);
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.
 // Forward: in = c.c, out = c.filters, from w [filters, c, 5, 5].
 // Backward data: in = c.filters, out = c.c, from the same w, each filter
-// turned 180 degrees.
-void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data,
+// turned 180 degrees. On `num_threads` threads; the bits do not depend on
+// how many.
+void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data, int num_threads,
                      std::vector<float>* u);
 
 // One convolution in the Winograd domain.

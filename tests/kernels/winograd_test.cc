@@ -76,7 +76,7 @@ std::vector<float> RunPass(const Conv2dConfig& c, bool backward_data, const std:
                            int out_lanes, int threads) {
   const int cin = backward_data ? c.filters : c.c, cout = backward_data ? c.c : c.filters;
   std::vector<float> u;
-  WinogradFilters(c, w.data(), backward_data, &u);
+  WinogradFilters(c, w.data(), backward_data, threads, &u);
   const std::vector<float> blocked_in = ToBlocked(in, c.n, cin, c.h, c.w, in_lanes);
   std::vector<float> blocked_out(
       static_cast<size_t>(c.n) * ((cout + out_lanes - 1) / out_lanes) * out_lanes * c.h * c.w,
