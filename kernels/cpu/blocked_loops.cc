@@ -58,8 +58,39 @@ PoolRow RowAt(const BlockedPoolShape& s, int64_t row) {
   return r;
 }
 
+// The first element of a window (row by row) equal to its maximum `best`,
+// per lane, as i * side + j; kNoPoolWinner where no gradient flows back: the
+// window held a NaN, or its maximum (the ReLU's input) was not positive.
+template <int kWindow>
+inline __m256i WindowWinner8(const float* window, int64_t lane_stride, int64_t row_stride, int k,
+                             __m256 best, __m256 nan) {
+  const int side = kWindow != 0 ? kWindow : k;
+  __m256i winner = _mm256_set1_epi32(kNoPoolWinner);
+  // Backwards, so that the first equal element is the last one blended in.
+  for (int i = side - 1; i >= 0; --i) {
+    for (int j = side - 1; j >= 0; --j) {
+      const __m256 v = _mm256_loadu_ps(window + i * row_stride + j * lane_stride);
+      winner = _mm256_blendv_epi8(winner, _mm256_set1_epi32(i * side + j),
+                                  _mm256_castps_si256(_mm256_cmp_ps(v, best, _CMP_EQ_OQ)));
+    }
+  }
+  const __m256 flows = _mm256_andnot_ps(nan, _mm256_cmp_ps(best, _mm256_setzero_ps(), _CMP_GT_OQ));
+  return _mm256_blendv_epi8(_mm256_set1_epi32(kNoPoolWinner), winner, _mm256_castps_si256(flows));
+}
+
+// Stores 8 lanes' winners (each below 256) as 8 bytes.
+inline void StoreWinners8(__m256i winner, uint8_t* dst) {
+  const __m256i words = _mm256_packus_epi32(winner, winner);  // Per 128-bit half.
+  const __m256i bytes = _mm256_packus_epi16(words, words);
+  const uint32_t low = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(bytes)));
+  const uint32_t high =
+      static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
+  std::memcpy(dst, &low, sizeof(low));
+  std::memcpy(dst + 4, &high, sizeof(high));
+}
+
 template <int kLanes, int kWindow>
-void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
+void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y, uint8_t* winners) {
   static_assert(kLanes % 8 == 0);
   const int out_h = s.out_h(), out_w = s.out_w();
   const int64_t out_plane = int64_t{out_h} * out_w;
@@ -72,14 +103,19 @@ void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
     const float* in = conv + (row / out_h) * s.h * row_stride + int64_t{r.p} * s.k * row_stride;
     float* out =
         y + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
+    uint8_t* row_winners = winners != nullptr ? winners + row * out_w * kLanes : nullptr;
     for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
       const int count = std::min(kPoolTile, out_w - q0);
       alignas(32) float tile[kLanes][kPoolTile];
       for (int q = 0; q < count; ++q) {
         for (int g = 0; g < kLanes; g += 8) {
+          const float* window = in + int64_t{q0 + q} * s.k * kLanes + g;
           __m256 best, nan;
-          WindowMax8<kWindow>(in + int64_t{q0 + q} * s.k * kLanes + g, kLanes, row_stride, s.k,
-                              &best, &nan);
+          WindowMax8<kWindow>(window, kLanes, row_stride, s.k, &best, &nan);
+          if (row_winners != nullptr) {
+            StoreWinners8(WindowWinner8<kWindow>(window, kLanes, row_stride, s.k, best, nan),
+                          row_winners + int64_t{q0 + q} * kLanes + g);
+          }
           alignas(32) float relu[8];
           _mm256_store_ps(relu, _mm256_andnot_ps(nan, _mm256_max_ps(best, _mm256_setzero_ps())));
           for (int b = 0; b < 8; ++b) tile[g + b][q] = relu[b];
@@ -93,7 +129,7 @@ void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
 }
 
 template <int kLanes, int kWindow>
-void PoolReluBackward(const BlockedPoolShape& s, const float* conv, const float* dy,
+void PoolReluBackward(const BlockedPoolShape& s, const uint8_t* winners, const float* dy,
                       float* d_conv) {
   static_assert(kLanes % 8 == 0);
   const int out_h = s.out_h(), out_w = s.out_w();
@@ -108,6 +144,7 @@ void PoolReluBackward(const BlockedPoolShape& s, const float* conv, const float*
     const int64_t row_offset = (row / out_h) * s.h * row_stride + int64_t{r.p} * s.k * row_stride;
     const float* g_row =
         dy + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
+    const uint8_t* row_winners = winners + row * out_w * kLanes;
     for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
       const int count = std::min(kPoolTile, out_w - q0);
       alignas(32) float g_tile[kPoolTile][kLanes] = {};
@@ -118,21 +155,14 @@ void PoolReluBackward(const BlockedPoolShape& s, const float* conv, const float*
       for (int q = 0; q < count; ++q) {
         for (int g = 0; g < kLanes; g += 8) {
           const int64_t at = row_offset + int64_t{q0 + q} * s.k * kLanes + g;
-          __m256 best, nan;
-          WindowMax8<kWindow>(conv + at, kLanes, row_stride, s.k, &best, &nan);
-          // The ReLU's backward: nothing flows where the pooled output (the
-          // ReLU of the maximum; 0 for NaN) is not positive.
-          const __m256 keep =
-              _mm256_andnot_ps(nan, _mm256_cmp_ps(best, _mm256_setzero_ps(), _CMP_GT_OQ));
-          const __m256 grad = _mm256_and_ps(_mm256_load_ps(&g_tile[q][g]), keep);
-          __m256 taken = _mm256_setzero_ps();
+          const __m256i winner = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+              reinterpret_cast<const __m128i*>(row_winners + int64_t{q0 + q} * kLanes + g)));
+          const __m256 grad = _mm256_load_ps(&g_tile[q][g]);
           for (int i = 0; i < side; ++i) {
             for (int j = 0; j < side; ++j) {
-              const int64_t offset = at + i * row_stride + int64_t{j} * kLanes;
-              const __m256 wins = _mm256_andnot_ps(
-                  taken, _mm256_cmp_ps(_mm256_loadu_ps(conv + offset), best, _CMP_EQ_OQ));
-              _mm256_storeu_ps(d_conv + offset, _mm256_and_ps(grad, wins));
-              taken = _mm256_or_ps(taken, wins);
+              const __m256i wins = _mm256_cmpeq_epi32(winner, _mm256_set1_epi32(i * side + j));
+              _mm256_storeu_ps(d_conv + at + i * row_stride + int64_t{j} * kLanes,
+                               _mm256_and_ps(grad, _mm256_castsi256_ps(wins)));
             }
           }
         }
@@ -274,26 +304,34 @@ void WeightGradForLanes(const Conv2dConfig& c, int num_threads, const float* x, 
 }  // namespace
 
 bool BlockedPoolShapeIsValid(const BlockedPoolShape& s) {
-  return (s.lanes == 8 || s.lanes == 16) && s.n > 0 && s.channels > 0 && s.k > 0 && s.h > 0 &&
-         s.w > 0 && s.h % s.k == 0 && s.w % s.k == 0 && s.num_threads > 0;
+  return (s.lanes == 8 || s.lanes == 16) && s.n > 0 && s.channels > 0 && s.k > 0 &&
+         s.k <= kMaxBlockedPoolWindow && s.h > 0 && s.w > 0 && s.h % s.k == 0 && s.w % s.k == 0 &&
+         s.num_threads > 0;
 }
 
-void BlockedMaxPoolReluForward(const BlockedPoolShape& s, const float* conv, float* y) {
+int64_t BlockedPoolWinnersSize(const BlockedPoolShape& s) {
+  return s.n * s.blocks() * s.out_h() * int64_t{s.out_w()} * s.lanes;
+}
+
+void BlockedMaxPoolReluForward(const BlockedPoolShape& s, const float* conv, float* y,
+                               uint8_t* winners) {
   if (s.lanes == 8) {
-    s.k == 2 ? PoolReluForward<8, 2>(s, conv, y) : PoolReluForward<8, 0>(s, conv, y);
+    s.k == 2 ? PoolReluForward<8, 2>(s, conv, y, winners)
+             : PoolReluForward<8, 0>(s, conv, y, winners);
   } else {
-    s.k == 2 ? PoolReluForward<16, 2>(s, conv, y) : PoolReluForward<16, 0>(s, conv, y);
+    s.k == 2 ? PoolReluForward<16, 2>(s, conv, y, winners)
+             : PoolReluForward<16, 0>(s, conv, y, winners);
   }
 }
 
-void BlockedMaxPoolReluBackward(const BlockedPoolShape& s, const float* conv, const float* dy,
+void BlockedMaxPoolReluBackward(const BlockedPoolShape& s, const uint8_t* winners, const float* dy,
                                 float* d_conv) {
   if (s.lanes == 8) {
-    s.k == 2 ? PoolReluBackward<8, 2>(s, conv, dy, d_conv)
-             : PoolReluBackward<8, 0>(s, conv, dy, d_conv);
+    s.k == 2 ? PoolReluBackward<8, 2>(s, winners, dy, d_conv)
+             : PoolReluBackward<8, 0>(s, winners, dy, d_conv);
   } else {
-    s.k == 2 ? PoolReluBackward<16, 2>(s, conv, dy, d_conv)
-             : PoolReluBackward<16, 0>(s, conv, dy, d_conv);
+    s.k == 2 ? PoolReluBackward<16, 2>(s, winners, dy, d_conv)
+             : PoolReluBackward<16, 0>(s, winners, dy, d_conv);
   }
 }
 

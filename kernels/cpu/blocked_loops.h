@@ -36,20 +36,34 @@ struct BlockedPoolShape {
   int out_w() const { return w / k; }
 };
 
-// Whether the loops below handle a pool of this shape: lanes 8 or 16, k >= 1
-// dividing h and w.
+// The widest pool window the loops handle: a window's winner is one byte.
+inline constexpr int kMaxBlockedPoolWindow = 15;
+// A pooled output's winner where no gradient flows back to its window.
+inline constexpr uint8_t kNoPoolWinner = 255;
+
+// Whether the loops below handle a pool of this shape: lanes 8 or 16,
+// 1 <= k <= kMaxBlockedPoolWindow dividing h and w.
 bool BlockedPoolShapeIsValid(const BlockedPoolShape& s);
+
+// Bytes of the winners BlockedMaxPoolReluForward records: one per pooled
+// output and lane, padded lanes included, in the blocked order
+// [n][blocks][out_h][out_w][lanes].
+int64_t BlockedPoolWinnersSize(const BlockedPoolShape& s);
 
 // y (NCHW, [n, channels, out_h, out_w]) = ReLU(max-pool(conv)), conv in the
 // blocked layout. A window that holds a NaN gives 0, as ReLU after a
-// NaN-propagating max-pool does.
-void BlockedMaxPoolReluForward(const BlockedPoolShape& s, const float* conv, float* y);
+// NaN-propagating max-pool does. Unless `winners` is nullptr, records where
+// the gradient of each output goes back: the first element of its window
+// (row by row, i * k + j) equal to the window's maximum, or kNoPoolWinner
+// where the output was not positive (NaN included).
+void BlockedMaxPoolReluForward(const BlockedPoolShape& s, const float* conv, float* y,
+                               uint8_t* winners);
 
-// The gradient of conv, in its blocked layout: dy (NCHW) where the pooled
-// output was positive goes to the first element of its window (row by row)
-// equal to the window's maximum; every other element, padded channels
-// included, gets +0. The gradient's bits pass unchanged.
-void BlockedMaxPoolReluBackward(const BlockedPoolShape& s, const float* conv, const float* dy,
+// The gradient of conv, in its blocked layout, from the winners a forward of
+// the same shape recorded: dy (NCHW) goes to each output's winner, and every
+// other element, padded channels included, gets +0. The gradient's bits pass
+// unchanged.
+void BlockedMaxPoolReluBackward(const BlockedPoolShape& s, const uint8_t* winners, const float* dy,
                                 float* d_conv);
 
 // Whether OneChannelConvWeightGrad handles `c`: fp32 NCHW, one input

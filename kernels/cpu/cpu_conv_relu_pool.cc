@@ -211,6 +211,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
                      .num_threads = num_threads_};
     own_pool_ = lanes_ != 0 && pool_.stride == pool_.window && pool_.pad == 0 &&
                 BlockedPoolShapeIsValid(blocked_pool_);
+    if (own_pool_) pool_winners_.resize(static_cast<size_t>(BlockedPoolWinnersSize(blocked_pool_)));
     own_weight_grad_ = lanes_ != 0 && OneChannelConvWeightGradApplies(conv_);
     // Winograd's weight gradient where the convolution plan would use it,
     // from x as the forward read it and the gradient where it lies.
@@ -308,7 +309,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     }
     if (own_pool_) {
       PSTRAIN_ASSIGN_OR_RETURN(const float* conv, DataOf(conv_dst_));
-      BlockedMaxPoolReluForward(blocked_pool_, conv, y);
+      BlockedMaxPoolReluForward(blocked_pool_, conv, y, training ? pool_winners_.data() : nullptr);
     } else {
       PSTRAIN_RETURN_IF_ERROR(DnnlPoolReluForward(y));
     }
@@ -333,9 +334,8 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     }
     omp_set_num_threads(num_threads_);
     if (own_pool_) {
-      PSTRAIN_ASSIGN_OR_RETURN(const float* conv, DataOf(conv_dst_));
       PSTRAIN_ASSIGN_OR_RETURN(float* d_conv, DataOf(d_conv_dst_));
-      BlockedMaxPoolReluBackward(blocked_pool_, conv, dy, d_conv);
+      BlockedMaxPoolReluBackward(blocked_pool_, pool_winners_.data(), dy, d_conv);
     } else {
       PSTRAIN_RETURN_IF_ERROR(DnnlPoolReluBackward(dy));
     }
@@ -495,6 +495,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   int lanes_ = 0;             // Channels per block of the convolution's output; 0: not blocked.
   BlockedPoolShape blocked_pool_;
   bool own_pool_ = false;         // blocked_loops.h's pool, else oneDNN's.
+  std::vector<uint8_t> pool_winners_;  // Its winners, from the last training Forward.
   bool own_weight_grad_ = false;  // blocked_loops.h's weight gradient, else oneDNN's.
   std::vector<float> weight_grad_scratch_;
   bool reuse_forward_src_ = false;

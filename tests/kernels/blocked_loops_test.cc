@@ -52,9 +52,15 @@ struct PoolCase {
 
 TEST(BlockedLoopsTest, MaxPoolReluMatchesPlainLoopsBitForBit) {
   const PoolCase cases[] = {
-      {8, 20, 8, 6, 2, 1},  {8, 20, 8, 6, 2, 2}, {16, 20, 8, 6, 2, 2},  {8, 8, 9, 6, 3, 2},
-      {16, 40, 6, 9, 3, 1}, {16, 3, 4, 4, 1, 2}, {8, 32, 28, 28, 2, 2},  // fmnist conv1's output,
-                                                                         // several samples
+      {8, 20, 8, 6, 2, 1},
+      {8, 20, 8, 6, 2, 2},
+      {16, 20, 8, 6, 2, 2},
+      {8, 8, 9, 6, 3, 2},
+      {16, 40, 6, 9, 3, 1},
+      {16, 3, 4, 4, 1, 2},
+      {8, 32, 28, 28, 2, 2},   // fmnist conv1's output,
+                               // several samples
+      {16, 5, 15, 15, 15, 2},  // the widest window: winners up to 224
   };
   for (const PoolCase& pc : cases) {
     SCOPED_TRACE(absl::StrCat("lanes ", pc.lanes, " channels ", pc.channels, " ", pc.h, "x", pc.w,
@@ -111,10 +117,15 @@ TEST(BlockedLoopsTest, MaxPoolReluMatchesPlainLoopsBitForBit) {
     ASSERT_TRUE(BlockedPoolShapeIsValid(shape));
     const std::vector<float> blocked = ToBlocked(conv, n, pc.channels, pc.h, pc.w, pc.lanes);
     std::vector<float> y(dy.size(), -7.f);
-    BlockedMaxPoolReluForward(shape, blocked.data(), y.data());
+    std::vector<uint8_t> winners(static_cast<size_t>(BlockedPoolWinnersSize(shape)), 77);
+    BlockedMaxPoolReluForward(shape, blocked.data(), y.data(), winners.data());
     EXPECT_EQ(Bits(y), Bits(want_y));
+    // Without winners (inference) the outputs are the same.
+    std::vector<float> y_alone(dy.size(), -7.f);
+    BlockedMaxPoolReluForward(shape, blocked.data(), y_alone.data(), nullptr);
+    EXPECT_EQ(Bits(y_alone), Bits(want_y));
     std::vector<float> d_conv(blocked.size(), -7.f);
-    BlockedMaxPoolReluBackward(shape, blocked.data(), dy.data(), d_conv.data());
+    BlockedMaxPoolReluBackward(shape, winners.data(), dy.data(), d_conv.data());
     EXPECT_EQ(Bits(d_conv), Bits(ToBlocked(want_dconv, n, pc.channels, pc.h, pc.w, pc.lanes)));
   }
 }
@@ -128,6 +139,13 @@ TEST(BlockedLoopsTest, PoolShapesTheLoopsDoNotHandleAreInvalid) {
   s.k = 3;  // 8 is not a multiple of 3.
   EXPECT_FALSE(BlockedPoolShapeIsValid(s));
   s.k = 0;
+  EXPECT_FALSE(BlockedPoolShapeIsValid(s));
+  // A window's winner is one byte: up to 15 x 15.
+  s.h = s.w = 30;
+  s.k = 15;
+  EXPECT_TRUE(BlockedPoolShapeIsValid(s));
+  s.h = s.w = 32;
+  s.k = 16;
   EXPECT_FALSE(BlockedPoolShapeIsValid(s));
 }
 
