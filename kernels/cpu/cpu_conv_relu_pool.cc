@@ -19,9 +19,10 @@
 // and the convolution writes channels in blocks of 8 or 16 (oneDNN's AVX2 and
 // AVX-512 layouts), the plan pools with loops of its own instead
 // (blocked_loops.h): forward reads the blocks and writes the ReLU-ed maxima
-// straight into the caller's NCHW y; backward reads the caller's dy, masks
-// it, and finds each window's winner again in the convolution's output. No
-// workspace, no pooled buffer, and no conversions of y and dy. The weight
+// straight into the caller's NCHW y, and in training records each window's
+// winner as a byte; backward reads the caller's dy and routes it by those
+// bytes. No float workspace, no pooled buffer, and no conversions of y and
+// dy. The weight
 // gradient of a convolution with one input channel comes from there too.
 // On a 2-core Zen 3 (AVX2), oneDNN 2.6's pooling took 6.4 ms and that weight
 // gradient 4.4 ms of a 57 ms step (see docs/BENCHMARKS.md).
