@@ -128,46 +128,57 @@ void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y, uin
   }
 }
 
+// The gradient of pooled row `row` ([sample][block][p]), written from
+// `d_rows`: the first of the row's k convolution rows of its block.
 template <int kLanes, int kWindow>
-void PoolReluBackward(const BlockedPoolShape& s, const uint8_t* winners, const float* dy,
-                      float* d_conv) {
+void PoolReluBackwardRow(const BlockedPoolShape& s, int64_t row, const uint8_t* winners,
+                         const float* dy, float* d_rows) {
   static_assert(kLanes % 8 == 0);
   const int out_h = s.out_h(), out_w = s.out_w();
   const int64_t out_plane = int64_t{out_h} * out_w;
   const int64_t row_stride = int64_t{s.w} * kLanes;
-  const int64_t rows = s.n * s.blocks() * out_h;
   const int side = kWindow != 0 ? kWindow : s.k;
-#pragma omp parallel for schedule(static) \
-    num_threads(s.num_threads) if (rows * out_w * kLanes >= kParallelElements)
-  for (int64_t row = 0; row < rows; ++row) {
-    const PoolRow r = RowAt<kLanes>(s, row);
-    const int64_t row_offset = (row / out_h) * s.h * row_stride + int64_t{r.p} * s.k * row_stride;
-    const float* g_row =
-        dy + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
-    const uint8_t* row_winners = winners + row * out_w * kLanes;
-    for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
-      const int count = std::min(kPoolTile, out_w - q0);
-      alignas(32) float g_tile[kPoolTile][kLanes] = {};
-      for (int b = 0; b < r.lanes; ++b) {
-        const float* plane = g_row + b * out_plane + q0;
-        for (int q = 0; q < count; ++q) g_tile[q][b] = plane[q];
-      }
-      for (int q = 0; q < count; ++q) {
-        for (int g = 0; g < kLanes; g += 8) {
-          const int64_t at = row_offset + int64_t{q0 + q} * s.k * kLanes + g;
-          const __m256i winner = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-              reinterpret_cast<const __m128i*>(row_winners + int64_t{q0 + q} * kLanes + g)));
-          const __m256 grad = _mm256_load_ps(&g_tile[q][g]);
-          for (int i = 0; i < side; ++i) {
-            for (int j = 0; j < side; ++j) {
-              const __m256i wins = _mm256_cmpeq_epi32(winner, _mm256_set1_epi32(i * side + j));
-              _mm256_storeu_ps(d_conv + at + i * row_stride + int64_t{j} * kLanes,
-                               _mm256_and_ps(grad, _mm256_castsi256_ps(wins)));
-            }
+  const PoolRow r = RowAt<kLanes>(s, row);
+  const float* g_row =
+      dy + (r.sample * s.channels + int64_t{r.block} * kLanes) * out_plane + int64_t{r.p} * out_w;
+  const uint8_t* row_winners = winners + row * out_w * kLanes;
+  for (int q0 = 0; q0 < out_w; q0 += kPoolTile) {
+    const int count = std::min(kPoolTile, out_w - q0);
+    alignas(32) float g_tile[kPoolTile][kLanes] = {};
+    for (int b = 0; b < r.lanes; ++b) {
+      const float* plane = g_row + b * out_plane + q0;
+      for (int q = 0; q < count; ++q) g_tile[q][b] = plane[q];
+    }
+    for (int q = 0; q < count; ++q) {
+      for (int g = 0; g < kLanes; g += 8) {
+        float* window = d_rows + int64_t{q0 + q} * s.k * kLanes + g;
+        const __m256i winner = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(row_winners + int64_t{q0 + q} * kLanes + g)));
+        const __m256 grad = _mm256_load_ps(&g_tile[q][g]);
+        for (int i = 0; i < side; ++i) {
+          for (int j = 0; j < side; ++j) {
+            const __m256i wins = _mm256_cmpeq_epi32(winner, _mm256_set1_epi32(i * side + j));
+            _mm256_storeu_ps(window + i * row_stride + int64_t{j} * kLanes,
+                             _mm256_and_ps(grad, _mm256_castsi256_ps(wins)));
           }
         }
       }
     }
+  }
+}
+
+template <int kLanes, int kWindow>
+void PoolReluBackward(const BlockedPoolShape& s, const uint8_t* winners, const float* dy,
+                      float* d_conv) {
+  const int out_h = s.out_h();
+  const int64_t row_stride = int64_t{s.w} * kLanes;
+  const int64_t rows = s.n * s.blocks() * out_h;
+#pragma omp parallel for schedule(static) \
+    num_threads(s.num_threads) if (rows * s.out_w() * kLanes >= kParallelElements)
+  for (int64_t row = 0; row < rows; ++row) {
+    PoolReluBackwardRow<kLanes, kWindow>(
+        s, row, winners, dy,
+        d_conv + (row / out_h) * s.h * row_stride + (row % out_h) * s.k * row_stride);
   }
 }
 
@@ -211,20 +222,34 @@ void AccumulateBias(const Conv2dConfig& c, const float* dy, float* partial) {
   }
 }
 
+// Where WeightGrad reads a block's dy: in memory, or made block by block
+// from the pool's winners and pooled gradient into the thread's scratch.
+struct DySource {
+  // [n][blocks][out_h][out_w][lanes]; nullptr: made by the pool's backward.
+  const float* dy = nullptr;
+  const BlockedPoolShape* pool = nullptr;
+  const uint8_t* winners = nullptr;
+  const float* pooled_dy = nullptr;
+  void (*pool_row)(const BlockedPoolShape&, int64_t, const uint8_t*, const float*,
+                   float*) = nullptr;
+};
+
 // Each thread sums a contiguous range of samples into its own partial sums
 // ([blocks][kernel_h][kernel_w][kLanes] and [blocks][kLanes]); the partials
 // are then added in thread order.
 template <int kLanes, int kKernelW>
-void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const float* dy, float* dw,
-                float* dbias, std::vector<float>* scratch) {
+void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const DySource& source,
+                float* dw, float* dbias, std::vector<float>* scratch) {
   const int blocks = (c.filters + kLanes - 1) / kLanes;
   const int out_h = c.out_h(), out_w = c.out_w();
   const int64_t padded_h = c.h + 2 * int64_t{c.pad_h}, padded_w = c.w + 2 * int64_t{c.pad_w};
   const int64_t image = padded_h * padded_w;
   const int64_t weights = int64_t{blocks} * c.kernel_h * kKernelW * kLanes;
   const int64_t biases = int64_t{blocks} * kLanes;
-  const int64_t per_thread = image + weights + biases;
   const int64_t dy_block = int64_t{out_h} * out_w * kLanes;
+  // A block's gradient when the pool makes it: L2-sized (50 KB for 28x28).
+  const int64_t made_dy = source.dy == nullptr ? dy_block : 0;
+  const int64_t per_thread = image + weights + biases + made_dy;
   const int64_t work = c.n * dy_block * c.kernel_h * kKernelW;
   const int threads = work >= kParallelElements ? std::max(num_threads, 1) : 1;
   scratch->assign(static_cast<size_t>(per_thread * threads), 0.f);
@@ -238,6 +263,7 @@ void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const fl
     float* padded_x = scratch->data() + t * per_thread;
     float* partial_w = padded_x + image;
     float* partial_b = partial_w + weights;
+    float* block_dy = partial_b + biases;
     const int64_t begin = c.n * t / count, end = c.n * (t + 1) / count;
     for (int64_t sample = begin; sample < end; ++sample) {
       // The borders stay zero from the assign above; only the inside moves.
@@ -247,7 +273,18 @@ void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const fl
                     sizeof(float) * c.w);
       }
       for (int block = 0; block < blocks; ++block) {
-        const float* dy_b = dy + (sample * blocks + block) * dy_block;
+        const float* dy_b = block_dy;
+        if (source.dy != nullptr) {
+          dy_b = source.dy + (sample * blocks + block) * dy_block;
+        } else {
+          const BlockedPoolShape& pool = *source.pool;
+          const int64_t first_row = (sample * blocks + block) * pool.out_h();
+          const int64_t rows_apart = int64_t{pool.k} * pool.w * kLanes;
+          for (int p = 0; p < pool.out_h(); ++p) {
+            source.pool_row(pool, first_row + p, source.winners, source.pooled_dy,
+                            block_dy + p * rows_apart);
+          }
+        }
         for (int r = 0; r < c.kernel_h; ++r) {
           AccumulateKernelRow<kLanes, kKernelW>(
               c, padded_x, padded_w, dy_b, r,
@@ -279,7 +316,7 @@ void WeightGrad(const Conv2dConfig& c, int num_threads, const float* x, const fl
 }
 
 template <int kLanes>
-void WeightGradForLanes(const Conv2dConfig& c, int num_threads, const float* x, const float* dy,
+void WeightGradForLanes(const Conv2dConfig& c, int num_threads, const float* x, const DySource& dy,
                         float* dw, float* dbias, std::vector<float>* scratch) {
   switch (c.kernel_w) {
     case 1:
@@ -343,10 +380,31 @@ bool OneChannelConvWeightGradApplies(const Conv2dConfig& c) {
 void OneChannelConvWeightGrad(const Conv2dConfig& c, int lanes, int num_threads, const float* x,
                               const float* dy, float* dw, float* dbias,
                               std::vector<float>* scratch) {
+  const DySource source{.dy = dy};
   if (lanes == 8) {
-    WeightGradForLanes<8>(c, num_threads, x, dy, dw, dbias, scratch);
+    WeightGradForLanes<8>(c, num_threads, x, source, dw, dbias, scratch);
   } else {
-    WeightGradForLanes<16>(c, num_threads, x, dy, dw, dbias, scratch);
+    WeightGradForLanes<16>(c, num_threads, x, source, dw, dbias, scratch);
+  }
+}
+
+bool OneChannelConvWeightGradThroughPoolApplies(const Conv2dConfig& c,
+                                                const BlockedPoolShape& pool) {
+  return OneChannelConvWeightGradApplies(c) && BlockedPoolShapeIsValid(pool) && pool.n == c.n &&
+         pool.channels == c.filters && pool.h == c.out_h() && pool.w == c.out_w();
+}
+
+void OneChannelConvWeightGradThroughPool(const Conv2dConfig& c, const BlockedPoolShape& pool,
+                                         int num_threads, const float* x, const uint8_t* winners,
+                                         const float* pooled_dy, float* dw, float* dbias,
+                                         std::vector<float>* scratch) {
+  DySource source{.pool = &pool, .winners = winners, .pooled_dy = pooled_dy};
+  if (pool.lanes == 8) {
+    source.pool_row = pool.k == 2 ? PoolReluBackwardRow<8, 2> : PoolReluBackwardRow<8, 0>;
+    WeightGradForLanes<8>(c, num_threads, x, source, dw, dbias, scratch);
+  } else {
+    source.pool_row = pool.k == 2 ? PoolReluBackwardRow<16, 2> : PoolReluBackwardRow<16, 0>;
+    WeightGradForLanes<16>(c, num_threads, x, source, dw, dbias, scratch);
   }
 }
 

@@ -78,6 +78,22 @@ void OneChannelConvWeightGrad(const Conv2dConfig& c, int lanes, int num_threads,
                               const float* dy, float* dw, float* dbias,
                               std::vector<float>* scratch);
 
+// Whether OneChannelConvWeightGradThroughPool handles `c` followed by
+// `pool`: as OneChannelConvWeightGrad, and the pool is valid and reads
+// exactly the convolution's output.
+bool OneChannelConvWeightGradThroughPoolApplies(const Conv2dConfig& c,
+                                                const BlockedPoolShape& pool);
+
+// OneChannelConvWeightGrad of the gradient BlockedMaxPoolReluBackward makes
+// from `winners` and `pooled_dy`, without writing that gradient out: each
+// thread makes one sample's block of it at a time in its scratch, uses it
+// and drops it. The same bits as the two calls. pool.lanes is the block
+// width; pool.num_threads is not used.
+void OneChannelConvWeightGradThroughPool(const Conv2dConfig& c, const BlockedPoolShape& pool,
+                                         int num_threads, const float* x, const uint8_t* winners,
+                                         const float* pooled_dy, float* dw, float* dbias,
+                                         std::vector<float>* scratch);
+
 }  // namespace pstrain::cpu_internal
 
 #endif  // PSTRAIN_KERNELS_CPU_BLOCKED_LOOPS_H_

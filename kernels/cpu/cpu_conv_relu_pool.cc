@@ -214,6 +214,8 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
                 BlockedPoolShapeIsValid(blocked_pool_);
     if (own_pool_) pool_winners_.resize(static_cast<size_t>(BlockedPoolWinnersSize(blocked_pool_)));
     own_weight_grad_ = lanes_ != 0 && OneChannelConvWeightGradApplies(conv_);
+    weight_grad_through_pool_ = own_pool_ && own_weight_grad_ &&
+                                OneChannelConvWeightGradThroughPoolApplies(conv_, blocked_pool_);
     // Winograd's weight gradient where the convolution plan would use it,
     // from x as the forward read it and the gradient where it lies.
     winograd_wgrad_.Init(c, algorithm_, conv_fwd_.Md(dnnl_query_src_md), conv_dst_md, num_threads_);
@@ -334,6 +336,14 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
           "ConvReluPool.Backward needs a training Forward of the same x first");
     }
     omp_set_num_threads(num_threads_);
+    if (weight_grad_through_pool_ && dx == nullptr) {
+      // The first layer: its gradient feeds only the weight gradient, which
+      // makes it sample by sample where it stays in the cache.
+      OneChannelConvWeightGradThroughPool(conv_, blocked_pool_, num_threads_, x,
+                                          pool_winners_.data(), dy, dw, dbias,
+                                          &weight_grad_scratch_);
+      return absl::OkStatus();
+    }
     if (own_pool_) {
       PSTRAIN_ASSIGN_OR_RETURN(float* d_conv, DataOf(d_conv_dst_));
       BlockedMaxPoolReluBackward(blocked_pool_, pool_winners_.data(), dy, d_conv);
@@ -498,6 +508,8 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   bool own_pool_ = false;         // blocked_loops.h's pool, else oneDNN's.
   std::vector<uint8_t> pool_winners_;  // Its winners, from the last training Forward.
   bool own_weight_grad_ = false;  // blocked_loops.h's weight gradient, else oneDNN's.
+  // Both, and the weight gradient can read the pool's gradient as it is made.
+  bool weight_grad_through_pool_ = false;
   std::vector<float> weight_grad_scratch_;
   bool reuse_forward_src_ = false;
 

@@ -231,5 +231,76 @@ TEST(BlockedLoopsTest, WeightGradIsOnlyForOneFp32InputChannelAndKernelsUpToEight
   EXPECT_FALSE(OneChannelConvWeightGradApplies(c));
 }
 
+TEST(BlockedLoopsTest, WeightGradThroughThePoolGivesTheBitsOfThePoolThenTheWeightGrad) {
+  struct FusedCase {
+    Conv2dConfig conv;
+    int k;  // The pool's window (and stride).
+  };
+  const FusedCase cases[] = {
+      {OneChannelConv(5, 28, 28, 32, 5, 5, 1, 1, 2, 2), 2},  // fmnist conv1, pool1
+      {OneChannelConv(3, 9, 12, 20, 3, 3, 1, 1, 1, 1), 3},   // padded filter block, wider window
+      {OneChannelConv(2, 11, 9, 8, 4, 2, 2, 1, 2, 1), 2},    // strides and padding: out 6 x 10
+  };
+  for (const FusedCase& fc : cases) {
+    const Conv2dConfig& c = fc.conv;
+    const int oh = c.out_h(), ow = c.out_w();
+    for (int lanes : {8, 16}) {
+      for (int threads : {1, 2, 3}) {
+        SCOPED_TRACE(absl::StrCat("filters ", c.filters, " out ", oh, "x", ow, " window ", fc.k,
+                                  " lanes ", lanes, " threads ", threads));
+        const BlockedPoolShape pool{.lanes = lanes,
+                                    .n = c.n,
+                                    .channels = c.filters,
+                                    .h = oh,
+                                    .w = ow,
+                                    .k = fc.k,
+                                    .num_threads = threads};
+        ASSERT_TRUE(OneChannelConvWeightGradThroughPoolApplies(c, pool));
+        const std::vector<float> x = Uniform(static_cast<size_t>(c.n) * c.h * c.w, 21);
+        const std::vector<float> conv =
+            ToBlocked(Coarse(static_cast<size_t>(c.n) * c.filters * oh * ow, 22), c.n, c.filters,
+                      oh, ow, lanes);
+        const std::vector<float> pooled_dy =
+            Uniform(static_cast<size_t>(c.n) * c.filters * (oh / fc.k) * (ow / fc.k), 23);
+        std::vector<float> y(pooled_dy.size());
+        std::vector<uint8_t> winners(static_cast<size_t>(BlockedPoolWinnersSize(pool)));
+        BlockedMaxPoolReluForward(pool, conv.data(), y.data(), winners.data());
+
+        std::vector<float> d_conv(conv.size(), -7.f), scratch;
+        BlockedMaxPoolReluBackward(pool, winners.data(), pooled_dy.data(), d_conv.data());
+        const size_t weights = static_cast<size_t>(c.filters) * c.kernel_h * c.kernel_w;
+        std::vector<float> want_w(weights), want_b(static_cast<size_t>(c.filters));
+        OneChannelConvWeightGrad(c, lanes, threads, x.data(), d_conv.data(), want_w.data(),
+                                 want_b.data(), &scratch);
+
+        std::vector<float> dw(weights, -7.f), db(want_b.size(), -7.f);
+        OneChannelConvWeightGradThroughPool(c, pool, threads, x.data(), winners.data(),
+                                            pooled_dy.data(), dw.data(), db.data(), &scratch);
+        EXPECT_EQ(Bits(dw), Bits(want_w));
+        EXPECT_EQ(Bits(db), Bits(want_b));
+        // No bias, and a fresh scratch: the same weights.
+        std::vector<float> again(weights, 3.f), fresh;
+        OneChannelConvWeightGradThroughPool(c, pool, threads, x.data(), winners.data(),
+                                            pooled_dy.data(), again.data(), nullptr, &fresh);
+        EXPECT_EQ(Bits(again), Bits(want_w));
+      }
+    }
+  }
+  // A pool of another shape than the convolution's output does not apply.
+  const Conv2dConfig c = OneChannelConv(2, 8, 8, 16, 3, 3, 1, 1, 1, 1);
+  BlockedPoolShape pool{
+      .lanes = 16, .n = 2, .channels = 16, .h = 8, .w = 8, .k = 2, .num_threads = 1};
+  EXPECT_TRUE(OneChannelConvWeightGradThroughPoolApplies(c, pool));
+  pool.channels = 8;
+  EXPECT_FALSE(OneChannelConvWeightGradThroughPoolApplies(c, pool));
+  pool.channels = 16;
+  pool.n = 3;
+  EXPECT_FALSE(OneChannelConvWeightGradThroughPoolApplies(c, pool));
+  pool.n = 2;
+  pool.h = pool.w = 6;  // Reads only part of the output.
+  pool.k = 3;
+  EXPECT_FALSE(OneChannelConvWeightGradThroughPoolApplies(c, pool));
+}
+
 }  // namespace
 }  // namespace pstrain::cpu_internal
