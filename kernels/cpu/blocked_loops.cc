@@ -22,22 +22,36 @@ constexpr int kPoolTile = 32;
 // One window's maximum over 8 channels, and where any of them saw a NaN.
 // kWindow is the window's side when known at compile time, else 0 and `k`
 // says it. Elements of a window row are `lane_stride` floats apart, rows
-// `row_stride`.
-template <int kWindow>
+// `row_stride`. With kWinner, also where the gradient of the ReLU of that
+// maximum goes back (pool_winners below): a later element takes over only
+// when it is greater, so the first maximum (row by row) wins ties.
+template <int kWindow, bool kWinner>
 inline void WindowMax8(const float* window, int64_t lane_stride, int64_t row_stride, int k,
-                       __m256* best, __m256* nan) {
+                       __m256* best, __m256* nan, __m256i* winner) {
   const int side = kWindow != 0 ? kWindow : k;
   __m256 m = _mm256_loadu_ps(window);
   __m256 any_nan = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+  __m256i at = _mm256_setzero_si256();
   for (int i = 0; i < side; ++i) {
     for (int j = i == 0 ? 1 : 0; j < side; ++j) {
       const __m256 v = _mm256_loadu_ps(window + i * row_stride + j * lane_stride);
+      if constexpr (kWinner) {
+        at = _mm256_blendv_epi8(at, _mm256_set1_epi32(i * side + j),
+                                _mm256_castps_si256(_mm256_cmp_ps(v, m, _CMP_GT_OQ)));
+      }
       m = _mm256_max_ps(v, m);  // v > m ? v : m
       any_nan = _mm256_or_ps(any_nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
   }
   *best = m;
   *nan = any_nan;
+  if constexpr (kWinner) {
+    // Nothing flows back where the window held a NaN or its maximum (the
+    // ReLU's input) was not positive.
+    const __m256 flows =
+        _mm256_andnot_ps(any_nan, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
+    *winner = _mm256_blendv_epi8(_mm256_set1_epi32(kNoPoolWinner), at, _mm256_castps_si256(flows));
+  }
 }
 
 // Where a row of pooled outputs lies: output row p of channel block `block`
@@ -56,26 +70,6 @@ PoolRow RowAt(const BlockedPoolShape& s, int64_t row) {
   r.sample = block_index / s.blocks();
   r.lanes = std::min(kLanes, s.channels - r.block * kLanes);
   return r;
-}
-
-// The first element of a window (row by row) equal to its maximum `best`,
-// per lane, as i * side + j; kNoPoolWinner where no gradient flows back: the
-// window held a NaN, or its maximum (the ReLU's input) was not positive.
-template <int kWindow>
-inline __m256i WindowWinner8(const float* window, int64_t lane_stride, int64_t row_stride, int k,
-                             __m256 best, __m256 nan) {
-  const int side = kWindow != 0 ? kWindow : k;
-  __m256i winner = _mm256_set1_epi32(kNoPoolWinner);
-  // Backwards, so that the first equal element is the last one blended in.
-  for (int i = side - 1; i >= 0; --i) {
-    for (int j = side - 1; j >= 0; --j) {
-      const __m256 v = _mm256_loadu_ps(window + i * row_stride + j * lane_stride);
-      winner = _mm256_blendv_epi8(winner, _mm256_set1_epi32(i * side + j),
-                                  _mm256_castps_si256(_mm256_cmp_ps(v, best, _CMP_EQ_OQ)));
-    }
-  }
-  const __m256 flows = _mm256_andnot_ps(nan, _mm256_cmp_ps(best, _mm256_setzero_ps(), _CMP_GT_OQ));
-  return _mm256_blendv_epi8(_mm256_set1_epi32(kNoPoolWinner), winner, _mm256_castps_si256(flows));
 }
 
 // Stores 8 lanes' winners (each below 256) as 8 bytes.
@@ -111,10 +105,12 @@ void PoolReluForward(const BlockedPoolShape& s, const float* conv, float* y, uin
         for (int g = 0; g < kLanes; g += 8) {
           const float* window = in + int64_t{q0 + q} * s.k * kLanes + g;
           __m256 best, nan;
-          WindowMax8<kWindow>(window, kLanes, row_stride, s.k, &best, &nan);
           if (row_winners != nullptr) {
-            StoreWinners8(WindowWinner8<kWindow>(window, kLanes, row_stride, s.k, best, nan),
-                          row_winners + int64_t{q0 + q} * kLanes + g);
+            __m256i winner;
+            WindowMax8<kWindow, true>(window, kLanes, row_stride, s.k, &best, &nan, &winner);
+            StoreWinners8(winner, row_winners + int64_t{q0 + q} * kLanes + g);
+          } else {
+            WindowMax8<kWindow, false>(window, kLanes, row_stride, s.k, &best, &nan, nullptr);
           }
           alignas(32) float relu[8];
           _mm256_store_ps(relu, _mm256_andnot_ps(nan, _mm256_max_ps(best, _mm256_setzero_ps())));
