@@ -275,8 +275,15 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
 // ---------------------------------------------------------------------------
 
 // Tiles transformed per step: 12 ran faster than 24 or 32 (the transforms
-// and the sums they add to share the core's L2; fmnist-cnn's conv2, Zen 4).
+// and the sums they add to share the core's L2; fmnist-cnn's conv2, Zen 4);
+// with the layout below, 12 and 32 measured the same.
 constexpr int kGradChunk = 12;
+// The transformed tiles, vx[t][p][c] and vdy[t][p][k]: a tile's 64 points
+// together, so that its transform writes them in one run, and tiles
+// GradTileStride(channels) floats apart. 64 x channels floats is a multiple
+// of 4 KiB; without the cache line of padding a point's values in
+// successive tiles would all fall in the same sets of the L1 cache.
+constexpr int64_t GradTileStride(int channels) { return int64_t{kPoints} * channels + 16; }
 // Segments: up to kMaxGradSegments, each of at least kMinGradSegmentTiles
 // tiles, so that a segment's products outweigh writing and adding its sums.
 // Their number depends on the shape only, never on the thread count.
@@ -290,8 +297,8 @@ constexpr float kA[kAlpha][kM] = {
     {1.0, -0.5, 0.25, -0.125}, {0.0, 0.0, 0.0, 1.0},
 };
 
-// B^T d B of tile `tile` of x (blocked, s.in_lanes) into vx[p][t][c] (rows of
-// kGradChunk tiles), 8 channels at a time.
+// B^T d B of tile `tile` of x (blocked, s.in_lanes) into vx[t][p][c], 8
+// channels at a time.
 void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* x, int64_t tile,
                         int t, float* vx) {
   const int cin = s.in_channels;
@@ -299,12 +306,12 @@ void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* 
   for (int c = 0; c < cin; c += 8) {
     const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
     TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
-      _mm256_storeu_ps(vx + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cin + c, v);
+      _mm256_storeu_ps(vx + t * GradTileStride(cin) + (i * kAlpha + j) * cin + c, v);
     });
   }
 }
 
-// A dy A^T of the same tile of dy (blocked, s.out_lanes) into vdy[p][t][k];
+// A dy A^T of the same tile of dy (blocked, s.out_lanes) into vdy[t][p][k];
 // outputs outside the image count as zeros.
 void TransformGradientTile(const WinogradShape& s, const Geometry& g, const float* dy, int64_t tile,
                            int t, float* vdy) {
@@ -330,15 +337,16 @@ void TransformGradientTile(const WinogradShape& s, const Geometry& g, const floa
       for (int b = 0; b < kM; ++b) row[b] = cols[b][i];
       Apply(kA, row, v);
       for (int j = 0; j < kAlpha; ++j) {
-        _mm256_storeu_ps(vdy + ((int64_t{i} * kAlpha + j) * kGradChunk + t) * cout + o, v[j]);
+        _mm256_storeu_ps(vdy + t * GradTileStride(cout) + (i * kAlpha + j) * cout + o, v[j]);
       }
     }
   }
 }
 
-// m[k][c] += sum_{t < count} vdy[t][k] * vx[t][c] for filters [k0, k0 +
-// Rows), all channels, in t order (m = that sum when `fresh`): Rows filters
-// by 16 channels in registers.
+// m[k][c] += sum_{t < count} vdy[t][p][k] * vx[t][p][c] for filters [k0,
+// k0 + Rows), all channels, in t order (m = that sum when `fresh`), vx and
+// vdy pointing at tile 0's point p: Rows filters by 16 channels in
+// registers.
 template <int Rows>
 inline __attribute__((always_inline)) void AccumulateRows(int cin, int cout, int k0, int count,
                                                           const float* vx, const float* vdy,
@@ -351,11 +359,11 @@ inline __attribute__((always_inline)) void AccumulateRows(int cin, int cout, int
       acc[r][1] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(m + int64_t{k0 + r} * cin + c + 8);
     }
     for (int t = 0; t < count; ++t) {
-      const __m256 x0 = _mm256_loadu_ps(vx + int64_t{t} * cin + c);
-      const __m256 x1 = _mm256_loadu_ps(vx + int64_t{t} * cin + c + 8);
+      const __m256 x0 = _mm256_loadu_ps(vx + t * GradTileStride(cin) + c);
+      const __m256 x1 = _mm256_loadu_ps(vx + t * GradTileStride(cin) + c + 8);
 #pragma GCC unroll 6
       for (int r = 0; r < Rows; ++r) {
-        const __m256 d = _mm256_broadcast_ss(vdy + int64_t{t} * cout + k0 + r);
+        const __m256 d = _mm256_broadcast_ss(vdy + t * GradTileStride(cout) + k0 + r);
         acc[r][0] = _mm256_fmadd_ps(d, x0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(d, x1, acc[r][1]);
       }
@@ -481,8 +489,8 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> vx, vdy;
-    vx.resize(static_cast<size_t>(kPoints) * kGradChunk * cin);
-    vdy.resize(static_cast<size_t>(kPoints) * kGradChunk * cout);
+    vx.resize(static_cast<size_t>(kGradChunk * GradTileStride(cin)));
+    vdy.resize(static_cast<size_t>(kGradChunk * GradTileStride(cout)));
 #pragma omp for schedule(static)
     for (int segment = 0; segment < num_segments; ++segment) {
       float* ms = segments + m_size * segment;
@@ -496,9 +504,10 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
           TransformGradientTile(s, g, dy, first + t, t, vdy.data());
         }
         for (int p = 0; p < kPoints; ++p) {
-          AccumulatePoint(cin, cout, count, vx.data() + static_cast<size_t>(p) * kGradChunk * cin,
-                          vdy.data() + static_cast<size_t>(p) * kGradChunk * cout,
-                          /*fresh=*/first == begin, ms + static_cast<size_t>(p) * cout * cin);
+          const float* vxp = vx.data() + static_cast<size_t>(p) * cin;
+          const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
+          float* mp = ms + static_cast<size_t>(p) * cout * cin;
+          AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
         }
       }
     }
