@@ -12,6 +12,7 @@
 //   build-cpu/bin/cpu_ops_bench [--reps=N] [--threads=T]
 //       [--layout=auto|plain|blocked|blocked-unfused|all]
 //       [--gemm=measured|matmul|sgemm]   (CpuBackendOptions::gemm; default measured)
+//       [--width=measured|256|512]       (CpuBackendOptions::vector_width; default measured)
 //
 // Medians are what the machine delivered; the min column is the op's cost
 // when nothing competed for the cores. The OpenMP wait policy in effect is
@@ -50,6 +51,8 @@ struct Flags {
   std::string gemm_name = "measured";
   CpuConvAlgorithm conv = CpuConvAlgorithm::kAuto;
   std::string conv_name = "auto";
+  CpuVectorWidth width = CpuVectorWidth::kMeasured;
+  std::string width_name = "measured";
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -71,12 +74,17 @@ Flags ParseFlags(int argc, char** argv) {
       flags.conv_name = arg.substr(7);
       flags.conv =
           flags.conv_name == "direct" ? CpuConvAlgorithm::kDirect : CpuConvAlgorithm::kAuto;
+    } else if (arg == "--width=measured" || arg == "--width=256" || arg == "--width=512") {
+      flags.width_name = arg.substr(8);
+      flags.width = flags.width_name == "256"   ? CpuVectorWidth::k256
+                    : flags.width_name == "512" ? CpuVectorWidth::k512
+                                                : CpuVectorWidth::kMeasured;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--reps=N] [--threads=T] "
           "[--layout=auto|plain|blocked|blocked-unfused|all] [--gemm=measured|matmul|sgemm] "
-          "[--conv=auto|direct]\n",
+          "[--conv=auto|direct] [--width=measured|256|512]\n",
           argv[0]);
       std::exit(2);
     }
@@ -137,11 +145,12 @@ double RunLayout(CpuConvLayout layout, const char* layout_name, bool fused, cons
   options.conv_layout = layout;
   options.gemm = flags.gemm;
   options.conv_algorithm = flags.conv;
+  options.vector_width = flags.width;
   std::unique_ptr<Backend> backend = CreateCpuBackend(options);
   Backend* b = backend.get();
-  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s, gemm %s, conv %s ==\n",
+  std::printf("\n== %s, conv layout %s, conv + ReLU + max-pool %s, gemm %s, conv %s, width %s ==\n",
               b->Describe().c_str(), layout_name, fused ? "as one plan" : "layer by layer",
-              flags.gemm_name.c_str(), flags.conv_name.c_str());
+              flags.gemm_name.c_str(), flags.conv_name.c_str(), flags.width_name.c_str());
 
   Model m(b);
   const int64_t n = kBatch;

@@ -216,7 +216,8 @@ class CpuBackend final : public Backend {
     PSTRAIN_RETURN_IF_ERROR(CheckF32("CreateConv2d", config.dtype));
     PSTRAIN_RETURN_IF_ERROR(CheckNchw("CreateConv2d", config.layout));
     return cpu_internal::CreateCpuConv2dPlan(ctx_, config, options_.conv_layout,
-                                             options_.conv_algorithm, threads_);
+                                             options_.conv_algorithm, options_.vector_width,
+                                             threads_);
   }
 
   absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateConvReluPool(
@@ -225,8 +226,8 @@ class CpuBackend final : public Backend {
     if (options_.conv_layout == CpuConvLayout::kPlain) {
       return absl::UnimplementedError("CreateConvReluPool: plain layout asked for");
     }
-    return cpu_internal::CreateCpuConvReluPoolPlan(ctx_, conv, with_bias, pool,
-                                                   options_.conv_algorithm, threads_);
+    return cpu_internal::CreateCpuConvReluPoolPlan(
+        ctx_, conv, with_bias, pool, options_.conv_algorithm, options_.vector_width, threads_);
   }
 
   absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreatePool2d(const Pool2dConfig& config) override {

@@ -63,14 +63,29 @@ enum class CpuConvAlgorithm {
   // backward-data passes of 5x5 stride-1 "same" convolutions whose channel
   // counts are multiples of 16, in the blocked layouts, where it was
   // measured faster (winograd.h's WinogradApplies: up to 256 x 256
-  // channels, from 2^26 multiply-adds; bench/cpu_ops_bench and
+  // channels, from 2^26 multiply-adds), and for their weight gradients up
+  // to 64 x 64 channels (WinogradWeightGradApplies; bench/cpu_ops_bench and
   // bench/conv_algorithm_bench, docs/BENCHMARKS.md); oneDNN's direct
-  // kernels for the rest and for every weight gradient. Results differ from
-  // the direct kernels' in the last bits (WinogradTest bounds by how much).
+  // kernels for the rest. Results differ from the direct kernels' in the
+  // last bits (WinogradTest bounds by how much).
   kAuto,
   // oneDNN's kernels for every pass (direct in the blocked layouts, im2col
   // + GEMM in kPlain).
   kDirect,
+};
+
+// The register width of pstrain's own convolution loops where the CPU has
+// AVX-512 (Winograd's products: winograd.h). Both widths give the same
+// bits; only the speed differs, and by the core: one with two 512-bit FMA
+// units (Intel's server cores) does twice the multiply-adds a cycle in 512
+// bits, one that runs them as two 256-bit halves (AMD's Zen 4) none more.
+enum class CpuVectorWidth {
+  // Per pass, whichever width its first calls measured faster: they
+  // alternate for a few calls, then 512 bits hold only if they were
+  // clearly faster (cpu_plans.h's VectorWidthChoice).
+  kMeasured,
+  k256,
+  k512,  // Where the CPU has AVX-512; 256 bits on the others.
 };
 
 struct CpuBackendOptions {
@@ -80,6 +95,7 @@ struct CpuBackendOptions {
   CpuConvLayout conv_layout = CpuConvLayout::kAuto;
   CpuGemmChoice gemm = CpuGemmChoice::kMeasured;
   CpuConvAlgorithm conv_algorithm = CpuConvAlgorithm::kAuto;
+  CpuVectorWidth vector_width = CpuVectorWidth::kMeasured;
 };
 
 // Never fails: CreateCpuBackend() in backend.h is this with default options.

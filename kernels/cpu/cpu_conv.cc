@@ -3,11 +3,14 @@
 // caller passes or on oneDNN's blocked layouts behind LayoutBridge reorders.
 #include <omp.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/blocked_loops.h"
 #include "kernels/cpu/cpu_plans.h"
@@ -30,9 +33,29 @@ absl::Status ValidateConv2dConfig(const Conv2dConfig& c) {
   return absl::OkStatus();
 }
 
+void VectorWidthChoice::Init(CpuVectorWidth width, bool avx512_available) {
+  calls_ = 0;
+  took_[0].clear();
+  took_[1].clear();
+  use_512_ = avx512_available && width == CpuVectorWidth::k512;
+  trials_left_ = avx512_available && width == CpuVectorWidth::kMeasured ? 2 * kTrials : 0;
+}
+
+void VectorWidthChoice::Record(absl::Duration took) {
+  if (trials_left_ == 0) return;
+  took_[calls_ % 2].push_back(took);
+  ++calls_;
+  if (--trials_left_ > 0) return;
+  for (std::vector<absl::Duration>& times : took_) {
+    std::sort(times.begin(), times.end());
+  }
+  const absl::Duration median_256 = took_[0][kTrials / 2], median_512 = took_[1][kTrials / 2];
+  use_512_ = median_512 < kMargin * median_256;
+}
+
 void WinogradPass::Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algorithm,
-                        const dnnl_memory_desc_t& first_md, const dnnl_memory_desc_t& second_md,
-                        int num_threads) {
+                        CpuVectorWidth width, const dnnl_memory_desc_t& first_md,
+                        const dnnl_memory_desc_t& second_md, int num_threads) {
   config_ = c;
   role_ = role;
   const int first_lanes = ChannelBlock(first_md), second_lanes = ChannelBlock(second_md);
@@ -49,6 +72,7 @@ void WinogradPass::Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algor
             .in_lanes = first_lanes,
             .out_lanes = second_lanes,
             .num_threads = num_threads};
+  width_.Init(width);
 }
 
 absl::Status WinogradPass::Run(const float* w, const float* bias, dnnl_memory_t in,
@@ -58,14 +82,17 @@ absl::Status WinogradPass::Run(const float* w, const float* bias, dnnl_memory_t 
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(in, &in_data), what);
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(out, &out_data), what);
   WinogradFilters(config_, w, role_ == Role::kBackwardData, shape_.num_threads, &filters_);
+  shape_.avx512 = width_.NextIs512();
+  const absl::Time start = absl::Now();
   WinogradConv5x5(shape_, static_cast<const float*>(in_data), filters_, bias,
                   static_cast<float*>(out_data));
+  width_.Record(absl::Now() - start);
   return absl::OkStatus();
 }
 
 void WinogradWeightGradPass::Init(const Conv2dConfig& c, CpuConvAlgorithm algorithm,
-                                  const dnnl_memory_desc_t& x_md, const dnnl_memory_desc_t& dy_md,
-                                  int num_threads) {
+                                  CpuVectorWidth width, const dnnl_memory_desc_t& x_md,
+                                  const dnnl_memory_desc_t& dy_md, int num_threads) {
   const int x_lanes = ChannelBlock(x_md), dy_lanes = ChannelBlock(dy_md);
   enabled_ = algorithm == CpuConvAlgorithm::kAuto && WinogradWeightGradApplies(c) && x_lanes != 0 &&
              dy_lanes != 0;
@@ -77,6 +104,7 @@ void WinogradWeightGradPass::Init(const Conv2dConfig& c, CpuConvAlgorithm algori
             .in_lanes = x_lanes,
             .out_lanes = dy_lanes,
             .num_threads = num_threads};
+  width_.Init(width);
 }
 
 absl::Status WinogradWeightGradPass::Run(dnnl_memory_t x, dnnl_memory_t dy, float* dw, float* dbias,
@@ -85,8 +113,11 @@ absl::Status WinogradWeightGradPass::Run(dnnl_memory_t x, dnnl_memory_t dy, floa
   void* dy_data = nullptr;
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(x, &x_data), what);
   PSTRAIN_RETURN_IF_DNNL_ERROR(dnnl_memory_get_data_handle(dy, &dy_data), what);
+  shape_.avx512 = width_.NextIs512();
+  const absl::Time start = absl::Now();
   WinogradWeightGrad5x5(shape_, static_cast<const float*>(x_data),
                         static_cast<const float*>(dy_data), dw, dbias, &scratch_);
+  width_.Record(absl::Now() - start);
   return absl::OkStatus();
 }
 
@@ -104,11 +135,12 @@ bool UseBlocked(CpuConvLayout layout) { return layout != CpuConvLayout::kPlain; 
 class CpuConv2dPlan final : public Conv2dPlan {
  public:
   CpuConv2dPlan(std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, bool blocked,
-                CpuConvAlgorithm algorithm, int num_threads)
+                CpuConvAlgorithm algorithm, CpuVectorWidth width, int num_threads)
       : ctx_(std::move(ctx)),
         config_(config),
         blocked_(blocked),
         algorithm_(algorithm),
+        width_(width),
         num_threads_(num_threads) {}
 
   absl::Status Init() {
@@ -312,7 +344,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
           f.bias, CreateMemory(f.primitive.Md(dnnl_query_weights_md, 1), *ctx_, false,
                                "Conv2d.Forward"));
     }
-    f.winograd.Init(config_, WinogradPass::Role::kForward, algorithm_,
+    f.winograd.Init(config_, WinogradPass::Role::kForward, algorithm_, width_,
                     f.primitive.Md(dnnl_query_src_md), f.primitive.Md(dnnl_query_dst_md),
                     num_threads_);
     return absl::OkStatus();
@@ -342,7 +374,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_diff_src_md),
                                          /*to_primitive=*/false, "Conv2d.BackwardData"));
-    b.winograd.Init(config_, WinogradPass::Role::kBackwardData, algorithm_,
+    b.winograd.Init(config_, WinogradPass::Role::kBackwardData, algorithm_, width_,
                     b.primitive.Md(dnnl_query_diff_dst_md), b.primitive.Md(dnnl_query_diff_src_md),
                     num_threads_);
     return absl::OkStatus();
@@ -377,7 +409,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
     PSTRAIN_ASSIGN_OR_RETURN(
         b.src, LayoutBridge::Create(*ctx_, user_src_, b.primitive.Md(dnnl_query_src_md),
                                     /*to_primitive=*/true, "Conv2d.BackwardFilter"));
-    b.winograd.Init(config_, algorithm_, b.primitive.Md(dnnl_query_src_md),
+    b.winograd.Init(config_, algorithm_, width_, b.primitive.Md(dnnl_query_src_md),
                     b.primitive.Md(dnnl_query_diff_dst_md), num_threads_);
     PSTRAIN_ASSIGN_OR_RETURN(
         b.diff_weights,
@@ -397,6 +429,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
   const Conv2dConfig config_;
   const bool blocked_;
   const CpuConvAlgorithm algorithm_;
+  const CpuVectorWidth width_;
   const int num_threads_;
   dnnl_memory_desc_t user_src_, user_weights_, user_dst_, user_bias_;
   dnnl_memory_desc_t any_src_, any_weights_, any_dst_;
@@ -409,14 +442,12 @@ class CpuConv2dPlan final : public Conv2dPlan {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(std::shared_ptr<DnnlContext> ctx,
-                                                                const Conv2dConfig& config,
-                                                                CpuConvLayout layout,
-                                                                CpuConvAlgorithm algorithm,
-                                                                int num_threads) {
+absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(
+    std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, CpuConvLayout layout,
+    CpuConvAlgorithm algorithm, CpuVectorWidth width, int num_threads) {
   PSTRAIN_RETURN_IF_ERROR(ValidateConv2dConfig(config));
-  auto plan = std::make_unique<CpuConv2dPlan>(std::move(ctx), config, UseBlocked(layout),
-                                              algorithm, num_threads);
+  auto plan = std::make_unique<CpuConv2dPlan>(std::move(ctx), config, UseBlocked(layout), algorithm,
+                                              width, num_threads);
   PSTRAIN_RETURN_IF_ERROR(plan->Init());
   return std::unique_ptr<Conv2dPlan>(std::move(plan));
 }

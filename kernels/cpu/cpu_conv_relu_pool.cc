@@ -132,12 +132,14 @@ absl::Status AsUnimplemented(const absl::Status& status) {
 class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
  public:
   CpuConvReluPoolPlan(std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-                      const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads)
+                      const Pool2dConfig& pool, CpuConvAlgorithm algorithm, CpuVectorWidth width,
+                      int num_threads)
       : ctx_(std::move(ctx)),
         conv_(conv),
         with_bias_(with_bias),
         pool_(pool),
         algorithm_(algorithm),
+        width_(width),
         num_threads_(num_threads) {}
 
   absl::Status Init() {
@@ -219,7 +221,8 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
                                 OneChannelConvWeightGradThroughPoolApplies(conv_, blocked_pool_);
     // Winograd's weight gradient where the convolution plan would use it,
     // from x as the forward read it and the gradient where it lies.
-    winograd_wgrad_.Init(c, algorithm_, conv_fwd_.Md(dnnl_query_src_md), conv_dst_md, num_threads_);
+    winograd_wgrad_.Init(c, algorithm_, width_, conv_fwd_.Md(dnnl_query_src_md), conv_dst_md,
+                         num_threads_);
     if (!own_pool_) {
       PSTRAIN_RETURN_IF_ERROR(InitDnnlPool(conv_dst_md, user_pooled, any_pooled));
     }
@@ -281,9 +284,9 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
     // Winograd where the convolution plan would use it (cpu_plans.h), on the
     // same layouts: the forward from x as the primitive reads it into the
     // plan's blocked output, backward data from that output's gradient.
-    winograd_fwd_.Init(c, WinogradPass::Role::kForward, algorithm_,
+    winograd_fwd_.Init(c, WinogradPass::Role::kForward, algorithm_, width_,
                        conv_fwd_.Md(dnnl_query_src_md), conv_dst_md, num_threads_);
-    winograd_bwd_.Init(c, WinogradPass::Role::kBackwardData, algorithm_, conv_dst_md,
+    winograd_bwd_.Init(c, WinogradPass::Role::kBackwardData, algorithm_, width_, conv_dst_md,
                        conv_bwd_d_.Md(dnnl_query_diff_src_md), num_threads_);
     return absl::OkStatus();
   }
@@ -493,6 +496,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
   const bool with_bias_;
   const Pool2dConfig pool_;
   const CpuConvAlgorithm algorithm_;
+  const CpuVectorWidth width_;
   const int num_threads_;
 
   // Built by Init().
@@ -523,7 +527,7 @@ class CpuConvReluPoolPlan final : public ConvReluPoolPlan {
 
 absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads) {
+    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, CpuVectorWidth width, int num_threads) {
   PSTRAIN_RETURN_IF_ERROR(ValidateConv2dConfig(conv));
   PSTRAIN_RETURN_IF_ERROR(ValidatePool2dConfig(pool));
   if (pool.mode != PoolMode::kMax || pool.n != conv.n || pool.c != conv.filters ||
@@ -538,7 +542,7 @@ absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     return absl::UnimplementedError("ConvReluPool: overlapping pool windows");
   }
   auto plan = std::make_unique<CpuConvReluPoolPlan>(std::move(ctx), conv, with_bias, pool,
-                                                    algorithm, num_threads);
+                                                    algorithm, width, num_threads);
   PSTRAIN_RETURN_IF_ERROR(AsUnimplemented(plan->Init()));
   return std::unique_ptr<ConvReluPoolPlan>(std::move(plan));
 }

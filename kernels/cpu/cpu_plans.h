@@ -35,17 +35,43 @@ absl::Status ValidatePool2dConfig(const Pool2dConfig& config);
 // runs the ops one by one).
 absl::StatusOr<std::unique_ptr<ConvReluPoolPlan>> CreateCpuConvReluPoolPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& conv, bool with_bias,
-    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, int num_threads);
+    const Pool2dConfig& pool, CpuConvAlgorithm algorithm, CpuVectorWidth width, int num_threads);
 
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCpuConv2dPlan(
     std::shared_ptr<DnnlContext> ctx, const Conv2dConfig& config, CpuConvLayout layout,
-    CpuConvAlgorithm algorithm, int num_threads);
+    CpuConvAlgorithm algorithm, CpuVectorWidth width, int num_threads);
 
 absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCpuPool2dPlan(const Pool2dConfig& config,
                                                                 int num_threads);
 
 absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateCpuBatchNormPlan(
     const BatchNormConfig& config, int num_threads);
+
+// The register width of a Winograd pass (WinogradShape::avx512), one call
+// at a time. For CpuVectorWidth::kMeasured the pass's own first 2 x
+// kTrials calls alternate 256 and 512 bits, timed (both give the same bits,
+// so the trials are the pass's real work), and then the width with the
+// lower median holds for the pass's life: 512 only if its median was under
+// kMargin of 256's, so that a near tie stays on the narrower registers.
+// Without AVX-512 (or for k256) always 256 bits; for k512, 512.
+class VectorWidthChoice {
+ public:
+  void Init(CpuVectorWidth width, bool avx512_available = WinogradAvx512Available());
+  // The width of the next call.
+  bool NextIs512() const { return trials_left_ > 0 ? calls_ % 2 == 1 : use_512_; }
+  // How long the call that NextIs512() was asked for took.
+  void Record(absl::Duration took);
+  bool decided() const { return trials_left_ == 0; }
+
+  static constexpr int kTrials = 4;
+  static constexpr double kMargin = 0.97;
+
+ private:
+  bool use_512_ = false;
+  int trials_left_ = 0;  // Calls still to time; 0 once decided.
+  int calls_ = 0;
+  std::vector<absl::Duration> took_[2];  // By width: [0] 256 bits, [1] 512.
+};
 
 // A convolution pass (forward or backward data) by winograd.h between
 // oneDNN memories in channel-blocked layouts, where CpuConvAlgorithm allows
@@ -58,7 +84,7 @@ class WinogradPass {
   // Enabled when `algorithm` is kAuto, WinogradApplies(c) and both layouts
   // are blocked (ChannelBlock 8 or 16). The memories the pass reads and
   // writes: forward x and y, backward data dy and dx.
-  void Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algorithm,
+  void Init(const Conv2dConfig& c, Role role, CpuConvAlgorithm algorithm, CpuVectorWidth width,
             const dnnl_memory_desc_t& first_md, const dnnl_memory_desc_t& second_md,
             int num_threads);
   bool enabled() const { return enabled_; }
@@ -72,6 +98,7 @@ class WinogradPass {
   Role role_ = Role::kForward;
   bool enabled_ = false;
   WinogradShape shape_;
+  VectorWidthChoice width_;
   std::vector<float> filters_;  // U, rebuilt from w on every call.
 };
 
@@ -81,8 +108,8 @@ class WinogradPass {
 // plan's [filters, c, 5, 5] layout and, when asked, dbias.
 class WinogradWeightGradPass {
  public:
-  void Init(const Conv2dConfig& c, CpuConvAlgorithm algorithm, const dnnl_memory_desc_t& x_md,
-            const dnnl_memory_desc_t& dy_md, int num_threads);
+  void Init(const Conv2dConfig& c, CpuConvAlgorithm algorithm, CpuVectorWidth width,
+            const dnnl_memory_desc_t& x_md, const dnnl_memory_desc_t& dy_md, int num_threads);
   bool enabled() const { return enabled_; }
   absl::Status Run(dnnl_memory_t x, dnnl_memory_t dy, float* dw, float* dbias,
                    absl::string_view what);
@@ -90,6 +117,7 @@ class WinogradWeightGradPass {
  private:
   bool enabled_ = false;
   WinogradShape shape_;
+  VectorWidthChoice width_;
   std::vector<float> scratch_;  // The sums, kept between calls.
 };
 

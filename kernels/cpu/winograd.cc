@@ -21,14 +21,20 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/winograd_kernels.h"
+#include "oneapi/dnnl/dnnl.h"
+
 namespace pstrain::cpu_internal {
 namespace {
 
-constexpr int kM = 4;                      // Output tile side.
-constexpr int kAlpha = kM + 4;             // Input tile side: m + 5 - 1.
-constexpr int kPoints = kAlpha * kAlpha;   // Products per tile and channel pair.
-constexpr int kTileRows = 6;               // Tiles per register block of step 2.
-constexpr int kTileBlock = 2 * kTileRows;  // Tiles per block of the three steps.
+using winograd::GradTileStride;
+using winograd::kAlpha;
+using winograd::kGradChunk;
+using winograd::kM;
+using winograd::kPoints;
+using winograd::kTileBlock;
+constexpr int kTileRows = 6;  // Tiles per register block of step 2 in 256 bits.
+static_assert(kTileBlock == 2 * kTileRows);
 // Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
 // while U stays in the caches. Measured (docs/BENCHMARKS.md): 1.5-3x the
 // direct kernels up to 256 -> 256 channels (U 16 MiB), 0.45-0.5x at
@@ -274,16 +280,6 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
 // and no barrier between the threads until the end.
 // ---------------------------------------------------------------------------
 
-// Tiles transformed per step: 12 ran faster than 24 or 32 (the transforms
-// and the sums they add to share the core's L2; fmnist-cnn's conv2, Zen 4);
-// with the layout below, 12 and 32 measured the same.
-constexpr int kGradChunk = 12;
-// The transformed tiles, vx[t][p][c] and vdy[t][p][k]: a tile's 64 points
-// together, so that its transform writes them in one run, and tiles
-// GradTileStride(channels) floats apart. 64 x channels floats is a multiple
-// of 4 KiB; without the cache line of padding a point's values in
-// successive tiles would all fall in the same sets of the L1 cache.
-constexpr int64_t GradTileStride(int channels) { return int64_t{kPoints} * channels + 16; }
 // Segments: up to kMaxGradSegments, each of at least kMinGradSegmentTiles
 // tiles, so that a segment's products outweigh writing and adding its sums.
 // Their number depends on the shape only, never on the thread count.
@@ -388,6 +384,17 @@ void AccumulatePoint(int cin, int cout, int count, const float* vx, const float*
 
 }  // namespace
 
+bool WinogradAvx512Available() {
+  // oneDNN's view of the CPU: AVX-512 F, CD, BW, DQ and VL, with the OS
+  // saving the 512-bit registers.
+  static const bool available = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+    return (isa & avx512) == avx512;
+  }();
+  return available;
+}
+
 bool WinogradSupports(const Conv2dConfig& c) {
   return c.dtype == DataType::kF32 && c.kernel_h == 5 && c.kernel_w == 5 && c.stride_h == 1 &&
          c.stride_w == 1 && c.pad_h == 2 && c.pad_w == 2 && c.c > 0 && c.c % 16 == 0 &&
@@ -465,7 +472,11 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
       const int64_t first = block * kTileBlock;
       const int count = static_cast<int>(std::min<int64_t>(kTileBlock, g.tiles - first));
       TransformInputs(s, g, in, first, count, v.data());
-      MultiplyPoints(s, v.data(), up, m.data());
+      if (s.avx512) {
+        winograd::MultiplyPointsAvx512(s.in_channels, s.out_channels, v.data(), up, m.data());
+      } else {
+        MultiplyPoints(s, v.data(), up, m.data());
+      }
       TransformOutputs(s, g, m.data(), bias, first, count, out);
     }
   }
@@ -507,7 +518,12 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
           const float* vxp = vx.data() + static_cast<size_t>(p) * cin;
           const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
           float* mp = ms + static_cast<size_t>(p) * cout * cin;
-          AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
+          if (s.avx512) {
+            winograd::AccumulatePointAvx512(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin,
+                                            mp);
+          } else {
+            AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
+          }
         }
       }
     }

@@ -25,9 +25,10 @@
 // direct kernel on the shapes measured up to 64 x 64 channels; slower
 // beyond: docs/BENCHMARKS.md).
 //
-// Each output element is computed in one fixed order, for any thread count
-// and either lane width: results repeat bit for bit, and two plans that
-// hold the same values in different block widths agree.
+// Each output element is computed in one fixed order, for any thread count,
+// either lane width and either register width (256 or 512 bits, the
+// products of winograd_avx512.cc): results repeat bit for bit, and two
+// plans that hold the same values in different block widths agree.
 #ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 #define PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 
@@ -57,6 +58,10 @@ bool WinogradApplies(const Conv2dConfig& c);
 // and beyond that they outgrow the caches). Measured: docs/BENCHMARKS.md.
 bool WinogradWeightGradApplies(const Conv2dConfig& c);
 
+// Whether this CPU can run the products in 512-bit registers: where oneDNN
+// runs its AVX-512 kernels (ONEDNN_MAX_CPU_ISA=AVX2 turns both off).
+bool WinogradAvx512Available();
+
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.
 // Forward: in = c.c, out = c.filters, from w [filters, c, 5, 5].
 // Backward data: in = c.filters, out = c.c, from the same w, each filter
@@ -72,6 +77,9 @@ struct WinogradShape {
   int h = 0, w = 0;                       // Input and output spatial size.
   int in_lanes = 16, out_lanes = 16;      // Channels per block: 8 or 16.
   int num_threads = 1;
+  // The products in 512-bit registers (winograd_avx512.cc), only where
+  // WinogradAvx512Available(): the same bits as in 256.
+  bool avx512 = false;
 };
 
 // out[n, o, y, x] = sum_{i, r, s} in[n, i, y + r - 2, x + s - 2] * filter[o, i, r, s]

@@ -1,7 +1,8 @@
 // Winograd's F(4x4, 5x5) (kernels/cpu/winograd.h) against the convolution
 // summed in double, forward, backward data and the weight gradient, for both
 // block widths and mixtures of them, image sides that leave partial tiles,
-// and thread counts.
+// and thread counts; the 512-bit products against the 256-bit ones, and the
+// plans' choice between the two (cpu_plans.h's VectorWidthChoice).
 #include "kernels/cpu/winograd.h"
 
 #include <algorithm>
@@ -12,8 +13,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_plans.h"
 #include "tests/testing/blocked_layout.h"
 #include "tests/testing/kernel_configs.h"
 
@@ -73,7 +77,7 @@ void Reference(const Conv2dConfig& c, bool backward_data, const std::vector<floa
 // Runs one pass through the blocked layouts and returns it in NCHW.
 std::vector<float> RunPass(const Conv2dConfig& c, bool backward_data, const std::vector<float>& in,
                            const std::vector<float>& w, const float* bias, int in_lanes,
-                           int out_lanes, int threads) {
+                           int out_lanes, int threads, bool avx512 = false) {
   const int cin = backward_data ? c.filters : c.c, cout = backward_data ? c.c : c.filters;
   std::vector<float> u;
   WinogradFilters(c, w.data(), backward_data, threads, &u);
@@ -88,7 +92,8 @@ std::vector<float> RunPass(const Conv2dConfig& c, bool backward_data, const std:
                             .w = c.w,
                             .in_lanes = in_lanes,
                             .out_lanes = out_lanes,
-                            .num_threads = threads};
+                            .num_threads = threads,
+                            .avx512 = avx512};
   WinogradConv5x5(shape, blocked_in.data(), u, bias, blocked_out.data());
   return FromBlocked(blocked_out, c.n, cout, c.h, c.w, out_lanes);
 }
@@ -229,7 +234,8 @@ void ReferenceWeightGrad(const Conv2dConfig& c, const std::vector<float>& x,
 // not null.
 std::vector<float> RunWeightGrad(const Conv2dConfig& c, const std::vector<float>& x,
                                  const std::vector<float>& dy, int x_lanes, int dy_lanes,
-                                 int threads, std::vector<float>* dbias = nullptr) {
+                                 int threads, std::vector<float>* dbias = nullptr,
+                                 bool avx512 = false) {
   const std::vector<float> blocked_x = ToBlocked(x, c.n, c.c, c.h, c.w, x_lanes);
   const std::vector<float> blocked_dy = ToBlocked(dy, c.n, c.filters, c.h, c.w, dy_lanes);
   std::vector<float> dw(static_cast<size_t>(c.filters) * c.c * 25,
@@ -242,7 +248,8 @@ std::vector<float> RunWeightGrad(const Conv2dConfig& c, const std::vector<float>
                             .w = c.w,
                             .in_lanes = x_lanes,
                             .out_lanes = dy_lanes,
-                            .num_threads = threads};
+                            .num_threads = threads,
+                            .avx512 = avx512};
   // Scratch left from another shape, as a plan's would be: never read.
   std::vector<float> scratch(1000, std::numeric_limits<float>::quiet_NaN());
   WinogradWeightGrad5x5(shape, blocked_x.data(), blocked_dy.data(), dw.data(),
@@ -320,6 +327,109 @@ TEST(WinogradTest, TheWeightGradientRepeatsBitForBitAcrossThreadCountsAndBlockWi
       }
     }
   }
+}
+
+// The 512-bit products sum every value in the order of the 256-bit ones:
+// the same bits, for shapes that reach each register block of both (output
+// channels in 32s and a last 16; weight gradient filters in 12s with a last
+// 4 or 8, channels in 32s and a last 16).
+TEST(WinogradTest, The512BitProductsGiveTheBitsOfThe256BitOnes) {
+  if (!WinogradAvx512Available()) GTEST_SKIP() << "this CPU has no AVX-512";
+  for (const Conv2dConfig& c :
+       {MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2),  // fmnist conv2
+        MakeConv(3, 32, 11, 14, 32, 5, 5, 1, 1, 2, 2), MakeConv(2, 16, 13, 9, 48, 5, 5, 1, 1, 2, 2),
+        MakeConv(5, 48, 7, 6, 16, 5, 5, 1, 1, 2, 2),
+        MakeConv(13, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2)}) {  // 3 segments
+    SCOPED_TRACE(absl::StrCat(c.n, "x", c.c, "x", c.h, "x", c.w, " -> ", c.filters));
+    const std::vector<float> w = Random(static_cast<size_t>(c.filters) * c.c * 25, 12, 0.1f);
+    const std::vector<float> bias = Random(static_cast<size_t>(c.filters), 13, 1.f);
+    const std::vector<float> x = Random(static_cast<size_t>(c.n) * c.c * c.h * c.w, 14, 1.f);
+    const std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 15, 1.f);
+    for (const int lanes : {8, 16}) {
+      EXPECT_EQ(RunPass(c, false, x, w, bias.data(), lanes, lanes, 2, /*avx512=*/true),
+                RunPass(c, false, x, w, bias.data(), lanes, lanes, 2))
+          << "forward, lanes " << lanes;
+      EXPECT_EQ(RunPass(c, true, dy, w, nullptr, lanes, lanes, 2, /*avx512=*/true),
+                RunPass(c, true, dy, w, nullptr, lanes, lanes, 2))
+          << "backward data, lanes " << lanes;
+      std::vector<float> bias_512, bias_256;
+      EXPECT_EQ(RunWeightGrad(c, x, dy, lanes, lanes, 2, &bias_512, /*avx512=*/true),
+                RunWeightGrad(c, x, dy, lanes, lanes, 2, &bias_256))
+          << "weight gradient, lanes " << lanes;
+      EXPECT_EQ(bias_512, bias_256) << "bias gradient, lanes " << lanes;
+    }
+  }
+}
+
+// VectorWidthChoice with the calls' times given.
+struct TimedCalls {
+  VectorWidthChoice choice;
+  // Makes `calls` calls that take ms_256 or ms_512 by the width asked for;
+  // returns the widths, 1 for 512 bits.
+  std::vector<int> Run(int calls, double ms_256, double ms_512) {
+    std::vector<int> widths;
+    for (int i = 0; i < calls; ++i) {
+      const bool wide = choice.NextIs512();
+      widths.push_back(wide ? 1 : 0);
+      choice.Record(absl::Milliseconds(wide ? ms_512 : ms_256));
+    }
+    return widths;
+  }
+};
+
+TEST(VectorWidthChoiceTest, AlternatesThenKeepsTheFasterWidth) {
+  constexpr int kTrialCalls = 2 * VectorWidthChoice::kTrials;
+  TimedCalls faster_512;
+  faster_512.choice.Init(CpuVectorWidth::kMeasured, /*avx512_available=*/true);
+  EXPECT_FALSE(faster_512.choice.decided());
+  const std::vector<int> widths = faster_512.Run(kTrialCalls + 3, 2.0, 1.2);
+  EXPECT_EQ(std::vector<int>(widths.begin(), widths.begin() + 4), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(std::vector<int>(widths.begin() + kTrialCalls, widths.end()),
+            (std::vector<int>{1, 1, 1}));
+  EXPECT_TRUE(faster_512.choice.decided());
+
+  TimedCalls faster_256;
+  faster_256.choice.Init(CpuVectorWidth::kMeasured, /*avx512_available=*/true);
+  const std::vector<int> narrow = faster_256.Run(kTrialCalls + 3, 1.2, 2.0);
+  EXPECT_EQ(std::vector<int>(narrow.begin() + kTrialCalls, narrow.end()),
+            (std::vector<int>{0, 0, 0}));
+}
+
+TEST(VectorWidthChoiceTest, ANearTieOrOneSlowCallKeeps256Bits) {
+  constexpr int kTrialCalls = 2 * VectorWidthChoice::kTrials;
+  TimedCalls tie;
+  tie.choice.Init(CpuVectorWidth::kMeasured, /*avx512_available=*/true);
+  EXPECT_EQ(tie.Run(kTrialCalls + 1, 2.0, 1.99).back(), 0) << "1 % faster is a tie";
+
+  // The first 256-bit call pays for warming up (10x): its median still
+  // says 256 bits are faster.
+  VectorWidthChoice warm_up;
+  warm_up.Init(CpuVectorWidth::kMeasured, /*avx512_available=*/true);
+  for (int i = 0; i < kTrialCalls; ++i) {
+    const bool wide = warm_up.NextIs512();
+    warm_up.Record(absl::Milliseconds(wide ? 2.0 : (i == 0 ? 15.0 : 1.5)));
+  }
+  EXPECT_TRUE(warm_up.decided());
+  EXPECT_FALSE(warm_up.NextIs512());
+}
+
+TEST(VectorWidthChoiceTest, FixedWidthsAndCpusWithoutAvx512NeverTime) {
+  TimedCalls no_avx512;
+  no_avx512.choice.Init(CpuVectorWidth::kMeasured, /*avx512_available=*/false);
+  EXPECT_TRUE(no_avx512.choice.decided());
+  EXPECT_EQ(no_avx512.Run(4, 2.0, 1.0), (std::vector<int>{0, 0, 0, 0}));
+
+  TimedCalls forced_512;
+  forced_512.choice.Init(CpuVectorWidth::k512, /*avx512_available=*/true);
+  EXPECT_EQ(forced_512.Run(3, 1.0, 2.0), (std::vector<int>{1, 1, 1}));
+
+  TimedCalls forced_512_without;
+  forced_512_without.choice.Init(CpuVectorWidth::k512, /*avx512_available=*/false);
+  EXPECT_EQ(forced_512_without.Run(3, 2.0, 1.0), (std::vector<int>{0, 0, 0}));
+
+  TimedCalls forced_256;
+  forced_256.choice.Init(CpuVectorWidth::k256, /*avx512_available=*/true);
+  EXPECT_EQ(forced_256.Run(3, 2.0, 1.0), (std::vector<int>{0, 0, 0}));
 }
 
 TEST(WinogradTest, ANonFiniteGradientReachesItsFiltersWeightsOnly) {

@@ -1,0 +1,42 @@
+// Internal to winograd.cc and winograd_avx512.cc: the sizes both share and
+// the 512-bit versions of its products (winograd_avx512.cc, built for
+// x86-64-v4; call them only where WinogradAvx512Available() is true).
+#ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
+#define PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
+
+#include <cstdint>
+
+namespace pstrain::cpu_internal::winograd {
+
+constexpr int kM = 4;                     // Output tile side.
+constexpr int kAlpha = kM + 4;            // Input tile side: m + 5 - 1.
+constexpr int kPoints = kAlpha * kAlpha;  // Products per tile and channel pair.
+constexpr int kTileBlock = 12;            // Tiles per block of a convolution's three steps.
+// Tiles transformed per step of the weight gradient: 12 ran faster than 24
+// or 32 (the transforms and the sums they add to share the core's L2;
+// fmnist-cnn's conv2, Zen 4); with the layout below, 12 and 32 measured the
+// same.
+constexpr int kGradChunk = 12;
+
+// The weight gradient's transformed tiles, vx[t][p][c] and vdy[t][p][k]: a
+// tile's 64 points together, so that its transform writes them in one run,
+// and tiles GradTileStride(channels) floats apart. 64 x channels floats is a
+// multiple of 4 KiB; without the cache line of padding a point's values in
+// successive tiles would all fall in the same sets of the L1 cache.
+constexpr int64_t GradTileStride(int channels) { return int64_t{kPoints} * channels + 16; }
+
+// A convolution's step 2: m[t][p][out] = sum_in v[t][p][in] * u[p][in][out]
+// for the kTileBlock tiles of v (v[t][p][in], m[t][p][out]), `in` summed in
+// order. cout is a multiple of 16.
+void MultiplyPointsAvx512(int cin, int cout, const float* v, const float* u, float* m);
+
+// The weight gradient's sums at one point p: m[k][c] += sum_{t < count}
+// vdy[t][p][k] * vx[t][p][c], in t order (m = that sum when `fresh`); vx and
+// vdy point at tile 0's point p, tiles GradTileStride apart. cin and cout
+// are multiples of 16.
+void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, const float* vdy,
+                           bool fresh, float* m);
+
+}  // namespace pstrain::cpu_internal::winograd
+
+#endif  // PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
