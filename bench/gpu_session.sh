@@ -31,8 +31,10 @@
 #                (an Intel Xeon with 16 cores, where ours is an AMD EPYC) for issue
 #                11 part 0 and issue 8's TLS figure: transport_bench plaintext and
 #                with TLS + mTLS + tokens on 2 and on 4 cores (taskset), with 1
-#                and 2 connections per shard (CPUHOST_CONNECTIONS), and
-#                bench/train_cpu_vs_pytorch.py on 2 cores, as the issue's Xeon had
+#                and 2 connections per shard (CPUHOST_CONNECTIONS),
+#                bench/train_cpu_vs_pytorch.py on 2 cores, as the issue's Xeon had,
+#                and cpu_ops_bench on the same 2 cores with Winograd's products in
+#                256- and in 512-bit registers (--width), alternating
 #   tlsnet       not GPU work, not in the default list: issue 8's TLS goal over
 #                emulated links on a host with cores to spare:
 #                bench/cluster_emulation.sh tls (TLSNET_RATES, default 10gbit;
@@ -374,9 +376,17 @@ stage_cpuhost() {
     echo "== bench/train_cpu_vs_pytorch.py --rounds ${CPUHOST_ROUNDS:-3}, taskset -c 0-1"
     taskset -c 0-1 timeout "${CPUHOST_TRAIN_SECONDS:-600}" $PY bench/train_cpu_vs_pytorch.py \
       --rounds "${CPUHOST_ROUNDS:-3}" || rc=1
+    for round in 1 2 3; do
+      for width in 256 512; do
+        echo "== cpu_ops_bench --layout=blocked --reps=40 --width=$width, taskset -c 0-1, round $round"
+        taskset -c 0-1 timeout 120 "$BIN/cpu_ops_bench" --layout=blocked --reps=40 \
+          --width="$width" || rc=1
+      done
+    done
   } >"$log" 2>&1
   say "cpuhost: $(sed -n 's/^== cpuhost [^ ]*: //p' "$log")"
-  grep -E '^== transport|GB/s|ratio|median' "$log" | tee -a "$SUMMARY" >/dev/null
+  grep -E '^== (transport|cpu_ops)|GB/s|ratio|median|conv2|whole step' "$log" |
+    tee -a "$SUMMARY" >/dev/null
   return $rc
 }
 
