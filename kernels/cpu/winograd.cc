@@ -27,7 +27,6 @@
 namespace pstrain::cpu_internal {
 namespace {
 
-using winograd::GradTileStride;
 using winograd::kAlpha;
 using winograd::kGradChunk;
 using winograd::kM;
@@ -35,6 +34,12 @@ using winograd::kPoints;
 using winograd::kTileBlock;
 constexpr int kTileRows = 6;  // Tiles per register block of step 2 in 256 bits.
 static_assert(kTileBlock == 2 * kTileRows);
+
+// Floats between a tile and the next in the weight gradient's transformed
+// tiles (winograd_kernels.h).
+constexpr int64_t GradTileStride(int channels) {
+  return int64_t{kPoints} * channels + winograd::kGradTilePad;
+}
 // Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
 // while U stays in the caches. Measured (docs/BENCHMARKS.md): 1.5-3x the
 // direct kernels up to 256 -> 256 channels (U 16 MiB), 0.45-0.5x at
@@ -519,8 +524,8 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
           const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
           float* mp = ms + static_cast<size_t>(p) * cout * cin;
           if (s.avx512) {
-            winograd::AccumulatePointAvx512(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin,
-                                            mp);
+            winograd::AccumulatePointAvx512(cin, cout, count, vxp, GradTileStride(cin), vdyp,
+                                            GradTileStride(cout), /*fresh=*/first == begin, mp);
           } else {
             AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
           }

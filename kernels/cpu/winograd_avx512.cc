@@ -49,11 +49,19 @@ inline __attribute__((always_inline)) void MultiplyBlock(int cin, int cout, int 
   }
 }
 
+// The tiles' transforms of one point (AccumulatePointAvx512's vx and vdy).
+struct PointTiles {
+  const float* vx;
+  int64_t x_stride;
+  const float* vdy;
+  int64_t dy_stride;
+};
+
 // Rows filters by 16 x W channels of m, summed over the tiles in order.
 template <int Rows, int W>
-inline __attribute__((always_inline)) void AccumulateBlock(int cin, int cout, int k0, int c,
-                                                           int count, const float* vx,
-                                                           const float* vdy, bool fresh, float* m) {
+inline __attribute__((always_inline)) void AccumulateBlock(int cin, int k0, int c, int count,
+                                                           const PointTiles& tiles, bool fresh,
+                                                           float* m) {
   __m512 acc[Rows][W];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
@@ -66,10 +74,10 @@ inline __attribute__((always_inline)) void AccumulateBlock(int cin, int cout, in
   for (int t = 0; t < count; ++t) {
     __m512 x[W];
 #pragma GCC unroll 2
-    for (int w = 0; w < W; ++w) x[w] = _mm512_loadu_ps(vx + t * GradTileStride(cin) + c + 16 * w);
+    for (int w = 0; w < W; ++w) x[w] = _mm512_loadu_ps(tiles.vx + t * tiles.x_stride + c + 16 * w);
 #pragma GCC unroll 16
     for (int r = 0; r < Rows; ++r) {
-      const __m512 d = _mm512_set1_ps(vdy[t * GradTileStride(cout) + k0 + r]);
+      const __m512 d = _mm512_set1_ps(tiles.vdy[t * tiles.dy_stride + k0 + r]);
 #pragma GCC unroll 2
       for (int w = 0; w < W; ++w) acc[r][w] = _mm512_fmadd_ps(d, x[w], acc[r][w]);
     }
@@ -94,21 +102,20 @@ void MultiplyPointsAvx512(int cin, int cout, const float* v, const float* u, flo
   }
 }
 
-void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, const float* vdy,
-                           bool fresh, float* m) {
+void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, int64_t x_stride,
+                           const float* vdy, int64_t dy_stride, bool fresh, float* m) {
+  const PointTiles tiles{vx, x_stride, vdy, dy_stride};
   int c = 0;
   for (; c + 32 <= cin; c += 32) {
     // Twelve filters by 32 channels (24 registers of sums), then the last
     // four or eight filters (cout is a multiple of 16).
     int k = 0;
-    for (; k + 12 <= cout; k += 12)
-      AccumulateBlock<12, 2>(cin, cout, k, c, count, vx, vdy, fresh, m);
-    if (cout - k == 8) AccumulateBlock<8, 2>(cin, cout, k, c, count, vx, vdy, fresh, m);
-    if (cout - k == 4) AccumulateBlock<4, 2>(cin, cout, k, c, count, vx, vdy, fresh, m);
+    for (; k + 12 <= cout; k += 12) AccumulateBlock<12, 2>(cin, k, c, count, tiles, fresh, m);
+    if (cout - k == 8) AccumulateBlock<8, 2>(cin, k, c, count, tiles, fresh, m);
+    if (cout - k == 4) AccumulateBlock<4, 2>(cin, k, c, count, tiles, fresh, m);
   }
   if (c < cin) {
-    for (int k = 0; k < cout; k += 16)
-      AccumulateBlock<16, 1>(cin, cout, k, c, count, vx, vdy, fresh, m);
+    for (int k = 0; k < cout; k += 16) AccumulateBlock<16, 1>(cin, k, c, count, tiles, fresh, m);
   }
 }
 

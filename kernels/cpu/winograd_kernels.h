@@ -1,6 +1,10 @@
 // Internal to winograd.cc and winograd_avx512.cc: the sizes both share and
 // the 512-bit versions of its products (winograd_avx512.cc, built for
 // x86-64-v4; call them only where WinogradAvx512Available() is true).
+//
+// Constants only, no inline functions: winograd_avx512.cc would compile
+// its own copy of one for x86-64-v4, and the linker may keep that copy for
+// every caller, on CPUs without AVX-512 too.
 #ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
 #define PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
 
@@ -20,10 +24,11 @@ constexpr int kGradChunk = 12;
 
 // The weight gradient's transformed tiles, vx[t][p][c] and vdy[t][p][k]: a
 // tile's 64 points together, so that its transform writes them in one run,
-// and tiles GradTileStride(channels) floats apart. 64 x channels floats is a
-// multiple of 4 KiB; without the cache line of padding a point's values in
-// successive tiles would all fall in the same sets of the L1 cache.
-constexpr int64_t GradTileStride(int channels) { return int64_t{kPoints} * channels + 16; }
+// and tiles kPoints x channels + kGradTilePad floats apart. 64 x channels
+// floats is a multiple of 4 KiB; without the cache line of padding a
+// point's values in successive tiles would all fall in the same sets of the
+// L1 cache.
+constexpr int kGradTilePad = 16;
 
 // A convolution's step 2: m[t][p][out] = sum_in v[t][p][in] * u[p][in][out]
 // for the kTileBlock tiles of v (v[t][p][in], m[t][p][out]), `in` summed in
@@ -32,10 +37,10 @@ void MultiplyPointsAvx512(int cin, int cout, const float* v, const float* u, flo
 
 // The weight gradient's sums at one point p: m[k][c] += sum_{t < count}
 // vdy[t][p][k] * vx[t][p][c], in t order (m = that sum when `fresh`); vx and
-// vdy point at tile 0's point p, tiles GradTileStride apart. cin and cout
-// are multiples of 16.
-void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, const float* vdy,
-                           bool fresh, float* m);
+// vdy point at tile 0's point p, tiles x_stride and dy_stride floats apart.
+// cin and cout are multiples of 16.
+void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, int64_t x_stride,
+                           const float* vdy, int64_t dy_stride, bool fresh, float* m);
 
 }  // namespace pstrain::cpu_internal::winograd
 
