@@ -40,6 +40,7 @@ static_assert(kTileBlock == 2 * kTileRows);
 constexpr int64_t GradTileStride(int channels) {
   return int64_t{kPoints} * channels + winograd::kGradTilePad;
 }
+
 // Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
 // while U stays in the caches. Measured (docs/BENCHMARKS.md): 1.5-3x the
 // direct kernels up to 256 -> 256 channels (U 16 MiB), 0.45-0.5x at
@@ -467,6 +468,8 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
   const Geometry g = GeometryOf(s);
   const int64_t blocks = (g.tiles + kTileBlock - 1) / kTileBlock;
   const float* up = u.data();
+  // Never 512 bits on a CPU without them, whatever the caller asked.
+  const bool wide = s.avx512 && WinogradAvx512Available();
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> v, m;
@@ -477,7 +480,7 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
       const int64_t first = block * kTileBlock;
       const int count = static_cast<int>(std::min<int64_t>(kTileBlock, g.tiles - first));
       TransformInputs(s, g, in, first, count, v.data());
-      if (s.avx512) {
+      if (wide) {
         winograd::MultiplyPointsAvx512(s.in_channels, s.out_channels, v.data(), up, m.data());
       } else {
         MultiplyPoints(s, v.data(), up, m.data());
@@ -501,7 +504,8 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
   const size_t m_size = static_cast<size_t>(kPoints) * cin * cout;
   if (scratch->size() < m_size * num_segments) scratch->resize(m_size * num_segments);
   float* const segments = scratch->data();
-  const float* const m = segments;  // The sum of the segments, once added.
+  const float* const m = segments;                          // The sum of the segments, once added.
+  const bool wide = s.avx512 && WinogradAvx512Available();  // As in WinogradConv5x5.
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> vx, vdy;
@@ -523,7 +527,7 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
           const float* vxp = vx.data() + static_cast<size_t>(p) * cin;
           const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
           float* mp = ms + static_cast<size_t>(p) * cout * cin;
-          if (s.avx512) {
+          if (wide) {
             winograd::AccumulatePointAvx512(cin, cout, count, vxp, GradTileStride(cin), vdyp,
                                             GradTileStride(cout), /*fresh=*/first == begin, mp);
           } else {

@@ -77,8 +77,9 @@ struct WinogradShape {
   int h = 0, w = 0;                       // Input and output spatial size.
   int in_lanes = 16, out_lanes = 16;      // Channels per block: 8 or 16.
   int num_threads = 1;
-  // The products in 512-bit registers (winograd_avx512.cc), only where
-  // WinogradAvx512Available(): the same bits as in 256.
+  // The products in 512-bit registers (winograd_avx512.cc), where
+  // WinogradAvx512Available() (elsewhere 256 bits whatever this says): the
+  // same bits as in 256.
   bool avx512 = false;
 };
 
