@@ -35,10 +35,10 @@ using winograd::kTileBlock;
 constexpr int kTileRows = 6;  // Tiles per register block of step 2 in 256 bits.
 static_assert(kTileBlock == 2 * kTileRows);
 
-// Floats between a tile and the next in the weight gradient's transformed
-// tiles (winograd_kernels.h).
-constexpr int64_t GradTileStride(int channels) {
-  return int64_t{kPoints} * channels + winograd::kGradTilePad;
+// Floats between a tile and the next in a block of transformed tiles
+// (winograd_kernels.h).
+constexpr int64_t TileStride(int channels) {
+  return int64_t{kPoints} * channels + winograd::kTilePad;
 }
 
 // Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
@@ -182,15 +182,16 @@ inline __attribute__((always_inline)) void TransformInputPatch(const WinogradSha
   }
 }
 
-// Step 1 for tiles [first, first + count) into v[kTileBlock][kPoints][in].
+// Step 1 for tiles [first, first + count) into v[kTileBlock][kPoints][in]
+// (tiles TileStride(in) apart).
 void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in, int64_t first,
                      int count, float* v) {
   const int cin = s.in_channels;
   for (int t = 0; t < kTileBlock; ++t) {
-    float* vt = v + int64_t{t} * kPoints * cin;
+    float* vt = v + t * TileStride(cin);
     if (t >= count) {
       // Past the last tile: zeros, which step 2 multiplies and step 3 drops.
-      std::memset(vt, 0, sizeof(float) * kPoints * cin);
+      std::memset(vt, 0, sizeof(float) * TileStride(cin));
       continue;
     }
     const TileAt at = TileAtOf(g, first + t);
@@ -211,7 +212,7 @@ void MultiplyPoints(const WinogradShape& s, const float* v, const float* u, floa
     const float* vp = v + int64_t{p} * cin;
     const float* up = u + int64_t{p} * cin * cout;
     float* mp = m + int64_t{p} * cout;
-    const int64_t v_tile = int64_t{kPoints} * cin, m_tile = int64_t{kPoints} * cout;
+    const int64_t v_tile = TileStride(cin), m_tile = TileStride(cout);
     for (int o = 0; o < cout; o += 16) {
       for (int t0 = 0; t0 < kTileBlock; t0 += kTileRows) {
         __m256 acc[kTileRows][2];
@@ -247,7 +248,7 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
   const int64_t point_stride = cout;
   for (int t = 0; t < count; ++t) {
     const TileAt at = TileAtOf(g, first + t);
-    const float* mt = m + int64_t{t} * kPoints * cout;
+    const float* mt = m + t * TileStride(cout);
     for (int o = 0; o < cout; o += 8) {
       __m256 rows[kM][kAlpha];  // rows[a][j] = (A^T M)[a][j].
       for (int j = 0; j < kAlpha; ++j) {
@@ -308,7 +309,7 @@ void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* 
   for (int c = 0; c < cin; c += 8) {
     const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
     TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
-      _mm256_storeu_ps(vx + t * GradTileStride(cin) + (i * kAlpha + j) * cin + c, v);
+      _mm256_storeu_ps(vx + t * TileStride(cin) + (i * kAlpha + j) * cin + c, v);
     });
   }
 }
@@ -339,7 +340,7 @@ void TransformGradientTile(const WinogradShape& s, const Geometry& g, const floa
       for (int b = 0; b < kM; ++b) row[b] = cols[b][i];
       Apply(kA, row, v);
       for (int j = 0; j < kAlpha; ++j) {
-        _mm256_storeu_ps(vdy + t * GradTileStride(cout) + (i * kAlpha + j) * cout + o, v[j]);
+        _mm256_storeu_ps(vdy + t * TileStride(cout) + (i * kAlpha + j) * cout + o, v[j]);
       }
     }
   }
@@ -361,11 +362,11 @@ inline __attribute__((always_inline)) void AccumulateRows(int cin, int cout, int
       acc[r][1] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(m + int64_t{k0 + r} * cin + c + 8);
     }
     for (int t = 0; t < count; ++t) {
-      const __m256 x0 = _mm256_loadu_ps(vx + t * GradTileStride(cin) + c);
-      const __m256 x1 = _mm256_loadu_ps(vx + t * GradTileStride(cin) + c + 8);
+      const __m256 x0 = _mm256_loadu_ps(vx + t * TileStride(cin) + c);
+      const __m256 x1 = _mm256_loadu_ps(vx + t * TileStride(cin) + c + 8);
 #pragma GCC unroll 6
       for (int r = 0; r < Rows; ++r) {
-        const __m256 d = _mm256_broadcast_ss(vdy + t * GradTileStride(cout) + k0 + r);
+        const __m256 d = _mm256_broadcast_ss(vdy + t * TileStride(cout) + k0 + r);
         acc[r][0] = _mm256_fmadd_ps(d, x0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(d, x1, acc[r][1]);
       }
@@ -473,8 +474,8 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> v, m;
-    v.resize(static_cast<size_t>(kPoints) * kTileBlock * s.in_channels);
-    m.resize(static_cast<size_t>(kPoints) * kTileBlock * s.out_channels);
+    v.resize(static_cast<size_t>(kTileBlock * TileStride(s.in_channels)));
+    m.resize(static_cast<size_t>(kTileBlock * TileStride(s.out_channels)));
 #pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
       const int64_t first = block * kTileBlock;
@@ -509,8 +510,8 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> vx, vdy;
-    vx.resize(static_cast<size_t>(kGradChunk * GradTileStride(cin)));
-    vdy.resize(static_cast<size_t>(kGradChunk * GradTileStride(cout)));
+    vx.resize(static_cast<size_t>(kGradChunk * TileStride(cin)));
+    vdy.resize(static_cast<size_t>(kGradChunk * TileStride(cout)));
 #pragma omp for schedule(static)
     for (int segment = 0; segment < num_segments; ++segment) {
       float* ms = segments + m_size * segment;
@@ -528,8 +529,8 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
           const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
           float* mp = ms + static_cast<size_t>(p) * cout * cin;
           if (wide) {
-            winograd::AccumulatePointAvx512(cin, cout, count, vxp, GradTileStride(cin), vdyp,
-                                            GradTileStride(cout), /*fresh=*/first == begin, mp);
+            winograd::AccumulatePointAvx512(cin, cout, count, vxp, TileStride(cin), vdyp,
+                                            TileStride(cout), /*fresh=*/first == begin, mp);
           } else {
             AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
           }

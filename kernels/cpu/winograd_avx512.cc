@@ -23,7 +23,8 @@ namespace {
 template <int W>
 inline __attribute__((always_inline)) void MultiplyBlock(int cin, int cout, int o, const float* vp,
                                                          const float* up, float* mp) {
-  const int64_t v_tile = int64_t{kPoints} * cin, m_tile = int64_t{kPoints} * cout;
+  const int64_t v_tile = int64_t{kPoints} * cin + kTilePad,
+                m_tile = int64_t{kPoints} * cout + kTilePad;
   __m512 acc[kTileBlock][W];
 #pragma GCC unroll 12
   for (int r = 0; r < kTileBlock; ++r) {

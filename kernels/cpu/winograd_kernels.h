@@ -22,17 +22,18 @@ constexpr int kTileBlock = 12;            // Tiles per block of a convolution's 
 // same.
 constexpr int kGradChunk = 12;
 
-// The weight gradient's transformed tiles, vx[t][p][c] and vdy[t][p][k]: a
+// Every block of transformed tiles (a convolution's v[t][p][in] and
+// m[t][p][out], the weight gradient's vx[t][p][c] and vdy[t][p][k]) keeps a
 // tile's 64 points together, so that its transform writes them in one run,
-// and tiles kPoints x channels + kGradTilePad floats apart. 64 x channels
-// floats is a multiple of 4 KiB; without the cache line of padding a
-// point's values in successive tiles would all fall in the same sets of the
-// L1 cache.
-constexpr int kGradTilePad = 16;
+// and its tiles kPoints x channels + kTilePad floats apart. 64 x channels
+// floats is a multiple of 4 KiB: without the cache line of padding, the
+// products, which read one point of 12 tiles at a time, would find all 12
+// in the same set of the L1 cache (8 ways on the Zen 4).
+constexpr int kTilePad = 16;
 
 // A convolution's step 2: m[t][p][out] = sum_in v[t][p][in] * u[p][in][out]
-// for the kTileBlock tiles of v (v[t][p][in], m[t][p][out]), `in` summed in
-// order. cout is a multiple of 16.
+// for the kTileBlock tiles of v, `in` summed in order. cout is a multiple of
+// 16.
 void MultiplyPointsAvx512(int cin, int cout, const float* v, const float* u, float* m);
 
 // The weight gradient's sums at one point p: m[k][c] += sum_{t < count}
