@@ -1,16 +1,20 @@
 // winograd.h's F(4x4, 5x5) in AVX2 intrinsics (kernels/ builds for
-// x86-64-v3): 8 channels per register, a 16-channel block as two.
+// x86-64-v3): 8 channels per register, a 16-channel block as two; where the
+// shape asks for 512 bits and the CPU has them, the same steps of
+// winograd_avx512.cc instead.
 //
 // A convolution runs over blocks of kTileBlock output tiles (4x4 outputs
 // each), one block per thread at a time, in three steps that stay in the
 // core's cache:
-//  1. input transform: each tile's 8x8 input patch, 8 channels at a time,
-//     becomes V[tile][p][in] = (B^T d B)[p] for the 64 points p;
+//  1. input transform (winograd_transforms.h): each tile's 8x8 input patch,
+//     a register of channels at a time, becomes V[tile][p][in] =
+//     (B^T d B)[p] for the 64 points p;
 //  2. 64 small matrix products M[.][p] = V[.][p] x U[p] ([tiles x in] x
 //     [in x out]), in registers kTileRows tiles by 16 output channels
 //     (M[tile][p][out]; a tile's values lie together for steps 1 and 3);
-//  3. output transform: Y = A^T M A (plus the bias) for each tile and 8
-//     output channels, written to the outputs inside the image.
+//  3. output transform (winograd_transforms.h): Y = A^T M A (plus the bias)
+//     for each tile and a register of output channels, written to the
+//     outputs inside the image.
 #include "kernels/cpu/winograd.h"
 
 #include <immintrin.h>
@@ -22,24 +26,23 @@
 #include <vector>
 
 #include "kernels/cpu/winograd_kernels.h"
+#include "kernels/cpu/winograd_transforms.h"
 #include "oneapi/dnnl/dnnl.h"
 
 namespace pstrain::cpu_internal {
 namespace {
 
+using winograd::Geometry;
+using winograd::GeometryOf;
 using winograd::kAlpha;
 using winograd::kGradChunk;
 using winograd::kM;
 using winograd::kPoints;
 using winograd::kTileBlock;
+using winograd::TileStride;
+using winograd::V256;
 constexpr int kTileRows = 6;  // Tiles per register block of step 2 in 256 bits.
 static_assert(kTileBlock == 2 * kTileRows);
-
-// Floats between a tile and the next in a block of transformed tiles
-// (winograd_kernels.h).
-constexpr int64_t TileStride(int channels) {
-  return int64_t{kPoints} * channels + winograd::kTilePad;
-}
 
 // Every block reads all of U (64 x in x out floats): 6 flops a byte, fine
 // while U stays in the caches. Measured (docs/BENCHMARKS.md): 1.5-3x the
@@ -54,12 +57,10 @@ constexpr double kMinDirectMultiplyAdds = double{int64_t{1} << 26};
 // kMaxGradSegments parts at most (8 MiB in all at 64 x 64 channels).
 constexpr int64_t kMaxWeightGradChannelProduct = 64 * 64;
 
-// F(4, 5) with the points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (those
-// of the F(6x6, 3x3) that NNPACK runs in fp32), derived as the transpose of
-// polynomial multiplication evaluated there: A^T the Vandermonde matrix of
-// the output, G that of the filter, B^T the inverse of the tile's, each row
-// of B^T scaled to integers and G by the inverse. U = G g G^T is computed in
-// double and rounded to float once per value.
+// G of F(4, 5), the Vandermonde matrix of the filter at the points of
+// winograd_transforms.h's A^T and B^T, scaled by the inverse of B^T's row
+// scales. U = G g G^T is computed in double and rounded to float once per
+// value.
 constexpr double kG[kAlpha][5] = {
     {0.25, 0.0, 0.0, 0.0, 0.0},
     {1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0, 1.0 / 18.0},
@@ -70,139 +71,6 @@ constexpr double kG[kAlpha][5] = {
     {1.0 / 45.0, -1.0 / 90.0, 1.0 / 180.0, -1.0 / 360.0, 1.0 / 720.0},
     {0.0, 0.0, 0.0, 0.0, 0.25},
 };
-constexpr float kBT[kAlpha][kAlpha] = {
-    {4.0, 0.0, -21.0, 0.0, 21.0, 0.0, -4.0, 0.0},
-    {0.0, -4.0, -4.0, 17.0, 17.0, -4.0, -4.0, 0.0},
-    {0.0, 4.0, -4.0, -17.0, 17.0, 4.0, -4.0, 0.0},
-    {0.0, 2.0, 1.0, -10.0, -5.0, 8.0, 4.0, 0.0},
-    {0.0, -2.0, 1.0, 10.0, -5.0, -8.0, 4.0, 0.0},
-    {0.0, 64.0, 128.0, -80.0, -160.0, 16.0, 32.0, 0.0},
-    {0.0, -64.0, 128.0, 80.0, -160.0, -16.0, 32.0, 0.0},
-    {0.0, -4.0, 0.0, 21.0, 0.0, -21.0, 0.0, 4.0},
-};
-constexpr float kAT[kM][kAlpha] = {
-    {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0},
-    {0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 0.0},
-    {0.0, 1.0, 1.0, 4.0, 4.0, 0.25, 0.25, 0.0},
-    {0.0, 1.0, -1.0, 8.0, -8.0, 0.125, -0.125, 1.0},
-};
-
-// y = m x for vectors, m a compile-time table: once the loops are unrolled,
-// zero coefficients cost nothing and ones are additions.
-template <int R, int C>
-inline __attribute__((always_inline)) void Apply(const float (&m)[R][C], const __m256* x,
-                                                 __m256* y) {
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    __m256 acc = _mm256_setzero_ps();
-    bool first = true;
-#pragma GCC unroll 8
-    for (int k = 0; k < C; ++k) {
-      const float c = m[i][k];
-      if (c == 0.f) continue;
-      if (first) {
-        acc = c == 1.f ? x[k] : _mm256_mul_ps(_mm256_set1_ps(c), x[k]);
-        first = false;
-      } else if (c == 1.f) {
-        acc = _mm256_add_ps(acc, x[k]);
-      } else if (c == -1.f) {
-        acc = _mm256_sub_ps(acc, x[k]);
-      } else {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(c), x[k], acc);
-      }
-    }
-    y[i] = acc;
-  }
-}
-
-struct Geometry {
-  int tiles_h, tiles_w;
-  int64_t tiles;  // n * tiles_h * tiles_w.
-  int in_blocks, out_blocks;
-};
-
-Geometry GeometryOf(const WinogradShape& s) {
-  Geometry g;
-  g.tiles_h = (s.h + kM - 1) / kM;
-  g.tiles_w = (s.w + kM - 1) / kM;
-  g.tiles = s.n * g.tiles_h * g.tiles_w;
-  g.in_blocks = (s.in_channels + s.in_lanes - 1) / s.in_lanes;
-  g.out_blocks = (s.out_channels + s.out_lanes - 1) / s.out_lanes;
-  return g;
-}
-
-// Tile `tile`: its image and the first of its 4x4 outputs (y, x).
-struct TileAt {
-  int64_t image;
-  int y, x;
-};
-
-TileAt TileAtOf(const Geometry& g, int64_t tile) {
-  return {tile / (int64_t{g.tiles_w} * g.tiles_h),
-          kM * static_cast<int>(tile / g.tiles_w % g.tiles_h),
-          kM * static_cast<int>(tile % g.tiles_w)};
-}
-
-// Channels [c, c + 8) of image `image` in a blocked layout of `blocks`
-// blocks of `lanes` channels: pixel (y, x) at plane + (y * w + x) * lanes.
-template <typename Float>  // float or const float
-Float* ChannelsOf(Float* base, int64_t image, int blocks, int lanes, int h, int w, int c) {
-  return base + ((image * blocks + c / lanes) * h) * int64_t{w} * lanes + c % lanes;
-}
-
-// B^T d B for the 8x8 patch whose first pixel is (y0, x0) (zeros outside
-// the image), 8 channels at `plane` (s.in_lanes apart): store(i, j, v)
-// for each point (i, j).
-template <typename Store>
-inline __attribute__((always_inline)) void TransformInputPatch(const WinogradShape& s,
-                                                               const float* plane, int y0, int x0,
-                                                               Store store) {
-  const __m256 zero = _mm256_setzero_ps();
-  __m256 d[kAlpha][kAlpha];
-  for (int i = 0; i < kAlpha; ++i) {
-    const int y = y0 + i;
-    for (int j = 0; j < kAlpha; ++j) {
-      const int x = x0 + j;
-      d[i][j] = (y >= 0 && y < s.h && x >= 0 && x < s.w)
-                    ? _mm256_loadu_ps(plane + (int64_t{y} * s.w + x) * s.in_lanes)
-                    : zero;
-    }
-  }
-  __m256 cols[kAlpha][kAlpha];  // cols[j][i] = (B^T d)[i][j].
-  for (int j = 0; j < kAlpha; ++j) {
-    __m256 col[kAlpha];
-    for (int i = 0; i < kAlpha; ++i) col[i] = d[i][j];
-    Apply(kBT, col, cols[j]);
-  }
-  for (int i = 0; i < kAlpha; ++i) {
-    __m256 row[kAlpha], v[kAlpha];
-    for (int j = 0; j < kAlpha; ++j) row[j] = cols[j][i];
-    Apply(kBT, row, v);
-    for (int j = 0; j < kAlpha; ++j) store(i, j, v[j]);
-  }
-}
-
-// Step 1 for tiles [first, first + count) into v[kTileBlock][kPoints][in]
-// (tiles TileStride(in) apart).
-void TransformInputs(const WinogradShape& s, const Geometry& g, const float* in, int64_t first,
-                     int count, float* v) {
-  const int cin = s.in_channels;
-  for (int t = 0; t < kTileBlock; ++t) {
-    float* vt = v + t * TileStride(cin);
-    if (t >= count) {
-      // Past the last tile: zeros, which step 2 multiplies and step 3 drops.
-      std::memset(vt, 0, sizeof(float) * TileStride(cin));
-      continue;
-    }
-    const TileAt at = TileAtOf(g, first + t);
-    for (int c = 0; c < cin; c += 8) {
-      const float* plane = ChannelsOf(in, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
-      TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
-        _mm256_storeu_ps(vt + (i * kAlpha + j) * int64_t{cin} + c, v);
-      });
-    }
-  }
-}
 
 // Step 2: m[t][p][out] = sum_in v[t][p][in] * u[p][in][out], kTileRows tiles
 // by 16 output channels in registers, `in` summed in order.
@@ -241,41 +109,6 @@ void MultiplyPoints(const WinogradShape& s, const float* v, const float* u, floa
   }
 }
 
-// Step 3 for tiles [first, first + count).
-void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m, const float* bias,
-                      int64_t first, int count, float* out) {
-  const int cout = s.out_channels;
-  const int64_t point_stride = cout;
-  for (int t = 0; t < count; ++t) {
-    const TileAt at = TileAtOf(g, first + t);
-    const float* mt = m + t * TileStride(cout);
-    for (int o = 0; o < cout; o += 8) {
-      __m256 rows[kM][kAlpha];  // rows[a][j] = (A^T M)[a][j].
-      for (int j = 0; j < kAlpha; ++j) {
-        __m256 col[kAlpha], r4[kM];
-        for (int i = 0; i < kAlpha; ++i) {
-          col[i] = _mm256_loadu_ps(mt + (i * kAlpha + j) * point_stride + o);
-        }
-        Apply(kAT, col, r4);
-        for (int a = 0; a < kM; ++a) rows[a][j] = r4[a];
-      }
-      const __m256 b = bias != nullptr ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
-      float* plane = ChannelsOf(out, at.image, g.out_blocks, s.out_lanes, s.h, s.w, o);
-      for (int a = 0; a < kM; ++a) {
-        const int y = at.y + a;
-        if (y >= s.h) break;
-        __m256 yv[kM];
-        Apply(kAT, rows[a], yv);
-        float* row = plane + (int64_t{y} * s.w + at.x) * s.out_lanes;
-        for (int q = 0; q < kM && at.x + q < s.w; ++q) {
-          _mm256_storeu_ps(row + q * s.out_lanes,
-                           bias != nullptr ? _mm256_add_ps(yv[q], b) : yv[q]);
-        }
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------
 // Weight gradient: dW = G^T [sum over tiles (A dy A^T) . (B^T d B)] G, the
 // transpose of the forward's bilinear algorithm (the gradient of
@@ -292,59 +125,6 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
 // Their number depends on the shape only, never on the thread count.
 constexpr int kMaxGradSegments = 8;
 constexpr int64_t kMinGradSegmentTiles = 64;
-
-// kA[i][a] = kAT[a][i]: A, 8 x 4.
-constexpr float kA[kAlpha][kM] = {
-    {1.0, 0.0, 0.0, 0.0},      {1.0, 1.0, 1.0, 1.0},   {1.0, -1.0, 1.0, -1.0},
-    {1.0, 2.0, 4.0, 8.0},      {1.0, -2.0, 4.0, -8.0}, {1.0, 0.5, 0.25, 0.125},
-    {1.0, -0.5, 0.25, -0.125}, {0.0, 0.0, 0.0, 1.0},
-};
-
-// B^T d B of tile `tile` of x (blocked, s.in_lanes) into vx[t][p][c], 8
-// channels at a time.
-void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* x, int64_t tile,
-                        int t, float* vx) {
-  const int cin = s.in_channels;
-  const TileAt at = TileAtOf(g, tile);
-  for (int c = 0; c < cin; c += 8) {
-    const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
-    TransformInputPatch(s, plane, at.y - 2, at.x - 2, [&](int i, int j, __m256 v) {
-      _mm256_storeu_ps(vx + t * TileStride(cin) + (i * kAlpha + j) * cin + c, v);
-    });
-  }
-}
-
-// A dy A^T of the same tile of dy (blocked, s.out_lanes) into vdy[t][p][k];
-// outputs outside the image count as zeros.
-void TransformGradientTile(const WinogradShape& s, const Geometry& g, const float* dy, int64_t tile,
-                           int t, float* vdy) {
-  const int cout = s.out_channels;
-  const __m256 zero = _mm256_setzero_ps();
-  const TileAt at = TileAtOf(g, tile);
-  for (int o = 0; o < cout; o += 8) {
-    const float* plane = ChannelsOf(dy, at.image, g.out_blocks, s.out_lanes, s.h, s.w, o);
-    __m256 cols[kM][kAlpha];  // cols[b][i] = (A dy)[i][b].
-    for (int b = 0; b < kM; ++b) {
-      const int xx = at.x + b;
-      __m256 col[kM];
-      for (int a = 0; a < kM; ++a) {
-        const int yy = at.y + a;
-        col[a] = (yy < s.h && xx < s.w)
-                     ? _mm256_loadu_ps(plane + (int64_t{yy} * s.w + xx) * s.out_lanes)
-                     : zero;
-      }
-      Apply(kA, col, cols[b]);
-    }
-    for (int i = 0; i < kAlpha; ++i) {
-      __m256 row[kM], v[kAlpha];
-      for (int b = 0; b < kM; ++b) row[b] = cols[b][i];
-      Apply(kA, row, v);
-      for (int j = 0; j < kAlpha; ++j) {
-        _mm256_storeu_ps(vdy + t * TileStride(cout) + (i * kAlpha + j) * cout + o, v[j]);
-      }
-    }
-  }
-}
 
 // m[k][c] += sum_{t < count} vdy[t][p][k] * vx[t][p][c] for filters [k0,
 // k0 + Rows), all channels, in t order (m = that sum when `fresh`), vx and
@@ -471,6 +251,8 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
   const float* up = u.data();
   // Never 512 bits on a CPU without them, whatever the caller asked.
   const bool wide = s.avx512 && WinogradAvx512Available();
+  // The transforms in 512 bits read and write whole 16-channel blocks.
+  const bool wide_in = wide && s.in_lanes == 16, wide_out = wide && s.out_lanes == 16;
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> v, m;
@@ -480,13 +262,21 @@ void WinogradConv5x5(const WinogradShape& s, const float* in, const std::vector<
     for (int64_t block = 0; block < blocks; ++block) {
       const int64_t first = block * kTileBlock;
       const int count = static_cast<int>(std::min<int64_t>(kTileBlock, g.tiles - first));
-      TransformInputs(s, g, in, first, count, v.data());
+      if (wide_in) {
+        winograd::TransformInputsAvx512(s, in, first, count, v.data());
+      } else {
+        winograd::TransformInputs<V256>(s, g, in, first, count, v.data());
+      }
       if (wide) {
         winograd::MultiplyPointsAvx512(s.in_channels, s.out_channels, v.data(), up, m.data());
       } else {
         MultiplyPoints(s, v.data(), up, m.data());
       }
-      TransformOutputs(s, g, m.data(), bias, first, count, out);
+      if (wide_out) {
+        winograd::TransformOutputsAvx512(s, m.data(), bias, first, count, out);
+      } else {
+        winograd::TransformOutputs<V256>(s, g, m.data(), bias, first, count, out);
+      }
     }
   }
 }
@@ -505,8 +295,10 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
   const size_t m_size = static_cast<size_t>(kPoints) * cin * cout;
   if (scratch->size() < m_size * num_segments) scratch->resize(m_size * num_segments);
   float* const segments = scratch->data();
-  const float* const m = segments;                          // The sum of the segments, once added.
-  const bool wide = s.avx512 && WinogradAvx512Available();  // As in WinogradConv5x5.
+  const float* const m = segments;  // The sum of the segments, once added.
+  // As in WinogradConv5x5.
+  const bool wide = s.avx512 && WinogradAvx512Available();
+  const bool wide_x = wide && s.in_lanes == 16, wide_dy = wide && s.out_lanes == 16;
 #pragma omp parallel num_threads(s.num_threads)
   {
     thread_local std::vector<float> vx, vdy;
@@ -520,17 +312,27 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
       if (begin == end) std::memset(ms, 0, sizeof(float) * m_size);  // No tile: zeros.
       for (int64_t first = begin; first < end; first += kGradChunk) {
         const int count = static_cast<int>(std::min<int64_t>(kGradChunk, end - first));
-        for (int t = 0; t < count; ++t) {
-          TransformInputTile(s, g, x, first + t, t, vx.data());
-          TransformGradientTile(s, g, dy, first + t, t, vdy.data());
+        if (wide_x) {
+          winograd::TransformInputTilesAvx512(s, x, first, count, vx.data());
+        } else {
+          for (int t = 0; t < count; ++t) {
+            winograd::TransformInputTile<V256>(s, g, x, first + t, t, vx.data());
+          }
+        }
+        if (wide_dy) {
+          winograd::TransformGradientTilesAvx512(s, dy, first, count, vdy.data());
+        } else {
+          for (int t = 0; t < count; ++t) {
+            winograd::TransformGradientTile<V256>(s, g, dy, first + t, t, vdy.data());
+          }
         }
         for (int p = 0; p < kPoints; ++p) {
           const float* vxp = vx.data() + static_cast<size_t>(p) * cin;
           const float* vdyp = vdy.data() + static_cast<size_t>(p) * cout;
           float* mp = ms + static_cast<size_t>(p) * cout * cin;
           if (wide) {
-            winograd::AccumulatePointAvx512(cin, cout, count, vxp, TileStride(cin), vdyp,
-                                            TileStride(cout), /*fresh=*/first == begin, mp);
+            winograd::AccumulatePointAvx512(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin,
+                                            mp);
           } else {
             AccumulatePoint(cin, cout, count, vxp, vdyp, /*fresh=*/first == begin, mp);
           }
@@ -590,7 +392,7 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
         __m256 partial[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                              _mm256_setzero_ps()};
         for (int64_t n = 0; n < s.n; ++n) {
-          const float* plane = ChannelsOf(dy, n, g.out_blocks, s.out_lanes, s.h, s.w, k);
+          const float* plane = winograd::ChannelsOf(dy, n, g.out_blocks, s.out_lanes, s.h, s.w, k);
           int64_t p = 0;
           for (; p + 4 <= pixels; p += 4) {
 #pragma GCC unroll 4

@@ -27,8 +27,9 @@
 //
 // Each output element is computed in one fixed order, for any thread count,
 // either lane width and either register width (256 or 512 bits, the
-// products of winograd_avx512.cc): results repeat bit for bit, and two
-// plans that hold the same values in different block widths agree.
+// products and transforms of winograd_avx512.cc): results repeat bit for
+// bit, and two plans that hold the same values in different block widths
+// agree.
 #ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 #define PSTRAIN_KERNELS_CPU_WINOGRAD_H_
 
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/winograd_kernels.h"
 
 namespace pstrain::cpu_internal {
 
@@ -58,8 +60,9 @@ bool WinogradApplies(const Conv2dConfig& c);
 // and beyond that they outgrow the caches). Measured: docs/BENCHMARKS.md.
 bool WinogradWeightGradApplies(const Conv2dConfig& c);
 
-// Whether this CPU can run the products in 512-bit registers: where oneDNN
-// runs its AVX-512 kernels (ONEDNN_MAX_CPU_ISA=AVX2 turns both off).
+// Whether this CPU can run the products and transforms in 512-bit
+// registers: where oneDNN runs its AVX-512 kernels (ONEDNN_MAX_CPU_ISA=AVX2
+// turns both off).
 bool WinogradAvx512Available();
 
 // The filters in the Winograd domain: U[64][in][out], `out` contiguous.
@@ -70,18 +73,7 @@ bool WinogradAvx512Available();
 void WinogradFilters(const Conv2dConfig& c, const float* w, bool for_backward_data, int num_threads,
                      std::vector<float>* u);
 
-// One convolution in the Winograd domain.
-struct WinogradShape {
-  int64_t n = 0;
-  int in_channels = 0, out_channels = 0;  // As WinogradFilters made U for.
-  int h = 0, w = 0;                       // Input and output spatial size.
-  int in_lanes = 16, out_lanes = 16;      // Channels per block: 8 or 16.
-  int num_threads = 1;
-  // The products in 512-bit registers (winograd_avx512.cc), where
-  // WinogradAvx512Available() (elsewhere 256 bits whatever this says): the
-  // same bits as in 256.
-  bool avx512 = false;
-};
+// One convolution in the Winograd domain: WinogradShape (winograd_kernels.h).
 
 // out[n, o, y, x] = sum_{i, r, s} in[n, i, y + r - 2, x + s - 2] * filter[o, i, r, s]
 // (+ bias[o] unless nullptr), in and out in their blocked layouts (inputs

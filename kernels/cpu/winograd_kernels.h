@@ -1,16 +1,34 @@
-// Internal to winograd.cc and winograd_avx512.cc: the sizes both share and
-// the 512-bit versions of its products (winograd_avx512.cc, built for
-// x86-64-v4; call them only where WinogradAvx512Available() is true).
+// Internal to kernels/cpu/: the shape and sizes winograd.cc and
+// winograd_avx512.cc share, and the 512-bit versions of the products and
+// transforms (winograd_avx512.cc, built for x86-64-v4; call them only where
+// WinogradAvx512Available() is true).
 //
-// Constants only, no inline functions: winograd_avx512.cc would compile
-// its own copy of one for x86-64-v4, and the linker may keep that copy for
-// every caller, on CPUs without AVX-512 too.
+// A plain struct and constants only, and no header that has more: an inline
+// function included in winograd_avx512.cc would be compiled there for
+// x86-64-v4, and the linker may keep that copy for every caller, on CPUs
+// without AVX-512 too (tests/kernels/avx512_symbols_test.sh).
 #ifndef PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
 #define PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_
 
 #include <cstdint>
 
-namespace pstrain::cpu_internal::winograd {
+namespace pstrain::cpu_internal {
+
+// One convolution in the Winograd domain.
+struct WinogradShape {
+  int64_t n = 0;
+  int in_channels = 0, out_channels = 0;  // As WinogradFilters made U for.
+  int h = 0, w = 0;                       // Input and output spatial size.
+  int in_lanes = 16, out_lanes = 16;      // Channels per block: 8 or 16.
+  int num_threads = 1;
+  // The products and transforms in 512-bit registers (winograd_avx512.cc),
+  // where WinogradAvx512Available() (elsewhere 256 bits whatever this says;
+  // the transforms where the blocks they read or write hold 16 channels):
+  // the same bits as in 256.
+  bool avx512 = false;
+};
+
+namespace winograd {
 
 constexpr int kM = 4;                     // Output tile side.
 constexpr int kAlpha = kM + 4;            // Input tile side: m + 5 - 1.
@@ -38,11 +56,28 @@ void MultiplyPointsAvx512(int cin, int cout, const float* v, const float* u, flo
 
 // The weight gradient's sums at one point p: m[k][c] += sum_{t < count}
 // vdy[t][p][k] * vx[t][p][c], in t order (m = that sum when `fresh`); vx and
-// vdy point at tile 0's point p, tiles x_stride and dy_stride floats apart.
-// cin and cout are multiples of 16.
-void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, int64_t x_stride,
-                           const float* vdy, int64_t dy_stride, bool fresh, float* m);
+// vdy point at tile 0's point p, tiles kPoints x channels + kTilePad floats
+// apart. cin and cout are multiples of 16.
+void AccumulatePointAvx512(int cin, int cout, int count, const float* vx, const float* vdy,
+                           bool fresh, float* m);
 
-}  // namespace pstrain::cpu_internal::winograd
+// winograd_transforms.h's transforms in 512 bits, for tiles [first, first +
+// count) of the shape's tiles (numbered image by image, row by row). Those
+// that read or write activations need whole 16-channel blocks there.
+// A convolution's step 1 into v[kTileBlock][kPoints][in] (s.in_lanes 16)
+// and its step 3 from m[t][p][out] (s.out_lanes 16).
+void TransformInputsAvx512(const WinogradShape& s, const float* in, int64_t first, int count,
+                           float* v);
+void TransformOutputsAvx512(const WinogradShape& s, const float* m, const float* bias,
+                            int64_t first, int count, float* out);
+// The weight gradient's: tile first + t of x into vx[t][p][c] (s.in_lanes
+// 16), and of dy into vdy[t][p][k] (s.out_lanes 16).
+void TransformInputTilesAvx512(const WinogradShape& s, const float* x, int64_t first, int count,
+                               float* vx);
+void TransformGradientTilesAvx512(const WinogradShape& s, const float* dy, int64_t first, int count,
+                                  float* vdy);
+
+}  // namespace winograd
+}  // namespace pstrain::cpu_internal
 
 #endif  // PSTRAIN_KERNELS_CPU_WINOGRAD_KERNELS_H_

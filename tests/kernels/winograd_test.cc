@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -332,8 +334,10 @@ TEST(WinogradTest, TheWeightGradientRepeatsBitForBitAcrossThreadCountsAndBlockWi
 // The 512-bit products sum every value in the order of the 256-bit ones:
 // the same bits, for shapes that reach each register block of both (output
 // channels in 32s and a last 16; weight gradient filters in 12s with a last
-// 4 or 8, channels in 32s and a last 16).
-TEST(WinogradTest, The512BitProductsGiveTheBitsOfThe256BitOnes) {
+// 4 or 8, channels in 32s and a last 16). The transforms run in 512 bits
+// on the side whose blocks hold 16 channels and in 256 on one of 8, so the
+// mixed layouts pair each of them with the other's products.
+TEST(WinogradTest, The512BitPassesGiveTheBitsOfThe256BitOnes) {
   if (!WinogradAvx512Available()) GTEST_SKIP() << "this CPU has no AVX-512";
   for (const Conv2dConfig& c :
        {MakeConv(4, 32, 14, 14, 64, 5, 5, 1, 1, 2, 2),  // fmnist conv2
@@ -345,18 +349,19 @@ TEST(WinogradTest, The512BitProductsGiveTheBitsOfThe256BitOnes) {
     const std::vector<float> bias = Random(static_cast<size_t>(c.filters), 13, 1.f);
     const std::vector<float> x = Random(static_cast<size_t>(c.n) * c.c * c.h * c.w, 14, 1.f);
     const std::vector<float> dy = Random(static_cast<size_t>(c.n) * c.filters * c.h * c.w, 15, 1.f);
-    for (const int lanes : {8, 16}) {
-      EXPECT_EQ(RunPass(c, false, x, w, bias.data(), lanes, lanes, 2, /*avx512=*/true),
-                RunPass(c, false, x, w, bias.data(), lanes, lanes, 2))
-          << "forward, lanes " << lanes;
-      EXPECT_EQ(RunPass(c, true, dy, w, nullptr, lanes, lanes, 2, /*avx512=*/true),
-                RunPass(c, true, dy, w, nullptr, lanes, lanes, 2))
-          << "backward data, lanes " << lanes;
+    for (const auto& [in_lanes, out_lanes] : {std::pair{8, 8}, {16, 16}, {8, 16}, {16, 8}}) {
+      const std::string lanes = absl::StrCat("lanes ", in_lanes, "/", out_lanes);
+      EXPECT_EQ(RunPass(c, false, x, w, bias.data(), in_lanes, out_lanes, 2, /*avx512=*/true),
+                RunPass(c, false, x, w, bias.data(), in_lanes, out_lanes, 2))
+          << "forward, " << lanes;
+      EXPECT_EQ(RunPass(c, true, dy, w, nullptr, out_lanes, in_lanes, 2, /*avx512=*/true),
+                RunPass(c, true, dy, w, nullptr, out_lanes, in_lanes, 2))
+          << "backward data, " << lanes;
       std::vector<float> bias_512, bias_256;
-      EXPECT_EQ(RunWeightGrad(c, x, dy, lanes, lanes, 2, &bias_512, /*avx512=*/true),
-                RunWeightGrad(c, x, dy, lanes, lanes, 2, &bias_256))
-          << "weight gradient, lanes " << lanes;
-      EXPECT_EQ(bias_512, bias_256) << "bias gradient, lanes " << lanes;
+      EXPECT_EQ(RunWeightGrad(c, x, dy, in_lanes, out_lanes, 2, &bias_512, /*avx512=*/true),
+                RunWeightGrad(c, x, dy, in_lanes, out_lanes, 2, &bias_256))
+          << "weight gradient, " << lanes;
+      EXPECT_EQ(bias_512, bias_256) << "bias gradient, " << lanes;
     }
   }
 }
