@@ -185,23 +185,34 @@ template <int kLanes, int kKernelW>
 void AccumulateKernelRow(const Conv2dConfig& c, const float* padded_x, int64_t padded_w,
                          const float* dy, int r, float* partial) {
   const int out_h = c.out_h(), out_w = c.out_w();
-  for (int g = 0; g < kLanes; g += 8) {
-    __m256 acc[kKernelW];
-    for (int s = 0; s < kKernelW; ++s) acc[s] = _mm256_setzero_ps();
+  // G registers of 8 channels at a time, each x broadcast once for the G:
+  // the whole block where its sums fit in the 16 registers with room for
+  // the operands, else 8 channels at a time. Each sum runs over p, q in
+  // the same order either way.
+  constexpr int G = kLanes / 8 * kKernelW <= 12 ? kLanes / 8 : 1;
+  for (int g = 0; g < kLanes; g += 8 * G) {
+    __m256 acc[kKernelW][G];
+    for (int s = 0; s < kKernelW; ++s) {
+      for (int h = 0; h < G; ++h) acc[s][h] = _mm256_setzero_ps();
+    }
     for (int p = 0; p < out_h; ++p) {
       const float* x_row = padded_x + (int64_t{p} * c.stride_h + r) * padded_w;
       const float* dy_row = dy + int64_t{p} * out_w * kLanes + g;
       for (int q = 0; q < out_w; ++q) {
-        const __m256 d = _mm256_loadu_ps(dy_row + int64_t{q} * kLanes);
+        __m256 d[G];
+        for (int h = 0; h < G; ++h) d[h] = _mm256_loadu_ps(dy_row + int64_t{q} * kLanes + 8 * h);
         const float* xs = x_row + int64_t{q} * c.stride_w;
         for (int s = 0; s < kKernelW; ++s) {
-          acc[s] = _mm256_fmadd_ps(d, _mm256_broadcast_ss(xs + s), acc[s]);
+          const __m256 x = _mm256_broadcast_ss(xs + s);
+          for (int h = 0; h < G; ++h) acc[s][h] = _mm256_fmadd_ps(d[h], x, acc[s][h]);
         }
       }
     }
     for (int s = 0; s < kKernelW; ++s) {
-      float* out = partial + s * kLanes + g;
-      _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), acc[s]));
+      for (int h = 0; h < G; ++h) {
+        float* out = partial + s * kLanes + g + 8 * h;
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), acc[s][h]));
+      }
     }
   }
 }
