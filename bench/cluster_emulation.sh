@@ -28,7 +28,9 @@
 # Per point (N workers, S shards, a codec) it submits JOB (default
 # bench/jobs/dense-8mb-synthetic.json: one 8 MB dense layer; bench/jobs/
 # mlp-8mb-synthetic.json spreads as many bytes over five layers, whose
-# gradients a step pushes last layer first) in sync mode, skips WARM steps,
+# gradients a step pushes last layer first; bench/jobs/dense-32mb-synthetic.json
+# is one 34 MB layer, for 16 shards: 8 MB there leaves each shard 8 chunks
+# of AutoChunkBytes' 64 KiB floor, not 16) in sync mode, skips WARM steps,
 # then measures K steps: the step time is the median interval between
 # worker 1's step ends (its per-step BENCH ONLY log lines); the bytes each
 # link carried per step are the veth counters (tx + rx of every host's eth0:
