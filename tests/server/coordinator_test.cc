@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/checkpoint.h"
 #include "common/chunking.h"
 #include "common/job_spec.h"
@@ -1863,6 +1864,7 @@ TEST_F(CoordinatorServiceTest, WatchJobStreamsUntilATerminalState) {
   const std::string job = StartBigJob();
   std::vector<v1::JobStatus> seen;
   grpc::Status end;
+  absl::Notification first_status;
   std::thread watcher([&] {
     v1::WatchJobRequest request;
     request.set_job_id(job);
@@ -1871,10 +1873,16 @@ TEST_F(CoordinatorServiceTest, WatchJobStreamsUntilATerminalState) {
     Deadline(ctx);
     auto reader = stub_->WatchJob(&ctx, request);
     v1::JobStatus s;
-    while (reader->Read(&s)) seen.push_back(s);
+    while (reader->Read(&s)) {
+      seen.push_back(s);
+      if (!first_status.HasBeenNotified()) first_status.Notify();
+    }
     end = reader->Finish();
+    if (!first_status.HasBeenNotified()) first_status.Notify();
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  // Cancels once the stream has delivered a status: a fixed sleep raced a
+  // loaded machine, where the first status could come after the cancel.
+  first_status.WaitForNotificationWithTimeout(absl::Seconds(30));
   ASSERT_TRUE(coordinator_->CancelJob(job).ok());
   watcher.join();
   EXPECT_TRUE(end.ok()) << end.error_message();
