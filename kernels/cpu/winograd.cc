@@ -315,16 +315,12 @@ void WinogradWeightGrad5x5(const WinogradShape& s, const float* x, const float* 
         if (wide_x) {
           winograd::TransformInputTilesAvx512(s, x, first, count, vx.data());
         } else {
-          for (int t = 0; t < count; ++t) {
-            winograd::TransformInputTile<V256>(s, g, x, first + t, t, vx.data());
-          }
+          winograd::TransformInputTiles<V256>(s, g, x, first, count, vx.data());
         }
         if (wide_dy) {
           winograd::TransformGradientTilesAvx512(s, dy, first, count, vdy.data());
         } else {
-          for (int t = 0; t < count; ++t) {
-            winograd::TransformGradientTile<V256>(s, g, dy, first + t, t, vdy.data());
-          }
+          winograd::TransformGradientTiles<V256>(s, g, dy, first, count, vdy.data());
         }
         for (int p = 0; p < kPoints; ++p) {
           const float* vxp = vx.data() + static_cast<size_t>(p) * cin;

@@ -129,14 +129,12 @@ void TransformOutputsAvx512(const WinogradShape& s, const float* m, const float*
 
 void TransformInputTilesAvx512(const WinogradShape& s, const float* x, int64_t first, int count,
                                float* vx) {
-  const Geometry g = GeometryOf(s);
-  for (int t = 0; t < count; ++t) TransformInputTile<V512>(s, g, x, first + t, t, vx);
+  TransformInputTiles<V512>(s, GeometryOf(s), x, first, count, vx);
 }
 
 void TransformGradientTilesAvx512(const WinogradShape& s, const float* dy, int64_t first, int count,
                                   float* vdy) {
-  const Geometry g = GeometryOf(s);
-  for (int t = 0; t < count; ++t) TransformGradientTile<V512>(s, g, dy, first + t, t, vdy);
+  TransformGradientTiles<V512>(s, GeometryOf(s), dy, first, count, vdy);
 }
 
 }  // namespace pstrain::cpu_internal::winograd

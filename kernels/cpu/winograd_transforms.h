@@ -245,21 +245,24 @@ void TransformOutputs(const WinogradShape& s, const Geometry& g, const float* m,
   }
 }
 
-// The weight gradient's transforms of tile `tile` into slot t of vx and vdy:
-// B^T d B of x (blocked, s.in_lanes) into vx[t][p][c], and A dy A^T of dy
-// (blocked, s.out_lanes) into vdy[t][p][k], outputs outside the image
-// counting as zeros.
+// The weight gradient's transforms of tiles [first, first + count), tile
+// first + t into slot t of vx and vdy: B^T d B of x (blocked, s.in_lanes)
+// into vx[t][p][c], and A dy A^T of dy (blocked, s.out_lanes) into
+// vdy[t][p][k], outputs outside the image counting as zeros.
 template <typename V>
-void TransformInputTile(const WinogradShape& s, const Geometry& g, const float* x, int64_t tile,
-                        int t, float* vx) {
+void TransformInputTiles(const WinogradShape& s, const Geometry& g, const float* x, int64_t first,
+                         int count, float* vx) {
   const int cin = s.in_channels;
-  const TileAt at = TileAtOf(g, tile);
-  for (int c = 0; c < cin; c += V::kLanes) {
-    const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
-    TransformInputPatch<V>(s, plane, at.y - 2, at.x - 2, vx + t * TileStride(cin) + c, cin);
+  for (int t = 0; t < count; ++t) {
+    const TileAt at = TileAtOf(g, first + t);
+    for (int c = 0; c < cin; c += V::kLanes) {
+      const float* plane = ChannelsOf(x, at.image, g.in_blocks, s.in_lanes, s.h, s.w, c);
+      TransformInputPatch<V>(s, plane, at.y - 2, at.x - 2, vx + t * TileStride(cin) + c, cin);
+    }
   }
 }
 
+// A dy A^T of one tile into slot t (TransformGradientTiles).
 template <typename V>
 void TransformGradientTile(const WinogradShape& s, const Geometry& g, const float* dy, int64_t tile,
                            int t, float* vdy) {
@@ -288,6 +291,12 @@ void TransformGradientTile(const WinogradShape& s, const Geometry& g, const floa
       }
     }
   }
+}
+
+template <typename V>
+void TransformGradientTiles(const WinogradShape& s, const Geometry& g, const float* dy,
+                            int64_t first, int count, float* vdy) {
+  for (int t = 0; t < count; ++t) TransformGradientTile<V>(s, g, dy, first + t, t, vdy);
 }
 
 #undef PSTRAIN_WINOGRAD_INLINE
