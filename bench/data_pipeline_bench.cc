@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/data/image_codec.h"
 #include "common/data/packed_format.h"
 #include "kernels/backend.h"

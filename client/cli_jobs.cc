@@ -18,6 +18,7 @@
 #include "client/cli_internal.h"
 #include "client/report.h"
 #include "common/checkpoint.h"
+#include "common/data/file_io.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -331,7 +332,7 @@ int Cli::WriteReport(const std::string& what, const v1::JobStatus& status,
   grpc::Status rpc = stub().GetJobHistory(&ctx, request, &history);
   if (!rpc.ok()) return ReportRpcError(what, rpc);
   const std::string html = RenderJobReport(status, history, absl::Now());
-  if (absl::Status s = WriteFileAtomically(path, html); !s.ok()) {
+  if (absl::Status s = data::WriteFileAtomically(path, html); !s.ok()) {
     err_ << "pstrain " << what << ": " << s.message() << std::endl;
     return kExitFailed;
   }

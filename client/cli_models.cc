@@ -20,6 +20,7 @@
 #include "client/summary.h"
 #include "common/checkpoint.h"
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/data/packed_format.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
@@ -195,7 +196,8 @@ int Cli::Export(const std::vector<std::string>& args) {
   }
   const std::string& source = parsed.positional[0];
   v1::Checkpoint ckpt;
-  if (std::filesystem::is_regular_file(source)) {
+  std::error_code not_a_file;  // A path that cannot be stat()ed is taken as a job id.
+  if (std::filesystem::is_regular_file(source, not_a_file)) {
     absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(source);
     if (!read.ok()) {
       err_ << "pstrain export: error: " << read.status().message() << std::endl;

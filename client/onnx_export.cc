@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/build_info.h"
 #include "common/checkpoint.h"
+#include "common/data/file_io.h"
 #include "common/model_graph.h"
 #include "common/status_macros.h"
 
@@ -263,7 +264,7 @@ absl::Status WriteOnnxFile(const onnx::ModelProto& model, const std::string& pat
   if (!model.SerializeToString(&bytes)) {
     return absl::InternalError("could not serialise the ONNX model");
   }
-  return WriteFileAtomically(path, bytes);
+  return data::WriteFileAtomically(path, bytes);
 }
 
 }  // namespace pstrain

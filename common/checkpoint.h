@@ -51,13 +51,6 @@ struct CheckpointWriteOptions {
   std::function<void(int part)> after_part;
 };
 
-// Writes `bytes` to `path` durably and atomically: a temporary file beside it,
-// fsync, rename over `path`, fsync of the directory. On error the temporary
-// file is removed and an existing file at `path` is left as it was. Errors
-// name the path (NOT_FOUND for a missing directory, PERMISSION_DENIED,
-// RESOURCE_EXHAUSTED for a full disk, else INTERNAL).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
-
 // Atomically replaces `path` with `ckpt`. The data goes to
 // "<path>.tmp.<pid>.<n>" first (n distinguishes writers within one process);
 // on any failure that file is removed and an existing checkpoint at `path` is

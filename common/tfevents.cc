@@ -11,11 +11,14 @@
 
 #include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/file_io.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace pstrain {
 namespace {
+
+using data::ErrnoError;
 
 using google::protobuf::io::CodedOutputStream;
 using google::protobuf::io::StringOutputStream;
@@ -63,11 +66,6 @@ std::string EncodeValue(const TfScalar& scalar) {
     out.WriteLittleEndian32(absl::bit_cast<uint32_t>(static_cast<float>(scalar.value)));
   }
   return value;
-}
-
-absl::Status ErrnoError(int error_number, absl::string_view what, absl::string_view path) {
-  return absl::Status(absl::ErrnoToStatusCode(error_number),
-                      absl::StrCat(what, " ", path, ": ", std::strerror(error_number)));
 }
 
 std::string LocalHostname() {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint.h"
+#include "common/data/file_io.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -79,9 +80,11 @@ bool Checkpointer::HasCheckpoint(const std::string& job_id) const {
 
 std::vector<std::string> Checkpointer::List(const std::string& job_id) const {
   std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
   const fs::path dir = fs::path(JobDir(job_id)) / "checkpoints";
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+  // A missing or unreadable directory holds no checkpoint to use.
+  absl::StatusOr<std::vector<fs::directory_entry>> entries = data::ListDirectory(dir.string());
+  if (!entries.ok()) return {};
+  for (const fs::directory_entry& entry : *entries) {
     const int64_t n = Number(entry.path().filename().string());
     if (n > 0) found.emplace_back(n, entry.path().string());
   }
@@ -138,7 +141,9 @@ int Checkpointer::RemoveOrphans(const std::string& job_id) const {
   int removed = 0;
   std::error_code ec;
   for (const fs::path& dir : {fs::path(JobDir(job_id)), fs::path(JobDir(job_id)) / "checkpoints"}) {
-    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    absl::StatusOr<std::vector<fs::directory_entry>> entries = data::ListDirectory(dir.string());
+    if (!entries.ok()) continue;  // No directory: nothing was left there.
+    for (const fs::directory_entry& entry : *entries) {
       if (entry.path().filename().string().find(".tmp.") == std::string::npos) continue;
       if (fs::remove(entry.path(), ec)) {
         ++removed;

@@ -57,7 +57,7 @@ absl::StatusOr<v1::EpochPlanResponse> EpochPlanner::Plan(const std::string& work
     it = epochs_.emplace(epoch, std::move(plan)).first;
     std::vector<data::WorkRange> unplaced = std::move(unplaced_);
     unplaced_.clear();
-    for (const data::WorkRange& range : unplaced) Give(range, epoch, it->second.members);
+    for (const data::WorkRange& range : unplaced) Give(range, it->second, it->second.members);
   }
   Epoch& plan = it->second;
   auto member = std::find(plan.members.begin(), plan.members.end(), worker);
@@ -114,14 +114,13 @@ int64_t EpochPlanner::TailSteps(const Epoch& e) const {
   return most;
 }
 
-void EpochPlanner::Give(const data::WorkRange& range, int epoch,
+void EpochPlanner::Give(const data::WorkRange& range, Epoch& plan,
                         const std::vector<std::string>& receivers) {
   if (range.size() == 0) return;
   if (receivers.empty()) {
     unplaced_.push_back(range);
     return;
   }
-  Epoch& plan = epochs_.at(epoch);
   std::vector<data::WorkRange> pieces = data::SplitRange(range, static_cast<int>(receivers.size()));
   int64_t smallest = range.size();
   for (data::WorkRange& piece : pieces) {
@@ -170,7 +169,7 @@ void EpochPlanner::MemberLost(const std::string& worker, int64_t steps,
           }
         }
         if (open.empty()) continue;
-        Give(r, next->first, open);
+        Give(r, next->second, open);
         given = true;
       }
       if (!given) unplaced_.push_back(r);

@@ -8,7 +8,9 @@
 //   // Each member asks at an epoch's start (freezing the epoch's member list
 //   // at the first ask) and again once it trained what it was given:
 //   PSTRAIN_ASSIGN_OR_RETURN(v1::EpochPlanResponse plan,
-//                            planner.Plan("worker-1", 0, 60000, 0, {"worker-1", "worker-2"}));
+//                            planner.Plan("worker-1", /*epoch=*/0, /*epoch_length=*/60000,
+//                                         /*share_done=*/false, /*tails_done=*/0,
+//                                         {"worker-1", "worker-2"}));
 //   // plan: rank 0 of 2, 468 base steps, no tails.
 //   planner.MemberLost("worker-2", 100, {"worker-1"});  // it trained 100 steps
 //   // worker-1's next ask returns worker-2's untrained samples as a tail.
@@ -99,8 +101,8 @@ class EpochPlanner {
   // `worker`'s segments in `epoch` (base share, then tails).
   std::vector<data::WorkSegment> SegmentsOf(const Epoch& e, int epoch,
                                             const std::string& worker) const;
-  // Splits `range` among `receivers` as tails of plan `epoch`.
-  void Give(const data::WorkRange& range, int epoch, const std::vector<std::string>& receivers);
+  // Splits `range` among `receivers` as tails of `plan` (an epoch of epochs_).
+  void Give(const data::WorkRange& range, Epoch& plan, const std::vector<std::string>& receivers);
   int64_t TailSteps(const Epoch& e) const;
 
   const RunStart start_;

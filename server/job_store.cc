@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
+#include "common/data/file_io.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
 
@@ -45,16 +46,15 @@ absl::StatusOr<std::vector<v1::JobStatus>> JobStore::LoadJobs() const {
   if (state_dir_.empty()) return jobs;
   const fs::path jobs_dir = fs::path(state_dir_) / "jobs";
   PSTRAIN_RETURN_IF_ERROR(MakeDirs(jobs_dir));
-  std::error_code ec;
+  absl::StatusOr<std::vector<fs::directory_entry>> entries = data::ListDirectory(jobs_dir.string());
+  if (!entries.ok()) return absl::InternalError(entries.status().message());
   std::vector<std::pair<int64_t, std::string>> found;
-  for (const fs::directory_entry& entry : fs::directory_iterator(jobs_dir, ec)) {
+  for (const fs::directory_entry& entry : *entries) {
     const std::string id = entry.path().filename().string();
     const int64_t n = JobNumber(id);
-    if (n <= 0 || !fs::exists(entry.path() / "status.pb")) continue;
+    std::error_code ec;
+    if (n <= 0 || !fs::exists(entry.path() / "status.pb", ec)) continue;
     found.emplace_back(n, id);
-  }
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot list ", jobs_dir.string(), ": ", ec.message()));
   }
   std::sort(found.begin(), found.end());
   for (const auto& [n, id] : found) {
@@ -72,7 +72,7 @@ absl::Status JobStore::SaveJob(const v1::JobStatus& status) const {
   if (state_dir_.empty()) return absl::OkStatus();
   const fs::path dir = JobDir(status.job_id());
   PSTRAIN_RETURN_IF_ERROR(MakeDirs(dir));
-  return WriteFileAtomically((dir / "status.pb").string(), status.SerializeAsString());
+  return data::WriteFileAtomically((dir / "status.pb").string(), status.SerializeAsString());
 }
 
 absl::StatusOr<v1::JobHistory> JobStore::LoadHistory(const std::string& job_id) const {
@@ -93,7 +93,7 @@ absl::Status JobStore::SaveHistory(const v1::JobHistory& history) const {
   if (state_dir_.empty()) return absl::OkStatus();
   const fs::path dir = JobDir(history.job_id());
   PSTRAIN_RETURN_IF_ERROR(MakeDirs(dir));
-  return WriteFileAtomically((dir / "history.pb").string(), history.SerializeAsString());
+  return data::WriteFileAtomically((dir / "history.pb").string(), history.SerializeAsString());
 }
 
 absl::StatusOr<int64_t> JobStore::LoadNextWorkerId() const {
@@ -112,7 +112,7 @@ absl::StatusOr<int64_t> JobStore::LoadNextWorkerId() const {
 absl::Status JobStore::SaveNextWorkerId(int64_t next) const {
   if (state_dir_.empty()) return absl::OkStatus();
   PSTRAIN_RETURN_IF_ERROR(MakeDirs(state_dir_));
-  return WriteFileAtomically((fs::path(state_dir_) / "next_worker_id").string(),
+  return data::WriteFileAtomically((fs::path(state_dir_) / "next_worker_id").string(),
                              absl::StrCat(next, "\n"));
 }
 

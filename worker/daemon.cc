@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/chunking.h"
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/data/epoch_work.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"

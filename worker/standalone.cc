@@ -6,7 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
+#include "common/data/file_io.h"
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "common/tfevents.h"
@@ -186,7 +188,7 @@ absl::Status WriteNpyFloat32(const std::string& path, const std::vector<int64_t>
   bytes.push_back(static_cast<char>(header.size() >> 8));
   bytes += header;
   bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-  return WriteFileAtomically(path, bytes);
+  return data::WriteFileAtomically(path, bytes);
 }
 
 absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& checkpoint_path,

@@ -1,5 +1,6 @@
-// In-memory image datasets, per-epoch sample order (shuffle + shard), and
-// batch assembly with normalisation and augmentation.
+// Per-epoch sample order (shuffle + shard) and batch assembly with
+// normalisation and augmentation, over the in-memory datasets of
+// image_dataset.h (loaded by load_dataset.h).
 //
 //   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
 //   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess pre,
@@ -21,49 +22,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/data/image_dataset.h"
 #include "pstrain/v1/job.pb.h"
 
 namespace pstrain::data {
-
-// A decoded image dataset held in memory. A value type; thread-compatible
-// (concurrent readers are fine once it is built).
-struct ImageDataset {
-  int channels = 0, height = 0, width = 0, num_classes = 0;
-  // size() * channels * height * width bytes; each sample is CHW.
-  std::vector<uint8_t> pixels;
-  // One label per sample, each in [0, num_classes).
-  std::vector<int32_t> labels;
-
-  int64_t size() const { return static_cast<int64_t>(labels.size()); }
-  int64_t sample_elements() const {
-    return static_cast<int64_t>(channels) * height * width;
-  }
-  // The CHW pixels of sample i; i must be in [0, size()).
-  const uint8_t* image(int64_t i) const { return pixels.data() + i * sample_elements(); }
-
-  // OK when the fields agree with each other: positive dimensions, pixel
-  // count matching the label count, every label in [0, num_classes).
-  // `what` names the dataset in the error (e.g. a file or "train split").
-  absl::Status Validate(const std::string& what) const;
-  // Keeps only the first `limit` samples (no-op when limit <= 0 or >= size()).
-  void Truncate(int64_t limit);
-};
-
-struct DatasetSplits {
-  ImageDataset train;
-  ImageDataset test;
-};
-
-// Random pixels and labels of the given shape (benchmarks only). Errors for
-// non-positive sizes.
-absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticSpec& spec);
-
-// Loads the train and test splits described by `spec`, dispatching on
-// spec.format(); applies train_limit / test_limit; checks that both splits
-// have the same image shape, gives both the same num_classes (the larger of
-// the two), and that every label is below it. Errors name the file, and the
-// byte offset for corrupt or truncated data.
-absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec);
 
 // The sample order of one epoch for one worker. When `shuffle`, a
 // Fisher-Yates permutation of [0, n) driven by SplitMix64 seeded from

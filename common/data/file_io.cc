@@ -1,7 +1,10 @@
 #include "common/data/file_io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +12,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pstrain::data {
 namespace {
@@ -63,7 +67,103 @@ absl::StatusOr<std::string> Gunzip(const std::string& path, const std::string& i
   return out;
 }
 
+std::string DirectoryOf(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Writes `bytes` to a new file at `tmp_path` and makes it durable. Leaves no
+// file behind on failure.
+absl::Status WriteDurably(const std::string& tmp_path, const std::string& bytes) {
+  // "x": fail if the file exists; "e": close-on-exec.
+  std::FILE* file = std::fopen(tmp_path.c_str(), "wbxe");
+  if (file == nullptr) return ErrnoError(errno, "cannot create", tmp_path);
+  absl::Status status;
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
+    status = ErrnoError(errno, "cannot write", tmp_path);
+  } else if (std::fflush(file) != 0) {
+    status = ErrnoError(errno, "cannot flush", tmp_path);
+  } else if (fsync(fileno(file)) != 0) {
+    status = ErrnoError(errno, "cannot fsync", tmp_path);
+  }
+  if (std::fclose(file) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp_path);
+  if (!status.ok()) std::remove(tmp_path.c_str());
+  return status;
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open directory", dir);
+  absl::Status status;
+  if (fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync directory", dir);
+  close(fd);
+  return status;
+}
+
 }  // namespace
+
+// An absl::Status for a failed system call, keeping the errno's meaning.
+absl::Status ErrnoError(int error_number, absl::string_view what, absl::string_view path) {
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error_number));
+  switch (error_number) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+std::string TempPathFor(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(path, ".tmp.", static_cast<int64_t>(getpid()), ".",
+                      counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+// Renames the finished temporary file `tmp_path` over `path` and makes the
+// rename durable. Removes the temporary file when the rename fails.
+absl::Status CommitTemporary(const std::string& tmp_path, const std::string& path) {
+  if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    absl::Status status = ErrnoError(errno, "cannot rename into place at", path);
+    std::remove(tmp_path.c_str());
+    return status;
+  }
+  absl::Status synced = SyncDirectory(DirectoryOf(path));
+  if (!synced.ok()) {
+    return absl::Status(synced.code(), absl::StrCat(path,
+                                                    " was renamed into place but may not survive "
+                                                    "a crash: ",
+                                                    synced.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: empty path");
+  const std::string tmp_path = TempPathFor(path);
+  PSTRAIN_RETURN_IF_ERROR(WriteDurably(tmp_path, bytes));
+  return CommitTemporary(tmp_path, path);
+}
+
+absl::StatusOr<std::vector<std::filesystem::directory_entry>> ListDirectory(const std::string& dir) {
+  std::vector<std::filesystem::directory_entry> entries;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    entries.push_back(*it);
+  }
+  if (ec) return ErrnoError(ec.value(), "cannot list", dir);
+  return entries;
+}
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;

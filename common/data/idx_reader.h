@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/data/dataset.h"
+#include "common/data/image_dataset.h"
 
 namespace pstrain::data {
 

@@ -29,17 +29,6 @@ bool IsHidden(const fs::path& path) {
   return !name.empty() && name[0] == '.';
 }
 
-// The entries of `dir`, iterated with error codes (the range-for form of
-// directory_iterator throws on an increment error).
-absl::StatusOr<std::vector<fs::directory_entry>> ListDirectory(const std::string& dir) {
-  std::vector<fs::directory_entry> entries;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) entries.push_back(*it);
-  if (ec) return absl::UnavailableError(absl::StrCat(dir, ": cannot list: ", ec.message()));
-  return entries;
-}
-
 struct ImageFile {
   std::string path;
   int32_t label = 0;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/data/dataset.h"
+#include "common/data/image_dataset.h"
 
 namespace pstrain::data {
 

@@ -18,7 +18,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint.h"
 #include "common/data/file_io.h"
 #include "common/status_macros.h"
 
@@ -170,15 +169,13 @@ absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& f
 // The shard files of `split` in `dir`, by index; NOT_FOUND when none.
 absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir,
                                                     const std::string& split) {
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec);
-  if (ec) {
-    return absl::NotFoundError(
-        absl::StrCat("packed dataset ", dir, ": cannot list the directory: ", ec.message()));
+  absl::StatusOr<std::vector<std::filesystem::directory_entry>> entries = ListDirectory(dir);
+  if (!entries.ok()) {
+    return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": ", entries.status().message()));
   }
   std::map<int, std::string> by_index;
   int count = -1;
-  for (const auto& entry : it) {
+  for (const std::filesystem::directory_entry& entry : *entries) {
     const std::string name = entry.path().filename().string();
     const std::string prefix = split + "-";
     if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 5 + 4 + 5 + 7 ||
@@ -250,7 +247,9 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
           absl::StrCat(split, ": ", shards, " shards is above ", kPackedMaxShards));
     }
     // Shards of an older packing of this split with another count go first.
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::filesystem::directory_entry> entries,
+                             ListDirectory(dir));
+    for (const std::filesystem::directory_entry& entry : entries) {
       const std::string name = entry.path().filename().string();
       if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
           name.substr(name.size() - 7) == kPackedSuffix &&

@@ -1,5 +1,6 @@
 // Shuffling, sharding, normalisation and augmentation.
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 
 #include <algorithm>
 #include <cmath>

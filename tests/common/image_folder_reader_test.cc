@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/data/image_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

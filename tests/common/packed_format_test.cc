@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

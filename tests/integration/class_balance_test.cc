@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/data/dataset.h"
+#include "common/data/load_dataset.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "worker/standalone.h"

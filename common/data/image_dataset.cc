@@ -1,0 +1,37 @@
+#include "common/data/image_dataset.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain::data {
+
+// ---- ImageDataset -------------------------------------------------------------
+
+absl::Status ImageDataset::Validate(const std::string& what) const {
+  if (channels <= 0 || height <= 0 || width <= 0 || num_classes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape ", channels, "x", height,
+                                                   "x", width, " with ", num_classes,
+                                                   " classes"));
+  }
+  if (pixels.size() != static_cast<size_t>(size() * sample_elements())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", pixels.size(),
+                                                   " pixel bytes for ", size(), " samples of ",
+                                                   sample_elements()));
+  }
+  for (int64_t i = 0; i < size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= num_classes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": label ", labels[i], " of sample ", i,
+                                                     " is outside [0, ", num_classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ImageDataset::Truncate(int64_t limit) {
+  if (limit <= 0 || limit >= size()) return;
+  labels.resize(limit);
+  pixels.resize(limit * sample_elements());
+  labels.shrink_to_fit();
+  pixels.shrink_to_fit();
+}
+
+}  // namespace pstrain::data

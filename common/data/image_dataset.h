@@ -1,0 +1,52 @@
+// The in-memory image dataset every reader produces: the leaf of common/data.
+// Readers (idx_reader, cifar_reader, image_folder_reader, packed_format)
+// depend on this header alone; load_dataset.h dispatches over them, and
+// dataset.h orders, shards and batches what they load.
+//
+//   data::ImageDataset ds;
+//   ds.channels = 1; ds.height = 28; ds.width = 28; ds.num_classes = 10;
+//   ... fill ds.pixels (CHW per sample) and ds.labels ...
+//   PSTRAIN_RETURN_IF_ERROR(ds.Validate("my reader"));
+#ifndef PSTRAIN_COMMON_DATA_IMAGE_DATASET_H_
+#define PSTRAIN_COMMON_DATA_IMAGE_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace pstrain::data {
+
+// A decoded image dataset held in memory. A value type; thread-compatible
+// (concurrent readers are fine once it is built).
+struct ImageDataset {
+  int channels = 0, height = 0, width = 0, num_classes = 0;
+  // size() * channels * height * width bytes; each sample is CHW.
+  std::vector<uint8_t> pixels;
+  // One label per sample, each in [0, num_classes).
+  std::vector<int32_t> labels;
+
+  int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t sample_elements() const {
+    return static_cast<int64_t>(channels) * height * width;
+  }
+  // The CHW pixels of sample i; i must be in [0, size()).
+  const uint8_t* image(int64_t i) const { return pixels.data() + i * sample_elements(); }
+
+  // OK when the fields agree with each other: positive dimensions, pixel
+  // count matching the label count, every label in [0, num_classes).
+  // `what` names the dataset in the error (e.g. a file or "train split").
+  absl::Status Validate(const std::string& what) const;
+  // Keeps only the first `limit` samples (no-op when limit <= 0 or >= size()).
+  void Truncate(int64_t limit);
+};
+
+struct DatasetSplits {
+  ImageDataset train;
+  ImageDataset test;
+};
+
+}  // namespace pstrain::data
+
+#endif  // PSTRAIN_COMMON_DATA_IMAGE_DATASET_H_
