@@ -203,7 +203,11 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   if (request->worker_id().empty()) return Invalid("Heartbeat needs a worker_id");
   if (grpc::Status s = authorizer_->CheckWorkerCredential(*context, request->worker_id());
       !s.ok()) {
-    return s;
+    // A genuine credential from another state directory: this server never
+    // registered the caller, whatever its id says. It registers again.
+    if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) return s;
+    response->set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
+    return grpc::Status::OK;
   }
   absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(
       request->worker_id(), request->job_id(), request->run_id(), request->run_steps());

@@ -50,6 +50,7 @@
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 #include "server/shard_controller.h"
+#include "server/state_epoch.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on (port 0 picks a free port). A non-loopback address needs TLS "
@@ -539,6 +540,13 @@ int main(int argc, char** argv) {
     auto created = pstrain::Coordinator::Create(std::move(options), controller.get());
     if (!created.ok()) return Fail(std::string(created.status().message()));
     coordinator = *std::move(created);
+    // Worker credentials are bound to this state directory (made by Create).
+    if (const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+        security.authorizer->enabled() && !state_dir.empty()) {
+      absl::StatusOr<std::string> epoch = pstrain::LoadOrCreateStateEpoch(state_dir);
+      if (!epoch.ok()) return Fail(std::string(epoch.status().message()));
+      security.authorizer->SetStateEpoch(*epoch);
+    }
     coordinator_service = std::make_unique<pstrain::CoordinatorService>(
         coordinator.get(),
         pstrain::CoordinatorService::Options{.max_message_bytes = max_coordinator_message_bytes,

@@ -283,14 +283,38 @@ grpc::Status Authorizer::Check(const grpc::ServerContextBase& context, Role role
   return grpc::Status::OK;
 }
 
-std::string Authorizer::IssueWorkerCredential(const std::string& worker_id) const {
-  if (!enabled_) return "";
+namespace {
+
+// Separates a credential's state epoch from its MAC. Epochs are hex digits.
+constexpr char kEpochSeparator = ':';
+
+// The hex HMAC-SHA256 of `message` under `key`.
+std::string HexMac(const std::array<unsigned char, 32>& key, absl::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  HMAC(EVP_sha256(), credential_key_.data(), static_cast<int>(credential_key_.size()),
-       reinterpret_cast<const unsigned char*>(worker_id.data()), worker_id.size(), mac, &length);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(mac), static_cast<size_t>(length)));
+}
+
+// The credential of `worker_id` in state epoch `epoch` ("" = none).
+std::string CredentialFor(const std::array<unsigned char, 32>& key, absl::string_view epoch,
+                          const std::string& worker_id) {
+  if (epoch.empty()) return HexMac(key, worker_id);
+  return absl::StrCat(epoch, std::string(1, kEpochSeparator),
+                      HexMac(key, absl::StrCat("epoch ", epoch, "\n", worker_id)));
+}
+
+bool SameBytes(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace
+
+std::string Authorizer::IssueWorkerCredential(const std::string& worker_id) const {
+  if (!enabled_) return "";
+  return CredentialFor(credential_key_, state_epoch_, worker_id);
 }
 
 grpc::Status Authorizer::CheckWorkerCredential(const grpc::ServerContextBase& context,
@@ -302,13 +326,23 @@ grpc::Status Authorizer::CheckWorkerCredential(const grpc::ServerContextBase& co
 grpc::Status Authorizer::CheckWorkerCredential(const std::string& credential,
                                                const std::string& worker_id) const {
   if (!enabled_) return grpc::Status::OK;
-  const std::string expected = IssueWorkerCredential(worker_id);
-  if (credential.size() != expected.size() ||
-      CRYPTO_memcmp(credential.data(), expected.data(), expected.size()) != 0) {
+  // The epoch the credential claims; the MAC proves the peer token signed it.
+  const size_t separator = credential.find(kEpochSeparator);
+  const absl::string_view epoch = separator == std::string::npos
+                                      ? absl::string_view()
+                                      : absl::string_view(credential).substr(0, separator);
+  if (!SameBytes(credential, CredentialFor(credential_key_, epoch, worker_id))) {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat("this call does not carry the credential of worker '", worker_id,
                      "': a worker may act only as the worker it registered as"));
+  }
+  if (!state_epoch_.empty() && epoch != state_epoch_) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("the credential of worker '", worker_id,
+                     "' was issued by a server with another state directory (a new or reset "
+                     "--state-dir numbers workers anew); the worker must register again"));
   }
   return grpc::Status::OK;
 }

@@ -121,13 +121,27 @@ class Authorizer {
   // is another role's. `method` names the call in the message.
   grpc::Status Check(const grpc::ServerContextBase& context, Role role, const char* method) const;
 
+  // Binds the worker credentials this server issues and accepts to one
+  // state: server 0 passes the epoch of its state directory
+  // (server/state_epoch.h), so that a credential issued by a server with
+  // another (fresh or reset) state directory, whose worker ids start over,
+  // is refused even though the tokens are the same. Servers that only hold
+  // shards set none and accept any epoch the peer token signed. Call before
+  // the authorizer serves calls; constant after.
+  void SetStateEpoch(std::string epoch) { state_epoch_ = std::move(epoch); }
+  const std::string& state_epoch() const { return state_epoch_; }
+
   // The credential RegisterWorker hands to the worker it registered as
   // `worker_id`: HMAC-SHA256 keyed by the first peer token, so that every
-  // server of the cluster can check it. "" when disabled.
+  // server of the cluster can check it. With a state epoch it reads
+  // "EPOCH:MAC" and the MAC covers the epoch too; without, the 64 hex digits
+  // of the MAC. "" when disabled.
   std::string IssueWorkerCredential(const std::string& worker_id) const;
   // OK when the call carries the credential of `worker_id` (or when
-  // disabled); PERMISSION_DENIED otherwise ("... may act only as the worker
-  // it registered as").
+  // disabled); PERMISSION_DENIED when it does not ("... may act only as the
+  // worker it registered as"); FAILED_PRECONDITION when it is a genuine
+  // credential of `worker_id` from another state epoch than this server's
+  // (the worker must register again: Heartbeat tells it to).
   grpc::Status CheckWorkerCredential(const grpc::ServerContextBase& context,
                                      const std::string& worker_id) const;
   // As above, with the credential already taken from the call's metadata.
@@ -151,6 +165,7 @@ class Authorizer {
   std::vector<Entry> entries_;
   std::string peer_token_;
   std::array<unsigned char, 32> credential_key_{};
+  std::string state_epoch_;  // "" = none (see SetStateEpoch).
 };
 
 // What a client sends with every call on its channels: its bearer token and,

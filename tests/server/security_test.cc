@@ -30,6 +30,7 @@
 #include "server/coordinator_service.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
+#include "server/state_epoch.h"
 #include "server/shard_controller.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/shard_fixtures.h"
@@ -130,20 +131,29 @@ std::vector<Method> EveryMethod() {
 // Server 0 in one process: coordinator, shard, both services, one TLS port.
 class SecureServer {
  public:
-  SecureServer(const std::string& certs, bool require_client_cert)
+  // A fresh state directory (removed again at the end), or `state_dir`,
+  // kept, when given: a server restarted on the same state.
+  SecureServer(const std::string& certs, bool require_client_cert,
+               const std::string& state_dir = "")
       : shard_({.shard_index = 0}),
         authorizer_(*Authorizer::FromTokenFile(certs + "/tokens")),
-        services_(&shard_, ServicesOptions(authorizer_)) {
+        services_(&shard_, ServicesOptions(authorizer_)),
+        fresh_state_(state_dir.empty()) {
     std::vector<std::unique_ptr<ShardClient>> clients;
     clients.push_back(MakeLocalShardClient(&shard_));
     controller_ = std::make_unique<ShardController>(std::move(clients));
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/security_state_", getpid());
-    fs::remove_all(state_dir_);
+    state_dir_ = fresh_state_ ? absl::StrCat(::testing::TempDir(), "/security_state_", getpid())
+                              : state_dir;
+    if (fresh_state_) fs::remove_all(state_dir_);
     Coordinator::Options options;
     options.state_dir = state_dir_;
     options.start_background_thread = false;
     options.log = [](const std::string&) {};
     coordinator_ = *Coordinator::Create(std::move(options), controller_.get());
+    // As pstrain-server: worker credentials are bound to the state directory.
+    absl::StatusOr<std::string> epoch = LoadOrCreateStateEpoch(state_dir_);
+    EXPECT_TRUE(epoch.ok()) << epoch.status();
+    authorizer_->SetStateEpoch(epoch.value_or(""));
     coordinator_service_ = std::make_unique<CoordinatorService>(
         coordinator_.get(),
         CoordinatorService::Options{.max_message_bytes = 64 << 20, .authorizer = authorizer_});
@@ -160,7 +170,7 @@ class SecureServer {
   }
   ~SecureServer() {
     server_->Shutdown(DeadlineFromNow(absl::Seconds(5)));
-    fs::remove_all(state_dir_);
+    if (fresh_state_) fs::remove_all(state_dir_);
   }
 
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
@@ -179,6 +189,7 @@ class SecureServer {
   std::shared_ptr<Authorizer> authorizer_;
   ShardServices services_;
   std::unique_ptr<ShardController> controller_;
+  const bool fresh_state_;
   std::string state_dir_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> coordinator_service_;
@@ -234,12 +245,16 @@ class SecurityTest : public ::testing::Test {
     return RawCall::Run(&stub, m.path(), {Bytes("")});
   }
 
-  // Registers a worker over gRPC; returns its id and credential.
-  std::pair<std::string, std::string> Register() {
-    auto stub = v1::Coordinator::NewStub(Channel(tokens_[Role::kWorker]));
+  // Registers a worker over gRPC; returns its id and credential. With a
+  // previous id and its credential, asks for that id back.
+  std::pair<std::string, std::string> Register(const std::string& previous_id = "",
+                                               const std::string& previous_credential = "") {
+    auto stub =
+        v1::Coordinator::NewStub(Channel(tokens_[Role::kWorker], previous_credential));
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
     v1::RegisterWorkerRequest request;
+    request.set_previous_worker_id(previous_id);
     v1::RegisterWorkerResponse response;
     grpc::Status status = stub->RegisterWorker(&ctx, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
@@ -344,6 +359,77 @@ TEST_F(SecurityTest, HeartbeatsAreAcceptedOnlyWithTheRegisteredWorkersCredential
   EXPECT_EQ(heartbeat(w2, "").error_code(), grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// Issue 43: a worker credential stayed valid against a server started on a
+// fresh state directory with the same tokens. That server numbers workers
+// anew, so a stale process could act as the new process that got its id.
+TEST_F(SecurityTest, ACredentialFromAnotherStateDirectoryIsRefusedAndItsHolderRegistersAgain) {
+  auto heartbeat = [&](const std::string& worker, const std::string& credential,
+                       v1::HeartbeatResponse* response) {
+    auto stub = v1::Coordinator::NewStub(Channel(tokens_[Role::kWorker], credential));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker);
+    return stub->Heartbeat(&ctx, request, response);
+  };
+  auto report = [&](const std::string& worker, const std::string& credential) {
+    auto stub = v1::Coordinator::NewStub(Channel(tokens_[Role::kWorker], credential));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
+    v1::ReportProgressRequest request;
+    request.set_worker_id(worker);
+    request.set_job_id("job-1");
+    v1::ReportProgressResponse response;
+    return stub->ReportProgress(&ctx, request, &response);
+  };
+  const auto [stale_id, stale_credential] = Register();
+
+  // Server 0 starts again on a new state directory with the same tokens, and
+  // another process registers: it gets the same id.
+  server_.reset();
+  server_ = std::make_unique<SecureServer>(*certs_, /*require_client_cert=*/true);
+  ASSERT_TRUE(server_->started());
+  const auto [new_id, new_credential] = Register();
+  ASSERT_EQ(new_id, stale_id);
+  EXPECT_NE(new_credential, stale_credential);
+
+  v1::HeartbeatResponse response;
+  ASSERT_TRUE(heartbeat(new_id, new_credential, &response).ok());
+  EXPECT_NE(response.action(), v1::HeartbeatResponse::ACTION_REREGISTER);
+  // The stale holder is told to register again, not taken for the new one.
+  response.Clear();
+  ASSERT_TRUE(heartbeat(stale_id, stale_credential, &response).ok());
+  EXPECT_EQ(response.action(), v1::HeartbeatResponse::ACTION_REREGISTER);
+  const grpc::Status refused = report(stale_id, stale_credential);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("another state directory"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("register again"));
+  // Asking for its old id back with the stale credential gives a new one.
+  const auto [again_id, again_credential] = Register(stale_id, stale_credential);
+  EXPECT_NE(again_id, stale_id);
+  EXPECT_NE(report(again_id, again_credential).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A restart on the same state directory keeps the credentials valid: the
+// workers keep their ids across a restart of server 0.
+TEST_F(SecurityTest, ACredentialSurvivesARestartOnTheSameStateDirectory) {
+  const std::string state_dir = absl::StrCat(::testing::TempDir(), "/security_kept_", getpid());
+  fs::remove_all(state_dir);
+  server_.reset();
+  server_ = std::make_unique<SecureServer>(*certs_, /*require_client_cert=*/true, state_dir);
+  ASSERT_TRUE(server_->started());
+  const auto [id, credential] = Register();
+  server_.reset();
+  server_ = std::make_unique<SecureServer>(*certs_, /*require_client_cert=*/true, state_dir);
+  ASSERT_TRUE(server_->started());
+  const auto [again_id, again_credential] = Register(id, credential);
+  EXPECT_EQ(again_id, id);  // The previous id is given back to its holder.
+  EXPECT_EQ(again_credential, credential);
+  server_.reset();
+  fs::remove_all(state_dir);
+}
+
 // Regression (issue 8): worker ids and generations were plain header fields,
 // so anyone could push as any member.
 TEST_F(SecurityTest, APushOrPullAsAnotherWorkerIsRefusedAndTheModelStaysBitIdentical) {
@@ -435,6 +521,41 @@ TEST(AuthorizerTest, TokenFilesAreParsedStrictlyWithoutEchoingSecrets) {
   EXPECT_THAT(short_token.status().message(), Not(HasSubstr("short")));
   auto shared = Authorizer::FromText(absl::StrCat("peer ", peer, "\nadmin ", peer), "f");
   EXPECT_THAT(shared.status().message(), HasSubstr("one role only"));
+}
+
+TEST(AuthorizerTest, AStateEpochBindsCredentialsToOneStateAndShardsCheckOnlyTheSignature) {
+  const std::string tokens = absl::StrCat("peer ", std::string(32, 'p'));
+  auto server_a = *Authorizer::FromText(tokens, "a");
+  server_a->SetStateEpoch(std::string(32, 'a'));
+  auto server_b = *Authorizer::FromText(tokens, "b");  // Same tokens, another state.
+  server_b->SetStateEpoch(std::string(32, 'b'));
+  auto shard = *Authorizer::FromText(tokens, "shard");  // No epoch: signature only.
+  auto other_cluster = *Authorizer::FromText(absl::StrCat("peer ", std::string(32, 'q')), "q");
+  other_cluster->SetStateEpoch(std::string(32, 'a'));
+
+  const std::string credential = server_a->IssueWorkerCredential("worker-1");
+  EXPECT_EQ(credential.substr(0, 33), std::string(32, 'a') + ":");
+  EXPECT_TRUE(server_a->CheckWorkerCredential(credential, "worker-1").ok());
+  EXPECT_TRUE(shard->CheckWorkerCredential(credential, "worker-1").ok());
+  const grpc::Status stale = server_b->CheckWorkerCredential(credential, "worker-1");
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(stale.error_message(), HasSubstr("another state directory"));
+  // A credential from before state epochs is stale too, once one is set.
+  EXPECT_EQ(server_a->CheckWorkerCredential(shard->IssueWorkerCredential("worker-1"), "worker-1")
+                .error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Forgeries stay PERMISSION_DENIED: another id, another cluster's key, or
+  // an epoch changed without the key.
+  EXPECT_EQ(server_a->CheckWorkerCredential(credential, "worker-2").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(server_a->CheckWorkerCredential(other_cluster->IssueWorkerCredential("worker-1"),
+                                            "worker-1")
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  std::string moved = credential;
+  moved.replace(0, 32, std::string(32, 'b'));
+  EXPECT_EQ(server_b->CheckWorkerCredential(moved, "worker-1").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST(AuthorizerTest, WorkerCredentialsDependOnTheIdAndThePeerToken) {
