@@ -80,7 +80,8 @@ metric() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$1" '$1 
 # compressed JOB EPOCHS CODEC -> "accuracy seconds steps received_bytes represented_bytes
 #   pull_sent_bytes pull_represented_bytes"
 # CODEC is a --compression value, optionally @BYTES for --min-compress-bytes
-# (topk:0.01@262144: chunks under 256 KiB go whole), optionally /PULL for
+# (without it, topk and onebit send parameters under 256 KiB whole, the
+# coordinator's default; topk:0.01@0 compresses every parameter), optionally /PULL for
 # --pull-compression (onebit@262144/onebit: 1-bit both ways, small
 # parameters whole both ways).
 compressed() {
@@ -131,7 +132,7 @@ if [[ $WHAT == compression || $WHAT == all ]]; then
   report "== compression, $JOB, sync, 2 workers (2x64), $EPOCHS epochs, seed of the job, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $(lscpu | sed -n 's/^Model name: *//p')"
   report "codec     test_accuracy  vs_none(points)  seconds  push_bytes_per_worker_step  fp32_bytes_per_worker_step  ratio  pull_bytes_per_worker_step  pull_ratio"
   base=""
-  for codec in ${PSTRAIN_CODECS:-none fp16 bf16 topk:0.01 onebit}; do
+  for codec in ${PSTRAIN_CODECS:-none fp16 bf16 topk:0.01 topk:0.01@0 onebit onebit@0}; do
     read -r acc secs steps received represented pulled pull_represented <<<"$(compressed $JOB "$EPOCHS" $codec)"
     [[ -z $base ]] && base=$acc
     report "$(python3 -c "

@@ -40,8 +40,8 @@ ABSL_FLAG(std::string, pull_compression, "",
           "none, fp16, bf16, topk[:RATIO] or onebit");
 ABSL_FLAG(std::optional<int64_t>, min_compress_bytes, std::nullopt,
           "topk and onebit (pushes, and pulls with --pull-compression topk or onebit): "
-          "parameters of fewer F32 bytes travel whole (0 = compress every parameter; 262144 "
-          "keeps convolution kernels and biases exact)");
+          "parameters of fewer F32 bytes travel whole (pushes default to 262144, which keeps "
+          "convolution kernels and biases exact; 0 = compress every parameter)");
 ABSL_FLAG(std::string, precision, "",
           "Training arithmetic on the workers: fp32, or bf16 / fp16 mixed precision (CUDA "
           "workers only; fp16 with dynamic loss scaling)");
@@ -153,6 +153,13 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
   return absl::OkStatus();
 }
 
+// What a progress line reports, without the rates that change with every
+// status: the state, the position and who is waited for.
+std::string ProgressKey(const v1::JobStatus& s) {
+  return absl::StrCat(s.state(), "/", s.epoch(), "/", s.step(), "/", s.reason(), "/",
+                      absl::StrJoin(s.stragglers(), ","));
+}
+
 }  // namespace
 
 // submit ------------------------------------------------------------------------
@@ -167,7 +174,8 @@ int Cli::Submit(const std::vector<std::string>& args) {
       "  --compression sets how workers push gradients (sync, async, ssp): fp16 or\n"
       "  bf16 halves the bytes; topk sends the largest RATIO of each chunk (default\n"
       "  0.01) and onebit one sign bit per value, both with error feedback;\n"
-      "  --min-compress-bytes 262144 sends their chunks under 256 KiB whole.\n"
+      "  their parameters under 256 KiB go whole unless --min-compress-bytes says\n"
+      "  otherwise (0 compresses every parameter).\n"
       "  --pull-compression (sync) sets how servers send each step's new model: the\n"
       "  change since the last step, with the same codecs; what a codec leaves out\n"
       "  goes with the next step.\n"
@@ -383,7 +391,7 @@ absl::StatusOr<v1::JobStatus> Cli::Follow(const std::string& job_id, bool quiet)
   int64_t first_step = -1;
   absl::Time broken_since = absl::InfiniteFuture();
   absl::Duration backoff = absl::Milliseconds(200);
-  std::string last_line;
+  std::string last_progress;
   bool drew_progress = false;
   auto finish_progress_line = [&] {
     if (drew_progress && env_.stdout_is_tty) out_ << "\n";
@@ -421,14 +429,18 @@ absl::StatusOr<v1::JobStatus> Cli::Follow(const std::string& job_id, bool quiet)
         have_last = true;
         if (Terminal(status.state())) break;
         if (quiet) continue;
-        std::string line = FormatProgressLine(status, steps_per_sec);
+        const std::string line = FormatProgressLine(status, steps_per_sec);
         if (env_.stdout_is_tty) {
           out_ << "\r" << line << "\033[K" << std::flush;
           drew_progress = true;
-        } else if (line != last_line) {
-          out_ << line << std::endl;
+          continue;
         }
-        last_line = line;
+        // A log (not a terminal) gets one line per update: each worker's
+        // report of the same step arrives as its own status, with a new rate
+        // and ETA but the same progress.
+        const std::string progress = ProgressKey(status);
+        if (progress != last_progress) out_ << line << std::endl;
+        last_progress = progress;
       }
     }
     if (have_last && Terminal(last.state())) {

@@ -277,6 +277,12 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (job->mode() == v1::CONSISTENCY_AVERAGE && job->averaging_frequency() == 0) {
     job->set_averaging_frequency(kDefaultAveragingFrequency);
   }
+  const v1::CompressionSpec::Method method = job->compression().method();
+  if ((method == v1::CompressionSpec::COMPRESSION_TOPK ||
+       method == v1::CompressionSpec::COMPRESSION_ONEBIT) &&
+      !job->compression().has_min_compress_bytes()) {
+    job->mutable_compression()->set_min_compress_bytes(kDefaultMinCompressBytes);
+  }
 }
 
 std::string JobSpecToJson(const v1::JobSpec& job) {

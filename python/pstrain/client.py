@@ -491,7 +491,7 @@ class Client:
     def submit(self, model, dataset, optimizer, epochs, batch_size=64, workers=1, mode="sync",
                name=None, seed=0, staleness=0, averaging_frequency=0,
                average_optimizer_state=False, compression="none", topk_ratio=0.0,
-               min_compress_bytes=0, pull_compression="none", pull_topk_ratio=0.0,
+               min_compress_bytes=None, pull_compression="none", pull_topk_ratio=0.0,
                precision="fp32"):
         """Submits a job and returns its Job. The server validates it: a bad
         job raises InvalidArgumentError with the server's message (a bad model
@@ -504,7 +504,8 @@ class Client:
         "bf16", "topk" (the largest topk_ratio of each chunk; 0 = 0.01) or
         "onebit" (sign bits and a scale), the last two with error feedback;
         min_compress_bytes: with those two, parameters of fewer F32 bytes go
-        whole (0 = compress every parameter; 262144 keeps small layers exact);
+        whole (None: the server's default, 262144, which keeps small layers
+        exact; 0 = compress every parameter);
         pull_compression (sync only; same names, pull_topk_ratio for "topk"):
         how servers send each step's new model, as its change since the last
         step, with what a codec leaves out sent in later steps;
@@ -532,11 +533,12 @@ class Client:
             staleness=int(staleness), averaging_frequency=int(averaging_frequency),
             average_optimizer_state=bool(average_optimizer_state),
             compression=job_pb2.CompressionSpec(method=COMPRESSION[compression],
-                                                topk_ratio=float(topk_ratio),
-                                                min_compress_bytes=int(min_compress_bytes)),
+                                                topk_ratio=float(topk_ratio)),
             pull_compression=job_pb2.CompressionSpec(method=COMPRESSION[pull_compression],
                                                      topk_ratio=float(pull_topk_ratio)),
             precision=PRECISION[precision])
+        if min_compress_bytes is not None:  # Unset: the server's default.
+            spec.compression.min_compress_bytes = int(min_compress_bytes)
         return self.submit_spec(spec)
 
     def submit_spec(self, spec):

@@ -549,6 +549,30 @@ TEST_F(CliTest, WatchPrintsOneLinePerUpdateAndExitsByFinalState) {
   EXPECT_THAT(out_.str(), HasSubstr("ETA"));
 }
 
+// Regression: main-job.sh's log printed every step twice, once per worker's
+// report (the two statuses differ only in their rates and ETA).
+TEST_F(CliTest, WatchIntoALogPrintsEachUpdateOnce) {
+  v1::JobStatus first_report = Running("job-2", 100);
+  first_report.set_samples_per_sec(900);
+  v1::JobStatus second_report = Running("job-2", 100);
+  second_report.set_samples_per_sec(1100);
+  v1::JobStatus cancelled = Running("job-2", 300);
+  cancelled.set_state(v1::JOB_STATE_CANCELLED);
+  {
+    absl::MutexLock lock(&fake_.mu_);
+    fake_.watch_events = {first_report, second_report, Running("job-2", 200), cancelled};
+  }
+  EXPECT_EQ(Run({"watch", "job-2"}), 1);
+  const std::string out = out_.str();
+  size_t lines_of_step_100 = 0;
+  for (size_t at = out.find("step 100/"); at != std::string::npos;
+       at = out.find("step 100/", at + 1)) {
+    ++lines_of_step_100;
+  }
+  EXPECT_EQ(lines_of_step_100, 1u) << out;
+  EXPECT_THAT(out, HasSubstr("step 200/1874"));
+}
+
 TEST_F(CliTest, CancelPrintsTheNewState) {
   {
     absl::MutexLock lock(&fake_.mu_);
