@@ -127,7 +127,9 @@ TEST_F(DistributedTrainingTest, OneBitCompressedSyncPushesReachTheFloorAtAThirty
   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
   std::string job = WriteFashionMnistJob(dir_, 6400, 2000, 2);
   int code = 0;
-  auto result = SubmitAndWatch(cluster, job, "sync", 2, &code, {"--compression", "onebit"});
+  // Every parameter compressed (the default sends those under 256 KiB whole).
+  auto result = SubmitAndWatch(cluster, job, "sync", 2, &code,
+                               {"--compression", "onebit", "--min-compress-bytes", "0"});
   EXPECT_EQ(result.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_GT(result.test().accuracy(), 0.70) << cluster.Logs();
   // The counters are refreshed every second.
@@ -262,12 +264,42 @@ TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckp
 
   const std::string job_id = SubmitSync(cluster, job);
   ASSERT_TRUE(WaitForStep(cluster, job_id, 65)) << cluster.Logs();  // Into epoch 2.
+  // The step reached before the kill is at least the one read here.
+  const int64_t step_seen =
+      ParseJobStatus(cluster.Cli({"status", job_id, "--json"}).LastLine()).step();
+  ASSERT_GE(step_seen, 65);
   ASSERT_TRUE(cluster.RestartServer(0)) << cluster.Logs();
+
+  // The resumed run says where it resumed: "resumed from the checkpoint of
+  // epoch E, step S; L steps lost so far". S + L is the step reached before
+  // the kill, so it is at least step_seen; S is at least the end of epoch 1.
+  int64_t resumed_from = -1, lost = -1;
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (resumed_from < 0 && absl::Now() < deadline) {
+    const v1::JobStatus running =
+        ParseJobStatus(cluster.Cli({"status", job_id, "--json"}).LastLine());
+    const std::string& reason = running.reason();
+    const size_t at = reason.find("resumed from the checkpoint of epoch ");
+    if (running.runs() == 2 && at != std::string::npos) {
+      const size_t step_at = reason.find(", step ", at);
+      const size_t lost_at = reason.find("; ", step_at);
+      ASSERT_NE(lost_at, std::string::npos) << reason;
+      ASSERT_TRUE(absl::SimpleAtoi(reason.substr(step_at + 7, lost_at - step_at - 7),
+                                   &resumed_from)) << reason;
+      const size_t lost_end = reason.find(" steps lost", lost_at);
+      ASSERT_TRUE(absl::SimpleAtoi(reason.substr(lost_at + 2, lost_end - lost_at - 2), &lost))
+          << reason;
+    } else {
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  }
+  ASSERT_GE(resumed_from, 50) << "no resumed run seen in time: " << cluster.Logs();
+  EXPECT_GE(resumed_from + lost, step_seen);
 
   auto s = WatchToTheEnd(cluster, job_id);
   EXPECT_EQ(s.runs(), 2) << cluster.Logs();
-  EXPECT_GE(s.steps_lost(), 0);
-  EXPECT_LT(s.steps_lost(), 50);  // Less than an epoch.
+  EXPECT_EQ(s.steps_lost(), lost);  // No later loss.
+  EXPECT_LT(s.steps_lost(), 50);    // Less than an epoch.
   EXPECT_NEAR(s.test().accuracy(), undisturbed.test().accuracy(), 0.005) << cluster.Logs();
   // The same worker processes trained the resumed run, under their old ids.
   for (int w = 0; w < 2; ++w) {
@@ -414,7 +446,10 @@ TEST_F(DistributedTrainingTest, CancelStopsTheJobAndFreesTheWorkers) {
   CommandResult submit = cluster.Cli({"submit", job, "--workers", "2", "--json"});
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   std::string job_id = ParseJobStatus(submit.LastLine()).job_id();
-  absl::SleepFor(absl::Seconds(3));
+  // Cancel a job that trains (not one still queued): its workers are busy.
+  ASSERT_TRUE(WaitForStep(cluster, job_id, 1)) << cluster.Logs();
+  EXPECT_EQ(ParseJobStatus(cluster.Cli({"status", job_id, "--json"}).LastLine()).state(),
+            v1::JOB_STATE_RUNNING);
   CommandResult cancel = cluster.Cli({"cancel", job_id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
   CommandResult status = cluster.Cli({"status", job_id, "--json"});

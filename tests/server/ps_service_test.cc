@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -577,15 +578,24 @@ TEST_F(PsServiceTest, BlockedPullIsReleasedByTheLastPushOfTheStep) {
   const int id = FirstChunkOf(0);
   std::vector<std::vector<float>> values;
   grpc::Status pull_status;
-  std::thread puller([&] { pull_status = Pull(0, {id}, 1, &values, nullptr); });
-  absl::SleepFor(absl::Milliseconds(100));
+  std::atomic<bool> pull_done{false};
+  std::thread puller([&] {
+    pull_status = Pull(0, {id}, 1, &values, nullptr);
+    pull_done = true;
+  });
+  // The first of two pushes: the step is not complete, so nothing was applied
+  // (a state, not a timing: version 1 cannot exist yet) and the pull for
+  // version 1 has not been answered.
   ASSERT_TRUE(Push(0, {Frame(PushHeader(id), Ones(id))}).ok());
+  EXPECT_EQ(servers_[0]->shard().stats().applied_updates, 0);
+  EXPECT_FALSE(pull_done);
   v1::ChunkHeader h = PushHeader(id);
   h.set_worker_id(kWorkerB);
   ASSERT_TRUE(Push(0, {Frame(h, Ones(id))}).ok());
   puller.join();
   ASSERT_TRUE(pull_status.ok()) << pull_status.error_message();
   ASSERT_EQ(values.size(), 1u);
+  EXPECT_EQ(servers_[0]->shard().stats().applied_updates, 1);
 }
 
 TEST_F(PsServiceTest, PullOfAChunkNotOwnedIsInvalidArgument) {
