@@ -13,7 +13,7 @@
 //
 //   // pstrain-worker: flags, with the documented PSTRAIN_* variables as
 //   // fallbacks, read in main through a lookup it passes.
-//   CudaBackendOptions options = CudaBackendOptionsFromEnvironment(&std::getenv);
+//   CudaBackendOptions options = CudaBackendOptionsFromEnvironment(&Environment);
 //   PSTRAIN_RETURN_IF_ERROR(ParseCudnnTransforms("fft,winograd", &options));
 //
 // Adding a setting: a field here, one in PstrainCudaBackendOptions (and a
@@ -81,8 +81,8 @@ absl::Status ParseCudnnTransforms(absl::string_view text, CudaBackendOptions* op
 // The inverse: "none", "fft", "winograd" or "fft,winograd".
 std::string CudnnTransformsName(const CudaBackendOptions& options);
 
-// The value of an environment variable, or null when it is unset (a caller
-// in main passes &std::getenv; tests pass a map).
+// The value of an environment variable, or null when it is unset (main
+// passes a lookup of the process's environment; tests pass a map).
 using EnvironmentLookup = std::function<const char*(const char* name)>;
 
 // The documented environment fallbacks, applied to `options` by the rules
