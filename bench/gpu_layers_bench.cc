@@ -12,13 +12,18 @@
 // ReLU -> max-pool fusion of worker/model.h is not applied.
 //
 //   gpu_layers_bench --model examples/models/resnet-small-64.json --batch 128
-//                    [--reps 30] [--dtypes fp32,bf16,fp16]
+//                    [--reps 30] [--dtypes fp32,bf16,fp16] [--cudnn_log_routes]
+//
+// The CUDA backend's options are pstrain-worker's defaults with the
+// documented PSTRAIN_CUDNN_* / PSTRAIN_CUDA_OWN_CONV fallbacks applied (read
+// here in main, kernels/cuda_backend_options.h), and --cudnn_log_routes.
 //
 // Needs a CUDA device (exits 2 without one).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -36,12 +41,16 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend_options.h"
 #include "worker/layers.h"
 
 ABSL_FLAG(std::string, model, "examples/models/resnet-small-64.json", "ModelSpec JSON file");
 ABSL_FLAG(int, batch, 128, "Batch size");
 ABSL_FLAG(int, reps, 30, "Timed calls per layer and pass");
 ABSL_FLAG(std::string, dtypes, "fp32,bf16,fp16", "Activation types to time, in order");
+ABSL_FLAG(bool, cudnn_log_routes, false,
+          "Print each bf16/fp16 convolution plan's per-pass times and chosen route to stderr "
+          "(also on with PSTRAIN_CUDNN_LOG_ROUTES=1)");
 
 namespace pstrain {
 namespace {
@@ -248,7 +257,10 @@ int Main() {
   DeviceSpec device;
   device.automatic = false;
   device.type = DeviceType::kCuda;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(device);
+  CudaBackendOptions options = CudaBackendOptionsFromEnvironment(
+      [](const char* name) -> const char* { return std::getenv(name); });
+  if (absl::GetFlag(FLAGS_cudnn_log_routes)) options.log_conv_routes = true;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(device, options);
   if (!backend.ok()) {
     std::fprintf(stderr, "gpu_layers_bench: %s\n", backend.status().ToString().c_str());
     return 2;

@@ -241,7 +241,7 @@ stage_mixed() {
 }
 
 # Which cuDNN algorithms may compete (PSTRAIN_CUDNN_TRANSFORMS, see
-# kernels/cuda/cudnn_plans.cc): CUDA/CPU convolution parity and the steady
+# kernels/cuda_backend_options.h): CUDA/CPU convolution parity and the steady
 # training rate under each setting, beside PyTorch eager fp32 in the same run.
 stage_transforms() {
   timeout "${TRANSFORMS_SECONDS:-200}" $PY - "$BIN" <<'PY' 2>&1 | tee "$OUT/transforms.log" | tee -a "$SUMMARY"

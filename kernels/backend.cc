@@ -41,6 +41,11 @@ int CudaDeviceCount() { return CudaModule().device_count; }
 bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec) {
+  return CreateBackend(spec, CudaModule().options.backend);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec,
+                                                       const CudaBackendOptions& cuda_options) {
   DeviceSpec resolved = spec;
   if (spec.automatic) {
     resolved.type = CudaAvailable() ? DeviceType::kCuda : DeviceType::kCpu;
@@ -57,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec) {
                                                       " requested but only ", cuda.device_count,
                                                       " CUDA device(s) are visible"));
   }
-  return cuda.module->CreateBackend(resolved.ordinal);
+  return cuda.module->CreateBackend(resolved.ordinal, cuda_options);
 }
 
 }  // namespace pstrain

@@ -634,7 +634,12 @@ int CudaDeviceCount();
 // Resolves "auto" (CUDA device 0 when CudaAvailable(), else CPU) and creates
 // the backend. Asking for cuda without a usable device is FAILED_PRECONDITION
 // with a message that says which of module, library or device is missing.
+// A CUDA backend gets the process's options (ConfigureCudaModule,
+// kernels/backend_loader.h), or `cuda` where given.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec);
+struct CudaBackendOptions;  // kernels/cuda_backend_options.h
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const DeviceSpec& spec,
+                                                       const CudaBackendOptions& cuda);
 
 }  // namespace pstrain
 

@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <array>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/build_info.h"
 
 namespace pstrain {
@@ -46,9 +47,10 @@ constexpr const char* kBuildHint =
     " (this build was configured without CUDA, PSTRAIN_WITH_CUDA=OFF, so it made no module)";
 #endif
 
-CudaModuleStatus FindCudaModule() {
+CudaModuleStatus FindCudaModule(CudaModuleOptions options) {
   CudaModuleStatus status;
-  const std::vector<std::string> candidates = CudaModuleCandidates();
+  status.options = std::move(options);
+  const std::vector<std::string> candidates = CudaModuleCandidates(status.options.path);
   for (const std::string& path : candidates) {
     if (!FileExists(path)) continue;
     std::array<char, PATH_MAX> canonical{};
@@ -65,8 +67,23 @@ CudaModuleStatus FindCudaModule() {
   status.load = absl::NotFoundError(absl::StrCat(
       "the CUDA module ", kCudaModuleFileName, " was not found (looked for ",
       absl::StrJoin(candidates, ", "), ")", kBuildHint,
-      "; install it beside pstrain-worker in ../lib/pstrain/ or set ", kCudaModuleEnvVar));
+      "; install it beside pstrain-worker in ../lib/pstrain/, or give its path "
+      "(pstrain-worker --cuda-module, or ", kCudaModuleEnvVar, ")"));
   return status;
+}
+
+// The process's one look-up of the CUDA module, and the options it uses.
+struct CudaModuleRegistry {
+  absl::Mutex mu;
+  CudaModuleOptions options ABSL_GUARDED_BY(mu);
+  // Set once by the first CudaModule(); never freed (the module is never
+  // unloaded either).
+  const CudaModuleStatus* status ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+CudaModuleRegistry& Registry() {
+  static CudaModuleRegistry* const registry = new CudaModuleRegistry;
+  return *registry;
 }
 
 }  // namespace
@@ -79,9 +96,15 @@ int LoadedBackendModule::DeviceCount(std::string* why) const {
   return 0;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> LoadedBackendModule::CreateBackend(int ordinal) const {
+absl::StatusOr<std::unique_ptr<Backend>> LoadedBackendModule::CreateBackend(
+    int ordinal, const CudaBackendOptions& options) const {
+  return CreateBackendWithModuleOptions(ordinal, ToModuleOptions(options));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> LoadedBackendModule::CreateBackendWithModuleOptions(
+    int ordinal, const PstrainCudaBackendOptions& options) const {
   std::array<char, kMessageBytes> error{};
-  Backend* backend = entry_->create_backend(ordinal, error.data(), error.size());
+  Backend* backend = entry_->create_backend(ordinal, &options, error.data(), error.size());
   if (backend == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(entry_->device, ":", ordinal, ": ", FromModuleBuffer(error)));
@@ -129,9 +152,8 @@ absl::StatusOr<LoadedBackendModule> LoadBackendModule(const std::string& path) {
   return LoadedBackendModule(path, entry);
 }
 
-std::vector<std::string> CudaModuleCandidates() {
-  const char* override_path = std::getenv(kCudaModuleEnvVar);
-  if (override_path != nullptr && override_path[0] != '\0') return {override_path};
+std::vector<std::string> CudaModuleCandidates(const std::string& path) {
+  if (!path.empty()) return {path};
   const std::string dir = ExecutableDir();
   if (dir.empty()) return {};
   return {
@@ -150,9 +172,25 @@ std::string CudaModuleStatus::Summary() const {
   return absl::StrCat("cuda module ", module->path(), ": ", device_count, " device(s)");
 }
 
+absl::Status ConfigureCudaModule(CudaModuleOptions options) {
+  CudaModuleRegistry& registry = Registry();
+  absl::MutexLock lock(&registry.mu);
+  if (registry.status != nullptr) {
+    return absl::FailedPreconditionError(
+        "ConfigureCudaModule: the CUDA module was already looked for in this process; "
+        "configure it before anything asks for a backend or a device count");
+  }
+  registry.options = std::move(options);
+  return absl::OkStatus();
+}
+
 const CudaModuleStatus& CudaModule() {
-  static const CudaModuleStatus* const status = new CudaModuleStatus(FindCudaModule());
-  return *status;
+  CudaModuleRegistry& registry = Registry();
+  absl::MutexLock lock(&registry.mu);
+  if (registry.status == nullptr) {
+    registry.status = new CudaModuleStatus(FindCudaModule(registry.options));
+  }
+  return *registry.status;
 }
 
 }  // namespace pstrain

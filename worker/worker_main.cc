@@ -3,6 +3,7 @@
 //   pstrain-worker --standalone examples/fashion-mnist.json --device cpu
 //   pstrain-worker --evaluate model.ckpt --data /usr/share/datasets/fashion-mnist
 //   pstrain-worker --server 127.0.0.1:7070 --metrics-port 9101 --device cpu --threads 1
+//   pstrain-worker --standalone job.json --device cuda --cudnn-transforms fft,winograd
 #include <signal.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #include "common/rpc/security_flags.h"
 #include "common/status_macros.h"
 #include "kernels/backend_loader.h"
+#include "kernels/cuda_backend_options.h"
 #include "prometheus/registry.h"
 #include "worker/daemon.h"
 #include "worker/gpu_monitor.h"
@@ -45,9 +47,43 @@ ABSL_FLAG(std::string, evaluate, "", "Evaluate this checkpoint on the test split
 ABSL_FLAG(std::string, data, "", "With --evaluate: dataset directory (default: the checkpoint's)");
 ABSL_FLAG(std::string, device, "auto",
           "auto | cpu | cuda | cuda:N. auto trains on CUDA device 0 when the CUDA module "
-          "(libpstrain_cuda.so beside this binary in ../lib/pstrain/, or $PSTRAIN_CUDA_MODULE) "
+          "(libpstrain_cuda.so beside this binary in ../lib/pstrain/, or --cuda-module) "
           "loads and a GPU is visible, else on the CPU; cuda fails with the reason when either "
           "is missing (--version shows what was found)");
+ABSL_FLAG(std::string, cuda_module, "",
+          "Load the CUDA module from this file instead of looking beside the binary "
+          "(\"\" = look there). Not given: $PSTRAIN_CUDA_MODULE");
+
+// The CUDA backend's settings (kernels/cuda_backend_options.h). Each one not
+// given on the command line takes its environment variable's value, if set
+// (SeedCudaFlagsFromEnvironment), else the default shown.
+ABSL_FLAG(std::string, cudnn_transforms, "fft",
+          "CUDA fp32 convolutions: the cuDNN algorithms on transformed tiles that may compete: "
+          "none | fft | winograd | fft,winograd. FFT ones agree with the CPU backend to 1e-4; "
+          "Winograd ones put results about 5e-3 away (PyTorch's choice: resnet-small 1.09x "
+          "faster on an H200). Not given: $PSTRAIN_CUDNN_TRANSFORMS");
+ABSL_FLAG(std::string, cudnn_fp32_route, "measured",
+          "CUDA bf16/fp16 convolutions: run a pass in fp32 between conversions where that "
+          "measures faster (measured), never, or always (its parity tests). Not given: "
+          "$PSTRAIN_CUDNN_FP32_ROUTE (0 = never, always)");
+ABSL_FLAG(std::string, cuda_own_conv, "measured",
+          "CUDA bf16/fp16 channels-last convolutions with channels and filters multiples of 16: "
+          "run a pass with pstrain's own kernels where that measures fastest (measured), never, "
+          "or wherever they apply (always, their parity tests). Not given: "
+          "$PSTRAIN_CUDA_OWN_CONV (0 = never, always)");
+ABSL_FLAG(bool, cudnn_log_routes, false,
+          "CUDA bf16/fp16: print each convolution plan's per-pass times and chosen route to "
+          "stderr. Not given: $PSTRAIN_CUDNN_LOG_ROUTES (1 = on)");
+ABSL_FLAG(bool, cudnn_batch_norm, false,
+          "CUDA: cuDNN's batch norm instead of pstrain's kernels (NCHW only), for comparison. "
+          "Not given: $PSTRAIN_CUDNN_BATCHNORM (1 = on)");
+ABSL_FLAG(bool, cudnn_concurrent_backward, true,
+          "CUDA: run a convolution's backward-filter pass on a side stream while its "
+          "backward-data pass runs (same results). Not given: "
+          "$PSTRAIN_CUDNN_CONCURRENT_BACKWARD (0 = off)");
+ABSL_FLAG(bool, cuda_channels_last, true,
+          "CUDA bf16/fp16: activations channels last (NHWC), as cuDNN's tensor-core "
+          "convolutions want them; false keeps NCHW. Not given: $PSTRAIN_CUDNN_NHWC (0 = off)");
 ABSL_FLAG(int, epochs, 0, "Override the job's epochs (0 = keep)");
 ABSL_FLAG(int, batch, 0, "Override the job's batch size (0 = keep)");
 ABSL_FLAG(std::string, precision, "",
@@ -136,6 +172,52 @@ std::vector<std::string> DataRoots() {
   std::error_code error;
   if (std::filesystem::is_directory("/usr/share/datasets", error)) return {"/usr/share/datasets"};
   return {};
+}
+
+const char* Environment(const char* name) { return std::getenv(name); }
+
+// The documented environment fallbacks of the CUDA flags become their values
+// before the command line is parsed, so that a flag given there wins over
+// its variable, and the variable over the default (--help shows both).
+void SeedCudaFlagsFromEnvironment() {
+  if (const char* module = Environment(pstrain::kCudaModuleEnvVar); module != nullptr) {
+    absl::SetFlag(&FLAGS_cuda_module, std::string(module));
+  }
+  const pstrain::CudaBackendOptions env = pstrain::CudaBackendOptionsFromEnvironment(&Environment);
+  absl::SetFlag(&FLAGS_cudnn_transforms, pstrain::CudnnTransformsName(env));
+  absl::SetFlag(&FLAGS_cudnn_fp32_route, std::string(pstrain::CudaRoutePolicyName(env.fp32_route)));
+  absl::SetFlag(&FLAGS_cuda_own_conv, std::string(pstrain::CudaRoutePolicyName(env.own_conv)));
+  absl::SetFlag(&FLAGS_cudnn_log_routes, env.log_conv_routes);
+  absl::SetFlag(&FLAGS_cudnn_batch_norm, env.cudnn_batch_norm);
+  absl::SetFlag(&FLAGS_cudnn_concurrent_backward, env.concurrent_conv_backward);
+  absl::SetFlag(&FLAGS_cuda_channels_last, env.channels_last);
+}
+
+// The CUDA module's path and the CUDA backend's options, from the flags.
+absl::StatusOr<pstrain::CudaModuleOptions> CudaModuleOptionsFromFlags() {
+  pstrain::CudaModuleOptions options;
+  options.path = absl::GetFlag(FLAGS_cuda_module);
+  pstrain::CudaBackendOptions& cuda = options.backend;
+  PSTRAIN_RETURN_IF_ERROR(
+      pstrain::ParseCudnnTransforms(absl::GetFlag(FLAGS_cudnn_transforms), &cuda));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      cuda.fp32_route,
+      pstrain::ParseCudaRoutePolicy(absl::GetFlag(FLAGS_cudnn_fp32_route), "--cudnn-fp32-route"));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      cuda.own_conv,
+      pstrain::ParseCudaRoutePolicy(absl::GetFlag(FLAGS_cuda_own_conv), "--cuda-own-conv"));
+  cuda.log_conv_routes = absl::GetFlag(FLAGS_cudnn_log_routes);
+  cuda.cudnn_batch_norm = absl::GetFlag(FLAGS_cudnn_batch_norm);
+  cuda.concurrent_conv_backward = absl::GetFlag(FLAGS_cudnn_concurrent_backward);
+  cuda.channels_last = absl::GetFlag(FLAGS_cuda_channels_last);
+  return options;
+}
+
+// Gives the process's CUDA module look-up its options; before anything asks
+// for a backend or a device count.
+absl::Status ConfigureCudaFromFlags() {
+  PSTRAIN_ASSIGN_OR_RETURN(pstrain::CudaModuleOptions options, CudaModuleOptionsFromFlags());
+  return pstrain::ConfigureCudaModule(std::move(options));
 }
 
 bool DaemonMode(int argc, char** argv) {
@@ -280,16 +362,25 @@ int main(int argc, char** argv) {
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
       "[--device auto|cpu|cuda[:N]] [--precision fp32|bf16|fp16] [--checkpoint FILE] "
       "[--tensorboard-dir DIR] [--metrics-port "
-      "P]\n"
+      "P] [CUDA flags: --cuda-module, --cudnn-transforms, ...]\n"
       "  pstrain-worker --evaluate CKPT [--data DIR] [--device D] [--limit N] "
       "[--logits-out F.npy] [--inputs-out F.npy]\n"
       "  pstrain-worker --server HOST:PORT [--metrics-port P] [--health-port P] [--device D] "
       "[--threads N] [--tensorboard-dir DIR] [--data-root DIR]... [TLS and token flags]");
-  pstrain::InstallVersionFlag([] { return pstrain::CudaModule().Summary() + "\n"; });
+  // --version runs after every flag was parsed: it looks with --cuda-module.
+  pstrain::InstallVersionFlag([] {
+    const absl::Status configured = ConfigureCudaFromFlags();
+    return (configured.ok() ? "" : std::string(configured.message()) + "\n") +
+           pstrain::CudaModule().Summary() + "\n";
+  });
   std::vector<std::string> storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
   CollectDataRoots(argc, args.data());
+  SeedCudaFlagsFromEnvironment();
   absl::ParseCommandLine(argc, args.data());
+  if (absl::Status configured = ConfigureCudaFromFlags(); !configured.ok()) {
+    return Fail(configured);
+  }
 
   if (!absl::GetFlag(FLAGS_server).empty()) return RunDaemon();
 

@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -75,8 +74,9 @@ absl::Status CheckCopy(const char* op, void* dst, const void* src, size_t bytes)
 // Threads: one thread at a time, as for every Backend.
 class CudaBackend final : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<Backend>> Create(int ordinal) {
-    auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(ordinal));
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(int ordinal,
+                                                         const CudaBackendOptions& options) {
+    auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(ordinal, options));
     PSTRAIN_RETURN_IF_ERROR(backend->Init());
     return std::unique_ptr<Backend>(std::move(backend));
   }
@@ -343,13 +343,10 @@ class CudaBackend final : public Backend {
   // bf16 and fp16 run channels last: cuDNN's tensor-core convolutions are
   // built for NHWC, and in NCHW their backward passes were no faster than
   // fp32's (bench/gpu_layers_bench on an H200). fp32 stays NCHW, where its
-  // FMA algorithms match the CPU backend. PSTRAIN_CUDNN_NHWC=0 keeps NCHW.
+  // FMA algorithms match the CPU backend. options.channels_last = false
+  // (--cuda-channels-last=false) keeps NCHW.
   bool ChannelsLast(DataType dtype) const override {
-    static const bool enabled = [] {
-      const char* env = std::getenv("PSTRAIN_CUDNN_NHWC");
-      return env == nullptr || std::string(env) != "0";
-    }();
-    return dtype != DataType::kF32 && enabled && SupportsDataType(dtype);
+    return dtype != DataType::kF32 && options_.channels_last && SupportsDataType(dtype);
   }
 
   absl::Status Transpose(DataType dtype, const void* x, void* y, int64_t batch, int64_t rows,
@@ -397,7 +394,8 @@ class CudaBackend final : public Backend {
   // {row + 1, label} of the first out-of-range label, or {0, 0}.
   static constexpr size_t kLabelErrorBytes = 2 * sizeof(int32_t);
 
-  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
+  CudaBackend(int ordinal, const CudaBackendOptions& options)
+      : ordinal_(ordinal), options_(options) {}
 
   absl::Status Init() {
     PSTRAIN_RETURN_IF_ERROR(Activate());
@@ -412,9 +410,9 @@ class CudaBackend final : public Backend {
     PSTRAIN_RETURN_IF_CUBLAS_ERROR(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
     PSTRAIN_ASSIGN_OR_RETURN(cudnn_, CudnnHandle::Create());
     PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetStream(cudnn_.get(), stream_.get()));
-    if (cuda::ConcurrentConvBackward()) {
+    if (options_.concurrent_conv_backward) {
       // A convolution's backward-filter pass runs here while its
-      // backward-data pass runs on stream_ (cudnn_plans.cc).
+      // backward-data pass runs on stream_ (conv_plan.cc).
       PSTRAIN_ASSIGN_OR_RETURN(side_stream_, Stream::Create());
       PSTRAIN_ASSIGN_OR_RETURN(side_cudnn_, CudnnHandle::Create());
       PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnSetStream(side_cudnn_.get(), side_stream_.get()));
@@ -458,7 +456,8 @@ class CudaBackend final : public Backend {
 
   cuda::CudnnContext Context() {
     return cuda::CudnnContext{this,     stream_.get(),      cudnn_.get(),
-                              ordinal_, side_stream_.get(), side_cudnn_.get()};
+                              ordinal_, side_stream_.get(), side_cudnn_.get(),
+                              options_};
   }
 
   absl::Status Copy(const char* op, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -487,13 +486,15 @@ class CudaBackend final : public Backend {
 
   // Constant after construction.
   const int ordinal_;
+  const CudaBackendOptions options_;
   std::string description_;
   int compute_capability_ = 0;  // 90 for sm_90.
   bool stream_ordered_allocation_ = false;
   Stream stream_;
   CublasHandle cublas_;
   CudnnHandle cudnn_;
-  // Empty unless ConcurrentConvBackward(); side_cudnn_ is bound to side_stream_.
+  // Empty unless options_.concurrent_conv_backward; side_cudnn_ is bound to
+  // side_stream_.
   Stream side_stream_;
   CudnnHandle side_cudnn_;
 
@@ -528,7 +529,8 @@ int CudaRuntimeDeviceCount(std::string* why) {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal,
+                                                           const CudaBackendOptions& options) {
   std::string why;
   const int count = CudaRuntimeDeviceCount(&why);
   if (ordinal < 0 || ordinal >= count) {
@@ -536,7 +538,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal) {
                                                       " requested but ", count,
                                                       " CUDA device(s) are visible", count == 0 ? ": " + why : ""));
   }
-  return CudaBackend::Create(ordinal);
+  return CudaBackend::Create(ordinal, options);
 }
 
 }  // namespace pstrain

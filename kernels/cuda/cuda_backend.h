@@ -23,7 +23,7 @@
 //
 //   std::string why;
 //   if (CudaRuntimeDeviceCount(&why) > 0) {
-//     PSTRAIN_ASSIGN_OR_RETURN(auto backend, CreateCudaBackend(0));
+//     PSTRAIN_ASSIGN_OR_RETURN(auto backend, CreateCudaBackend(0, CudaBackendOptions{}));
 //   }
 #ifndef PSTRAIN_KERNELS_CUDA_CUDA_BACKEND_H_
 #define PSTRAIN_KERNELS_CUDA_CUDA_BACKEND_H_
@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend_options.h"
 
 namespace pstrain {
 
@@ -41,9 +42,11 @@ namespace pstrain {
 // in *why unless why is null.
 int CudaRuntimeDeviceCount(std::string* why);
 
-// Creates a backend on device `ordinal`. Fails with a Status (never aborts)
-// when the device, cuBLAS or cuDNN cannot be initialised.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal);
+// Creates a backend on device `ordinal` with `options`, which it and its
+// plans keep for their lifetime. Fails with a Status (never aborts) when the
+// device, cuBLAS or cuDNN cannot be initialised.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int ordinal,
+                                                           const CudaBackendOptions& options);
 
 }  // namespace pstrain
 

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/backend_module.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda_backend_options.h"
 #include "pstrain_build_info.h"  // Generated; PSTRAIN_BUILD_ID.
 
 namespace pstrain {
@@ -33,8 +34,16 @@ int ModuleDeviceCount(char* why, size_t why_size) {
   return count;
 }
 
-Backend* ModuleCreateBackend(int ordinal, char* error, size_t error_size) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(ordinal);
+// The options are checked first, so that a host that sends options this
+// module cannot read hears so on any machine, with or without a device.
+Backend* ModuleCreateBackend(int ordinal, const PstrainCudaBackendOptions* module_options,
+                             char* error, size_t error_size) {
+  absl::StatusOr<CudaBackendOptions> options = FromModuleOptions(module_options);
+  if (!options.ok()) {
+    CopyMessage(options.status().ToString(), error, error_size);
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(ordinal, *options);
   if (!backend.ok()) {
     CopyMessage(backend.status().ToString(), error, error_size);
     return nullptr;

@@ -12,7 +12,8 @@
 # 3. In a private mount namespace with /usr/local/cuda replaced by an empty
 #    tmpfs: --version, a short standalone run on the CPU, --device cuda naming
 #    the missing library, and a server + worker job through the CLI.
-# 4. PSTRAIN_CUDA_MODULE pointing nowhere: "was not found (looked for ...)".
+# 4. PSTRAIN_CUDA_MODULE, or --cuda-module, pointing nowhere: "was not found
+#    (looked for ...)".
 # Exits 77 (skipped) for the parts that need root and unshare when they are
 # unavailable; never passes silently.
 set -euo pipefail
@@ -58,11 +59,17 @@ else
   grep -q "use --device cpu" "$WORK/cuda.txt" || fail "the message does not say what to do"
 fi
 
-echo "== 4. PSTRAIN_CUDA_MODULE pointing nowhere"
+echo "== 4. PSTRAIN_CUDA_MODULE and --cuda-module pointing nowhere"
 PSTRAIN_CUDA_MODULE=$WORK/absent/libpstrain_cuda.so run_expect_fail "$WORK/absent.txt" \
   "$BIN/pstrain-worker" --standalone "$JOB" --device cuda --checkpoint none
 grep -q "was not found (looked for $WORK/absent/libpstrain_cuda.so)" "$WORK/absent.txt" ||
   fail "the not-found message does not name the path tried"
+# --cuda-module says the same, and wins over the variable.
+PSTRAIN_CUDA_MODULE=$WORK/absent/libpstrain_cuda.so run_expect_fail "$WORK/flag.txt" \
+  "$BIN/pstrain-worker" --standalone "$JOB" --device cuda --checkpoint none \
+  --cuda-module "$WORK/flag/libpstrain_cuda.so"
+grep -q "was not found (looked for $WORK/flag/libpstrain_cuda.so)" "$WORK/flag.txt" ||
+  fail "--cuda-module is not the path tried"
 
 echo "== 3. /usr/local/cuda hidden"
 # A private mount namespace. In a chroot (fresh-machine) unshare cannot make

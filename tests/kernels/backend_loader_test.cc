@@ -1,21 +1,24 @@
 // The run-time loading of backend modules (kernels/backend_loader.h): every
 // way a module can be missing or wrong gives a FAILED_PRECONDITION or
-// NOT_FOUND that names the cause, and a good module's backend works across
-// the boundary. The fake modules are built by tests/CMakeLists.txt from
+// NOT_FOUND that names the cause, a good module's backend works across the
+// boundary, and the backend options reach the module, which refuses what it
+// cannot read. The fake modules are built by tests/CMakeLists.txt from
 // tests/kernels/modules/; the real CUDA module is checked when it was built.
 #include "kernels/backend_loader.h"
 
-#include <cstdlib>
+#include <cstdint>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/build_info.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend_options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace pstrain {
@@ -101,17 +104,82 @@ TEST(BackendLoaderTest, BackendFromModuleRunsOps) {
   EXPECT_THAT(c, ElementsAre(4, 5, 10, 11));
 }
 
-TEST(BackendLoaderTest, EnvironmentVariableOverridesTheSearchPath) {
-  const char* saved = std::getenv(kCudaModuleEnvVar);
-  const std::string saved_value = saved ? saved : "";
-  setenv(kCudaModuleEnvVar, "/opt/elsewhere/libpstrain_cuda.so", 1);
-  EXPECT_THAT(CudaModuleCandidates(), ElementsAre("/opt/elsewhere/libpstrain_cuda.so"));
-  unsetenv(kCudaModuleEnvVar);
-  const std::vector<std::string> candidates = CudaModuleCandidates();
+TEST(BackendLoaderTest, ConfiguredPathReplacesTheSearchPath) {
+  EXPECT_THAT(CudaModuleCandidates("/opt/elsewhere/libpstrain_cuda.so"),
+              ElementsAre("/opt/elsewhere/libpstrain_cuda.so"));
+  const std::vector<std::string> candidates = CudaModuleCandidates("");
   ASSERT_EQ(candidates.size(), 3u);
   EXPECT_THAT(candidates[0], EndsWith("/../lib/pstrain/libpstrain_cuda.so"));
   EXPECT_THAT(candidates[1], EndsWith("/../lib/libpstrain_cuda.so"));
-  if (saved != nullptr) setenv(kCudaModuleEnvVar, saved_value.c_str(), 1);
+  EXPECT_THAT(candidates[2], EndsWith("/libpstrain_cuda.so"));
+}
+
+// The module is looked for once per process: options given afterwards would
+// change nothing, so they are refused rather than dropped.
+TEST(BackendLoaderTest, ConfiguringAfterTheLookUpIsRefused) {
+  (void)CudaModule();
+  CudaModuleOptions options;
+  options.path = "/opt/elsewhere/libpstrain_cuda.so";
+  EXPECT_THAT(ConfigureCudaModule(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already looked for in this process")));
+  EXPECT_THAT(CudaModule().options.path, ::testing::Not(options.path));
+}
+
+// Every field of CudaBackendOptions, set away from its default, arrives in
+// the module as it was set.
+TEST(BackendLoaderTest, OptionsReachTheModule) {
+  ASSERT_OK_AND_ASSIGN(LoadedBackendModule module, LoadBackendModule(TestModule("echo_options")));
+  CudaBackendOptions options;
+  options.fft_transforms = false;
+  options.winograd_transforms = true;
+  options.fp32_route = CudaRoutePolicy::kNever;
+  options.own_conv = CudaRoutePolicy::kAlways;
+  options.log_conv_routes = true;
+  options.cudnn_batch_norm = true;
+  options.concurrent_conv_backward = false;
+  options.channels_last = false;
+  EXPECT_THAT(module.CreateBackend(0, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fake module: options transforms=winograd fp32_route=never "
+                                 "own_conv=always cudnn_batch_norm=1 concurrent_conv_backward=0 "
+                                 "channels_last=0 log_conv_routes=1")));
+  EXPECT_THAT(module.CreateBackend(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("options transforms=fft fp32_route=measured own_conv=measured "
+                                 "cudnn_batch_norm=0 concurrent_conv_backward=1 "
+                                 "channels_last=1 log_conv_routes=0")));
+}
+
+// What a host of another build could send: the module refuses it, naming
+// what is wrong, and creates nothing.
+TEST(BackendLoaderTest, OptionsTheModuleCannotReadAreRefused) {
+  ASSERT_OK_AND_ASSIGN(LoadedBackendModule module, LoadBackendModule(TestModule("good")));
+  PstrainCudaBackendOptions other_version = ToModuleOptions(CudaBackendOptions{});
+  other_version.version = kCudaBackendOptionsVersion + 1;
+  EXPECT_THAT(
+      module.CreateBackendWithModuleOptions(0, other_version),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("fake:0"),
+                     HasSubstr(absl::StrCat("options of version ", kCudaBackendOptionsVersion + 1)),
+                     HasSubstr(absl::StrCat("reads version ", kCudaBackendOptionsVersion)))));
+  PstrainCudaBackendOptions short_struct = ToModuleOptions(CudaBackendOptions{});
+  short_struct.size -= sizeof(uint32_t);
+  EXPECT_THAT(module.CreateBackendWithModuleOptions(0, short_struct),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bytes, but")));
+  PstrainCudaBackendOptions bad_policy = ToModuleOptions(CudaBackendOptions{});
+  bad_policy.own_conv = 7;
+  EXPECT_THAT(module.CreateBackendWithModuleOptions(0, bad_policy),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("own_conv is 7, not a route policy")));
+  PstrainCudaBackendOptions bad_boolean = ToModuleOptions(CudaBackendOptions{});
+  bad_boolean.channels_last = 2;
+  EXPECT_THAT(
+      module.CreateBackendWithModuleOptions(0, bad_boolean),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("channels_last is 2, not 0 or 1")));
+  // The same module still makes a backend from options it can read.
+  EXPECT_OK(
+      module.CreateBackendWithModuleOptions(0, ToModuleOptions(CudaBackendOptions{})).status());
 }
 
 #if defined(PSTRAIN_CUDA_MODULE_PATH)
@@ -130,10 +198,46 @@ TEST(CudaModuleTest, RealModuleLoadsAndExplainsAMissingDevice) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
 }
 
+// The real module checks the options before it looks for a device, so this
+// runs on machines without a GPU too.
+TEST(CudaModuleTest, RealModuleRefusesOptionsOfAnotherVersion) {
+  absl::StatusOr<LoadedBackendModule> module = LoadBackendModule(PSTRAIN_CUDA_MODULE_PATH);
+  if (!module.ok() && absl::StrContains(module.status().message(), "cannot open shared object")) {
+    GTEST_SKIP() << "CUDA libraries not installed here: " << module.status();
+  }
+  ASSERT_OK(module.status());
+  PstrainCudaBackendOptions options = ToModuleOptions(CudaBackendOptions{});
+  options.version = 999;
+  EXPECT_THAT(module->CreateBackendWithModuleOptions(0, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("cuda:0"), HasSubstr("options of version 999"),
+                             HasSubstr("install the module from the same build"))));
+  options = ToModuleOptions(CudaBackendOptions{});
+  options.fp32_route = 3;
+  EXPECT_THAT(module->CreateBackendWithModuleOptions(0, options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fp32_route is 3, not a route policy")));
+}
+
+// With a GPU: the options shape the backend the module makes (channels last
+// for bf16 is an option the host can observe).
+TEST(CudaModuleTest, OptionsShapeTheRealBackend) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  DeviceSpec spec;
+  spec.automatic = false;
+  spec.type = DeviceType::kCuda;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> defaults, CreateBackend(spec, {}));
+  if (!defaults->SupportsDataType(DataType::kBF16)) GTEST_SKIP() << "no bf16 on this device";
+  EXPECT_TRUE(defaults->ChannelsLast(DataType::kBF16));
+  CudaBackendOptions options;
+  options.channels_last = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> nchw, CreateBackend(spec, options));
+  EXPECT_FALSE(nchw->ChannelsLast(DataType::kBF16));
+}
+
 TEST(CudaModuleTest, ProcessFindsTheModuleOfItsBuild) {
   const CudaModuleStatus& cuda = CudaModule();
-  if (!cuda.load.ok() &&
-      absl::StrContains(cuda.load.message(), "cannot open shared object")) {
+  if (!cuda.load.ok() && absl::StrContains(cuda.load.message(), "cannot open shared object")) {
     GTEST_SKIP() << "CUDA libraries not installed here: " << cuda.load;
   }
   ASSERT_OK(cuda.load);

@@ -42,6 +42,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend_options.h"
 #include "tests/testing/kernel_configs.h"
 #include "tests/testing/status_matchers.h"
 
@@ -320,6 +321,45 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
       ExpectClose(Read(*cuda_, gdb), Read(*cpu_, cdb), "bias gradient", Bound(dtype(), 1));
     }
   }
+
+  // Convolutions of the example models in both layouts.
+  void CheckModelConvolutions() {
+    const std::pair<const char*, Conv2dConfig> configs[] = {
+        {"fmnist conv1 1->32 5x5 pad 2", MakeConv(64, 1, 28, 28, 32, 5, 1, 2)},
+        {"fmnist conv2 32->64 5x5 pad 2", MakeConv(64, 32, 14, 14, 64, 5, 1, 2)},
+        {"resnet 3x3 pad 1", MakeConv(16, 64, 32, 32, 64, 3, 1, 1)},
+        {"resnet 3x3 stride 2 pad 1", MakeConv(8, 16, 16, 16, 32, 3, 2, 1)},
+        {"resnet 1x1 stride 2 shortcut", MakeConv(8, 16, 16, 16, 32, 1, 2, 0)},
+    };
+    uint32_t seed = 1000;
+    for (const auto& [name, config] : configs) {
+      SCOPED_TRACE(name);
+      CheckConvolution(config, &seed, {TensorLayout::kNCHW, TensorLayout::kNHWC});
+    }
+  }
+
+  // Channels-last shapes that pstrain's own narrow-convolution kernels take
+  // (narrow_conv_kernels.cu: channels and filters multiples of 16), where
+  // they are measured fastest, or always in OwnConvParityTest: rows of
+  // output positions that are not a multiple of 16, strides, padding on
+  // every side, 1x1 and 5x5 kernels, and a weight gradient too large for
+  // them (5x5 to 48 filters: 75 tiles) whose forward pass they still run.
+  void CheckNarrowChannelsLastConvolutions() {
+    const std::pair<const char*, Conv2dConfig> configs[] = {
+        {"resnet block1 16->16 3x3 pad 1, 64x64", MakeConv(4, 16, 64, 64, 16, 3, 1, 1)},
+        {"16->16 3x3 pad 1, rows of 20", MakeConv(4, 16, 20, 20, 16, 3, 1, 1)},
+        {"16->32 3x3 stride 2 pad 1, rows of 17", MakeConv(4, 16, 33, 33, 32, 3, 2, 1)},
+        {"16->16 3x3 stride 2 pad 1, 9x23", MakeConv(3, 16, 9, 23, 16, 3, 2, 1)},
+        {"32->64 1x1 stride 2, rows of 8", MakeConv(4, 32, 15, 15, 64, 1, 2, 0)},
+        {"32->32 3x3 pad 1, 32x32", MakeConv(2, 32, 32, 32, 32, 3, 1, 1)},
+        {"16->48 5x5 pad 2", MakeConv(2, 16, 12, 12, 48, 5, 1, 2)},
+    };
+    uint32_t seed = 3000;
+    for (const auto& [name, config] : configs) {
+      SCOPED_TRACE(name);
+      CheckConvolution(config, &seed, {TensorLayout::kNHWC});
+    }
+  }
 };
 
 TEST_P(MixedPrecisionParityTest, ConvertRoundsToNearestEvenAndFlagsNonFiniteResults) {
@@ -388,42 +428,29 @@ TEST_P(MixedPrecisionParityTest, GemmMatchesFp32ForEveryTransposition) {
 }
 
 TEST_P(MixedPrecisionParityTest, ConvolutionForwardAndBackwardMatchFp32) {
-  const std::pair<const char*, Conv2dConfig> configs[] = {
-      {"fmnist conv1 1->32 5x5 pad 2", MakeConv(64, 1, 28, 28, 32, 5, 1, 2)},
-      {"fmnist conv2 32->64 5x5 pad 2", MakeConv(64, 32, 14, 14, 64, 5, 1, 2)},
-      {"resnet 3x3 pad 1", MakeConv(16, 64, 32, 32, 64, 3, 1, 1)},
-      {"resnet 3x3 stride 2 pad 1", MakeConv(8, 16, 16, 16, 32, 3, 2, 1)},
-      {"resnet 1x1 stride 2 shortcut", MakeConv(8, 16, 16, 16, 32, 1, 2, 0)},
-  };
-  uint32_t seed = 1000;
-  for (const auto& [name, config] : configs) {
-    SCOPED_TRACE(name);
-    CheckConvolution(config, &seed, {TensorLayout::kNCHW, TensorLayout::kNHWC});
-  }
+  CheckModelConvolutions();
 }
 
-// Channels-last shapes that pstrain's own narrow-convolution kernels take
-// (narrow_conv_kernels.cu: channels and filters multiples of 16), where
-// they are measured fastest, or always with PSTRAIN_CUDA_OWN_CONV=always
-// (the ctest mixed_precision_parity_own_conv): rows of output positions
-// that are not a multiple of 16, strides, padding on every side, 1x1 and
-// 5x5 kernels, and a weight gradient too large for them (5x5 to 48 filters:
-// 75 tiles) whose forward pass they still run.
 TEST_P(MixedPrecisionParityTest, NarrowChannelsLastConvolutionsMatchFp32) {
-  const std::pair<const char*, Conv2dConfig> configs[] = {
-      {"resnet block1 16->16 3x3 pad 1, 64x64", MakeConv(4, 16, 64, 64, 16, 3, 1, 1)},
-      {"16->16 3x3 pad 1, rows of 20", MakeConv(4, 16, 20, 20, 16, 3, 1, 1)},
-      {"16->32 3x3 stride 2 pad 1, rows of 17", MakeConv(4, 16, 33, 33, 32, 3, 2, 1)},
-      {"16->16 3x3 stride 2 pad 1, 9x23", MakeConv(3, 16, 9, 23, 16, 3, 2, 1)},
-      {"32->64 1x1 stride 2, rows of 8", MakeConv(4, 32, 15, 15, 64, 1, 2, 0)},
-      {"32->32 3x3 pad 1, 32x32", MakeConv(2, 32, 32, 32, 32, 3, 1, 1)},
-      {"16->48 5x5 pad 2", MakeConv(2, 16, 12, 12, 48, 5, 1, 2)},
-  };
-  uint32_t seed = 3000;
-  for (const auto& [name, config] : configs) {
-    SCOPED_TRACE(name);
-    CheckConvolution(config, &seed, {TensorLayout::kNHWC});
+  CheckNarrowChannelsLastConvolutions();
+}
+
+// The same convolutions with pstrain's own narrow-convolution kernels
+// (kernels/cuda/narrow_conv_kernels.cu) forced wherever they apply instead of
+// measured against cuDNN's (CudaBackendOptions::own_conv).
+class OwnConvParityTest : public MixedPrecisionParityTest {
+ protected:
+  CudaBackendOptions CudaOptions() const override {
+    CudaBackendOptions options = MixedPrecisionParityTest::CudaOptions();
+    options.own_conv = CudaRoutePolicy::kAlways;
+    return options;
   }
+};
+
+TEST_P(OwnConvParityTest, ConvolutionForwardAndBackwardMatchFp32) { CheckModelConvolutions(); }
+
+TEST_P(OwnConvParityTest, NarrowChannelsLastConvolutionsMatchFp32) {
+  CheckNarrowChannelsLastConvolutions();
 }
 
 TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
@@ -611,6 +638,11 @@ TEST_P(MixedPrecisionParityTest, ElementwiseOpsAndLossMatchFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ReducedTypes, MixedPrecisionParityTest,
+                         ::testing::Values(DataType::kBF16, DataType::kF16),
+                         [](const ::testing::TestParamInfo<DataType>& info) {
+                           return std::string(DataTypeName(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(ReducedTypes, OwnConvParityTest,
                          ::testing::Values(DataType::kBF16, DataType::kF16),
                          [](const ::testing::TestParamInfo<DataType>& info) {
                            return std::string(DataTypeName(info.param));

@@ -2,11 +2,13 @@
 #ifndef PSTRAIN_TESTS_TESTING_KERNEL_CONFIGS_H_
 #define PSTRAIN_TESTS_TESTING_KERNEL_CONFIGS_H_
 
+#include <cstdlib>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_backend_options.h"
 
 namespace pstrain::testing {
 
@@ -35,23 +37,37 @@ inline Conv2dConfig MakeConv(int n, int c, int h, int w, int k, int kernel, int 
   return MakeConv(n, c, h, w, k, kernel, kernel, stride, stride, pad, pad);
 }
 
+// The CUDA backend options of the GPU tests: the defaults, with the
+// documented PSTRAIN_CUDNN_* / PSTRAIN_CUDA_OWN_CONV fallbacks applied (the
+// test harness reads them as pstrain-worker's main does), so that
+// bench/gpu_session.sh can run whole suites under each variant. A test that
+// needs a setting sets it in code (e.g. OwnConvParityTest).
+inline CudaBackendOptions HarnessCudaBackendOptions() {
+  return CudaBackendOptionsFromEnvironment(
+      [](const char* name) -> const char* { return std::getenv(name); });
+}
+
 // The CUDA backend on device 0 (callers skip first when CudaDeviceCount()
 // is 0).
-inline absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
+inline absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const CudaBackendOptions& options = HarnessCudaBackendOptions()) {
   DeviceSpec spec;
   spec.automatic = false;
   spec.type = DeviceType::kCuda;
   spec.ordinal = 0;
-  return CreateBackend(spec);
+  return CreateBackend(spec, options);
 }
 
 // A CUDA backend beside the CPU one, for parity tests: skips the test when
-// no CUDA device is visible.
+// no CUDA device is visible. A fixture that needs other CUDA options
+// overrides CudaOptions().
 class CudaAndCpuBackendsTest : public ::testing::Test {
  protected:
+  virtual CudaBackendOptions CudaOptions() const { return HarnessCudaBackendOptions(); }
+
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(CudaOptions());
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = *std::move(cuda);
     cpu_ = CreateCpuBackend();

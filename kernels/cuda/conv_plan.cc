@@ -3,167 +3,21 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/conv_algorithms.h"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cudnn_util.h"
 
 namespace pstrain::cuda {
 namespace {
-
-constexpr float kOne = 1.f;
-constexpr float kZero = 0.f;
-
-cudnnDataType_t CudnnType(DataType dtype) {
-  switch (dtype) {
-    case DataType::kBF16:
-      return CUDNN_DATA_BFLOAT16;
-    case DataType::kF16:
-      return CUDNN_DATA_HALF;
-    case DataType::kF32:
-    default:
-      return CUDNN_DATA_FLOAT;
-  }
-}
-
-cudnnTensorFormat_t CudnnFormat(TensorLayout layout) {
-  return layout == TensorLayout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-}
-
-absl::StatusOr<TensorDescriptor> NewTensor4d(int n, int c, int h, int w,
-                                             DataType dtype = DataType::kF32,
-                                             TensorLayout layout = TensorLayout::kNCHW) {
-  PSTRAIN_ASSIGN_OR_RETURN(TensorDescriptor desc, TensorDescriptor::Create());
-  PSTRAIN_RETURN_IF_CUDNN_ERROR(
-      cudnnSetTensor4dDescriptor(desc.get(), CudnnFormat(layout), CudnnType(dtype), n, c, h, w));
-  return desc;
-}
-
-// Which convolution algorithms may run. Winograd transforms trade accuracy
-// for speed: on an H200 they put forward, backward-data and backward-filter
-// results 4e-3 to 6e-3 away from the CPU backend's, where the FMA and FFT
-// algorithms agree with it to 1e-4 (the parity test's bound), so by default
-// they are left out and pstrain's fp32 keeps the CPU backend's numbers.
-// PSTRAIN_CUDNN_TRANSFORMS (read once per process) changes that: "none"
-// (plain multiply-add algorithms only), "fft" (the default), "winograd" or
-// "fft,winograd" (PyTorch's choice: resnet-small trains 1.09x faster on an H200).
-struct AllowedTransforms {
-  bool fft = true;
-  bool winograd = false;
-};
-const AllowedTransforms& Transforms() {
-  static const AllowedTransforms allowed = [] {
-    AllowedTransforms a;
-    const char* env = std::getenv("PSTRAIN_CUDNN_TRANSFORMS");
-    if (env == nullptr || *env == '\0') return a;
-    const std::string value = env;
-    a.fft = value.find("fft") != std::string::npos;
-    a.winograd = value.find("winograd") != std::string::npos;
-    return a;
-  }();
-  return allowed;
-}
-
-bool Allowed(cudnnConvolutionFwdAlgo_t algo) {
-  switch (algo) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
-      return Transforms().fft;
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
-      return Transforms().winograd;
-    default:
-      return true;
-  }
-}
-bool Allowed(cudnnConvolutionBwdDataAlgo_t algo) {
-  switch (algo) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT:
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING:
-      return Transforms().fft;
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD:
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED:
-      return Transforms().winograd;
-    default:
-      return true;
-  }
-}
-bool Allowed(cudnnConvolutionBwdFilterAlgo_t algo) {
-  switch (algo) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING:
-      return Transforms().fft;
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD:
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED:
-      return Transforms().winograd;
-    default:
-      return true;
-  }
-}
-
-bool IsTransform(cudnnConvolutionFwdAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
-         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-}
-bool IsTransform(cudnnConvolutionBwdDataAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
-         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
-         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
-}
-bool IsTransform(cudnnConvolutionBwdFilterAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
-         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
-}
-
-// Picks from cuDNN's results (measured by cudnnFind*, or ranked by its
-// heuristics when measuring failed) among the usable ones that are FMA-only
-// (no TF32 tensor ops), Allowed and within kMaxConvWorkspaceBytes: the
-// fastest, unless a deterministic one is within 10% of it (then that one, so
-// that runs repeat bit for bit when it costs little). Heuristic results carry
-// no time; their rank stands in for it. Returns false when none qualifies.
-//
-// `tensor_ops` (bf16 and fp16 plans) admits tensor-core algorithms, and no
-// FFT or Winograd ones, which would hold their transformed intermediates in
-// the reduced type and lose more than the one rounding of the output that
-// the parity tests allow; fp32 plans never take tensor-core algorithms (they
-// would round the inputs to TF32).
-template <typename Perf, typename Algo>
-bool PickAlgorithm(const std::vector<Perf>& perfs, int returned, bool measured, bool tensor_ops,
-                   Algo* algo) {
-  const Perf* fastest = nullptr;
-  const Perf* fastest_deterministic = nullptr;
-  for (int i = 0; i < returned; ++i) {
-    const Perf& p = perfs[i];
-    if (p.status != CUDNN_STATUS_SUCCESS) continue;
-    if (tensor_ops ? IsTransform(p.algo) : !Allowed(p.algo)) continue;
-    if (!tensor_ops && (p.mathType == CUDNN_TENSOR_OP_MATH ||
-                        p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
-      continue;
-    }
-    if (p.memory > kMaxConvWorkspaceBytes) continue;
-    if (fastest == nullptr || (measured && p.time < fastest->time)) fastest = &p;
-    if (p.determinism == CUDNN_DETERMINISTIC &&
-        (fastest_deterministic == nullptr || (measured && p.time < fastest_deterministic->time))) {
-      fastest_deterministic = &p;
-    }
-  }
-  if (fastest == nullptr) return false;
-  const bool deterministic_is_close =
-      fastest_deterministic != nullptr &&
-      (!measured || fastest_deterministic->time <= 1.1f * fastest->time);
-  *algo = deterministic_is_close ? fastest_deterministic->algo : fastest->algo;
-  return true;
-}
 
 absl::Status CheckConvConfig(const Conv2dConfig& c) {
   if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.filters <= 0 || c.kernel_h <= 0 ||
@@ -182,85 +36,11 @@ absl::Status CheckConvConfig(const Conv2dConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status CheckBatchNormConfig(const BatchNormConfig& c) {
-  if (c.n <= 0 || c.c <= 0 || c.spatial <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("CreateBatchNorm: sizes must be positive, got [",
-                                                   c.n, ", ", c.c, ", ", c.spatial, "]"));
-  }
-  if (int64_t{c.n} * c.spatial < 2) {
-    return absl::InvalidArgumentError(
-        "CreateBatchNorm: need at least 2 values per channel (n * spatial >= 2) for batch "
-        "statistics");
-  }
-  if (!(c.epsilon > 0.f) || !(c.momentum >= 0.f && c.momentum <= 1.f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CreateBatchNorm: need epsilon > 0 and momentum in [0, 1], got epsilon ",
-                     c.epsilon, " momentum ", c.momentum));
-  }
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// Convolution
-// ---------------------------------------------------------------------------
-
-// cuDNN's descriptors and chosen algorithms for a convolution in one data type.
-struct ConvSetup {
-  TensorDescriptor x;
-  TensorDescriptor y;
-  FilterDescriptor w;
-  ConvolutionDescriptor conv;
-  cudnnConvolutionFwdAlgo_t forward = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  cudnnConvolutionBwdDataAlgo_t backward_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  cudnnConvolutionBwdFilterAlgo_t backward_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-};
-
-// Whether bf16 and fp16 plans run a pass in fp32 (CudnnConv2dPlan::
-// ChooseRoutes): where that measures faster (the default), never
-// (PSTRAIN_CUDNN_FP32_ROUTE=0) or always (=always, for the parity tests of
-// that route).
-enum class Fp32Route { kMeasured, kNever, kAlways };
-
-// PSTRAIN_CUDNN_LOG_ROUTES=1: each bf16/fp16 convolution plan prints its
-// per-pass times and choice to stderr (for bench/gpu_layers_bench).
-bool LogRoutes() {
-  static const bool log = [] {
-    const char* env = std::getenv("PSTRAIN_CUDNN_LOG_ROUTES");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return log;
-}
-Fp32Route Fp32RoutePolicy() {
-  static const Fp32Route policy = [] {
-    const char* env = std::getenv("PSTRAIN_CUDNN_FP32_ROUTE");
-    const std::string value = env == nullptr ? "" : env;
-    if (value == "0") return Fp32Route::kNever;
-    if (value == "always") return Fp32Route::kAlways;
-    return Fp32Route::kMeasured;
-  }();
-  return policy;
-}
-
-// Whether bf16 and fp16 plans run a pass with pstrain's own narrow-
-// convolution kernels (narrow_conv_kernels.cu: forward and backward filter,
-// channels last, channels and filters multiples of 16): where that measures
-// fastest (the default), never (PSTRAIN_CUDA_OWN_CONV=0) or wherever they
-// apply (=always, for the parity tests of those kernels).
-enum class OwnConv { kMeasured, kNever, kAlways };
-OwnConv OwnConvPolicy() {
-  static const OwnConv policy = [] {
-    const char* env = std::getenv("PSTRAIN_CUDA_OWN_CONV");
-    const std::string value = env == nullptr ? "" : env;
-    if (value == "0") return OwnConv::kNever;
-    if (value == "always") return OwnConv::kAlways;
-    return OwnConv::kMeasured;
-  }();
-  return policy;
-}
-
 // How a bf16 or fp16 plan runs one of its passes: cuDNN in the plan's type,
 // cuDNN in fp32 between conversions, or pstrain's own kernel. fp32 plans
-// always run kNative.
+// always run kNative. Which routes compete is the backend's options'
+// fp32_route and own_conv (CudnnConv2dPlan::ChooseRoutes): where measured
+// faster (the default), never, or always (for the parity tests of a route).
 enum class Route { kNative, kViaF32, kOwn };
 const char* RouteName(Route route, DataType dtype) {
   switch (route) {
@@ -276,6 +56,10 @@ const char* RouteName(Route route, DataType dtype) {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// A convolution in cuDNN (see CreateCudnnConv2dPlan in cudnn_plans.h):
+// cuDNN's descriptors and algorithms for the plan's type and, for bf16 and
+// fp16, for fp32 and pstrain's own kernels' launch sizes, with the route
+// each pass measured fastest; its workspaces and scratch buffers.
 class CudnnConv2dPlan final : public Conv2dPlan {
  public:
   static absl::StatusOr<std::unique_ptr<Conv2dPlan>> Create(const CudnnContext& context,
@@ -349,6 +133,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   CudnnConv2dPlan(const CudnnContext& context, const Conv2dConfig& config)
       : context_(context), config_(config), out_h_(config.out_h()), out_w_(config.out_w()) {}
 
+  const CudaBackendOptions& options() const { return context_.options; }
   bool reduced() const { return config_.dtype != DataType::kF32; }
   bool nhwc() const { return config_.layout == TensorLayout::kNHWC; }
   bool concurrent() const {
@@ -496,19 +281,19 @@ class CudnnConv2dPlan final : public Conv2dPlan {
                                      sizeof(float)));
     }
     PSTRAIN_RETURN_IF_ERROR(MakeSetup(config_.dtype, &native_));
-    if (reduced() && OwnConvPolicy() != OwnConv::kNever &&
-        Fp32RoutePolicy() != Fp32Route::kAlways) {
+    if (reduced() && options().own_conv != CudaRoutePolicy::kNever &&
+        options().fp32_route != CudaRoutePolicy::kAlways) {
       PSTRAIN_ASSIGN_OR_RETURN(narrow_, NarrowConvLaunchGrids(config_, context_.device_ordinal));
       const bool unlaunchable =
           (NarrowConvForwardSupported(config_) && narrow_.forward_blocks <= 0) ||
           (NarrowConvWeightGradSupported(config_) && narrow_.filter_blocks <= 0);
-      if (unlaunchable && OwnConvPolicy() == OwnConv::kAlways) {
+      if (unlaunchable && options().own_conv == CudaRoutePolicy::kAlways) {
         return absl::InternalError(
-            "CreateConv2d: PSTRAIN_CUDA_OWN_CONV=always, but the own kernels cannot be launched "
-            "on this device");
+            "CreateConv2d: own_conv=always (--cuda-own-conv), but the own kernels cannot be "
+            "launched on this device");
       }
     }
-    if (reduced() && Fp32RoutePolicy() != Fp32Route::kNever) {
+    if (reduced() && options().fp32_route != CudaRoutePolicy::kNever) {
       PSTRAIN_RETURN_IF_ERROR(MakeSetup(DataType::kF32, &f32_));
     }
     if (reduced() && (f32_.x || narrow_.forward_blocks > 0 || narrow_.filter_blocks > 0)) {
@@ -552,66 +337,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     }
     PSTRAIN_ASSIGN_OR_RETURN(setup->y,
                              NewTensor4d(c.n, c.filters, out_h_, out_w_, dtype, c.layout));
-    return ChooseAlgorithms(tensor_ops, setup);
-  }
-
-  // Measures every algorithm on this shape once (cudnnFind*, which runs them
-  // on scratch buffers of its own), as PyTorch's cudnn.benchmark does; falls
-  // back to cuDNN's heuristic ranking when measuring fails (e.g. no memory
-  // for its scratch buffers), and to an algorithm that needs no workspace
-  // when nothing qualifies.
-  absl::Status ChooseAlgorithms(bool tensor_ops, ConvSetup* s) {
-    cudnnHandle_t h = context_.cudnn;
-    int max_count = 0;
-    int returned = 0;
-
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(std::max(max_count, 1));
-    bool measured =
-        cudnnFindConvolutionForwardAlgorithm(h, s->x.get(), s->w.get(), s->conv.get(), s->y.get(),
-                                             static_cast<int>(fwd.size()), &returned,
-                                             fwd.data()) == CUDNN_STATUS_SUCCESS;
-    if (!measured) {
-      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionForwardAlgorithm_v7(
-          h, s->x.get(), s->w.get(), s->conv.get(), s->y.get(), static_cast<int>(fwd.size()),
-          &returned, fwd.data()));
-    }
-    if (!PickAlgorithm(fwd, returned, measured, tensor_ops, &s->forward)) {
-      s->forward = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;  // Needs no workspace.
-    }
-
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(std::max(max_count, 1));
-    measured =
-        cudnnFindConvolutionBackwardDataAlgorithm(
-            h, s->w.get(), s->y.get(), s->conv.get(), s->x.get(), static_cast<int>(bwd_data.size()),
-            &returned, bwd_data.data()) == CUDNN_STATUS_SUCCESS;
-    if (!measured) {
-      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          h, s->w.get(), s->y.get(), s->conv.get(), s->x.get(), static_cast<int>(bwd_data.size()),
-          &returned, bwd_data.data()));
-    }
-    if (!PickAlgorithm(bwd_data, returned, measured, tensor_ops, &s->backward_data)) {
-      s->backward_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    }
-
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(std::max(max_count, 1));
-    measured = cudnnFindConvolutionBackwardFilterAlgorithm(
-                   h, s->x.get(), s->y.get(), s->conv.get(), s->w.get(),
-                   static_cast<int>(bwd_filter.size()), &returned,
-                   bwd_filter.data()) == CUDNN_STATUS_SUCCESS;
-    if (!measured) {
-      PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          h, s->x.get(), s->y.get(), s->conv.get(), s->w.get(), static_cast<int>(bwd_filter.size()),
-          &returned, bwd_filter.data()));
-    }
-    if (!PickAlgorithm(bwd_filter, returned, measured, tensor_ops, &s->backward_filter)) {
-      s->backward_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    }
-    (void)cudaGetLastError();  // A failed measurement leaves nothing to report.
-    return absl::OkStatus();
+    return ChooseConvAlgorithms(context_.cudnn, context_.options, tensor_ops, setup);
   }
 
   // Workspace bytes of each pass's cuDNN algorithm, native or via fp32. An
@@ -758,8 +484,8 @@ class CudnnConv2dPlan final : public Conv2dPlan {
     // Times each route `pass` may take and returns the fastest. A route that
     // fails here (cuDNN without an fp32 algorithm for the layout) is not taken.
     auto fastest = [&](const char* pass, bool own_applies, auto&& run) -> absl::StatusOr<Route> {
-      if (Fp32RoutePolicy() == Fp32Route::kAlways) return Route::kViaF32;
-      if (own_applies && OwnConvPolicy() == OwnConv::kAlways) return Route::kOwn;
+      if (options().fp32_route == CudaRoutePolicy::kAlways) return Route::kViaF32;
+      if (own_applies && options().own_conv == CudaRoutePolicy::kAlways) return Route::kOwn;
       auto time = [&](Route route) -> float {
         absl::StatusOr<float> ms = TimeOnStream([&] { return run(route); });
         if (ms.ok()) return *ms;
@@ -778,7 +504,7 @@ class CudnnConv2dPlan final : public Conv2dPlan {
         best_ms = f32_ms;
       }
       if (own_ms >= 0.f && own_ms < best_ms) best = Route::kOwn;
-      if (LogRoutes()) {
+      if (options().log_conv_routes) {
         const Conv2dConfig& c = config_;
         auto shown = [](float ms) {
           return ms >= 0.f ? absl::StrFormat("%.4f ms", ms) : std::string("n/a");
@@ -846,245 +572,11 @@ class CudnnConv2dPlan final : public Conv2dPlan {
   DeviceBuffer bias_scratch_;
 };
 
-// ---------------------------------------------------------------------------
-// Pooling
-// ---------------------------------------------------------------------------
-
-class CudnnPool2dPlan final : public Pool2dPlan {
- public:
-  static absl::StatusOr<std::unique_ptr<Pool2dPlan>> Create(const CudnnContext& context,
-                                                            const Pool2dConfig& config) {
-    const Pool2dConfig& c = config;
-    if (c.n <= 0 || c.c <= 0 || c.h <= 0 || c.w <= 0 || c.window <= 0 || c.stride <= 0 ||
-        c.pad < 0 || c.pad >= c.window || c.h + 2 * c.pad < c.window ||
-        c.w + 2 * c.pad < c.window) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CreatePool2d: need positive sizes, window and stride, 0 <= pad < window and a window "
-          "that fits the padded input; got input [",
-          c.n, ", ", c.c, ", ", c.h, ", ", c.w, "] window ", c.window, " stride ", c.stride,
-          " pad ", c.pad));
-    }
-    auto plan = std::unique_ptr<CudnnPool2dPlan>(new CudnnPool2dPlan(context, config));
-    PSTRAIN_RETURN_IF_ERROR(plan->Init());
-    return std::unique_ptr<Pool2dPlan>(std::move(plan));
-  }
-
-  absl::Status Forward(const void* x, void* y, bool training) override {
-    // cuDNN's backward recomputes the argmax from x and y, so `training`
-    // needs no extra state here.
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnPoolingForward(context_.cudnn, pool_desc_.get(), &kOne,
-                                                      x_desc_.get(), x, &kZero, y_desc_.get(), y));
-    return absl::OkStatus();
-  }
-
-  absl::Status Backward(const void* x, const void* y, const void* dy, void* dx) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnPoolingBackward(context_.cudnn, pool_desc_.get(), &kOne, y_desc_.get(), y,
-                             y_desc_.get(), dy, x_desc_.get(), x, &kZero, x_desc_.get(), dx));
-    return absl::OkStatus();
-  }
-
- private:
-  CudnnPool2dPlan(const CudnnContext& context, const Pool2dConfig& config)
-      : context_(context), config_(config) {}
-
-  absl::Status Init() {
-    const Pool2dConfig& c = config_;
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_, NewTensor4d(c.n, c.c, c.h, c.w, c.dtype, c.layout));
-    PSTRAIN_ASSIGN_OR_RETURN(pool_desc_, PoolingDescriptor::Create());
-    const cudnnPoolingMode_t mode =
-        c.mode == PoolMode::kMax ? CUDNN_POOLING_MAX : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnSetPooling2dDescriptor(pool_desc_.get(), mode, CUDNN_PROPAGATE_NAN, c.window, c.window,
-                                    c.pad, c.pad, c.stride, c.stride));
-    int n = 0, ch = 0, p = 0, q = 0;
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnGetPooling2dForwardOutputDim(pool_desc_.get(), x_desc_.get(), &n, &ch, &p, &q));
-    if (n != c.n || ch != c.c || p != c.out_h() || q != c.out_w()) {
-      return absl::InternalError(absl::StrCat("CreatePool2d: cuDNN output [", n, ", ", ch, ", ", p,
-                                              ", ", q, "] differs from the expected [", c.n, ", ",
-                                              c.c, ", ", c.out_h(), ", ", c.out_w(), "]"));
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(y_desc_,
-                             NewTensor4d(c.n, c.c, c.out_h(), c.out_w(), c.dtype, c.layout));
-    return absl::OkStatus();
-  }
-
-  // Constant after construction.
-  const CudnnContext context_;
-  const Pool2dConfig config_;
-  TensorDescriptor x_desc_;
-  TensorDescriptor y_desc_;
-  PoolingDescriptor pool_desc_;
-};
-
-// ---------------------------------------------------------------------------
-// Batch norm
-// ---------------------------------------------------------------------------
-
-class CudnnBatchNormPlan final : public BatchNormPlan {
- public:
-  static absl::StatusOr<std::unique_ptr<BatchNormPlan>> Create(const CudnnContext& context,
-                                                               const BatchNormConfig& config) {
-    PSTRAIN_RETURN_IF_ERROR(CheckBatchNormConfig(config));
-    auto plan = std::unique_ptr<CudnnBatchNormPlan>(new CudnnBatchNormPlan(context, config));
-    PSTRAIN_RETURN_IF_ERROR(plan->Init());
-    return std::unique_ptr<BatchNormPlan>(std::move(plan));
-  }
-
-  // bf16 and fp16 x and y with fp32 scales and statistics, as cuDNN runs
-  // them.
-  absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta, void* y,
-                               float* running_mean, float* running_var, float* save_mean,
-                               float* save_inv_std) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardTraining(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
-        param_desc_.get(), gamma, beta, static_cast<double>(config_.momentum), running_mean,
-        running_var, static_cast<double>(config_.epsilon), save_mean, save_inv_std));
-    return absl::OkStatus();
-  }
-
-  absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
-                                const float* running_mean, const float* running_var,
-                                void* y) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationForwardInference(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_desc_.get(), x, x_desc_.get(), y,
-        param_desc_.get(), gamma, beta, running_mean, running_var,
-        static_cast<double>(config_.epsilon)));
-    return absl::OkStatus();
-  }
-
-  absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
-                        const float* save_inv_std, void* dx, float* dgamma, float* dbeta) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(cudnnBatchNormalizationBackward(
-        context_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_desc_.get(), x,
-        x_desc_.get(), dy, x_desc_.get(), dx, param_desc_.get(), gamma, dgamma, dbeta,
-        static_cast<double>(config_.epsilon), save_mean, save_inv_std));
-    return absl::OkStatus();
-  }
-
- private:
-  CudnnBatchNormPlan(const CudnnContext& context, const BatchNormConfig& config)
-      : context_(context), config_(config) {}
-
-  absl::Status Init() {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    // [N, C, spatial] is viewed as NCHW with H = spatial, W = 1.
-    PSTRAIN_ASSIGN_OR_RETURN(x_desc_,
-                             NewTensor4d(config_.n, config_.c, config_.spatial, 1, config_.dtype));
-    PSTRAIN_ASSIGN_OR_RETURN(param_desc_, TensorDescriptor::Create());
-    // fp32 for every data type of x.
-    PSTRAIN_RETURN_IF_CUDNN_ERROR(
-        cudnnDeriveBNTensorDescriptor(param_desc_.get(), x_desc_.get(), CUDNN_BATCHNORM_SPATIAL));
-    return absl::OkStatus();
-  }
-
-  // Constant after construction.
-  const CudnnContext context_;
-  const BatchNormConfig config_;
-  TensorDescriptor x_desc_;      // x, y, dx and dy.
-  TensorDescriptor param_desc_;  // [1, C, 1, 1]: gamma, beta, means, variances.
-};
-
-// Batch norm with pstrain's own kernels (batch_norm_kernels.cu): several
-// times faster than cuDNN's NCHW batch norm at resnet shapes, deterministic,
-// and the CPU backend's arithmetic.
-class CudaBatchNormPlan final : public BatchNormPlan {
- public:
-  static absl::StatusOr<std::unique_ptr<BatchNormPlan>> Create(const CudnnContext& context,
-                                                               const BatchNormConfig& config) {
-    auto plan = std::unique_ptr<CudaBatchNormPlan>(new CudaBatchNormPlan(context, config));
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context.device_ordinal));
-    PSTRAIN_ASSIGN_OR_RETURN(
-        plan->scratch_,
-        context.backend->Allocate(
-            BatchNormScratchFloats(config.n, config.c, config.spatial, config.layout) *
-            sizeof(float)));
-    return std::unique_ptr<BatchNormPlan>(std::move(plan));
-  }
-
-  absl::Status ForwardTraining(const void* x, const float* gamma, const float* beta, void* y,
-                               float* running_mean, float* running_var, float* save_mean,
-                               float* save_inv_std) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return LaunchBatchNormForwardTraining(
-        config_.dtype, x, y, gamma, beta, running_mean, running_var, save_mean, save_inv_std,
-        config_.n, config_.c, config_.spatial, config_.epsilon, config_.momentum, scratch(),
-        config_.layout, context_.stream);
-  }
-
-  absl::Status ForwardInference(const void* x, const float* gamma, const float* beta,
-                                const float* running_mean, const float* running_var,
-                                void* y) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return LaunchBatchNormForwardInference(config_.dtype, x, y, gamma, beta, running_mean,
-                                           running_var, config_.n, config_.c, config_.spatial,
-                                           config_.epsilon, config_.layout, context_.stream);
-  }
-
-  absl::Status Backward(const void* x, const void* dy, const float* gamma, const float* save_mean,
-                        const float* save_inv_std, void* dx, float* dgamma, float* dbeta) override {
-    PSTRAIN_RETURN_IF_CUDA_ERROR(cudaSetDevice(context_.device_ordinal));
-    return LaunchBatchNormBackward(config_.dtype, x, dy, dx, gamma, save_mean, save_inv_std, dgamma,
-                                   dbeta, config_.n, config_.c, config_.spatial, scratch(),
-                                   config_.layout, context_.stream);
-  }
-
- private:
-  CudaBatchNormPlan(const CudnnContext& context, const BatchNormConfig& config)
-      : context_(context), config_(config) {}
-  float* scratch() { return static_cast<float*>(scratch_.data()); }
-
-  // Constant after construction.
-  const CudnnContext context_;
-  const BatchNormConfig config_;
-  DeviceBuffer scratch_;  // Partial sums and per-channel coefficients.
-};
-
-// PSTRAIN_CUDNN_BATCHNORM=1 (read once per process) selects cuDNN's batch
-// norm instead of pstrain's kernels, for comparison.
-bool UseCudnnBatchNorm() {
-  static const bool use = [] {
-    const char* env = std::getenv("PSTRAIN_CUDNN_BATCHNORM");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return use;
-}
-
 }  // namespace
-
-bool ConcurrentConvBackward() {
-  static const bool on = [] {
-    const char* env = std::getenv("PSTRAIN_CUDNN_CONCURRENT_BACKWARD");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return on;
-}
 
 absl::StatusOr<std::unique_ptr<Conv2dPlan>> CreateCudnnConv2dPlan(const CudnnContext& context,
                                                                   const Conv2dConfig& config) {
   return CudnnConv2dPlan::Create(context, config);
-}
-
-absl::StatusOr<std::unique_ptr<Pool2dPlan>> CreateCudnnPool2dPlan(const CudnnContext& context,
-                                                                  const Pool2dConfig& config) {
-  return CudnnPool2dPlan::Create(context, config);
-}
-
-absl::StatusOr<std::unique_ptr<BatchNormPlan>> CreateBatchNormPlan(const CudnnContext& context,
-                                                                   const BatchNormConfig& config) {
-  // cuDNN's batch norm is kept to NCHW, the layout it was measured and tested
-  // in; channels-last plans always run pstrain's kernels.
-  const bool channels_last = config.layout == TensorLayout::kNHWC && config.spatial > 1;
-  if (UseCudnnBatchNorm() && !channels_last) return CudnnBatchNormPlan::Create(context, config);
-  PSTRAIN_RETURN_IF_ERROR(CheckBatchNormConfig(config));
-  return CudaBatchNormPlan::Create(context, config);
 }
 
 }  // namespace pstrain::cuda
