@@ -14,8 +14,8 @@
 
 namespace pstrain {
 
-void EnsurePassiveOpenMpWait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+void EnsurePassiveOpenMpWait(char** argv, bool policy_given) {
+  if (policy_given) return;
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);

@@ -1,7 +1,8 @@
 // Start-up helpers shared by the daemons' main() functions.
 //
 //   int main(int argc, char** argv) {
-//     pstrain::EnsurePassiveOpenMpWait(argv);   // first: may re-execute
+//     // First: may re-execute. main reads the environment, not this library.
+//     pstrain::EnsurePassiveOpenMpWait(argv, std::getenv("OMP_WAIT_POLICY") != nullptr);
 //     std::vector<std::string> storage;
 //     pstrain::InstallVersionFlag();               // --version prints the build id
 //     std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
@@ -18,10 +19,11 @@ namespace pstrain {
 // libgomp reads OMP_WAIT_POLICY once, when it loads. A daemon that shares its
 // cores with network threads and other processes must not spin at every
 // barrier (two spinning processes on two cores ran 20x slower: see
-// kernels/cpu/cpu_backend.h). When the variable is unset, sets it to passive
-// and re-executes the binary (by its real path, so the process keeps its
-// name) once. Returns only if nothing had to change or exec failed.
-void EnsurePassiveOpenMpWait(char** argv);
+// kernels/cpu/cpu_backend.h). When the user did not set the variable
+// (`policy_given`, read by main), sets it to passive and re-executes the
+// binary (by its real path, so the process keeps its name) once. Returns
+// only if nothing had to change or exec failed.
+void EnsurePassiveOpenMpWait(char** argv, bool policy_given);
 
 // Abseil flags are spelled with underscores; this accepts the documented
 // dashes too ("--metrics-port 9100" == "--metrics_port 9100"). Returns an

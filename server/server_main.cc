@@ -385,7 +385,7 @@ class ServerMetrics {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pstrain::EnsurePassiveOpenMpWait(argv);
+  pstrain::EnsurePassiveOpenMpWait(argv, std::getenv("OMP_WAIT_POLICY") != nullptr);
   pstrain::InstallVersionFlag();
   std::vector<std::string> arg_storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &arg_storage);

@@ -356,7 +356,9 @@ int RunDaemon() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (DaemonMode(argc, argv)) pstrain::EnsurePassiveOpenMpWait(argv);
+  if (DaemonMode(argc, argv)) {
+    pstrain::EnsurePassiveOpenMpWait(argv, std::getenv("OMP_WAIT_POLICY") != nullptr);
+  }
   absl::SetProgramUsageMessage(
       "trains pstrain jobs.\n"
       "  pstrain-worker --standalone JOB.json [--epochs N] [--batch B] [--limit SAMPLES] "
