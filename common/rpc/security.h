@@ -64,7 +64,8 @@ struct TlsOptions {
   std::string key_file;   // PEM private key of cert_file.
   std::string ca_file;    // PEM CA that signed the other end.
   // Servers: refuse a handshake without a client certificate signed by
-  // ca_file (mTLS). Clients: ignored.
+  // ca_file (mTLS). Clients: ignored. Both daemons' HTTPS /metrics follow it
+  // too (MetricsTls::client_ca_file).
   bool require_client_cert = false;
   // Clients: the name the server's certificate must carry when it is not the
   // host of the address dialled (for example a Kubernetes service name while
