@@ -26,6 +26,41 @@ std::string OpenSslError() {
   return text;
 }
 
+// The endpoint's TLS: TLS 1.2 or later with the daemon's certificate and key;
+// with tls.client_ca_file, a client certificate signed by that CA is
+// required (OpenSSL checks its purpose as a TLS client's). The caller owns
+// the context (SSL_CTX_free).
+absl::StatusOr<SSL_CTX*> NewTlsContext(const MetricsTls& tls) {
+  SSL_CTX* context = SSL_CTX_new(TLS_server_method());
+  if (context == nullptr || SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION) != 1 ||
+      SSL_CTX_use_certificate_chain_file(context, tls.cert_file.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(context, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(context) != 1) {
+    const std::string error = OpenSslError();
+    SSL_CTX_free(context);
+    return absl::InvalidArgumentError(absl::StrCat("/metrics TLS: cannot use --tls-cert ",
+                                                   tls.cert_file, " and --tls-key ",
+                                                   tls.key_file, ": ", error));
+  }
+  if (tls.client_ca_file.empty()) return context;
+  // The CA verifies the client's chain; its name goes into the handshake's
+  // CertificateRequest so that a client holding several certificates picks
+  // the right one.
+  STACK_OF(X509_NAME)* client_ca_names = SSL_load_client_CA_file(tls.client_ca_file.c_str());
+  if (client_ca_names == nullptr ||
+      SSL_CTX_load_verify_locations(context, tls.client_ca_file.c_str(), nullptr) != 1) {
+    const std::string error = OpenSslError();
+    sk_X509_NAME_pop_free(client_ca_names, X509_NAME_free);
+    SSL_CTX_free(context);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "/metrics TLS: cannot use --tls-ca ", tls.client_ca_file, " for client certificates: ",
+        error));
+  }
+  SSL_CTX_set_client_CA_list(context, client_ca_names);  // Takes ownership.
+  SSL_CTX_set_verify(context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  return context;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
@@ -54,18 +89,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   SSL_CTX* context = nullptr;
   if (tls != nullptr) {
-    context = SSL_CTX_new(TLS_server_method());
-    if (context == nullptr || SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION) != 1 ||
-        SSL_CTX_use_certificate_chain_file(context, tls->cert_file.c_str()) != 1 ||
-        SSL_CTX_use_PrivateKey_file(context, tls->key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-        SSL_CTX_check_private_key(context) != 1) {
-      const std::string error = OpenSslError();
-      SSL_CTX_free(context);
+    absl::StatusOr<SSL_CTX*> made = NewTlsContext(*tls);
+    if (!made.ok()) {
       close(fd);
-      return absl::InvalidArgumentError(absl::StrCat("/metrics TLS: cannot use --tls-cert ",
-                                                     tls->cert_file, " and --tls-key ",
-                                                     tls->key_file, ": ", error));
+      return made.status();
     }
+    context = *made;
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);

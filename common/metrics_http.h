@@ -12,7 +12,11 @@
 //
 // With a certificate and key (MetricsTls) it serves HTTPS instead, so that
 // a scraper on another host reads /metrics over TLS (Prometheus'
-// `scheme: https` with `tls_config.ca_file`).
+// `scheme: https` with `tls_config.ca_file`). With a client CA as well
+// (MetricsTls::client_ca_file, set by the daemons' --require-client-cert) it
+// refuses the handshake of a scraper without a certificate signed by that CA
+// (Prometheus' `tls_config.cert_file` and `key_file`), as their gRPC port
+// refuses a client without one.
 //
 // Why not prometheus-cpp's Exposer: it serves through civetweb, whose
 // threads cannot start in a process that loaded cuBLAS 13 ("Cannot create
@@ -41,10 +45,15 @@ struct ssl_ctx_st;  // OpenSSL's SSL_CTX, kept out of this header.
 
 namespace pstrain {
 
-// HTTPS for the endpoint: the daemon's PEM certificate (chain) and key.
+// HTTPS for the endpoint: the daemon's PEM certificate (chain) and key, and
+// optionally the CA every scraper's client certificate must be signed by.
 struct MetricsTls {
   std::string cert_file;
   std::string key_file;
+  // Non-empty: a handshake without a client certificate signed by this PEM CA
+  // (with clientAuth among its extended key usages, when it lists any) is
+  // refused, and nothing is rendered. Empty: any client may scrape.
+  std::string client_ca_file;
 };
 
 class MetricsHttpServer {
@@ -52,8 +61,8 @@ class MetricsHttpServer {
   // Binds host:port (an IPv4 address; port 0 picks a free port, see port())
   // and starts serving. INVALID_ARGUMENT for a host that is not an IPv4
   // address, a port outside [0, 65535] or an empty `render`; UNAVAILABLE when
-  // the port cannot be bound; INVALID_ARGUMENT for a certificate or key that
-  // cannot be loaded (tls: HTTPS; null: plain HTTP).
+  // the port cannot be bound; INVALID_ARGUMENT for a certificate, key or
+  // client CA that cannot be loaded (tls: HTTPS; null: plain HTTP).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, std::function<std::string()> render,
       const MetricsTls* tls = nullptr);

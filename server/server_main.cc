@@ -58,7 +58,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
 ABSL_FLAG(int, metrics_port, 0, "Serve Prometheus /metrics on METRICS_HOST:PORT (0 = off)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
           "Address /metrics binds to (0.0.0.0 in containers, for the Prometheus scraper). /metrics "
-          "is HTTPS with --tls-cert; plain HTTP needs a loopback address or --insecure");
+          "is HTTPS with --tls-cert (and wants a client certificate of --tls-ca with "
+          "--require-client-cert); plain HTTP needs a loopback address or --insecure");
 ABSL_FLAG(int, health_port, 0,
           "Also serve grpc.health.v1.Health (only) in plaintext on HEALTH_HOST:PORT, for probes "
           "that cannot speak TLS (Kubernetes' grpc probes); 0 = off");
@@ -555,12 +556,15 @@ int main(int argc, char** argv) {
 
   std::string warning;
   if (metrics != nullptr) {
-    // HTTPS with the daemon's certificate; plain HTTP only on loopback (or
+    // HTTPS with the daemon's certificate, asking scrapers for a client
+    // certificate as the gRPC port does; plain HTTP only on loopback (or
     // with --insecure).
     const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
     std::optional<pstrain::MetricsTls> metrics_tls;
     if (!security.tls.cert_file.empty()) {
-      metrics_tls = pstrain::MetricsTls{security.tls.cert_file, security.tls.key_file};
+      metrics_tls = pstrain::MetricsTls{
+          security.tls.cert_file, security.tls.key_file,
+          security.tls.require_client_cert ? security.tls.ca_file : std::string()};
     } else if (absl::Status s = pstrain::CheckListenPolicy(
                    "--metrics-host", absl::StrCat(metrics_host, ":", metrics_port),
                    /*tls_enabled=*/false, /*tokens_enabled=*/true, security.insecure, &warning);

@@ -237,8 +237,9 @@ struct WorkerMetrics {
   std::string address;  // HOST:PORT it listens on.
 };
 
-// Serves `registry` on --metrics-host:--metrics-port: HTTPS with --tls-cert,
-// plain HTTP only on loopback (or --insecure). Per-GPU gauges through NVML,
+// Serves `registry` on --metrics-host:--metrics-port: HTTPS with --tls-cert
+// (and scrapers' certificates checked against --tls-ca with
+// --require-client-cert), plain HTTP only on loopback (or --insecure). Per-GPU gauges through NVML,
 // loaded at run time: without a driver they say "no GPU"
 // (pstrain_worker_gpus 0, pstrain_worker_gpu_available 0).
 absl::Status StartWorkerMetrics(const pstrain::DaemonSecurity& security,
@@ -255,7 +256,10 @@ absl::Status StartWorkerMetrics(const pstrain::DaemonSecurity& security,
   const std::string metrics_host = absl::GetFlag(FLAGS_metrics_host);
   std::optional<pstrain::MetricsTls> tls;
   if (!security.tls.cert_file.empty()) {
-    tls = pstrain::MetricsTls{security.tls.cert_file, security.tls.key_file};
+    // --require-client-cert: scrapers need a certificate of the cluster CA.
+    tls = pstrain::MetricsTls{
+        security.tls.cert_file, security.tls.key_file,
+        security.tls.require_client_cert ? security.tls.ca_file : std::string()};
   } else {
     std::string warning;
     PSTRAIN_RETURN_IF_ERROR(pstrain::CheckListenPolicy(

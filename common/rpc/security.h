@@ -63,8 +63,8 @@ struct TlsOptions {
   std::string cert_file;  // PEM certificate chain of this end.
   std::string key_file;   // PEM private key of cert_file.
   std::string ca_file;    // PEM CA that signed the other end.
-  // Servers: refuse a handshake without a client certificate signed by
-  // ca_file (mTLS). Clients: ignored.
+  // Refuse a handshake without a client certificate signed by ca_file: on a
+  // server's port (mTLS) and on /metrics (MetricsTls). Channels ignore it.
   bool require_client_cert = false;
   // Clients: the name the server's certificate must carry when it is not the
   // host of the address dialled (for example a Kubernetes service name while

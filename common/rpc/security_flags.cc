@@ -13,7 +13,8 @@ ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA the other end's certificate must be signed by. Giving it turns TLS on for "
           "this daemon's outgoing calls");
 ABSL_FLAG(bool, require_client_cert, false,
-          "Servers: refuse TLS handshakes without a client certificate signed by --tls-ca (mTLS)");
+          "Refuse TLS handshakes without a client certificate signed by --tls-ca (mTLS): on a "
+          "server's port and its HTTPS /metrics; on a worker's HTTPS /metrics");
 ABSL_FLAG(std::string, tls_server_name, "",
           "Name the servers' certificates carry when it is not the host dialled");
 ABSL_FLAG(std::string, token_file, "",
@@ -43,8 +44,10 @@ absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(bool server) {
   security.tls.require_client_cert = absl::GetFlag(FLAGS_require_client_cert);
   security.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
   security.insecure = absl::GetFlag(FLAGS_insecure);
-  if (security.tls.require_client_cert && !server) {
-    return absl::InvalidArgumentError("--require-client-cert is a server flag");
+  if (security.tls.require_client_cert && !server && security.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--require-client-cert on a worker guards its HTTPS /metrics: it needs --tls-cert, "
+        "--tls-key and --tls-ca");
   }
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   security.identity = std::make_shared<CallIdentity>();

@@ -6,7 +6,8 @@
 # everything cleanly (Ctrl-C included). Workers train on the GPU when one is
 # present, else on the CPU. Every channel runs as a cluster should: TLS with
 # client certificates (mTLS) and per-role tokens, made for this run by
-# deploy/local/make-certs.sh in STATE_DIR/certs; /metrics is HTTPS.
+# deploy/local/make-certs.sh in STATE_DIR/certs; /metrics is HTTPS and
+# wants a client certificate too (Prometheus scrapes with its own).
 #
 # Environment: PSTRAIN_PORT (server port, default: a free one),
 # PSTRAIN_STATE_DIR (default: a temporary directory), PSTRAIN_EPOCHS (override
@@ -73,7 +74,7 @@ deploy/local/make-certs.sh "$CERTS" >/dev/null
 SERVER_TLS=(--tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server-key.pem" --tls-ca "$CERTS/ca.pem"
   --require-client-cert --token-file "$CERTS/tokens")
 WORKER_TLS=(--tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem" --tls-key "$CERTS/worker-key.pem"
-  --token-file "$CERTS/worker.token")
+  --require-client-cert --token-file "$CERTS/worker.token")
 # The CLI reads these (the admin's certificate and token).
 export PSTRAIN_TLS_CA="$CERTS/ca.pem" PSTRAIN_TLS_CERT="$CERTS/admin.pem" \
   PSTRAIN_TLS_KEY="$CERTS/admin-key.pem" PSTRAIN_TOKEN_FILE="$CERTS/admin.token"
@@ -113,13 +114,15 @@ rule_files: ["$ROOT/deploy/prometheus/rules.yml"]
 scrape_configs:
   - job_name: pstrain-server
     scheme: https
-    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost}
+    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost,
+                 cert_file: "$CERTS/prometheus.pem", key_file: "$CERTS/prometheus-key.pem"}
     static_configs: [{targets: ["127.0.0.1:$SERVER_METRICS_PORT"]}]
     metric_relabel_configs:
       - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}
   - job_name: pstrain-worker
     scheme: https
-    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost}
+    tls_config: {ca_file: "$CERTS/ca.pem", server_name: localhost,
+                 cert_file: "$CERTS/prometheus.pem", key_file: "$CERTS/prometheus-key.pem"}
     static_configs: [{targets: [${worker_targets%, }]}]
     metric_relabel_configs:
       - {source_labels: [exported_job], regex: (.+), target_label: pstrain_job}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Makes what a pstrain cluster needs to run with TLS and tokens: a CA, a
-# server certificate, worker and admin client certificates (for mTLS), and
-# the tokens of the three roles. With openssl only.
+# server certificate, worker, admin and Prometheus client certificates (for
+# mTLS), and the tokens of the three roles. With openssl only.
 #
-#   deploy/local/make-certs.sh DIR [--name DNS_OR_IP]... [--days N] [--owner UID[:GID]] [--force]
+#   deploy/local/make-certs.sh DIR [--name DNS_OR_IP]... [--days N] [--owner UID[:GID]]
+#                              [--prometheus-owner UID[:GID]] [--force]
 #
 # DIR gets (keys and tokens mode 0600):
 #   ca.pem ca-key.pem            the cluster's CA (keep ca-key.pem offline)
@@ -15,27 +16,37 @@
 #                                ::1 and pstrain-worker only, so that a worker's
 #                                key cannot pose as a server
 #   admin.pem admin-key.pem      the CLI's client certificate
+#   prometheus.pem prometheus-key.pem
+#                                Prometheus' client certificate (clientAuth
+#                                only): /metrics of a daemon run with
+#                                --require-client-cert refuses a scraper
+#                                without a certificate of this CA
 #   tokens                       the servers' --token-file ("ROLE TOKEN" lines)
 #   worker.token admin.token     the workers' --token-file and the CLI's
 #                                PSTRAIN_TOKEN_FILE
-# Existing files are kept (run again to add nothing); --force makes new ones.
+# Existing files are kept (run again to add only what is missing, such as
+# prometheus.pem in a DIR made before it existed); --force makes new ones.
 # --owner hands the files to the user the daemons run as (the images' 10001
-# for deploy/docker/compose.yaml, which mounts them read-only).
+# for deploy/docker/compose.yaml, which mounts them read-only), and the
+# Prometheus files to --prometheus-owner (default with --owner: 65534, the
+# nobody Prometheus' images run as).
 # For Kubernetes: deploy/k8s/secret.yaml turns DIR into the
-# pstrain-server-credentials, pstrain-worker-credentials and
-# pstrain-admin-credentials Secrets.
+# pstrain-server-credentials, pstrain-worker-credentials,
+# pstrain-admin-credentials and pstrain-prometheus-credentials Secrets.
 set -euo pipefail
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 [[ $# -ge 1 ]] || usage
+[[ $1 == -h || $1 == --help ]] && usage 0
 DIR=$1
 shift
-NAMES=() DAYS=825 FORCE=0 OWNER=""
+NAMES=() DAYS=825 FORCE=0 OWNER="" PROMETHEUS_OWNER=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) NAMES+=("$2"); shift 2 ;;
     --days) DAYS=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     --owner) OWNER=$2; shift 2 ;;
+    --prometheus-owner) PROMETHEUS_OWNER=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "make-certs: unknown argument $1" >&2; usage ;;
   esac
@@ -44,12 +55,12 @@ command -v openssl >/dev/null || { echo "make-certs: openssl is not installed (a
 mkdir -p "$DIR"
 cd "$DIR"
 umask 077
-if [[ $FORCE == 0 && -s ca.pem && -s server.pem && -s tokens && -s worker.token && -s admin.token ]]; then
-  echo "make-certs: $DIR already has a CA, certificates and tokens (--force to replace them)"
-  [[ -n $OWNER ]] && chown "$OWNER" ./*.pem tokens ./*.token
-  exit 0
-fi
-
+[[ -n $OWNER && -z $PROMETHEUS_OWNER ]] && PROMETHEUS_OWNER=65534:65534
+hand_over() {  # --owner and --prometheus-owner
+  [[ -z $OWNER ]] || chown "$OWNER" ./*.pem tokens ./*.token
+  [[ -z $PROMETHEUS_OWNER || ! -e prometheus.pem ]] ||
+    chown "$PROMETHEUS_OWNER" prometheus.pem prometheus-key.pem
+}
 # EC P-256: fast handshakes, small certificates.
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 san() {  # subjectAltName: loopback plus the given names (default: --name entries)
@@ -76,6 +87,21 @@ sign() {  # sign NAME CN EXTENDED_KEY_USAGE [SAN]
   rm -f "$name.csr" "$ext"
 }
 
+if [[ $FORCE == 0 && -s ca.pem && -s server.pem && -s tokens && -s worker.token && -s admin.token ]]; then
+  if [[ -s prometheus.pem ]]; then
+    echo "make-certs: $DIR already has a CA, certificates and tokens (--force to replace them)"
+  else
+    # A DIR made before the scraper had a certificate: sign one with its CA.
+    [[ -s ca-key.pem ]] || { echo "make-certs: $DIR has no prometheus.pem and no ca-key.pem to sign one with (run where ca-key.pem is, or --force)" >&2; exit 1; }
+    sign prometheus pstrain-prometheus clientAuth
+    rm -f ca.srl
+    chmod 0644 prometheus.pem
+    echo "make-certs: added the Prometheus client certificate to $DIR"
+  fi
+  hand_over
+  exit 0
+fi
+
 key ca-key.pem
 openssl req -x509 -new -key ca-key.pem -subj "/O=pstrain/CN=pstrain cluster CA" -days "$DAYS" \
   -sha256 -addext "basicConstraints=critical,CA:TRUE" \
@@ -83,6 +109,7 @@ openssl req -x509 -new -key ca-key.pem -subj "/O=pstrain/CN=pstrain cluster CA" 
 sign server pstrain-server serverAuth,clientAuth "$(san)"
 sign worker pstrain-worker serverAuth,clientAuth "$(san pstrain-worker)"
 sign admin pstrain-admin clientAuth
+sign prometheus pstrain-prometheus clientAuth
 rm -f ca.srl
 
 token() { openssl rand -hex 32; }
@@ -95,6 +122,6 @@ ADMIN=$(token) WORKER=$(token) PEER=$(token)
 } >tokens
 echo "$WORKER" >worker.token
 echo "$ADMIN" >admin.token
-chmod 0644 ca.pem server.pem worker.pem admin.pem
-[[ -n $OWNER ]] && chown "$OWNER" ./*.pem tokens ./*.token
-echo "make-certs: CA, server/worker/admin certificates and tokens in $DIR (server names: $(san))"
+chmod 0644 ca.pem server.pem worker.pem admin.pem prometheus.pem
+hand_over
+echo "make-certs: CA, server/worker/admin/prometheus certificates and tokens in $DIR (server names: $(san))"

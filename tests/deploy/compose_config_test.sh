@@ -7,7 +7,8 @@
 # every address 127.0.0.1 (no bridge network, no published ports, no
 # 0.0.0.0); CPU workers on the CPU image without GPUs, GPU workers on the
 # CUDA image reserving one NVIDIA GPU each; TLS, mTLS and tokens on every
-# daemon and the CLI, each service mounting only its own secrets.
+# daemon and the CLI, client certificates on every /metrics (Prometheus gets
+# its own), each service mounting only its own secrets.
 # tests/deploy/containers_test.sh runs the CPU stack for real.
 # Usage: compose_config_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -83,12 +84,15 @@ for path, flavour in ((sys.argv[1], "cpu"), (sys.argv[2], "gpu")):
         for flag in ("--tls-ca=", "--tls-cert=", "--tls-key=", "--token-file="):
             need(any(a.startswith(flag) for a in services[w]["command"]),
                  "%s: %s lacks %s" % (flavour, w, flag))
+        need("--require-client-cert" in services[w]["command"],
+             "%s: %s's /metrics does not require client certificates" % (flavour, w))
         need(secrets_of(w) == ["ca.pem", "worker-key.pem", "worker.pem", "worker.token"],
              "%s: %s secrets %s" % (flavour, w, secrets_of(w)))
     cli_env = services["pstrain-cli"].get("environment", {})
     need(all(k in cli_env for k in ("PSTRAIN_TLS_CA", "PSTRAIN_TLS_CERT", "PSTRAIN_TLS_KEY",
                                     "PSTRAIN_TOKEN_FILE")), "%s: the CLI lacks TLS or token" % flavour)
-    need(secrets_of("prometheus") == ["ca.pem"], "%s: prometheus secrets" % flavour)
+    need(secrets_of("prometheus") == ["ca.pem", "prometheus-key.pem", "prometheus.pem"],
+         "%s: prometheus secrets %s" % (flavour, secrets_of("prometheus")))
 for p in problems:
     print("missing:", p)
 sys.exit(1 if problems else 0)

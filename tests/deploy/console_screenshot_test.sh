@@ -65,7 +65,8 @@ wait_for_log() {  # FILE PATTERN SECONDS
   fail "timed out waiting for '$2' in $1"
 }
 
-# Phase 1: the cluster, as deployed: TLS, mTLS, tokens, HTTPS /metrics.
+# Phase 1: the cluster, as deployed: TLS, mTLS, tokens, HTTPS /metrics that
+# wants a client certificate.
 CERTS=$WORK/certs
 "$SRC/deploy/local/make-certs.sh" "$CERTS" >/dev/null
 export PSTRAIN_TLS_CA=$CERTS/ca.pem PSTRAIN_TLS_CERT=$CERTS/admin.pem \
@@ -83,7 +84,7 @@ for w in 1 2; do
   WORKER_METRICS+=("$(free_port)")
   "$BIN/pstrain-worker" --server "127.0.0.1:$PORT" --metrics-port "${WORKER_METRICS[-1]}" \
     --device auto --threads 1 --tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem" \
-    --tls-key "$CERTS/worker-key.pem" --token-file "$CERTS/worker.token" \
+    --tls-key "$CERTS/worker-key.pem" --require-client-cert --token-file "$CERTS/worker.token" \
     >"$WORK/logs/worker$w.log" 2>&1 &
   PIDS+=($!)
 done
@@ -91,10 +92,11 @@ wait_for_log "$WORK/logs/worker1.log" "registered" 60
 wait_for_log "$WORK/logs/worker2.log" "registered" 60
 
 # Phase 2: Prometheus with the shipped configuration, rules and consoles
-# (the CA where this run keeps it, instead of /etc/prometheus/certs).
+# (the CA and Prometheus' client certificate where this run keeps them,
+# instead of /etc/prometheus/certs).
 PROM_PORT=$(free_port)
 sed -e 's/^\(  *scrape_interval:\).*/\1 1s/' -e 's/^\(  *evaluation_interval:\).*/\1 1s/' \
-  -e "s/localhost:9090/127.0.0.1:$PROM_PORT/" -e "s|/etc/prometheus/certs/ca.pem|$CERTS/ca.pem|" \
+  -e "s/localhost:9090/127.0.0.1:$PROM_PORT/" -e "s|/etc/prometheus/certs/|$CERTS/|" \
   "$SRC/deploy/prometheus/prometheus.yml" >"$WORK/prometheus/prometheus.yml"
 cp "$SRC/deploy/prometheus/rules.yml" "$WORK/prometheus/rules.yml"
 cat >"$WORK/prometheus/targets/servers.json" <<EOF

@@ -9,13 +9,15 @@
 # probes on the plaintext health ports (never on the TLS port); resource
 # requests and limits on every container; non-root pods; Prometheus scrape
 # annotations. Security (issue 8): every daemon runs with TLS and its token
-# file (the server with mTLS), its own Secret mounted read-only at
+# file (the server with mTLS, every daemon's /metrics wanting a client
+# certificate), its own Secret mounted read-only at
 # /etc/pstrain/certs with every file its flags name, no Secret in the repo
 # carries data, nothing but a health port binds 0.0.0.0 without TLS, no
 # --insecure; the NetworkPolicies deny by default, allow the paths pstrain
 # needs and block a list of others (evaluated below, ingress and egress);
 # Prometheus scrapes https against the CA under each daemon's certificate
-# name, and its plaintext UI listens on loopback only.
+# name with its own client certificate (its only Secret), and its plaintext
+# UI listens on loopback only.
 # Usage: k8s_validate_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -112,6 +114,7 @@ SECRET_KEYS = {
     "pstrain-server-credentials": {"ca.pem", "server.pem", "server-key.pem", "tokens"},
     "pstrain-worker-credentials": {"ca.pem", "worker.pem", "worker-key.pem", "worker.token"},
     "pstrain-admin-credentials": {"ca.pem", "admin.pem", "admin-key.pem", "admin.token"},
+    "pstrain-prometheus-credentials": {"prometheus.pem", "prometheus-key.pem"},
 }
 secrets = by_kind.get("Secret", {})
 for secret in SECRET_KEYS:
@@ -148,8 +151,8 @@ for name, w in (("server", server), ("gpu worker", gpu), ("cpu worker", cpu)):
     for flag, file in WANT_FLAGS[name].items():
         need(flags.get(flag) == ["%s/%s" % (CERTS, file)],
              "%s: does not pass --%s=%s/%s" % (name, flag, CERTS, file))
-    if name == "server":
-        need("require-client-cert" in flags, "server: no --require-client-cert (mTLS)")
+    # mTLS on the server's port; client certificates on every /metrics.
+    need("require-client-cert" in flags, "%s: no --require-client-cert" % name)
     need("insecure" not in flags, "%s: runs with --insecure" % name)
     # Nothing binds every address without TLS; the plaintext health port
     # serves grpc.health.v1.Health only, which the kubelet's probes need.
@@ -179,8 +182,9 @@ for name, w in (("server", server), ("gpu worker", gpu), ("cpu worker", cpu)):
     need(named <= set(items), "%s: flags name %s, the mount has %s" %
          (name, sorted(named), sorted(items)))
 
-# Prometheus: https against the CA (from a ConfigMap, no Secret in its pod),
-# one server_name per daemon kind.
+# Prometheus: https against the CA (from a ConfigMap), one server_name per
+# daemon kind, with its client certificate and key from its own Secret (the
+# only one in its pod).
 prom = by_kind.get("Deployment", {}).get("prometheus")
 cm = by_kind["ConfigMap"].get("prometheus-config", {}).get("data", {})
 need(prom is not None and "prometheus.yml" in cm, "the Prometheus Deployment and its config")
@@ -189,7 +193,24 @@ if prom is not None and "prometheus.yml" in cm:
     need(any(a.startswith("--web.listen-address=127.0.0.1:") for a in pc.get("args", [])),
          "Prometheus' UI (no TLS) does not listen on loopback only")
     pvolumes = {v["name"]: v for v in pod_spec(prom).get("volumes", [])}
-    need(not any("secret" in v for v in pvolumes.values()), "Prometheus mounts a Secret")
+    psecrets = [v["secret"] for v in pvolumes.values() if "secret" in v]
+    need([x.get("secretName") for x in psecrets] == ["pstrain-prometheus-credentials"],
+         "Prometheus mounts Secrets %s, not pstrain-prometheus-credentials alone" %
+         [x.get("secretName") for x in psecrets])
+    need(all(x.get("defaultMode") == 0o440 for x in psecrets),
+         "Prometheus' client key is not mode 0440")
+
+    def mounted_from(path):
+        # The volume item a file path of Prometheus' container comes from.
+        mounts = [m for m in pc.get("volumeMounts", [])
+                  if path.startswith(m["mountPath"].rstrip("/") + "/")]
+        if not mounts:
+            return None, None
+        vol = pvolumes.get(mounts[-1]["name"], {})
+        source = vol.get("configMap") or vol.get("secret") or {}
+        key = {i["path"]: i["key"] for i in source.get("items", [])}.get(
+            path[len(mounts[-1]["mountPath"]):].lstrip("/"))
+        return source.get("name") or source.get("secretName"), key
     config = yaml.safe_load(cm["prometheus.yml"])
     jobs = {j["job_name"]: j for j in config.get("scrape_configs", [])}
     need(set(jobs) == {"pstrain-server", "pstrain-worker"},
@@ -204,15 +225,13 @@ if prom is not None and "prometheus.yml" in cm:
                  r.get("source_labels") == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]]
         need(len(keeps) == 1 and keeps[0].get("regex") == job_name,
              "Prometheus job %s does not keep only the %s pods" % (job_name, job_name))
-        ca = tls.get("ca_file", "")
-        ca_mounts = [m for m in pc.get("volumeMounts", [])
-                     if ca.startswith(m["mountPath"].rstrip("/") + "/")]
-        ca_vol = pvolumes.get(ca_mounts[-1]["name"], {}) if ca_mounts else {}
-        need(ca_vol.get("configMap", {}).get("name") == "pstrain-ca" and
-             {"key": "ca.pem", "path": ca[len(ca_mounts[-1]["mountPath"]):].lstrip("/")} in
-             ca_vol["configMap"].get("items", []),
-             "Prometheus job %s: ca_file %s is not ca.pem of the ConfigMap pstrain-ca" %
-             (job_name, ca))
+        for field, want in (("ca_file", ("pstrain-ca", "ca.pem")),
+                            ("cert_file", ("pstrain-prometheus-credentials", "prometheus.pem")),
+                            ("key_file",
+                             ("pstrain-prometheus-credentials", "prometheus-key.pem"))):
+            need(mounted_from(tls.get(field, "")) == want,
+                 "Prometheus job %s: %s %s is not %s of %s" %
+                 (job_name, field, tls.get(field), want[1], want[0]))
 need("pstrain-ca" in by_kind["ConfigMap"], "no ConfigMap pstrain-ca (the CA for Prometheus)")
 need(not by_kind["ConfigMap"].get("pstrain-ca", {}).get("data"),
      "ConfigMap pstrain-ca carries data: it is made from make-certs.sh's ca.pem")

@@ -8,14 +8,23 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 SRC=$1
 PROMTOOL=$(find_tool promtool "$2")
-"$PROMTOOL" check config "$SRC/deploy/prometheus/prometheus.yml"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+# promtool wants the scrape jobs' client certificate and key to exist: check
+# copies of the configs that name stand-ins for the files the containers
+# mount (compose: /etc/prometheus/certs; Kubernetes: also
+# /etc/prometheus/client).
+mkdir -p "$WORK/certs" "$WORK/compose"
+touch "$WORK/certs/ca.pem" "$WORK/certs/prometheus.pem" "$WORK/certs/prometheus-key.pem"
+cp -r "$SRC/deploy/prometheus/prometheus.yml" "$SRC/deploy/prometheus/rules.yml" \
+  "$SRC/deploy/prometheus/targets" "$WORK/compose/"
+sed -i "s|/etc/prometheus/certs/|$WORK/certs/|" "$WORK/compose/prometheus.yml"
+"$PROMTOOL" check config "$WORK/compose/prometheus.yml"
 "$PROMTOOL" check rules "$SRC/deploy/prometheus/rules.yml"
 "$PROMTOOL" test rules "$SRC/tests/deploy/rules_test.yml"
 
 # The Kubernetes ConfigMap carries its own prometheus.yml and a copy of
 # rules.yml: check the first and that the copy has not drifted.
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
 python3 - "$SRC/deploy/k8s/prometheus.yaml" "$WORK" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
@@ -26,7 +35,9 @@ for key in ("prometheus.yml", "rules.yml"):
     body = "".join(l[4:] if l.startswith("    ") else l for l in m.group(1).splitlines(True))
     open("%s/%s" % (sys.argv[2], key), "w").write(body)
 PY
-sed -i 's|/etc/prometheus/rules.yml|rules.yml|' "$WORK/prometheus.yml"
+sed -i -e 's|/etc/prometheus/rules.yml|rules.yml|' \
+  -e "s|/etc/prometheus/certs/|$WORK/certs/|" -e "s|/etc/prometheus/client/|$WORK/certs/|" \
+  "$WORK/prometheus.yml"
 # Debian's promtool is built without Kubernetes service discovery: check the
 # rest (globals, relabelling, rules) with the pod discovery block swapped for
 # an equivalent-shaped file discovery block.

@@ -2,7 +2,8 @@
 // processes on 127.0.0.1 with random free ports, for integration tests. By
 // default the cluster runs as users should run it: TLS with client
 // certificates required (mTLS) and per-role tokens, all made by
-// deploy/local/make-certs.sh; the CLI calls carry the admin's.
+// deploy/local/make-certs.sh; the CLI calls carry the admin's, and every
+// daemon's /metrics wants Prometheus' client certificate (ScrapeMetrics).
 //
 //   LocalCluster cluster({.workers = 2});
 //   ASSERT_TRUE(cluster.Start()) << cluster.Logs();
@@ -51,8 +52,9 @@ class LocalCluster {
   }
 
   std::string coordinator() const { return Address(shard_ports_[0]); }
-  // The /metrics port of server `s` (after Start).
+  // The /metrics port of server `s` and of worker `w` (after Start).
   int server_metrics_port(int s) const { return server_metrics_ports_.at(s); }
+  int worker_metrics_port(int w) const { return worker_metrics_ports_.at(w); }
   const std::string& state_root() const { return state_root_; }
   std::string certs() const { return state_root_ + "/certs"; }
 
@@ -101,11 +103,12 @@ class LocalCluster {
   }
 
   bool AddWorker() {
+    worker_metrics_ports_.push_back(FreePort());
     std::vector<std::string> argv = {BinPath("pstrain-worker"),
                                      "--server",
                                      coordinator(),
                                      "--metrics-port",
-                                     absl::StrCat(FreePort()),
+                                     absl::StrCat(worker_metrics_ports_.back()),
                                      "--device",
                                      "cpu",
                                      "--threads",
@@ -113,7 +116,7 @@ class LocalCluster {
     if (options_.secure) {
       argv.insert(argv.end(), {"--tls-ca", certs() + "/ca.pem", "--tls-cert",
                                certs() + "/worker.pem", "--tls-key", certs() + "/worker-key.pem",
-                               "--token-file", certs() + "/worker.token"});
+                               "--require-client-cert", "--token-file", certs() + "/worker.token"});
     }
     argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
     workers_.push_back(std::make_unique<ChildProcess>(argv));
@@ -175,6 +178,24 @@ class LocalCluster {
     return RunCommand(argv, timeout);
   }
 
+  // curl of the /metrics on 127.0.0.1:`metrics_port`, as Prometheus scrapes
+  // it: on a secure cluster HTTPS verified against the cluster's CA, with
+  // Prometheus' client certificate unless !client_certificate; plain HTTP
+  // otherwise. exit_code 0 and the metrics text, or curl's error.
+  CommandResult ScrapeMetrics(int metrics_port, bool client_certificate = true) const {
+    std::vector<std::string> argv = {"/usr/bin/curl", "-sf", "--max-time", "10"};
+    if (options_.secure) {
+      argv.insert(argv.end(), {"--cacert", certs() + "/ca.pem"});
+      if (client_certificate) {
+        argv.insert(argv.end(), {"--cert", certs() + "/prometheus.pem", "--key",
+                                 certs() + "/prometheus-key.pem"});
+      }
+    }
+    argv.push_back(absl::StrCat(options_.secure ? "https" : "http", "://127.0.0.1:",
+                                metrics_port, "/metrics"));
+    return RunCommand(argv);
+  }
+
   // Everything the processes printed, for failure messages.
   std::string Logs() const {
     std::string out;
@@ -195,6 +216,7 @@ class LocalCluster {
   std::string state_root_;
   std::vector<int> shard_ports_;
   std::vector<int> server_metrics_ports_;
+  std::vector<int> worker_metrics_ports_;
   std::vector<std::unique_ptr<ChildProcess>> servers_;
   std::vector<std::vector<std::string>> server_argv_;
   std::vector<std::unique_ptr<ChildProcess>> dead_;  // Killed by RestartServer.

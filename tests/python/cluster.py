@@ -50,7 +50,8 @@ class LocalCluster:
                 self._bin("pstrain-worker"), "--server", self.address,
                 "--metrics-port", str(free_port()), "--device", "cpu", "--threads", "1",
                 "--tls-ca", f"{c}/ca.pem", "--tls-cert", f"{c}/worker.pem",
-                "--tls-key", f"{c}/worker-key.pem", "--token-file", f"{c}/worker.token"])
+                "--tls-key", f"{c}/worker-key.pem", "--require-client-cert",
+                "--token-file", f"{c}/worker.token"])
         for w in range(self.num_workers):
             self.wait_for_log(f"worker{w}", "registered", 60)
         return self

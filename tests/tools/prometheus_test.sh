@@ -3,9 +3,12 @@
 # 127.0.0.1 train a small Fashion-MNIST job while a real Prometheus (Debian's
 # `prometheus`) scrapes all three every second, the way a cluster runs: TLS,
 # mTLS and tokens on gRPC (deploy/local/make-certs.sh) and /metrics over
-# HTTPS, which Prometheus verifies against the cluster's CA. Checks:
+# HTTPS, which Prometheus verifies against the cluster's CA and reaches with
+# its own client certificate (every daemon runs --require-client-cert).
+# Checks:
 #  1. the /metrics text of the server and of a worker passes
-#     `promtool check metrics` (lint problems fail the test);
+#     `promtool check metrics` (lint problems fail the test), and neither
+#     answers a scraper without a client certificate;
 #  2. through Prometheus's HTTP API (/api/v1/query), samples/s, the model
 #     version and the push latency exist for every target that has them and
 #     change while the job trains; the worker says whether it has a GPU.
@@ -62,7 +65,7 @@ for w in 1 2; do
   mport=$W1; [[ $w == 2 ]] && mport=$W2
   "$BIN/pstrain-worker" --server "$SERVER" --metrics-port "$mport" --device cpu --threads 1 \
     --tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/worker.pem" --tls-key "$CERTS/worker-key.pem" \
-    --token-file "$CERTS/worker.token" >"$WORK/worker$w.log" 2>&1 &
+    --require-client-cert --token-file "$CERTS/worker.token" >"$WORK/worker$w.log" 2>&1 &
   PIDS+=($!)
 done
 wait_for "$WORK/worker1.log" "registered" 60
@@ -75,11 +78,13 @@ global:
 scrape_configs:
   - job_name: pstrain-server
     scheme: https
-    tls_config: {ca_file: "$CERTS/ca.pem"}
+    tls_config: {ca_file: "$CERTS/ca.pem", cert_file: "$CERTS/prometheus.pem",
+                 key_file: "$CERTS/prometheus-key.pem"}
     static_configs: [{targets: ["127.0.0.1:$SM"]}]
   - job_name: pstrain-worker
     scheme: https
-    tls_config: {ca_file: "$CERTS/ca.pem"}
+    tls_config: {ca_file: "$CERTS/ca.pem", cert_file: "$CERTS/prometheus.pem",
+                 key_file: "$CERTS/prometheus-key.pem"}
     static_configs: [{targets: ["127.0.0.1:$W1", "127.0.0.1:$W2"]}]
 YAML
 promtool check config "$WORK/prometheus.yml" >/dev/null
@@ -103,12 +108,17 @@ wait_for "$WORK/worker1.log" "epoch 1/" 300
 
 # 1. promtool lint on live text (after training started, so every series exists).
 for port in "$SM" "$W1"; do
-  curl -sf --cacert "$CERTS/ca.pem" "https://127.0.0.1:$port/metrics" >"$WORK/metrics-$port.txt"
+  if curl -sf --max-time 5 --cacert "$CERTS/ca.pem" "https://127.0.0.1:$port/metrics" \
+    >/dev/null 2>&1; then
+    echo "FAIL: /metrics on 127.0.0.1:$port answered a scraper without a client certificate"; exit 1
+  fi
+  curl -sf --cacert "$CERTS/ca.pem" --cert "$CERTS/prometheus.pem" \
+    --key "$CERTS/prometheus-key.pem" "https://127.0.0.1:$port/metrics" >"$WORK/metrics-$port.txt"
   if ! promtool check metrics <"$WORK/metrics-$port.txt" >"$WORK/promtool-$port.txt" 2>&1; then
     echo "FAIL: promtool check metrics on 127.0.0.1:$port:"; cat "$WORK/promtool-$port.txt"; exit 1
   fi
 done
-echo "ok: promtool check metrics passes for the server and a worker (HTTPS)"
+echo "ok: promtool check metrics passes for the server and a worker (HTTPS, client certificate)"
 # Plain HTTP on the TLS port gets nothing.
 if curl -sf --max-time 5 "http://127.0.0.1:$SM/metrics" >/dev/null 2>&1; then
   echo "FAIL: /metrics answered plain HTTP while serving TLS"; exit 1
