@@ -85,9 +85,18 @@ std::optional<int64_t> TestSetBound(const v1::JobSpec& job);
 // default averaging frequency.
 inline constexpr int kDefaultAveragingFrequency = 5;
 
-// Fills the fields whose 0 means "the default": workers (1) and, in average
-// mode, averaging_frequency (kDefaultAveragingFrequency). The coordinator
-// applies it to every submitted job, so the stored spec says what runs.
+// The job's consistency mode, CONSISTENCY_UNSPECIFIED read as the default,
+// CONSISTENCY_SYNC: the one place that says so. The coordinator's specs
+// have it set (ApplyJobDefaults); code that may see a spec as a user or a
+// peer wrote it (validation, the shards and workers that take specs over
+// the wire) asks here instead of guessing.
+v1::ConsistencyMode ConsistencyModeOf(const v1::JobSpec& job);
+
+// Fills the fields whose 0 means "the default": workers (1), mode
+// (ConsistencyModeOf) and, in average mode, averaging_frequency
+// (kDefaultAveragingFrequency). The coordinator applies it to every
+// submitted job and to every job it loads, so the stored spec says what
+// runs and the shards and workers never guess.
 void ApplyJobDefaults(v1::JobSpec* job);
 
 // Serialises a job back to JSON (for logs and checkpoints).
