@@ -1,7 +1,7 @@
 #include "common/job_state.h"
 
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace pstrain {
 
