@@ -19,7 +19,6 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -41,13 +40,6 @@ enum class Phase {
 };
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
-
-// "job-12" -> 12; 0 when the id has another form.
-int64_t IdNumber(const std::string& id, const std::string& prefix) {
-  int64_t n = 0;
-  if (!absl::StartsWith(id, prefix) || !absl::SimpleAtoi(id.substr(prefix.size()), &n)) return 0;
-  return n;
-}
 
 // `text` cut to at most `max_bytes` (a note says so).
 std::string Truncated(const std::string& text, int max_bytes) {
@@ -83,15 +75,6 @@ std::string RunningReason(const v1::JobStatus& s, size_t members, bool resumed,
 // ---------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------
-
-struct Coordinator::Worker {
-  std::string id;
-  v1::WorkerInfo info;
-  std::string job_id;        // The job it trains (an unfinished member), or "".
-  std::string finished_job;  // The last job it finished training.
-  absl::Time last_heartbeat;
-  bool alive = true;
-};
 
 // One job of the registry. Its runs come and go (server/job_run.h); its
 // status, history and place in the queue stay.
@@ -178,7 +161,12 @@ Coordinator::Coordinator(Options options, ShardController* shards)
                           .cut_wait = options_.cut_wait,
                           .clock = options_.clock,
                           .log = [this](const std::string& line) { Log(line); }},
-                         shards, &checkpointer_) {
+                         shards, &checkpointer_),
+      workers_({.max_workers = options_.max_workers,
+                .heartbeat_timeout = options_.heartbeat_timeout,
+                .forget_dead_after = options_.forget_dead_workers_after,
+                .save_next_id = [this](int64_t next) { return store_.SaveNextWorkerId(next); },
+                .log = [this](const std::string& line) { Log(line); }}) {
   absl::MutexLock lock(&mu_);
   shard_addresses_ = options_.shard_addresses;
 }
@@ -210,7 +198,7 @@ absl::Status Coordinator::LoadState() {
   PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> saved, store_.LoadJobs());
   PSTRAIN_ASSIGN_OR_RETURN(const int64_t next_worker, store_.LoadNextWorkerId());
   absl::MutexLock lock(&mu_);
-  next_worker_ = next_worker;
+  workers_.set_next_id(next_worker);
   for (v1::JobStatus& status : saved) {
     const std::string id = status.job_id();
     next_job_ = std::max(next_job_, IdNumber(id, "job-") + 1);
@@ -409,8 +397,6 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 // Workers
 // ---------------------------------------------------------------------------
 
-absl::Status Coordinator::SaveNextWorkerId() { return store_.SaveNextWorkerId(next_worker_); }
-
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::WorkerInfo& info, const std::string& previous_worker_id) {
   PSTRAIN_RETURN_IF_ERROR(CheckId("previous_worker_id", previous_worker_id));
@@ -420,32 +406,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
                                                    options_.max_worker_info_bytes, " are allowed"));
   }
   absl::MutexLock lock(&mu_);
-  if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) ForgetDeadWorkers();
-  if (static_cast<int64_t>(workers_.size()) >= options_.max_workers) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(workers_.size(),
-                     " workers are registered, the most this server takes "
-                     "(--max-workers)"));
-  }
-  auto worker = std::make_unique<Worker>();
-  // The caller's previous id when this state directory issued it and it is
-  // free (the caller registers again after a restart); else a new one.
-  const int64_t previous = IdNumber(previous_worker_id, "worker-");
-  if (previous > 0 && previous < next_worker_ &&
-      previous_worker_id == absl::StrCat("worker-", previous) &&
-      workers_.count(previous_worker_id) == 0) {
-    worker->id = previous_worker_id;
-  } else {
-    worker->id = absl::StrCat("worker-", next_worker_++);
-    // Saved before the id is handed out: never issued twice.
-    if (absl::Status saved = SaveNextWorkerId(); !saved.ok()) {
-      --next_worker_;
-      return absl::UnavailableError(
-          absl::StrCat("cannot save the worker id counter: ", saved.message()));
-    }
-  }
-  worker->info = info;
-  worker->last_heartbeat = Now();
+  PSTRAIN_ASSIGN_OR_RETURN(RegisteredWorker * worker,
+                           workers_.Register(info, previous_worker_id, Now()));
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker->id);
   response.set_heartbeat_interval_ms(
@@ -454,7 +416,6 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   Log(absl::StrCat(worker->id,
                    worker->id == previous_worker_id ? ": registered again (" : ": registered (",
                    info.hostname(), ", ", info.backend(), ")"));
-  workers_[worker->id] = std::move(worker);
   RefreshQueueReasons();
   Wake();
   return response;
@@ -469,15 +430,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   v1::HeartbeatResponse response;
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) {
+  RegisteredWorker* found = workers_.Find(worker_id);
+  if (found == nullptr) {
     response.set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
     return response;
   }
-  Worker& worker = *it->second;
-  worker.last_heartbeat = Now();
-  if (!worker.alive) {
-    worker.alive = true;
+  RegisteredWorker& worker = *found;
+  if (workers_.Heard(worker, Now())) {
     Log(absl::StrCat(worker_id, ": heartbeats again; back in the pool"));
     RefreshQueueReasons();
     Wake();
@@ -521,13 +480,13 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
   PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", report.worker_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", report.job_id()));
   absl::MutexLock lock(&mu_);
-  auto wit = workers_.find(report.worker_id());
-  if (wit == workers_.end()) {
+  RegisteredWorker* worker = workers_.Find(report.worker_id());
+  if (worker == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", report.worker_id(), "'; register again"));
   }
   PSTRAIN_ASSIGN_OR_RETURN(Job * job, JobOrNotFound(report.job_id()));
-  wit->second->last_heartbeat = Now();
+  worker->last_heartbeat = Now();
   RunMember* member = job->run == nullptr ? nullptr : job->run->FindMember(report.worker_id());
   if (job->phase == Phase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
   if (member == nullptr || job->phase == Phase::kQueued || job->phase == Phase::kStarting) {
@@ -537,12 +496,12 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     return true;  // A replaced run: its worker stops; nothing it says counts.
   }
   if (member->finished) return false;
-  PSTRAIN_RETURN_IF_ERROR(ApplyProgress(*job, *wit->second, *member, report));
+  PSTRAIN_RETURN_IF_ERROR(ApplyProgress(*job, *worker, *member, report));
   Touch(*job);
   return job->phase == Phase::kDone;
 }
 
-absl::Status Coordinator::ApplyProgress(Job& job, Worker& worker, RunMember& member,
+absl::Status Coordinator::ApplyProgress(Job& job, RegisteredWorker& worker, RunMember& member,
                                         const v1::ReportProgressRequest& report) {
   const int epochs = job.status.spec().epochs();
   if (!report.error().empty()) {
@@ -581,8 +540,8 @@ absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlan
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", request.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", request.run_id()));
   absl::MutexLock lock(&mu_);
-  auto wit = workers_.find(request.worker_id());
-  if (wit == workers_.end()) {
+  RegisteredWorker* worker = workers_.Find(request.worker_id());
+  if (worker == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
   }
@@ -591,7 +550,7 @@ absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlan
     return absl::FailedPreconditionError(absl::StrCat(request.job_id(), " is not running"));
   }
   PSTRAIN_RETURN_IF_ERROR(job->run->CheckPlanRequest(request));
-  wit->second->last_heartbeat = Now();
+  worker->last_heartbeat = Now();
   PSTRAIN_ASSIGN_OR_RETURN(v1::EpochPlanResponse response, job->run->Plan(request));
   job->run->CountEpochSamples(&job->status);
   Touch(*job);
@@ -613,21 +572,7 @@ absl::Status Coordinator::CheckEvalShard(const Job& job,
 
 std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::pair<int64_t, v1::WorkerStatus>> rows;
-  for (const auto& [id, w] : workers_) {
-    v1::WorkerStatus s;
-    s.set_worker_id(id);
-    *s.mutable_info() = w->info;
-    s.set_job_id(w->job_id);
-    s.set_last_heartbeat_unix_ms(ToUnixMs(w->last_heartbeat));
-    s.set_alive(w->alive);
-    rows.emplace_back(IdNumber(id, "worker-"), std::move(s));
-  }
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<v1::WorkerStatus> out;
-  for (auto& [n, s] : rows) out.push_back(std::move(s));
-  return out;
+  return workers_.List();
 }
 
 CoordinatorStats Coordinator::Stats() const {
@@ -641,10 +586,8 @@ CoordinatorStats Coordinator::Stats() const {
     stats.jobs_by_state[job->status.state()]++;
     if (job->phase == Phase::kRunning) stats.stragglers += job->status.stragglers_size();
   }
-  for (const auto& [id, w] : workers_) {
-    stats.workers_registered++;
-    if (w->alive) stats.workers_alive++;
-  }
+  stats.workers_registered = workers_.size();
+  stats.workers_alive = workers_.AliveCount();
   stats.max_model_version = max_model_version_;
   return stats;
 }
@@ -666,40 +609,8 @@ absl::StatusOr<Coordinator::Job*> Coordinator::JobOrNotFound(const std::string& 
 
 void Coordinator::Touch(Job& job) { job.revision++; }
 
-int Coordinator::IdleLiveWorkers() const {
-  int n = 0;
-  for (const auto& [id, w] : workers_) {
-    if (w->alive && w->job_id.empty()) ++n;
-  }
-  return n;
-}
-
-void Coordinator::FreeWorkers(const Job& job, const std::vector<std::string>& worker_ids) {
-  for (const std::string& id : worker_ids) {
-    auto it = workers_.find(id);
-    if (it != workers_.end() && it->second->job_id == job.status.job_id()) {
-      it->second->job_id.clear();
-    }
-  }
-}
-
-void Coordinator::ForgetDeadWorkers() {
-  const absl::Time now = Now();
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    const Worker& w = *it->second;
-    if (!w.alive && w.job_id.empty() &&
-        now - w.last_heartbeat > options_.forget_dead_workers_after) {
-      Log(absl::StrCat(it->first, ": forgotten (no heartbeat for ",
-                       absl::FormatDuration(now - w.last_heartbeat), ")"));
-      it = workers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 void Coordinator::RefreshQueueReasons() {
-  const int idle = IdleLiveWorkers();
+  const int idle = workers_.IdleCount();
   for (Job* job : job_order_) {
     if (job->phase != Phase::kQueued) continue;
     const int wanted = job->status.spec().workers();
@@ -723,7 +634,7 @@ void Coordinator::Finish(Job& job, v1::JobState state, const std::string& reason
   job.status.clear_workers();
   job.status.clear_stragglers();
   job.phase = Phase::kDone;
-  if (job.run != nullptr) FreeWorkers(job, job.run->MemberIds());
+  if (job.run != nullptr) workers_.Free(job.status.job_id(), job.run->MemberIds());
   Touch(job);
   RefreshQueueReasons();
   Log(absl::StrCat(job.status.job_id(), ": ", JobStateName(state), " (", reason, ")"));
@@ -750,7 +661,7 @@ void Coordinator::RemoveMember(Job& job, const std::string& worker_id, const std
 }
 
 void Coordinator::RequeueRun(Job& job, const std::string& why) {
-  if (job.run != nullptr) FreeWorkers(job, job.run->ReleaseMembers());
+  if (job.run != nullptr) workers_.Free(job.status.job_id(), job.run->ReleaseMembers());
   job.phase = Phase::kQueued;
   job.status.set_state(v1::JOB_STATE_QUEUED);
   job.status.clear_workers();
@@ -771,7 +682,7 @@ void Coordinator::ReformIfWorkersWait(Job& job, int epoch) {
     if (other == &job) break;
     if (other->phase == Phase::kQueued) return;
   }
-  const size_t idle = static_cast<size_t>(IdleLiveWorkers());
+  const size_t idle = static_cast<size_t>(workers_.IdleCount());
   if (members + idle < wanted) return;
   RequeueRun(job, absl::StrCat("re-forming with ", wanted, " workers at the end of epoch ", epoch,
                                " (", members, " left, ", idle,
@@ -810,27 +721,21 @@ void Coordinator::Tick() {
 void Coordinator::DropDeadWorkers() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
-  for (auto& [id, w] : workers_) {
-    if (!w->alive || now - w->last_heartbeat <= options_.heartbeat_timeout) continue;
-    w->alive = false;
-    Log(absl::StrCat(id, ": no heartbeat for ", absl::FormatDuration(now - w->last_heartbeat),
-                     "; marked dead"));
+  for (RegisteredWorker* w : workers_.Overdue(now)) {
+    workers_.MarkDead(*w, now);
     if (Job* job = FindJob(w->job_id); job != nullptr && job->phase == Phase::kRunning) {
-      RemoveMember(*job, id, "missed heartbeats");
+      RemoveMember(*job, w->id, "missed heartbeats");
     }
     w->job_id.clear();
   }
-  ForgetDeadWorkers();
+  workers_.ForgetDead(now);
   RefreshQueueReasons();
 }
 
 void Coordinator::FindStragglers() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
-  std::set<std::string> silent;  // For three heartbeat intervals.
-  for (const auto& [id, w] : workers_) {
-    if (now - w->last_heartbeat > 3 * options_.heartbeat_interval) silent.insert(id);
-  }
+  const std::set<std::string> silent = workers_.Silent(3 * options_.heartbeat_interval, now);
   const StragglerPolicy policy{.report_after = options_.straggler_report_after,
                                .timeout = options_.straggler_timeout};
   for (Job* job : job_order_) {
@@ -838,8 +743,7 @@ void Coordinator::FindStragglers() {
     const StragglerScan scan = job->run->FindStragglers(now, policy, silent);
     ListStragglers(*job, scan.listed);
     for (const Straggler& s : scan.to_drop) {
-      auto w = workers_.find(s.worker_id);
-      if (w != workers_.end()) w->second->job_id.clear();
+      if (RegisteredWorker* w = workers_.Find(s.worker_id); w != nullptr) w->job_id.clear();
       job->status.set_stragglers_dropped(job->status.stragglers_dropped() + 1);
       RemoveMember(*job, s.worker_id,
                    absl::StrCat("a straggler: ", s.run_steps, " steps while the others reached ",
@@ -974,12 +878,7 @@ void Coordinator::StartQueuedJobs() {
 }
 
 std::vector<Coordinator::StartWork> Coordinator::ReserveWorkers() {
-  std::vector<std::pair<int64_t, Worker*>> idle;
-  for (auto& [id, w] : workers_) {
-    if (w->alive && w->job_id.empty()) idle.emplace_back(IdNumber(id, "worker-"), w.get());
-  }
-  std::sort(idle.begin(), idle.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::vector<RegisteredWorker*> idle = workers_.IdleByNumber();
   size_t next_idle = 0;
   std::vector<StartWork> starts;
   for (Job* job : job_order_) {
@@ -994,7 +893,7 @@ std::vector<Coordinator::StartWork> Coordinator::ReserveWorkers() {
     work.resume = job->has_checkpoint;
     work.step_before = job->status.step();
     for (size_t r = 0; r < wanted; ++r) {
-      Worker* w = idle[next_idle++].second;
+      RegisteredWorker* w = idle[next_idle++];
       w->job_id = work.job_id;
       work.members.push_back(w->id);
     }

@@ -114,6 +114,7 @@
 #include "server/job_run.h"
 #include "server/job_store.h"
 #include "server/shard_controller.h"
+#include "server/worker_registry.h"
 
 namespace pstrain {
 
@@ -276,7 +277,6 @@ class Coordinator {
   void SetShardAddresses(std::vector<std::string> addresses);
 
  private:
-  struct Worker;
   struct Job;
   // Shard work decided under the lock and carried out without it.
   struct StartWork;
@@ -290,8 +290,6 @@ class Coordinator {
   // queued again (or failed, when it no longer validates) when not.
   std::unique_ptr<Job> RestoreJob(v1::JobStatus status) const;
   void RestoreHistory(Job& job) const;
-  // Saves next_worker_ (JobStore).
-  absl::Status SaveNextWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves every status and history that changed since it was last saved.
   void PersistChangedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -310,16 +308,10 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member's progress report (figures, its test shard or its error).
-  absl::Status ApplyProgress(Job& job, Worker& worker, RunMember& member,
+  absl::Status ApplyProgress(Job& job, RegisteredWorker& worker, RunMember& member,
                              const v1::ReportProgressRequest& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int IdleLiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The workers among `worker_ids` that train `job` train nothing now.
-  void FreeWorkers(const Job& job, const std::vector<std::string>& worker_ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes workers dead and idle for forget_dead_workers_after.
-  void ForgetDeadWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Job& job, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
@@ -396,9 +388,8 @@ class Coordinator {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   // Every job of jobs_ in submission order (jobs are never erased).
   std::vector<Job*> job_order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.
