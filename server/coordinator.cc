@@ -31,16 +31,6 @@
 namespace pstrain {
 namespace {
 
-enum class Phase {
-  kQueued,      // Waiting for workers.
-  kStarting,    // Workers reserved; shards being configured (inside Tick).
-  kRunning,     // Assignments published.
-  kFinalizing,  // Every member finished; final checkpoint being written.
-  kDone,        // Terminal state.
-};
-
-int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
-
 // `text` cut to at most `max_bytes` (a note says so).
 std::string Truncated(const std::string& text, int max_bytes) {
   if (static_cast<int64_t>(text.size()) <= max_bytes) return text;
@@ -53,58 +43,11 @@ uint64_t RandomIncarnation() {
   return absl::Uniform<uint64_t>(bits);
 }
 
-// JobStatus.reason of a run that just started.
-std::string RunningReason(const v1::JobStatus& s, size_t members, bool resumed,
-                          DataPosition start) {
-  std::string reason = absl::StrCat("training on ", members, " worker", members == 1 ? "" : "s");
-  if (s.runs() <= 1) return reason;
-  if (resumed) {
-    absl::StrAppend(&reason, " (run ", s.runs(), ", resumed from the checkpoint of epoch ",
-                    start.epoch, ", step ", start.step, "; ", s.steps_lost(),
-                    " steps lost so far)");
-  } else {
-    absl::StrAppend(&reason, " (run ", s.runs(),
-                    ", started again from the beginning: no checkpoint yet; ", s.steps_lost(),
-                    " steps lost so far)");
-  }
-  return reason;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------
-
-// One job of the registry. Its runs come and go (server/job_run.h); its
-// status, history and place in the queue stay.
-struct Coordinator::Job {
-  v1::JobStatus status;
-  ModelGraph graph;
-  Phase phase = Phase::kQueued;
-  // The current run: set while kStarting, kRunning and kFinalizing, and
-  // after one ended (kDone, or kQueued again: the last run, whose
-  // generation the next one goes on from). Null before the first start.
-  std::unique_ptr<JobRun> run;
-  bool shards_configured = false;  // The shards hold the job (DropJob when done).
-  bool save_on_stop = false;       // Save the model before dropping it (cancel).
-  bool has_checkpoint = false;
-  int64_t revision = 1;
-  int64_t persisted_revision = 0;
-  v1::JobHistory history;
-  int64_t history_revision = 0;  // Bumped with every change to `history`.
-  int64_t persisted_history_revision = 0;
-};
-
-struct Coordinator::StartWork {
-  std::string job_id;
-  v1::JobSpec spec;
-  ModelGraph graph;
-  std::vector<std::string> members;
-  int64_t generation = 0;
-  bool resume = false;
-  int64_t step_before = 0;  // The job's step when it was interrupted (resume).
-};
 
 // The shards' start of a run, and the data position it trains from.
 struct Coordinator::RunLaunch {
@@ -202,7 +145,7 @@ absl::Status Coordinator::LoadState() {
   for (v1::JobStatus& status : saved) {
     const std::string id = status.job_id();
     next_job_ = std::max(next_job_, IdNumber(id, "job-") + 1);
-    std::unique_ptr<Job> job = RestoreJob(std::move(status));
+    std::unique_ptr<JobRecord> job = RestoreJob(std::move(status));
     job_order_.push_back(job.get());
     jobs_[id] = std::move(job);
   }
@@ -210,41 +153,20 @@ absl::Status Coordinator::LoadState() {
   return absl::OkStatus();
 }
 
-std::unique_ptr<Coordinator::Job> Coordinator::RestoreJob(v1::JobStatus status) const {
+std::unique_ptr<JobRecord> Coordinator::RestoreJob(v1::JobStatus status) const {
   const std::string id = status.job_id();
-  auto job = std::make_unique<Job>();
-  job->status = std::move(status);
   // A status saved before ApplyJobDefaults set the mode says what runs now.
-  ApplyJobDefaults(job->status.mutable_spec());
+  ApplyJobDefaults(status.mutable_spec());
   checkpointer_.RemoveOrphans(id);
-  job->has_checkpoint = checkpointer_.HasCheckpoint(id);
-  job->persisted_revision = job->revision;
-  const v1::JobState state = job->status.state();
   // A job that would run again is checked like a new one (this server's
   // limits may be lower than those it was accepted under), so that a job
   // that cannot run fails here instead of taking the server down.
-  absl::StatusOr<ModelGraph> graph = IsTerminal(state) ? BuildModelGraph(job->status.spec().model())
-                                                       : ValidateJob(job->status.spec());
-  if (graph.ok()) job->graph = *std::move(graph);
-  if (IsTerminal(state)) {
-    job->phase = Phase::kDone;
-  } else if (!graph.ok()) {
-    job->phase = Phase::kDone;
-    job->status.set_state(v1::JOB_STATE_FAILED);
-    job->status.set_reason(
-        absl::StrCat("server restarted and the saved job is invalid: ", graph.status().message()));
-    job->status.set_finished_unix_ms(ToUnixMs(Now()));
-    job->revision++;
-  } else {
-    job->phase = Phase::kQueued;
-    job->status.set_state(v1::JOB_STATE_QUEUED);
-    job->status.clear_workers();
-    job->status.set_reason(job->has_checkpoint
-                               ? absl::StrCat("server restarted; resumes from the checkpoint "
-                                              "of epoch ",
-                                              job->status.epoch())
-                               : "server restarted; restarts from the beginning");
-    job->revision++;
+  absl::StatusOr<ModelGraph> graph = IsTerminal(status.state())
+                                         ? BuildModelGraph(status.spec().model())
+                                         : ValidateJob(status.spec());
+  auto job = std::make_unique<JobRecord>(std::move(status), std::move(graph),
+                                         checkpointer_.HasCheckpoint(id), Now());
+  if (job->phase == JobPhase::kQueued) {
     Log(absl::StrCat(id, ": re-queued after a restart (",
                      job->has_checkpoint ? "from its checkpoint" : "from scratch", ")"));
   }
@@ -252,7 +174,7 @@ std::unique_ptr<Coordinator::Job> Coordinator::RestoreJob(v1::JobStatus status) 
   return job;
 }
 
-void Coordinator::RestoreHistory(Job& job) const {
+void Coordinator::RestoreHistory(JobRecord& job) const {
   const std::string& id = job.status.job_id();
   // The history is for reading back only: one that cannot be read costs
   // the curves, never the job.
@@ -304,7 +226,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
   {
     absl::MutexLock lock(&mu_);
     int queued = 0;
-    for (const Job* job : job_order_) queued += job->phase == Phase::kQueued ? 1 : 0;
+    for (const JobRecord* job : job_order_) queued += job->phase == JobPhase::kQueued ? 1 : 0;
     if (queued >= options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat(queued,
@@ -312,15 +234,8 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
                        "submit again once some have started"));
     }
     job_id = absl::StrCat("job-", next_job_++);
-    auto job = std::make_unique<Job>();
-    job->graph = std::move(graph);
-    job->status.set_job_id(job_id);
-    job->history.set_job_id(job_id);
-    job->status.set_name(spec.name());
-    job->status.set_state(v1::JOB_STATE_QUEUED);
-    *job->status.mutable_spec() = std::move(spec);
-    job->status.set_submitted_unix_ms(ToUnixMs(Now()));
-    const Job& queued_job = *job;
+    auto job = std::make_unique<JobRecord>(job_id, std::move(spec), std::move(graph), Now());
+    const JobRecord& queued_job = *job;
     job_order_.push_back(job.get());
     jobs_[job_id] = std::move(job);
     RefreshQueueReasons();
@@ -334,14 +249,14 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
 absl::StatusOr<v1::JobStatus> Coordinator::GetJob(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const Job* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
   return job->status;
 }
 
 absl::StatusOr<v1::JobHistory> Coordinator::GetJobHistory(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const Job* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
   return job->history;
 }
 
@@ -357,9 +272,9 @@ absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) 
   v1::JobStatus status;
   {
     absl::MutexLock lock(&mu_);
-    PSTRAIN_ASSIGN_OR_RETURN(Job * job, JobOrNotFound(job_id));
-    if (job->phase == Phase::kDone) return job->status;
-    const bool was_running = job->phase == Phase::kRunning;
+    PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(job_id));
+    if (job->phase == JobPhase::kDone) return job->status;
+    const bool was_running = job->phase == JobPhase::kRunning;
     Finish(*job, v1::JOB_STATE_CANCELLED, "cancelled by user");
     // The last model is kept: save it before the shards forget the job.
     job->save_on_stop = was_running && job->shards_configured;
@@ -375,7 +290,7 @@ absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_i
                                                         absl::Time deadline) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const Job* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
   // Jobs are never erased, so `job` stays valid while we wait.
   auto changed = [job, after_revision] { return job->revision > after_revision; };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
@@ -385,7 +300,7 @@ absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_i
 absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const Job* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
   if (!job->has_checkpoint) {
     return absl::FailedPreconditionError(absl::StrCat(job_id, " has no checkpoint yet (state ",
                                                       JobStateName(job->status.state()), ")"));
@@ -442,9 +357,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
     Wake();
   }
   // The run whose assignment is published for this worker, if any.
-  const Job* current = nullptr;
+  const JobRecord* current = nullptr;
   RunMember* member = nullptr;
-  if (Job* job = FindJob(worker.job_id); job != nullptr && job->phase == Phase::kRunning) {
+  if (JobRecord* job = FindJob(worker.job_id); job != nullptr && job->phase == JobPhase::kRunning) {
     member = job->run->FindMember(worker_id);
     if (member != nullptr && member->finished) member = nullptr;
     if (member != nullptr) current = job;
@@ -485,11 +400,11 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", report.worker_id(), "'; register again"));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(Job * job, JobOrNotFound(report.job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(report.job_id()));
   worker->last_heartbeat = Now();
   RunMember* member = job->run == nullptr ? nullptr : job->run->FindMember(report.worker_id());
-  if (job->phase == Phase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
-  if (member == nullptr || job->phase == Phase::kQueued || job->phase == Phase::kStarting) {
+  if (job->phase == JobPhase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
+  if (member == nullptr || job->phase == JobPhase::kQueued || job->phase == JobPhase::kStarting) {
     return true;
   }
   if (!report.run_id().empty() && report.run_id() != job->run->run_id()) {
@@ -497,11 +412,11 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
   }
   if (member->finished) return false;
   PSTRAIN_RETURN_IF_ERROR(ApplyProgress(*job, *worker, *member, report));
-  Touch(*job);
-  return job->phase == Phase::kDone;
+  job->Touch();
+  return job->phase == JobPhase::kDone;
 }
 
-absl::Status Coordinator::ApplyProgress(Job& job, RegisteredWorker& worker, RunMember& member,
+absl::Status Coordinator::ApplyProgress(JobRecord& job, RegisteredWorker& worker, RunMember& member,
                                         const v1::ReportProgressRequest& report) {
   const int epochs = job.status.spec().epochs();
   if (!report.error().empty()) {
@@ -517,19 +432,14 @@ absl::Status Coordinator::ApplyProgress(Job& job, RegisteredWorker& worker, RunM
                                                    "] or step ", report.step(), " is negative"));
   }
   if (report.finished()) PSTRAIN_RETURN_IF_ERROR(CheckEvalShard(job, report));
-  job.run->RecordProgress(member, report, epochs);
+  const int old_epoch = job.status.epoch();
+  job.RecordProgress(member, report, options_.max_history_points, Now());
   if (report.finished()) {
     worker.job_id.clear();
     worker.finished_job = job.status.job_id();
     Log(absl::StrCat(job.status.job_id(), ": ", report.worker_id(), " finished (",
                      report.eval_shard().samples(), " test samples)"));
     RefreshQueueReasons();
-  }
-  const int old_epoch = job.status.epoch();
-  job.run->Aggregate(&job.status);
-  if (!report.finished() &&
-      job.run->RecordHistory(job.status, options_.max_history_points, Now(), &job.history)) {
-    job.history_revision++;
   }
   if (report.finished() || job.status.epoch() != old_epoch) Wake();
   return absl::OkStatus();
@@ -545,19 +455,19 @@ absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlan
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(Job * job, JobOrNotFound(request.job_id()));
-  if (job->phase != Phase::kRunning || !job->run->launched()) {
+  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(request.job_id()));
+  if (job->phase != JobPhase::kRunning || !job->run->launched()) {
     return absl::FailedPreconditionError(absl::StrCat(request.job_id(), " is not running"));
   }
   PSTRAIN_RETURN_IF_ERROR(job->run->CheckPlanRequest(request));
   worker->last_heartbeat = Now();
   PSTRAIN_ASSIGN_OR_RETURN(v1::EpochPlanResponse response, job->run->Plan(request));
   job->run->CountEpochSamples(&job->status);
-  Touch(*job);
+  job->Touch();
   return response;
 }
 
-absl::Status Coordinator::CheckEvalShard(const Job& job,
+absl::Status Coordinator::CheckEvalShard(const JobRecord& job,
                                          const v1::ReportProgressRequest& report) const {
   const std::optional<int64_t> test_set = TestSetBound(job.status.spec());
   EvalShardBudget budget;
@@ -582,9 +492,9 @@ CoordinatorStats Coordinator::Stats() const {
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     stats.jobs_by_state[s] = 0;
   }
-  for (const Job* job : job_order_) {
+  for (const JobRecord* job : job_order_) {
     stats.jobs_by_state[job->status.state()]++;
-    if (job->phase == Phase::kRunning) stats.stragglers += job->status.stragglers_size();
+    if (job->phase == JobPhase::kRunning) stats.stragglers += job->status.stragglers_size();
   }
   stats.workers_registered = workers_.size();
   stats.workers_alive = workers_.AliveCount();
@@ -596,91 +506,59 @@ CoordinatorStats Coordinator::Stats() const {
 // Registry helpers (mu_ held)
 // ---------------------------------------------------------------------------
 
-Coordinator::Job* Coordinator::FindJob(const std::string& job_id) const {
+JobRecord* Coordinator::FindJob(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
-absl::StatusOr<Coordinator::Job*> Coordinator::JobOrNotFound(const std::string& job_id) const {
-  Job* job = FindJob(job_id);
+absl::StatusOr<JobRecord*> Coordinator::JobOrNotFound(const std::string& job_id) const {
+  JobRecord* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
   return job;
 }
 
-void Coordinator::Touch(Job& job) { job.revision++; }
-
 void Coordinator::RefreshQueueReasons() {
   const int idle = workers_.IdleCount();
-  for (Job* job : job_order_) {
-    if (job->phase != Phase::kQueued) continue;
-    const int wanted = job->status.spec().workers();
-    std::string reason = absl::StrCat("waiting for ", wanted, " idle worker",
-                                      wanted == 1 ? "" : "s", ", ", idle, " available");
-    if (job->has_checkpoint) {
-      absl::StrAppend(&reason, "; resumes from the checkpoint of epoch ", job->status.epoch());
-    }
-    if (reason != job->status.reason()) {
-      job->status.set_reason(reason);
-      Touch(*job);
-    }
+  for (JobRecord* job : job_order_) {
+    if (job->phase == JobPhase::kQueued) job->SetQueueReason(idle);
   }
 }
 
-void Coordinator::Finish(Job& job, v1::JobState state, const std::string& reason) {
-  job.status.set_state(state);
-  job.status.set_reason(reason);
-  job.status.set_finished_unix_ms(ToUnixMs(Now()));
-  job.status.set_samples_per_sec(0);
-  job.status.clear_workers();
-  job.status.clear_stragglers();
-  job.phase = Phase::kDone;
-  if (job.run != nullptr) workers_.Free(job.status.job_id(), job.run->MemberIds());
-  Touch(job);
+void Coordinator::Finish(JobRecord& job, v1::JobState state, const std::string& reason) {
+  workers_.Free(job.status.job_id(), job.End(state, reason, Now()));
   RefreshQueueReasons();
   Log(absl::StrCat(job.status.job_id(), ": ", JobStateName(state), " (", reason, ")"));
 }
 
-void Coordinator::RemoveMember(Job& job, const std::string& worker_id, const std::string& why) {
-  if (job.run == nullptr || !job.run->RemoveMember(worker_id)) return;
-  job.status.set_workers_lost(job.status.workers_lost() + 1);
-  if (job.run->members().empty()) {
-    // Nobody left: back to the queue; it resumes from its last checkpoint.
-    job.phase = Phase::kQueued;
-    job.status.set_state(v1::JOB_STATE_QUEUED);
-    job.status.clear_workers();
-    job.status.set_samples_per_sec(0);
+void Coordinator::RemoveMember(JobRecord& job, const std::string& worker_id,
+                               const std::string& why) {
+  if (!job.LoseMember(worker_id)) return;
+  if (job.phase == JobPhase::kQueued) {
     Log(absl::StrCat(job.status.job_id(), ": lost its last worker (", worker_id, ", ", why,
                      "); queued again"));
     RefreshQueueReasons();
   } else {
     Log(absl::StrCat(job.status.job_id(), ": dropped ", worker_id, " (", why, "); ",
                      job.run->members().size(), " left, generation ", job.run->generation()));
-    job.run->Aggregate(&job.status);
   }
-  Touch(job);
 }
 
-void Coordinator::RequeueRun(Job& job, const std::string& why) {
-  if (job.run != nullptr) workers_.Free(job.status.job_id(), job.run->ReleaseMembers());
-  job.phase = Phase::kQueued;
-  job.status.set_state(v1::JOB_STATE_QUEUED);
-  job.status.clear_workers();
-  job.status.set_samples_per_sec(0);
+void Coordinator::RequeueRun(JobRecord& job, const std::string& why) {
+  workers_.Free(job.status.job_id(), job.BackToQueue());
   Log(absl::StrCat(job.status.job_id(), ": ", why, "; queued again to resume from ",
                    job.has_checkpoint ? "its latest checkpoint" : "the beginning"));
   RefreshQueueReasons();
-  Touch(job);
   Wake();
 }
 
-void Coordinator::ReformIfWorkersWait(Job& job, int epoch) {
+void Coordinator::ReformIfWorkersWait(JobRecord& job, int epoch) {
   const size_t wanted = static_cast<size_t>(job.status.spec().workers());
   const size_t members = job.run->members().size();
-  if (job.phase != Phase::kRunning || !job.has_checkpoint || members >= wanted) return;
+  if (job.phase != JobPhase::kRunning || !job.has_checkpoint || members >= wanted) return;
   // Jobs queued before this one take idle workers first.
-  for (const Job* other : job_order_) {
+  for (const JobRecord* other : job_order_) {
     if (other == &job) break;
-    if (other->phase == Phase::kQueued) return;
+    if (other->phase == JobPhase::kQueued) return;
   }
   const size_t idle = static_cast<size_t>(workers_.IdleCount());
   if (members + idle < wanted) return;
@@ -723,7 +601,7 @@ void Coordinator::DropDeadWorkers() {
   const absl::Time now = Now();
   for (RegisteredWorker* w : workers_.Overdue(now)) {
     workers_.MarkDead(*w, now);
-    if (Job* job = FindJob(w->job_id); job != nullptr && job->phase == Phase::kRunning) {
+    if (JobRecord* job = FindJob(w->job_id); job != nullptr && job->phase == JobPhase::kRunning) {
       RemoveMember(*job, w->id, "missed heartbeats");
     }
     w->job_id.clear();
@@ -738,10 +616,13 @@ void Coordinator::FindStragglers() {
   const std::set<std::string> silent = workers_.Silent(3 * options_.heartbeat_interval, now);
   const StragglerPolicy policy{.report_after = options_.straggler_report_after,
                                .timeout = options_.straggler_timeout};
-  for (Job* job : job_order_) {
-    if (job->phase != Phase::kRunning) continue;
+  for (JobRecord* job : job_order_) {
+    if (job->phase != JobPhase::kRunning) continue;
     const StragglerScan scan = job->run->FindStragglers(now, policy, silent);
-    ListStragglers(*job, scan.listed);
+    if (job->ListStragglers(scan.listed) && !scan.listed.empty()) {
+      Log(absl::StrCat(job->status.job_id(), ": straggler", scan.listed.size() == 1 ? " " : "s ",
+                       absl::StrJoin(scan.listed, ", ")));
+    }
     for (const Straggler& s : scan.to_drop) {
       if (RegisteredWorker* w = workers_.Find(s.worker_id); w != nullptr) w->job_id.clear();
       job->status.set_stragglers_dropped(job->status.stragglers_dropped() + 1);
@@ -749,22 +630,9 @@ void Coordinator::FindStragglers() {
                    absl::StrCat("a straggler: ", s.run_steps, " steps while the others reached ",
                                 s.lead, ", no progress for ", absl::FormatDuration(s.stalled),
                                 " (--straggler-timeout-s)"));
-      if (job->phase != Phase::kRunning) break;
+      if (job->phase != JobPhase::kRunning) break;
     }
   }
-}
-
-void Coordinator::ListStragglers(Job& job, const std::vector<std::string>& stragglers) {
-  if (std::equal(stragglers.begin(), stragglers.end(), job.status.stragglers().begin(),
-                 job.status.stragglers().end())) {
-    return;
-  }
-  job.status.mutable_stragglers()->Assign(stragglers.begin(), stragglers.end());
-  if (!stragglers.empty()) {
-    Log(absl::StrCat(job.status.job_id(), ": straggler", stragglers.size() == 1 ? " " : "s ",
-                     absl::StrJoin(stragglers, ", ")));
-  }
-  Touch(job);
 }
 
 void Coordinator::CheckShards() {
@@ -773,8 +641,8 @@ void Coordinator::CheckShards() {
     absl::MutexLock lock(&mu_);
     if (Now() - last_shard_check_ < options_.shard_check_interval) return;
     last_shard_check_ = Now();
-    for (const Job* job : job_order_) {
-      if (job->phase == Phase::kRunning && job->shards_configured) {
+    for (const JobRecord* job : job_order_) {
+      if (job->phase == JobPhase::kRunning && job->shards_configured) {
         running.push_back(job->status.job_id());
       }
     }
@@ -785,8 +653,8 @@ void Coordinator::CheckShards() {
     const std::string why =
         absl::StrCat(shards_->Describe(missing[0]), " no longer holds the job (it restarted)");
     absl::MutexLock lock(&mu_);
-    Job* job = FindJob(id);
-    if (job != nullptr && job->phase == Phase::kRunning) RequeueRun(*job, why);
+    JobRecord* job = FindJob(id);
+    if (job != nullptr && job->phase == JobPhase::kRunning) RequeueRun(*job, why);
   }
 }
 
@@ -813,9 +681,9 @@ void Coordinator::DropStrayJobs() {
 
 std::string Coordinator::WhyStray(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  const Job* job = FindJob(job_id);
+  const JobRecord* job = FindJob(job_id);
   if (job == nullptr) return "a job this server does not know";
-  if (job->phase == Phase::kDone && !job->shards_configured && !job->save_on_stop) {
+  if (job->phase == JobPhase::kDone && !job->shards_configured && !job->save_on_stop) {
     return absl::StrCat("it ended (", v1::JobState_Name(job->status.state()), ")");
   }
   return "";
@@ -825,10 +693,10 @@ void Coordinator::SyncMembership() {
   std::vector<std::pair<std::string, MembershipChange>> changes;
   {
     absl::MutexLock lock(&mu_);
-    for (Job* job : job_order_) {
+    for (JobRecord* job : job_order_) {
       if (job->run == nullptr) continue;
       std::optional<MembershipChange> change = job->run->TakeMembershipChange();
-      if (!change || job->phase != Phase::kRunning || !job->shards_configured) continue;
+      if (!change || job->phase != JobPhase::kRunning || !job->shards_configured) continue;
       changes.emplace_back(job->status.job_id(), *std::move(change));
     }
   }
@@ -836,35 +704,35 @@ void Coordinator::SyncMembership() {
     std::map<std::string, int64_t> removed_steps;
     absl::Status s = shards_->SetMembers(id, change.members, change.generation, &removed_steps);
     absl::MutexLock lock(&mu_);
-    Job* job = FindJob(id);
+    JobRecord* job = FindJob(id);
     if (job == nullptr) continue;
     if (s.ok()) {
-      if (job->phase != Phase::kRunning || job->run->run_id() != change.run_id ||
+      if (job->phase != JobPhase::kRunning || job->run->run_id() != change.run_id ||
           !job->run->launched()) {
         continue;
       }
       job->run->MembersLost(change, removed_steps);
       job->run->CountEpochSamples(&job->status);
-      Touch(*job);
+      job->Touch();
       continue;
     }
     // Some shards may have the new member set and others not: rather than
     // train on mixed generations, start a new run from the checkpoint, which
     // configures every shard afresh (a shard that stays down then fails the
     // resume with its error).
-    if (job->phase == Phase::kRunning) {
+    if (job->phase == JobPhase::kRunning) {
       RequeueRun(*job, absl::StrCat("could not update the shards' member set (", s.message(), ")"));
     }
   }
 }
 
 void Coordinator::StartQueuedJobs() {
-  std::vector<StartWork> starts;
+  std::vector<RunReservation> starts;
   {
     absl::MutexLock lock(&mu_);
     starts = ReserveWorkers();
   }
-  for (const StartWork& work : starts) {
+  for (const RunReservation& work : starts) {
     absl::StatusOr<RunLaunch> launch = PrepareLaunch(work);
     absl::Status status = launch.status();
     if (status.ok()) status = shards_->ConfigureJob(launch->shards);
@@ -877,34 +745,27 @@ void Coordinator::StartQueuedJobs() {
   }
 }
 
-std::vector<Coordinator::StartWork> Coordinator::ReserveWorkers() {
+std::vector<RunReservation> Coordinator::ReserveWorkers() {
   const std::vector<RegisteredWorker*> idle = workers_.IdleByNumber();
   size_t next_idle = 0;
-  std::vector<StartWork> starts;
-  for (Job* job : job_order_) {
-    if (job->phase != Phase::kQueued) continue;
+  std::vector<RunReservation> starts;
+  for (JobRecord* job : job_order_) {
+    if (job->phase != JobPhase::kQueued) continue;
     const size_t wanted = static_cast<size_t>(job->status.spec().workers());
     if (idle.size() - next_idle < wanted) continue;
-    StartWork work;
-    work.job_id = job->status.job_id();
-    work.spec = job->status.spec();
-    work.graph = job->graph;
-    work.generation = job->run == nullptr ? 1 : job->run->generation() + 1;
-    work.resume = job->has_checkpoint;
-    work.step_before = job->status.step();
+    std::vector<std::string> members;
     for (size_t r = 0; r < wanted; ++r) {
       RegisteredWorker* w = idle[next_idle++];
-      w->job_id = work.job_id;
-      work.members.push_back(w->id);
+      w->job_id = job->status.job_id();
+      members.push_back(w->id);
     }
-    job->run = std::make_unique<JobRun>(work.spec, work.members, work.generation, Now());
-    job->phase = Phase::kStarting;
-    starts.push_back(std::move(work));
+    starts.push_back(job->Reserve(members, Now()));
   }
   return starts;
 }
 
-absl::StatusOr<Coordinator::RunLaunch> Coordinator::PrepareLaunch(const StartWork& work) const {
+absl::StatusOr<Coordinator::RunLaunch> Coordinator::PrepareLaunch(
+    const RunReservation& work) const {
   RunLaunch launch;
   launch.shards.job_id = work.job_id;
   launch.shards.spec = work.spec;
@@ -921,43 +782,21 @@ absl::StatusOr<Coordinator::RunLaunch> Coordinator::PrepareLaunch(const StartWor
   return launch;
 }
 
-void Coordinator::LaunchRun(const StartWork& work, const absl::Status& status, DataPosition start) {
-  Job* job = FindJob(work.job_id);
+void Coordinator::LaunchRun(const RunReservation& work, const absl::Status& status,
+                            DataPosition start) {
+  JobRecord* job = FindJob(work.job_id);
   if (job == nullptr) return;
-  job->shards_configured = true;               // Possibly partly: DropJob cleans up either way.
-  if (job->phase != Phase::kStarting) return;  // Cancelled meanwhile.
+  job->shards_configured = true;                  // Possibly partly: DropJob cleans up either way.
+  if (job->phase != JobPhase::kStarting) return;  // Cancelled meanwhile.
   if (!status.ok()) {
     Finish(
         *job, v1::JOB_STATE_FAILED,
         absl::StrCat(work.resume ? "could not resume: " : "could not start: ", status.message()));
     return;
   }
-  v1::JobStatus& s = job->status;
-  job->phase = Phase::kRunning;
-  // The steps past the resume point were thrown away with the model that
-  // trained them: the history goes on from the kept one.
-  if (DropHistoryAfter(start.step, &job->history)) job->history_revision++;
-  // This run counts its epochs afresh (a resumed epoch's trained prefix is
-  // reported by its members).
-  auto* counts = s.mutable_epoch_samples();
-  counts->erase(std::remove_if(counts->begin(), counts->end(),
-                               [&](const v1::EpochSamples& e) { return e.epoch() >= start.epoch; }),
-                counts->end());
-  // A restart loses the steps since its checkpoint, or all of them when the
-  // job had none yet.
-  if (s.runs() > 0) {
-    s.set_steps_lost(s.steps_lost() + std::max<int64_t>(0, work.step_before - start.step));
-  }
-  s.set_runs(s.runs() + 1);
-  job->run->Launch(absl::StrFormat("%s.%d.%016x", work.job_id, s.runs(), incarnation_), start,
-                   Now());
-  s.set_state(v1::JOB_STATE_RUNNING);
-  s.set_epoch(start.epoch);
-  s.set_step(start.step);
-  if (s.started_unix_ms() == 0) s.set_started_unix_ms(ToUnixMs(Now()));
-  s.set_reason(RunningReason(s, work.members.size(), work.resume, start));
-  job->run->Aggregate(&s);
-  Touch(*job);
+  job->Launch(work, start,
+              absl::StrFormat("%s.%d.%016x", work.job_id, job->status.runs() + 1, incarnation_),
+              Now());
   Log(absl::StrCat(work.job_id, ": RUNNING on ", absl::StrJoin(work.members, ", "), " (run ",
                    job->run->run_id(), ", generation ", work.generation,
                    work.resume ? absl::StrCat(", from epoch ", start.epoch, " step ", start.step)
@@ -974,45 +813,18 @@ void Coordinator::WriteDueCheckpoints() {
   for (const CheckpointWork& work : works) {
     const absl::Status s = WriteCheckpoint(work);
     absl::MutexLock lock(&mu_);
-    if (Job* job = FindJob(work.job_id); job != nullptr) CheckpointDone(*job, work, s);
+    if (JobRecord* job = FindJob(work.job_id); job != nullptr) CheckpointDone(*job, work, s);
   }
 }
 
 std::vector<CheckpointWork> Coordinator::DueCheckpoints() {
   std::vector<CheckpointWork> works;
-  for (Job* job : job_order_) {
-    const std::optional<CheckpointWork::Kind> kind = CheckpointDue(*job);
-    if (!kind) continue;
-    CheckpointWork work;
-    work.kind = *kind;
-    work.job_id = job->status.job_id();
-    work.spec = job->status.spec();
-    work.graph = job->graph;
-    work.position = {.epoch = job->status.epoch(), .step = job->status.step()};
-    work.steps_per_epoch = job->run->StepsPerEpoch();
-    work.position_of_version = job->run->PositionOfVersion();  // A copy: written without the lock.
-    works.push_back(std::move(work));
+  for (JobRecord* job : job_order_) {
+    const std::optional<CheckpointWork::Kind> kind =
+        job->CheckpointDue(options_.checkpoint_interval, Now());
+    if (kind) works.push_back(job->CheckpointOf(*kind));
   }
   return works;
-}
-
-std::optional<CheckpointWork::Kind> Coordinator::CheckpointDue(Job& job) {
-  if (job.phase == Phase::kDone && job.save_on_stop) return CheckpointWork::kStop;
-  if (job.phase != Phase::kRunning) return std::nullopt;
-  if (job.run->AllFinished()) {
-    job.phase = Phase::kFinalizing;
-    job.status.set_reason("evaluated; writing the final checkpoint");
-    Touch(job);
-    return CheckpointWork::kFinal;
-  }
-  // After the last epoch the final checkpoint follows the evaluation.
-  if (job.status.epoch() >= job.status.spec().epochs()) return std::nullopt;
-  if (job.status.epoch() > job.run->last_checkpoint_epoch()) return CheckpointWork::kEpoch;
-  if (options_.checkpoint_interval > absl::ZeroDuration() &&
-      Now() - job.run->last_checkpoint_time() >= options_.checkpoint_interval) {
-    return CheckpointWork::kInterval;
-  }
-  return std::nullopt;
 }
 
 absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
@@ -1024,7 +836,8 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
   return checkpoint_writer_.Write(work, std::move(model));
 }
 
-void Coordinator::CheckpointDone(Job& job, const CheckpointWork& work, const absl::Status& s) {
+void Coordinator::CheckpointDone(JobRecord& job, const CheckpointWork& work,
+                                 const absl::Status& s) {
   if (s.ok() && !options_.state_dir.empty()) job.has_checkpoint = true;
   if (s.ok()) job.run->CheckpointWritten(Now());
   switch (work.kind) {
@@ -1045,13 +858,13 @@ void Coordinator::CheckpointDone(Job& job, const CheckpointWork& work, const abs
       }
       break;
     case CheckpointWork::kFinal:
-      if (job.phase == Phase::kFinalizing) FinishEvaluated(job, s);  // Else cancelled meanwhile.
+      if (job.phase == JobPhase::kFinalizing) FinishEvaluated(job, s);  // Else cancelled meanwhile.
       break;
   }
-  Touch(job);
+  job.Touch();
 }
 
-void Coordinator::FinishEvaluated(Job& job, const absl::Status& final_checkpoint) {
+void Coordinator::FinishEvaluated(JobRecord& job, const absl::Status& final_checkpoint) {
   const absl::Status& s = final_checkpoint;
   if (absl::IsUnavailable(s) || absl::IsNotFound(s) || absl::IsDeadlineExceeded(s)) {
     // A shard is down or came back empty (seen in the chaos run: shard 1
@@ -1066,11 +879,7 @@ void Coordinator::FinishEvaluated(Job& job, const absl::Status& final_checkpoint
            absl::StrCat("could not write the final checkpoint: ", s.message()));
     return;
   }
-  // Every member's test shard, merged.
-  const v1::EvalMetrics test = job.run->MergedTest();
-  *job.status.mutable_test() = test;
-  job.status.set_epoch(job.status.spec().epochs());
-  job.status.set_total_steps(job.status.step());
+  const v1::EvalMetrics test = job.Evaluated();
   Finish(job, v1::JOB_STATE_SUCCEEDED,
          absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples",
                          job.status.spec().epochs(), test.accuracy(), test.samples()));
@@ -1080,8 +889,8 @@ void Coordinator::DropFinishedJobs() {
   std::vector<std::string> drops;
   {
     absl::MutexLock lock(&mu_);
-    for (Job* job : job_order_) {
-      if (job->phase != Phase::kDone || !job->shards_configured || job->save_on_stop) continue;
+    for (JobRecord* job : job_order_) {
+      if (job->phase != JobPhase::kDone || !job->shards_configured || job->save_on_stop) continue;
       job->shards_configured = false;
       drops.push_back(job->status.job_id());
     }
@@ -1099,7 +908,7 @@ void Coordinator::PersistChangedJobs() {
   std::vector<std::pair<v1::JobHistory, int64_t>> histories;
   {
     absl::MutexLock lock(&mu_);
-    for (const Job* job : job_order_) {
+    for (const JobRecord* job : job_order_) {
       if (job->revision > job->persisted_revision) changed.emplace_back(job->status, job->revision);
       if (job->history_revision > job->persisted_history_revision) {
         histories.emplace_back(job->history, job->history_revision);
@@ -1112,7 +921,7 @@ void Coordinator::PersistChangedJobs() {
       continue;
     }
     absl::MutexLock lock(&mu_);
-    if (Job* job = FindJob(status.job_id()); job != nullptr) {
+    if (JobRecord* job = FindJob(status.job_id()); job != nullptr) {
       job->persisted_revision = std::max(job->persisted_revision, revision);
     }
   }
@@ -1122,7 +931,7 @@ void Coordinator::PersistChangedJobs() {
       continue;
     }
     absl::MutexLock lock(&mu_);
-    if (Job* job = FindJob(history.job_id()); job != nullptr) {
+    if (JobRecord* job = FindJob(history.job_id()); job != nullptr) {
       job->persisted_history_revision = std::max(job->persisted_history_revision, revision);
     }
   }

@@ -111,6 +111,7 @@
 #include "pstrain/v1/service.pb.h"
 #include "server/checkpoint_writer.h"
 #include "server/checkpointer.h"
+#include "server/job_record.h"
 #include "server/job_run.h"
 #include "server/job_store.h"
 #include "server/shard_controller.h"
@@ -277,9 +278,7 @@ class Coordinator {
   void SetShardAddresses(std::vector<std::string> addresses);
 
  private:
-  struct Job;
-  // Shard work decided under the lock and carried out without it.
-  struct StartWork;
+  // The shards' start of a run (decided under the lock, done without it).
   struct RunLaunch;
 
   Coordinator(Options options, ShardController* shards);
@@ -288,8 +287,8 @@ class Coordinator {
   absl::Status LoadState();
   // A saved job as this server takes it back: listed again when it ended,
   // queued again (or failed, when it no longer validates) when not.
-  std::unique_ptr<Job> RestoreJob(v1::JobStatus status) const;
-  void RestoreHistory(Job& job) const;
+  std::unique_ptr<JobRecord> RestoreJob(v1::JobStatus status) const;
+  void RestoreHistory(JobRecord& job) const;
   // Saves every status and history that changed since it was last saved.
   void PersistChangedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -298,33 +297,32 @@ class Coordinator {
   absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
   absl::Status CheckId(const char* what, const std::string& id) const;
   // server/eval_merge.h's check with this job's budget.
-  absl::Status CheckEvalShard(const Job& job, const v1::ReportProgressRequest& report) const
+  absl::Status CheckEvalShard(const JobRecord& job, const v1::ReportProgressRequest& report) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Registry helpers (mu_ held) -----------------------------------------
-  Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobRecord* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NOT_FOUND "unknown job '<id>'" for an id never issued.
-  absl::StatusOr<Job*> JobOrNotFound(const std::string& job_id) const
+  absl::StatusOr<JobRecord*> JobOrNotFound(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member's progress report (figures, its test shard or its error).
-  absl::Status ApplyProgress(Job& job, RegisteredWorker& worker, RunMember& member,
+  absl::Status ApplyProgress(JobRecord& job, RegisteredWorker& worker, RunMember& member,
                              const v1::ReportProgressRequest& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Finish(Job& job, v1::JobState state, const std::string& reason)
+  void Finish(JobRecord& job, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
+  void RemoveMember(JobRecord& job, const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job's current run: back to the queue, to resume from its latest
   // checkpoint as a new run (its members are idle again and take it first).
-  void RequeueRun(Job& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequeueRun(JobRecord& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic scale-up: a running job with fewer members than it wants,
   // whose epoch-`epoch` checkpoint was just written, goes back to the queue
   // when enough workers are idle (a dropped worker that came back, a new
   // one) and no older job waits for them; it resumes at once from that
   // checkpoint with all of them, as a new run.
-  void ReformIfWorkersWait(Job& job, int epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReformIfWorkersWait(JobRecord& job, int epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Background work --------------------------------------------------------
   // Only Tick talks to shards: every phase that does requires tick_mu_,
@@ -338,8 +336,6 @@ class Coordinator {
   // Tick's phases, in order.
   void DropDeadWorkers() ABSL_LOCKS_EXCLUDED(mu_);
   void FindStragglers() ABSL_LOCKS_EXCLUDED(mu_);
-  void ListStragglers(Job& job, const std::vector<std::string>& stragglers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void DropStrayJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Why a shard should drop `job_id` ("" when it should keep it).
@@ -349,21 +345,20 @@ class Coordinator {
   // shards' values (initial or decoded from the checkpoint) and configure
   // the shards (without), launch the run or fail the job (under mu_).
   void StartQueuedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<StartWork> ReserveWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RunLaunch> PrepareLaunch(const StartWork& work) const
+  std::vector<RunReservation> ReserveWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RunLaunch> PrepareLaunch(const RunReservation& work) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_);
-  void LaunchRun(const StartWork& work, const absl::Status& status, DataPosition start)
+  void LaunchRun(const RunReservation& work, const absl::Status& status, DataPosition start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checkpoints: decide (under mu_), write (without), take the outcome
   // (under mu_: the job succeeds after its final one).
   void WriteDueCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<CheckpointWork> DueCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<CheckpointWork::Kind> CheckpointDue(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteCheckpoint(const CheckpointWork& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void CheckpointDone(Job& job, const CheckpointWork& work, const absl::Status& s)
+  void CheckpointDone(JobRecord& job, const CheckpointWork& work, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishEvaluated(Job& job, const absl::Status& final_checkpoint)
+  void FinishEvaluated(JobRecord& job, const absl::Status& final_checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropFinishedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -385,9 +380,9 @@ class Coordinator {
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(tick_mu_) ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
   // Every job of jobs_ in submission order (jobs are never erased).
-  std::vector<Job*> job_order_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobRecord*> job_order_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;

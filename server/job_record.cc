@@ -1,0 +1,222 @@
+#include "server/job_record.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_state.h"
+
+namespace pstrain {
+namespace {
+
+// JobStatus.reason of a run that just started.
+std::string RunningReason(const v1::JobStatus& s, size_t members, bool resumed,
+                          DataPosition start) {
+  std::string reason = absl::StrCat("training on ", members, " worker", members == 1 ? "" : "s");
+  if (s.runs() <= 1) return reason;
+  if (resumed) {
+    absl::StrAppend(&reason, " (run ", s.runs(), ", resumed from the checkpoint of epoch ",
+                    start.epoch, ", step ", start.step, "; ", s.steps_lost(),
+                    " steps lost so far)");
+  } else {
+    absl::StrAppend(&reason, " (run ", s.runs(),
+                    ", started again from the beginning: no checkpoint yet; ", s.steps_lost(),
+                    " steps lost so far)");
+  }
+  return reason;
+}
+
+}  // namespace
+
+JobRecord::JobRecord(const std::string& job_id, v1::JobSpec spec, ModelGraph graph_in,
+                     absl::Time now)
+    : graph(std::move(graph_in)) {
+  status.set_job_id(job_id);
+  history.set_job_id(job_id);
+  status.set_name(spec.name());
+  status.set_state(v1::JOB_STATE_QUEUED);
+  *status.mutable_spec() = std::move(spec);
+  status.set_submitted_unix_ms(absl::ToUnixMillis(now));
+}
+
+JobRecord::JobRecord(v1::JobStatus saved, absl::StatusOr<ModelGraph> graph_in,
+                     bool has_checkpoint_in, absl::Time now)
+    : status(std::move(saved)), has_checkpoint(has_checkpoint_in) {
+  persisted_revision = revision;
+  if (graph_in.ok()) graph = *std::move(graph_in);
+  if (IsTerminal(status.state())) {
+    phase = JobPhase::kDone;
+  } else if (!graph_in.ok()) {
+    phase = JobPhase::kDone;
+    status.set_state(v1::JOB_STATE_FAILED);
+    status.set_reason(absl::StrCat("server restarted and the saved job is invalid: ",
+                                   graph_in.status().message()));
+    status.set_finished_unix_ms(absl::ToUnixMillis(now));
+    Touch();
+  } else {
+    phase = JobPhase::kQueued;
+    status.set_state(v1::JOB_STATE_QUEUED);
+    status.clear_workers();
+    status.set_reason(has_checkpoint ? absl::StrCat("server restarted; resumes from the "
+                                                    "checkpoint of epoch ",
+                                                    status.epoch())
+                                     : "server restarted; restarts from the beginning");
+    Touch();
+  }
+}
+
+bool JobRecord::SetQueueReason(int idle) {
+  const int wanted = status.spec().workers();
+  std::string reason = absl::StrCat("waiting for ", wanted, " idle worker", wanted == 1 ? "" : "s",
+                                    ", ", idle, " available");
+  if (has_checkpoint) {
+    absl::StrAppend(&reason, "; resumes from the checkpoint of epoch ", status.epoch());
+  }
+  if (reason == status.reason()) return false;
+  status.set_reason(reason);
+  Touch();
+  return true;
+}
+
+RunReservation JobRecord::Reserve(const std::vector<std::string>& workers, absl::Time now) {
+  RunReservation r;
+  r.job_id = status.job_id();
+  r.spec = status.spec();
+  r.graph = graph;
+  r.members = workers;
+  r.generation = run == nullptr ? 1 : run->generation() + 1;
+  r.resume = has_checkpoint;
+  r.step_before = status.step();
+  run = std::make_unique<JobRun>(r.spec, r.members, r.generation, now);
+  phase = JobPhase::kStarting;
+  return r;
+}
+
+void JobRecord::Launch(const RunReservation& reservation, DataPosition start, std::string run_id,
+                       absl::Time now) {
+  phase = JobPhase::kRunning;
+  // The steps past the resume point were thrown away with the model that
+  // trained them: the history goes on from the kept one.
+  if (DropHistoryAfter(start.step, &history)) history_revision++;
+  // This run counts its epochs afresh (a resumed epoch's trained prefix is
+  // reported by its members).
+  auto* counts = status.mutable_epoch_samples();
+  counts->erase(std::remove_if(counts->begin(), counts->end(),
+                               [&](const v1::EpochSamples& e) { return e.epoch() >= start.epoch; }),
+                counts->end());
+  // A restart loses the steps since its checkpoint, or all of them when the
+  // job had none yet.
+  if (status.runs() > 0) {
+    status.set_steps_lost(status.steps_lost() +
+                          std::max<int64_t>(0, reservation.step_before - start.step));
+  }
+  status.set_runs(status.runs() + 1);
+  run->Launch(std::move(run_id), start, now);
+  status.set_state(v1::JOB_STATE_RUNNING);
+  status.set_epoch(start.epoch);
+  status.set_step(start.step);
+  if (status.started_unix_ms() == 0) status.set_started_unix_ms(absl::ToUnixMillis(now));
+  status.set_reason(RunningReason(status, reservation.members.size(), reservation.resume, start));
+  run->Aggregate(&status);
+  Touch();
+}
+
+std::vector<std::string> JobRecord::End(v1::JobState state, const std::string& reason,
+                                        absl::Time now) {
+  status.set_state(state);
+  status.set_reason(reason);
+  status.set_finished_unix_ms(absl::ToUnixMillis(now));
+  status.set_samples_per_sec(0);
+  status.clear_workers();
+  status.clear_stragglers();
+  phase = JobPhase::kDone;
+  Touch();
+  return run == nullptr ? std::vector<std::string>{} : run->MemberIds();
+}
+
+std::vector<std::string> JobRecord::BackToQueue() {
+  std::vector<std::string> members;
+  if (run != nullptr) members = run->ReleaseMembers();
+  phase = JobPhase::kQueued;
+  status.set_state(v1::JOB_STATE_QUEUED);
+  status.clear_workers();
+  status.set_samples_per_sec(0);
+  Touch();
+  return members;
+}
+
+bool JobRecord::LoseMember(const std::string& worker_id) {
+  if (run == nullptr || !run->RemoveMember(worker_id)) return false;
+  status.set_workers_lost(status.workers_lost() + 1);
+  if (run->members().empty()) {
+    // Nobody left: back to the queue; it resumes from its last checkpoint.
+    phase = JobPhase::kQueued;
+    status.set_state(v1::JOB_STATE_QUEUED);
+    status.clear_workers();
+    status.set_samples_per_sec(0);
+  } else {
+    run->Aggregate(&status);
+  }
+  Touch();
+  return true;
+}
+
+void JobRecord::RecordProgress(RunMember& member, const v1::ReportProgressRequest& report,
+                               int max_history_points, absl::Time now) {
+  run->RecordProgress(member, report, status.spec().epochs());
+  run->Aggregate(&status);
+  if (!report.finished() && run->RecordHistory(status, max_history_points, now, &history)) {
+    history_revision++;
+  }
+}
+
+bool JobRecord::ListStragglers(const std::vector<std::string>& stragglers) {
+  if (std::equal(stragglers.begin(), stragglers.end(), status.stragglers().begin(),
+                 status.stragglers().end())) {
+    return false;
+  }
+  status.mutable_stragglers()->Assign(stragglers.begin(), stragglers.end());
+  Touch();
+  return true;
+}
+
+std::optional<CheckpointWork::Kind> JobRecord::CheckpointDue(absl::Duration interval,
+                                                             absl::Time now) {
+  if (phase == JobPhase::kDone && save_on_stop) return CheckpointWork::kStop;
+  if (phase != JobPhase::kRunning) return std::nullopt;
+  if (run->AllFinished()) {
+    phase = JobPhase::kFinalizing;
+    status.set_reason("evaluated; writing the final checkpoint");
+    Touch();
+    return CheckpointWork::kFinal;
+  }
+  // After the last epoch the final checkpoint follows the evaluation.
+  if (status.epoch() >= status.spec().epochs()) return std::nullopt;
+  if (status.epoch() > run->last_checkpoint_epoch()) return CheckpointWork::kEpoch;
+  if (interval > absl::ZeroDuration() && now - run->last_checkpoint_time() >= interval) {
+    return CheckpointWork::kInterval;
+  }
+  return std::nullopt;
+}
+
+CheckpointWork JobRecord::CheckpointOf(CheckpointWork::Kind kind) const {
+  CheckpointWork work;
+  work.kind = kind;
+  work.job_id = status.job_id();
+  work.spec = status.spec();
+  work.graph = graph;
+  work.position = {.epoch = status.epoch(), .step = status.step()};
+  work.steps_per_epoch = run->StepsPerEpoch();
+  work.position_of_version = run->PositionOfVersion();  // A copy: written without the lock.
+  return work;
+}
+
+v1::EvalMetrics JobRecord::Evaluated() {
+  const v1::EvalMetrics test = run->MergedTest();
+  *status.mutable_test() = test;
+  status.set_epoch(status.spec().epochs());
+  status.set_total_steps(status.step());
+  return test;
+}
+
+}  // namespace pstrain
