@@ -1,13 +1,14 @@
-// The Coordinator's parts (server/coordinator.h says what it does):
-//   Construction and restore   Create, LoadState, RestoreJob
+// The Coordinator (server/coordinator.h says what it does), in order:
+//   Construction and restore   Create, LoadState
 //   Jobs                       SubmitJob ... CheckpointPath
 //   Workers                    RegisterWorker, Heartbeat, ReportProgress, EpochPlan
-//   Registry helpers (mu_)     FindJob, Finish, RemoveMember, RequeueRun, ...
+//   Job changes (mu_ held)     Finish, RemoveMember, RequeueRun, ReformIfWorkersWait
 //   Background work (Tick)     one function per phase, in Tick's order
-// One run of a job (members, epoch plans, stragglers, aggregates, the
-// checkpoint codec) is server/job_run.h; writing a checkpoint is
-// server/checkpoint_writer.h; files are server/job_store.h and
-// server/checkpointer.h.
+// Its parts: server/job_registry.h (the jobs), server/job_record.h (one
+// job's state changes), server/job_run.h (one run: members, epoch plans,
+// stragglers, aggregates, the checkpoint codec), server/worker_registry.h
+// (the workers), server/checkpoint_writer.h, server/job_store.h and
+// server/checkpointer.h (disk).
 #include "server/coordinator.h"
 
 #include <algorithm>
@@ -44,16 +45,6 @@ uint64_t RandomIncarnation() {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// State
-// ---------------------------------------------------------------------------
-
-// The shards' start of a run, and the data position it trains from.
-struct Coordinator::RunLaunch {
-  JobLaunch shards;
-  DataPosition start;
-};
 
 // ---------------------------------------------------------------------------
 // Construction and restore
@@ -106,6 +97,7 @@ Coordinator::Coordinator(Options options, ShardController* shards)
                           .log = [this](const std::string& line) { Log(line); }},
                          shards, &checkpointer_),
       workers_({.max_workers = options_.max_workers,
+                .max_info_bytes = options_.max_worker_info_bytes,
                 .heartbeat_timeout = options_.heartbeat_timeout,
                 .forget_dead_after = options_.forget_dead_workers_after,
                 .save_next_id = [this](int64_t next) { return store_.SaveNextWorkerId(next); },
@@ -138,55 +130,14 @@ void Coordinator::Log(const std::string& line) const {
 
 absl::Status Coordinator::LoadState() {
   if (options_.state_dir.empty()) return absl::OkStatus();
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> saved, store_.LoadJobs());
-  PSTRAIN_ASSIGN_OR_RETURN(const int64_t next_worker, store_.LoadNextWorkerId());
   absl::MutexLock lock(&mu_);
+  PSTRAIN_RETURN_IF_ERROR(jobs_.Load(
+      store_, checkpointer_, [this](const v1::JobSpec& spec) { return ValidateJob(spec); }, Now(),
+      [this](const std::string& line) { Log(line); }));
+  PSTRAIN_ASSIGN_OR_RETURN(const int64_t next_worker, store_.LoadNextWorkerId());
   workers_.set_next_id(next_worker);
-  for (v1::JobStatus& status : saved) {
-    const std::string id = status.job_id();
-    next_job_ = std::max(next_job_, IdNumber(id, "job-") + 1);
-    std::unique_ptr<JobRecord> job = RestoreJob(std::move(status));
-    job_order_.push_back(job.get());
-    jobs_[id] = std::move(job);
-  }
   RefreshQueueReasons();
   return absl::OkStatus();
-}
-
-std::unique_ptr<JobRecord> Coordinator::RestoreJob(v1::JobStatus status) const {
-  const std::string id = status.job_id();
-  // A status saved before ApplyJobDefaults set the mode says what runs now.
-  ApplyJobDefaults(status.mutable_spec());
-  checkpointer_.RemoveOrphans(id);
-  // A job that would run again is checked like a new one (this server's
-  // limits may be lower than those it was accepted under), so that a job
-  // that cannot run fails here instead of taking the server down.
-  absl::StatusOr<ModelGraph> graph = IsTerminal(status.state())
-                                         ? BuildModelGraph(status.spec().model())
-                                         : ValidateJob(status.spec());
-  auto job = std::make_unique<JobRecord>(std::move(status), std::move(graph),
-                                         checkpointer_.HasCheckpoint(id), Now());
-  if (job->phase == JobPhase::kQueued) {
-    Log(absl::StrCat(id, ": re-queued after a restart (",
-                     job->has_checkpoint ? "from its checkpoint" : "from scratch", ")"));
-  }
-  RestoreHistory(*job);
-  return job;
-}
-
-void Coordinator::RestoreHistory(JobRecord& job) const {
-  const std::string& id = job.status.job_id();
-  // The history is for reading back only: one that cannot be read costs
-  // the curves, never the job.
-  absl::StatusOr<v1::JobHistory> history = store_.LoadHistory(id);
-  if (history.ok()) {
-    job.history = *std::move(history);
-  } else {
-    Log(absl::StrCat(id, ": its history is lost: ", history.status().message()));
-    job.history.set_job_id(id);
-    job.history_revision = 1;  // Saved again, readable.
-  }
-  job.persisted_history_revision = 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -225,21 +176,17 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
-    int queued = 0;
-    for (const JobRecord* job : job_order_) queued += job->phase == JobPhase::kQueued ? 1 : 0;
+    const int queued = jobs_.CountIn(JobPhase::kQueued);
     if (queued >= options_.max_queued_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat(queued,
                        " jobs are queued, the most this server takes (--max-queued-jobs); "
                        "submit again once some have started"));
     }
-    job_id = absl::StrCat("job-", next_job_++);
-    auto job = std::make_unique<JobRecord>(job_id, std::move(spec), std::move(graph), Now());
-    const JobRecord& queued_job = *job;
-    job_order_.push_back(job.get());
-    jobs_[job_id] = std::move(job);
+    const JobRecord& job = jobs_.Add(std::move(spec), std::move(graph), Now());
+    job_id = job.status.job_id();
     RefreshQueueReasons();
-    Log(absl::StrCat(job_id, ": queued (", queued_job.status.reason(), ")"));
+    Log(absl::StrCat(job_id, ": queued (", job.status.reason(), ")"));
     Wake();
   }
   PersistChangedJobs();
@@ -249,21 +196,22 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
 absl::StatusOr<v1::JobStatus> Coordinator::GetJob(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(job_id));
   return job->status;
 }
 
 absl::StatusOr<v1::JobHistory> Coordinator::GetJobHistory(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(job_id));
   return job->history;
 }
 
 std::vector<v1::JobStatus> Coordinator::ListJobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::JobStatus> out;
-  for (auto it = job_order_.rbegin(); it != job_order_.rend(); ++it) out.push_back((*it)->status);
+  const std::vector<JobRecord*>& jobs = jobs_.jobs();
+  for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) out.push_back((*it)->status);
   return out;
 }
 
@@ -272,7 +220,7 @@ absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) 
   v1::JobStatus status;
   {
     absl::MutexLock lock(&mu_);
-    PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(job_id));
+    PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(job_id));
     if (job->phase == JobPhase::kDone) return job->status;
     const bool was_running = job->phase == JobPhase::kRunning;
     Finish(*job, v1::JOB_STATE_CANCELLED, "cancelled by user");
@@ -290,7 +238,7 @@ absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_i
                                                         absl::Time deadline) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(job_id));
   // Jobs are never erased, so `job` stays valid while we wait.
   auto changed = [job, after_revision] { return job->revision > after_revision; };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
@@ -300,7 +248,7 @@ absl::StatusOr<JobUpdate> Coordinator::WaitForJobUpdate(const std::string& job_i
 absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_id) const {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
   absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, JobOrNotFound(job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(job_id));
   if (!job->has_checkpoint) {
     return absl::FailedPreconditionError(absl::StrCat(job_id, " has no checkpoint yet (state ",
                                                       JobStateName(job->status.state()), ")"));
@@ -315,11 +263,6 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::WorkerInfo& info, const std::string& previous_worker_id) {
   PSTRAIN_RETURN_IF_ERROR(CheckId("previous_worker_id", previous_worker_id));
-  if (const size_t bytes = info.ByteSizeLong();
-      bytes > static_cast<size_t>(options_.max_worker_info_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("worker info has ", bytes, " bytes; at most ",
-                                                   options_.max_worker_info_bytes, " are allowed"));
-  }
   absl::MutexLock lock(&mu_);
   PSTRAIN_ASSIGN_OR_RETURN(RegisteredWorker * worker,
                            workers_.Register(info, previous_worker_id, Now()));
@@ -357,13 +300,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
     Wake();
   }
   // The run whose assignment is published for this worker, if any.
-  const JobRecord* current = nullptr;
-  RunMember* member = nullptr;
-  if (JobRecord* job = FindJob(worker.job_id); job != nullptr && job->phase == JobPhase::kRunning) {
-    member = job->run->FindMember(worker_id);
-    if (member != nullptr && member->finished) member = nullptr;
-    if (member != nullptr) current = job;
-  }
+  const JobRecord* current = jobs_.Find(worker.job_id);
+  RunMember* member = current == nullptr ? nullptr : current->PublishedMember(worker_id);
+  if (member == nullptr) current = nullptr;
   if (!job_id.empty() && (current == nullptr || job_id != worker.job_id) &&
       job_id != worker.finished_job) {
     response.set_action(v1::HeartbeatResponse::ACTION_STOP);
@@ -373,21 +312,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
     response.set_action(v1::HeartbeatResponse::ACTION_IDLE);
     return response;
   }
-  const JobRun& run = *current->run;
-  if (run_steps >= 0 && run_id == run.run_id())
+  if (run_steps >= 0 && run_id == current->run->run_id()) {
     current->run->RecordRunSteps(*member, run_steps, Now());
+  }
   response.set_action(v1::HeartbeatResponse::ACTION_RUN);
-  v1::Assignment* a = response.mutable_assignment();
-  a->set_job_id(current->status.job_id());
-  // The spec (model included) only to a worker that does not run this run
-  // yet: it does not change within a run (issue 11, lean heartbeats).
-  if (run_id != run.run_id()) *a->mutable_spec() = current->status.spec();
-  a->set_rank(member->rank);
-  a->set_world_size(static_cast<int32_t>(run.members().size()));
-  a->set_start_epoch(std::max(run.start().epoch, current->status.epoch()));
-  a->set_generation(run.generation());
-  a->set_run_id(run.run_id());
-  a->set_start_step(run.start().step);
+  *response.mutable_assignment() = current->AssignmentOf(*member, run_id);
   return response;
 }
 
@@ -400,17 +329,10 @@ absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", report.worker_id(), "'; register again"));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(report.job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(report.job_id()));
   worker->last_heartbeat = Now();
   RunMember* member = job->run == nullptr ? nullptr : job->run->FindMember(report.worker_id());
-  if (job->phase == JobPhase::kDone) return job->status.state() != v1::JOB_STATE_SUCCEEDED;
-  if (member == nullptr || job->phase == JobPhase::kQueued || job->phase == JobPhase::kStarting) {
-    return true;
-  }
-  if (!report.run_id().empty() && report.run_id() != job->run->run_id()) {
-    return true;  // A replaced run: its worker stops; nothing it says counts.
-  }
-  if (member->finished) return false;
+  if (std::optional<bool> stop = job->AnswerWithoutRecording(report, member)) return *stop;
   PSTRAIN_RETURN_IF_ERROR(ApplyProgress(*job, *worker, *member, report));
   job->Touch();
   return job->phase == JobPhase::kDone;
@@ -431,7 +353,9 @@ absl::Status Coordinator::ApplyProgress(JobRecord& job, RegisteredWorker& worker
                                                    report.epoch(), " is outside [0, ", epochs,
                                                    "] or step ", report.step(), " is negative"));
   }
-  if (report.finished()) PSTRAIN_RETURN_IF_ERROR(CheckEvalShard(job, report));
+  if (report.finished()) {
+    PSTRAIN_RETURN_IF_ERROR(job.CheckEvalShard(report, options_.max_eval_samples));
+  }
   const int old_epoch = job.status.epoch();
   job.RecordProgress(member, report, options_.max_history_points, Now());
   if (report.finished()) {
@@ -455,7 +379,7 @@ absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlan
     return absl::NotFoundError(
         absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, JobOrNotFound(request.job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(request.job_id()));
   if (job->phase != JobPhase::kRunning || !job->run->launched()) {
     return absl::FailedPreconditionError(absl::StrCat(request.job_id(), " is not running"));
   }
@@ -467,19 +391,6 @@ absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlan
   return response;
 }
 
-absl::Status Coordinator::CheckEvalShard(const JobRecord& job,
-                                         const v1::ReportProgressRequest& report) const {
-  const std::optional<int64_t> test_set = TestSetBound(job.status.spec());
-  EvalShardBudget budget;
-  budget.num_classes = job.graph.num_classes;
-  budget.samples_left = test_set.value_or(options_.max_eval_samples) -
-                        job.run->TestSamplesClaimedByOthers(report.worker_id());
-  budget.bound_source = test_set
-                            ? absl::StrCat("the test set holds ", *test_set)
-                            : absl::StrCat("--max-eval-samples is ", options_.max_eval_samples);
-  return pstrain::CheckEvalShard(report.eval_shard(), report.worker_id(), budget);
-}
-
 std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
   absl::MutexLock lock(&mu_);
   return workers_.List();
@@ -488,14 +399,7 @@ std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
 CoordinatorStats Coordinator::Stats() const {
   absl::MutexLock lock(&mu_);
   CoordinatorStats stats;
-  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    stats.jobs_by_state[s] = 0;
-  }
-  for (const JobRecord* job : job_order_) {
-    stats.jobs_by_state[job->status.state()]++;
-    if (job->phase == JobPhase::kRunning) stats.stragglers += job->status.stragglers_size();
-  }
+  jobs_.Count(&stats.jobs_by_state, &stats.stragglers);
   stats.workers_registered = workers_.size();
   stats.workers_alive = workers_.AliveCount();
   stats.max_model_version = max_model_version_;
@@ -503,23 +407,12 @@ CoordinatorStats Coordinator::Stats() const {
 }
 
 // ---------------------------------------------------------------------------
-// Registry helpers (mu_ held)
+// Job changes that reach beyond the job (mu_ held)
 // ---------------------------------------------------------------------------
-
-JobRecord* Coordinator::FindJob(const std::string& job_id) const {
-  auto it = jobs_.find(job_id);
-  return it == jobs_.end() ? nullptr : it->second.get();
-}
-
-absl::StatusOr<JobRecord*> Coordinator::JobOrNotFound(const std::string& job_id) const {
-  JobRecord* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
-  return job;
-}
 
 void Coordinator::RefreshQueueReasons() {
   const int idle = workers_.IdleCount();
-  for (JobRecord* job : job_order_) {
+  for (JobRecord* job : jobs_.jobs()) {
     if (job->phase == JobPhase::kQueued) job->SetQueueReason(idle);
   }
 }
@@ -556,7 +449,7 @@ void Coordinator::ReformIfWorkersWait(JobRecord& job, int epoch) {
   const size_t members = job.run->members().size();
   if (job.phase != JobPhase::kRunning || !job.has_checkpoint || members >= wanted) return;
   // Jobs queued before this one take idle workers first.
-  for (const JobRecord* other : job_order_) {
+  for (const JobRecord* other : jobs_.jobs()) {
     if (other == &job) break;
     if (other->phase == JobPhase::kQueued) return;
   }
@@ -601,7 +494,8 @@ void Coordinator::DropDeadWorkers() {
   const absl::Time now = Now();
   for (RegisteredWorker* w : workers_.Overdue(now)) {
     workers_.MarkDead(*w, now);
-    if (JobRecord* job = FindJob(w->job_id); job != nullptr && job->phase == JobPhase::kRunning) {
+    if (JobRecord* job = jobs_.Find(w->job_id);
+        job != nullptr && job->phase == JobPhase::kRunning) {
       RemoveMember(*job, w->id, "missed heartbeats");
     }
     w->job_id.clear();
@@ -616,7 +510,7 @@ void Coordinator::FindStragglers() {
   const std::set<std::string> silent = workers_.Silent(3 * options_.heartbeat_interval, now);
   const StragglerPolicy policy{.report_after = options_.straggler_report_after,
                                .timeout = options_.straggler_timeout};
-  for (JobRecord* job : job_order_) {
+  for (JobRecord* job : jobs_.jobs()) {
     if (job->phase != JobPhase::kRunning) continue;
     const StragglerScan scan = job->run->FindStragglers(now, policy, silent);
     if (job->ListStragglers(scan.listed) && !scan.listed.empty()) {
@@ -641,11 +535,7 @@ void Coordinator::CheckShards() {
     absl::MutexLock lock(&mu_);
     if (Now() - last_shard_check_ < options_.shard_check_interval) return;
     last_shard_check_ = Now();
-    for (const JobRecord* job : job_order_) {
-      if (job->phase == JobPhase::kRunning && job->shards_configured) {
-        running.push_back(job->status.job_id());
-      }
-    }
+    running = jobs_.RunningOnShards();
   }
   for (const std::string& id : running) {
     const std::vector<int> missing = shards_->ShardsMissingJob(id, options_.shard_check_timeout);
@@ -653,7 +543,7 @@ void Coordinator::CheckShards() {
     const std::string why =
         absl::StrCat(shards_->Describe(missing[0]), " no longer holds the job (it restarted)");
     absl::MutexLock lock(&mu_);
-    JobRecord* job = FindJob(id);
+    JobRecord* job = jobs_.Find(id);
     if (job != nullptr && job->phase == JobPhase::kRunning) RequeueRun(*job, why);
   }
 }
@@ -681,39 +571,23 @@ void Coordinator::DropStrayJobs() {
 
 std::string Coordinator::WhyStray(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  const JobRecord* job = FindJob(job_id);
-  if (job == nullptr) return "a job this server does not know";
-  if (job->phase == JobPhase::kDone && !job->shards_configured && !job->save_on_stop) {
-    return absl::StrCat("it ended (", v1::JobState_Name(job->status.state()), ")");
-  }
-  return "";
+  return jobs_.WhyStray(job_id);
 }
 
 void Coordinator::SyncMembership() {
   std::vector<std::pair<std::string, MembershipChange>> changes;
   {
     absl::MutexLock lock(&mu_);
-    for (JobRecord* job : job_order_) {
-      if (job->run == nullptr) continue;
-      std::optional<MembershipChange> change = job->run->TakeMembershipChange();
-      if (!change || job->phase != JobPhase::kRunning || !job->shards_configured) continue;
-      changes.emplace_back(job->status.job_id(), *std::move(change));
-    }
+    changes = jobs_.TakeMembershipChanges();
   }
   for (const auto& [id, change] : changes) {
     std::map<std::string, int64_t> removed_steps;
     absl::Status s = shards_->SetMembers(id, change.members, change.generation, &removed_steps);
     absl::MutexLock lock(&mu_);
-    JobRecord* job = FindJob(id);
+    JobRecord* job = jobs_.Find(id);
     if (job == nullptr) continue;
     if (s.ok()) {
-      if (job->phase != JobPhase::kRunning || job->run->run_id() != change.run_id ||
-          !job->run->launched()) {
-        continue;
-      }
-      job->run->MembersLost(change, removed_steps);
-      job->run->CountEpochSamples(&job->status);
-      job->Touch();
+      job->ShardsUpdated(change, removed_steps);
       continue;
     }
     // Some shards may have the new member set and others not: rather than
@@ -733,7 +607,7 @@ void Coordinator::StartQueuedJobs() {
     starts = ReserveWorkers();
   }
   for (const RunReservation& work : starts) {
-    absl::StatusOr<RunLaunch> launch = PrepareLaunch(work);
+    absl::StatusOr<RunLaunch> launch = PrepareLaunch(work, checkpointer_);
     absl::Status status = launch.status();
     if (status.ok()) status = shards_->ConfigureJob(launch->shards);
     absl::MutexLock lock(&mu_);
@@ -749,7 +623,7 @@ std::vector<RunReservation> Coordinator::ReserveWorkers() {
   const std::vector<RegisteredWorker*> idle = workers_.IdleByNumber();
   size_t next_idle = 0;
   std::vector<RunReservation> starts;
-  for (JobRecord* job : job_order_) {
+  for (JobRecord* job : jobs_.jobs()) {
     if (job->phase != JobPhase::kQueued) continue;
     const size_t wanted = static_cast<size_t>(job->status.spec().workers());
     if (idle.size() - next_idle < wanted) continue;
@@ -764,27 +638,9 @@ std::vector<RunReservation> Coordinator::ReserveWorkers() {
   return starts;
 }
 
-absl::StatusOr<Coordinator::RunLaunch> Coordinator::PrepareLaunch(
-    const RunReservation& work) const {
-  RunLaunch launch;
-  launch.shards.job_id = work.job_id;
-  launch.shards.spec = work.spec;
-  launch.shards.members = work.members;
-  launch.shards.generation = work.generation;
-  if (!work.resume) {
-    launch.shards.params = InitialParameterValues(work.graph);  // Deterministic.
-    return launch;
-  }
-  PSTRAIN_ASSIGN_OR_RETURN(const v1::Checkpoint checkpoint, checkpointer_.LoadLatest(work.job_id));
-  PSTRAIN_ASSIGN_OR_RETURN(CheckpointContents contents, DecodeCheckpoint(checkpoint, work.graph));
-  launch.start = contents.position;
-  ResumeLaunchFrom(std::move(contents), work.spec.mode(), &launch.shards);
-  return launch;
-}
-
 void Coordinator::LaunchRun(const RunReservation& work, const absl::Status& status,
                             DataPosition start) {
-  JobRecord* job = FindJob(work.job_id);
+  JobRecord* job = jobs_.Find(work.job_id);
   if (job == nullptr) return;
   job->shards_configured = true;                  // Possibly partly: DropJob cleans up either way.
   if (job->phase != JobPhase::kStarting) return;  // Cancelled meanwhile.
@@ -813,13 +669,13 @@ void Coordinator::WriteDueCheckpoints() {
   for (const CheckpointWork& work : works) {
     const absl::Status s = WriteCheckpoint(work);
     absl::MutexLock lock(&mu_);
-    if (JobRecord* job = FindJob(work.job_id); job != nullptr) CheckpointDone(*job, work, s);
+    if (JobRecord* job = jobs_.Find(work.job_id); job != nullptr) CheckpointDone(*job, work, s);
   }
 }
 
 std::vector<CheckpointWork> Coordinator::DueCheckpoints() {
   std::vector<CheckpointWork> works;
-  for (JobRecord* job : job_order_) {
+  for (JobRecord* job : jobs_.jobs()) {
     const std::optional<CheckpointWork::Kind> kind =
         job->CheckpointDue(options_.checkpoint_interval, Now());
     if (kind) works.push_back(job->CheckpointOf(*kind));
@@ -838,19 +694,16 @@ absl::Status Coordinator::WriteCheckpoint(const CheckpointWork& work) {
 
 void Coordinator::CheckpointDone(JobRecord& job, const CheckpointWork& work,
                                  const absl::Status& s) {
-  if (s.ok() && !options_.state_dir.empty()) job.has_checkpoint = true;
-  if (s.ok()) job.run->CheckpointWritten(Now());
+  job.CheckpointWritten(work, s, !options_.state_dir.empty(), Now());
   switch (work.kind) {
     case CheckpointWork::kInterval:
       if (!s.ok()) Log(absl::StrCat(work.job_id, ": checkpoint failed: ", s.message()));
       break;
     case CheckpointWork::kStop:
-      job.save_on_stop = false;
       if (!s.ok()) Log(absl::StrCat(work.job_id, ": could not save the model: ", s.message()));
       break;
     case CheckpointWork::kEpoch:
       if (s.ok()) {
-        job.run->EpochCheckpointWritten(work.position.epoch);
         ReformIfWorkersWait(job, work.position.epoch);
       } else {
         Log(absl::StrCat(work.job_id, ": checkpoint of epoch ", work.position.epoch,
@@ -889,11 +742,7 @@ void Coordinator::DropFinishedJobs() {
   std::vector<std::string> drops;
   {
     absl::MutexLock lock(&mu_);
-    for (JobRecord* job : job_order_) {
-      if (job->phase != JobPhase::kDone || !job->shards_configured || job->save_on_stop) continue;
-      job->shards_configured = false;
-      drops.push_back(job->status.job_id());
-    }
+    drops = jobs_.TakeEndedOnShards();
   }
   for (const std::string& id : drops) {
     const absl::Status s = shards_->DropJob(id);
@@ -904,36 +753,26 @@ void Coordinator::DropFinishedJobs() {
 void Coordinator::PersistChangedJobs() {
   if (options_.state_dir.empty()) return;
   absl::MutexLock persist_lock(&persist_mu_);
-  std::vector<std::pair<v1::JobStatus, int64_t>> changed;
-  std::vector<std::pair<v1::JobHistory, int64_t>> histories;
+  JobRegistry::Unsaved unsaved;
   {
     absl::MutexLock lock(&mu_);
-    for (const JobRecord* job : job_order_) {
-      if (job->revision > job->persisted_revision) changed.emplace_back(job->status, job->revision);
-      if (job->history_revision > job->persisted_history_revision) {
-        histories.emplace_back(job->history, job->history_revision);
-      }
-    }
+    unsaved = jobs_.Changed();
   }
-  for (const auto& [status, revision] : changed) {
+  for (const auto& [status, revision] : unsaved.statuses) {
     if (absl::Status s = store_.SaveJob(status); !s.ok()) {
       Log(absl::StrCat(status.job_id(), ": could not save its status: ", s.message()));
       continue;
     }
     absl::MutexLock lock(&mu_);
-    if (JobRecord* job = FindJob(status.job_id()); job != nullptr) {
-      job->persisted_revision = std::max(job->persisted_revision, revision);
-    }
+    jobs_.StatusSaved(status.job_id(), revision);
   }
-  for (const auto& [history, revision] : histories) {
+  for (const auto& [history, revision] : unsaved.histories) {
     if (absl::Status s = store_.SaveHistory(history); !s.ok()) {
       Log(absl::StrCat(history.job_id(), ": could not save its history: ", s.message()));
       continue;
     }
     absl::MutexLock lock(&mu_);
-    if (JobRecord* job = FindJob(history.job_id()); job != nullptr) {
-      job->persisted_history_revision = std::max(job->persisted_history_revision, revision);
-    }
+    jobs_.HistorySaved(history.job_id(), revision);
   }
 }
 

@@ -75,10 +75,12 @@
 // before, and JobStatus.steps_lost counts the steps the resumes trained
 // again.
 //
-// Parts: one run of a job (its members, epoch plans, stragglers, aggregates
-// and checkpoint codec) is server/job_run.h; writing a checkpoint,
-// server/checkpoint_writer.h; files, server/job_store.h and
-// server/checkpointer.h; test shards, server/eval_merge.h.
+// Parts: the jobs are server/job_registry.h, one job's state changes
+// server/job_record.h, one run of a job (members, epoch plans, stragglers,
+// aggregates, the checkpoint codec) server/job_run.h, the workers
+// server/worker_registry.h; writing a checkpoint is
+// server/checkpoint_writer.h; files are server/job_store.h and
+// server/checkpointer.h; test shards server/eval_merge.h.
 //
 // Threads: thread-safe. The public calls only touch memory (and write small
 // status files) and return promptly; everything that talks to shards or
@@ -112,6 +114,7 @@
 #include "server/checkpoint_writer.h"
 #include "server/checkpointer.h"
 #include "server/job_record.h"
+#include "server/job_registry.h"
 #include "server/job_run.h"
 #include "server/job_store.h"
 #include "server/shard_controller.h"
@@ -278,17 +281,10 @@ class Coordinator {
   void SetShardAddresses(std::vector<std::string> addresses);
 
  private:
-  // The shards' start of a run (decided under the lock, done without it).
-  struct RunLaunch;
-
   Coordinator(Options options, ShardController* shards);
 
   // --- Restore and persist (<state_dir>, server/job_store.h) ---------------
   absl::Status LoadState();
-  // A saved job as this server takes it back: listed again when it ended,
-  // queued again (or failed, when it no longer validates) when not.
-  std::unique_ptr<JobRecord> RestoreJob(v1::JobStatus status) const;
-  void RestoreHistory(JobRecord& job) const;
   // Saves every status and history that changed since it was last saved.
   void PersistChangedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -296,15 +292,8 @@ class Coordinator {
   // Everything SubmitJob checks of a spec (defaults applied); the graph.
   absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
   absl::Status CheckId(const char* what, const std::string& id) const;
-  // server/eval_merge.h's check with this job's budget.
-  absl::Status CheckEvalShard(const JobRecord& job, const v1::ReportProgressRequest& report) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // --- Registry helpers (mu_ held) -----------------------------------------
-  JobRecord* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NOT_FOUND "unknown job '<id>'" for an id never issued.
-  absl::StatusOr<JobRecord*> JobOrNotFound(const std::string& job_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --- Job changes that reach beyond the job (mu_ held) ------------------
   // A member's progress report (figures, its test shard or its error).
   absl::Status ApplyProgress(JobRecord& job, RegisteredWorker& worker, RunMember& member,
                              const v1::ReportProgressRequest& report)
@@ -342,12 +331,11 @@ class Coordinator {
   std::string WhyStray(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
   void SyncMembership() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Starting a queued job: reserve idle workers (under mu_), prepare the
-  // shards' values (initial or decoded from the checkpoint) and configure
-  // the shards (without), launch the run or fail the job (under mu_).
+  // shards' values (PrepareLaunch, server/job_record.h: initial or decoded
+  // from the checkpoint) and configure the shards (without), launch the run
+  // or fail the job (under mu_).
   void StartQueuedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<RunReservation> ReserveWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RunLaunch> PrepareLaunch(const RunReservation& work) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_);
   void LaunchRun(const RunReservation& work, const absl::Status& status, DataPosition start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checkpoints: decide (under mu_), write (without), take the outcome
@@ -380,11 +368,8 @@ class Coordinator {
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(tick_mu_) ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
-  // Every job of jobs_ in submission order (jobs are never erased).
-  std::vector<JobRecord*> job_order_ ABSL_GUARDED_BY(mu_);
+  JobRegistry jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.

@@ -4,7 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/job_state.h"
+#include "common/status_macros.h"
+#include "server/eval_merge.h"
 
 namespace pstrain {
 namespace {
@@ -27,6 +30,26 @@ std::string RunningReason(const v1::JobStatus& s, size_t members, bool resumed,
 }
 
 }  // namespace
+
+absl::StatusOr<RunLaunch> PrepareLaunch(const RunReservation& reservation,
+                                        const Checkpointer& checkpoints) {
+  RunLaunch launch;
+  launch.shards.job_id = reservation.job_id;
+  launch.shards.spec = reservation.spec;
+  launch.shards.members = reservation.members;
+  launch.shards.generation = reservation.generation;
+  if (!reservation.resume) {
+    launch.shards.params = InitialParameterValues(reservation.graph);
+    return launch;
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(const v1::Checkpoint checkpoint,
+                           checkpoints.LoadLatest(reservation.job_id));
+  PSTRAIN_ASSIGN_OR_RETURN(CheckpointContents contents,
+                           DecodeCheckpoint(checkpoint, reservation.graph));
+  launch.start = contents.position;
+  ResumeLaunchFrom(std::move(contents), reservation.spec.mode(), &launch.shards);
+  return launch;
+}
 
 JobRecord::JobRecord(const std::string& job_id, v1::JobSpec spec, ModelGraph graph_in,
                      absl::Time now)
@@ -167,6 +190,70 @@ void JobRecord::RecordProgress(RunMember& member, const v1::ReportProgressReques
   run->Aggregate(&status);
   if (!report.finished() && run->RecordHistory(status, max_history_points, now, &history)) {
     history_revision++;
+  }
+}
+
+RunMember* JobRecord::PublishedMember(const std::string& worker_id) const {
+  if (phase != JobPhase::kRunning) return nullptr;
+  RunMember* member = run->FindMember(worker_id);
+  return member != nullptr && !member->finished ? member : nullptr;
+}
+
+v1::Assignment JobRecord::AssignmentOf(const RunMember& member,
+                                       const std::string& worker_run_id) const {
+  v1::Assignment a;
+  a.set_job_id(status.job_id());
+  // The spec does not change within a run (issue 11, lean heartbeats).
+  if (worker_run_id != run->run_id()) *a.mutable_spec() = status.spec();
+  a.set_rank(member.rank);
+  a.set_world_size(static_cast<int32_t>(run->members().size()));
+  a.set_start_epoch(std::max(run->start().epoch, status.epoch()));
+  a.set_generation(run->generation());
+  a.set_run_id(run->run_id());
+  a.set_start_step(run->start().step);
+  return a;
+}
+
+absl::Status JobRecord::CheckEvalShard(const v1::ReportProgressRequest& report,
+                                       int64_t max_eval_samples) const {
+  const std::optional<int64_t> test_set = TestSetBound(status.spec());
+  EvalShardBudget budget;
+  budget.num_classes = graph.num_classes;
+  budget.samples_left =
+      test_set.value_or(max_eval_samples) - run->TestSamplesClaimedByOthers(report.worker_id());
+  budget.bound_source = test_set ? absl::StrCat("the test set holds ", *test_set)
+                                 : absl::StrCat("--max-eval-samples is ", max_eval_samples);
+  return pstrain::CheckEvalShard(report.eval_shard(), report.worker_id(), budget);
+}
+
+void JobRecord::ShardsUpdated(const MembershipChange& change,
+                              const std::map<std::string, int64_t>& removed_steps) {
+  if (phase != JobPhase::kRunning || change.run_id != run->run_id() || !run->launched()) return;
+  run->MembersLost(change, removed_steps);
+  run->CountEpochSamples(&status);
+  Touch();
+}
+
+std::optional<bool> JobRecord::AnswerWithoutRecording(const v1::ReportProgressRequest& report,
+                                                      const RunMember* member) const {
+  if (phase == JobPhase::kDone) return status.state() != v1::JOB_STATE_SUCCEEDED;
+  if (member == nullptr || phase == JobPhase::kQueued || phase == JobPhase::kStarting) {
+    return true;
+  }
+  if (!report.run_id().empty() && report.run_id() != run->run_id()) {
+    return true;  // A replaced run: its worker stops; nothing it says counts.
+  }
+  if (member->finished) return false;
+  return std::nullopt;
+}
+
+void JobRecord::CheckpointWritten(const CheckpointWork& work, const absl::Status& written,
+                                  bool kept, absl::Time now) {
+  if (written.ok() && kept) has_checkpoint = true;
+  if (written.ok()) run->CheckpointWritten(now);
+  if (work.kind == CheckpointWork::kStop) save_on_stop = false;
+  if (work.kind == CheckpointWork::kEpoch && written.ok()) {
+    run->EpochCheckpointWritten(work.position.epoch);
   }
 }
 

@@ -22,6 +22,7 @@
 #define PSTRAIN_SERVER_JOB_RECORD_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
 #include "server/checkpoint_writer.h"
+#include "server/checkpointer.h"
 #include "server/job_run.h"
 
 namespace pstrain {
@@ -56,6 +58,17 @@ struct RunReservation {
   bool resume = false;      // From the job's latest checkpoint.
   int64_t step_before = 0;  // The job's step when it was interrupted.
 };
+
+// The shards' start of a reserved run, and the data position it trains from.
+struct RunLaunch {
+  JobLaunch shards;
+  DataPosition start;
+};
+// The model's deterministic initial values, or, when the run resumes, the
+// job's latest checkpoint decoded (server/job_run.h): the checkpointer's or
+// the codec's error.
+absl::StatusOr<RunLaunch> PrepareLaunch(const RunReservation& reservation,
+                                        const Checkpointer& checkpoints);
 
 struct JobRecord {
   // A job just submitted (spec with defaults applied, its graph): QUEUED.
@@ -90,6 +103,31 @@ struct JobRecord {
   // history.
   void RecordProgress(RunMember& member, const v1::ReportProgressRequest& report,
                       int max_history_points, absl::Time now);
+  // The member whose assignment a running job publishes for `worker_id`
+  // (an unfinished member of the current run), or null.
+  RunMember* PublishedMember(const std::string& worker_id) const;
+  // `member`'s assignment; the spec (model included) only for a worker that
+  // does not run this run yet (`worker_run_id` is another's).
+  v1::Assignment AssignmentOf(const RunMember& member, const std::string& worker_run_id) const;
+  // The check of a finished member's test shard (server/eval_merge.h)
+  // against the test set's size, or `max_eval_samples` when the spec does
+  // not state it, less the other members' shards.
+  absl::Status CheckEvalShard(const v1::ReportProgressRequest& report,
+                              int64_t max_eval_samples) const;
+  // The shards applied `change` (SetMembers): the lost members' work is
+  // redistributed. Ignored unless the change is of the running run.
+  void ShardsUpdated(const MembershipChange& change,
+                     const std::map<std::string, int64_t>& removed_steps);
+  // What a progress report from a member (or a non-member: null) gets
+  // without being recorded: true (stop) when the job ended unsuccessfully,
+  // is not running, or the report is of a replaced run; false when it
+  // succeeded or the member already finished. nullopt: record it.
+  std::optional<bool> AnswerWithoutRecording(const v1::ReportProgressRequest& report,
+                                             const RunMember* member) const;
+  // A checkpoint of `work.kind` was written (`written` OK), or not; `kept`:
+  // it went to disk (a state directory is set).
+  void CheckpointWritten(const CheckpointWork& work, const absl::Status& written, bool kept,
+                         absl::Time now);
   // JobStatus.stragglers. True when it changed.
   bool ListStragglers(const std::vector<std::string>& stragglers);
 

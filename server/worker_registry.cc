@@ -24,6 +24,11 @@ void WorkerRegistry::Log(const std::string& line) const {
 absl::StatusOr<RegisteredWorker*> WorkerRegistry::Register(const v1::WorkerInfo& info,
                                                            const std::string& previous_id,
                                                            absl::Time now) {
+  if (const size_t bytes = info.ByteSizeLong();
+      bytes > static_cast<size_t>(options_.max_info_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("worker info has ", bytes, " bytes; at most ",
+                                                   options_.max_info_bytes, " are allowed"));
+  }
   if (size() >= options_.max_workers) ForgetDead(now);
   if (size() >= options_.max_workers) {
     return absl::ResourceExhaustedError(absl::StrCat(

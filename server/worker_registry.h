@@ -45,6 +45,7 @@ class WorkerRegistry {
  public:
   struct Options {
     int max_workers = 10000;
+    int max_info_bytes = 4096;                             // Of a WorkerInfo.
     absl::Duration heartbeat_timeout = absl::Seconds(10);  // Silent this long: dead.
     absl::Duration forget_dead_after = absl::Minutes(10);  // Dead and idle this long: forgotten.
     // Saves the next id number before an id is handed out; empty: nothing saved.
@@ -58,7 +59,8 @@ class WorkerRegistry {
   void set_next_id(int64_t next) { next_id_ = next; }
 
   // Registers a worker heard from at `now`: `previous_id` when this registry
-  // issued it and nobody holds it, else a new id. RESOURCE_EXHAUSTED when
+  // issued it and nobody holds it, else a new id. INVALID_ARGUMENT for
+  // `info` over max_info_bytes; RESOURCE_EXHAUSTED when
   // max_workers are registered and none can be forgotten; UNAVAILABLE when
   // the id counter cannot be saved (no id is used up).
   absl::StatusOr<RegisteredWorker*> Register(const v1::WorkerInfo& info,
