@@ -1,8 +1,8 @@
 // JobRun: one run of one job on the coordinator, from the workers reserved
 // for it to its end. Every start of a job is a new run (a resume after a lost
 // worker set, a restarted shard or a re-forming, with a new run id); the
-// job's record (status, history, place in the queue) stays with the
-// Coordinator, which hands a run its status to aggregate into.
+// job's record (status, history, place in the queue: server/job_record.h)
+// outlives its runs and hands each its status to aggregate into.
 //
 //   JobRun run(spec, {"worker-1", "worker-2"}, /*generation=*/1, now);  // reserved
 //   run.Launch("job-1.1.0f3c...", {.epoch = 2, .step = 240}, now);      // shards configured
@@ -25,9 +25,9 @@
 //  * the checkpoint codec (EncodeCheckpoint and DecodeCheckpoint, at the
 //    end): the run's model as the shards hold it <-> v1::Checkpoint.
 //
-// Threads: thread-compatible. The Coordinator owns every JobRun and calls it
-// only under its own mutex; a run never talks to a shard, never does I/O and
-// never blocks.
+// Threads: thread-compatible. Its JobRecord owns it, and the Coordinator
+// calls both only under its own mutex; a run never talks to a shard, never
+// does I/O and never blocks.
 #ifndef PSTRAIN_SERVER_JOB_RUN_H_
 #define PSTRAIN_SERVER_JOB_RUN_H_
 
