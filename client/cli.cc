@@ -111,11 +111,6 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%ds", s);
 }
 
-bool Terminal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 // --- Dispatch -------------------------------------------------------------------
 
 int Cli::Run(const std::vector<std::string>& args) {

@@ -66,9 +66,6 @@ struct CliEnvironment {
 int RunCli(const std::vector<std::string>& args, const CliEnvironment& env, std::ostream& out,
            std::ostream& err);
 
-// "SUCCEEDED", "RUNNING", ... (the enum name without its prefix).
-std::string JobStateName(v1::JobState state);
-
 // The one-line progress text of a running job, e.g. "job-3 RUNNING epoch
 // 2/5 step 340/1170 [#####-----] 29% loss 0.4123 acc 0.8512 1234 samples/s
 // ETA 1m05s". `steps_per_sec` (<= 0: unknown) gives the ETA.

@@ -201,8 +201,6 @@ class Cli {
 // "1h02m", "3m05s", "9s"; "?" for a negative or unknown duration.
 std::string FormatDuration(double seconds);
 
-bool Terminal(v1::JobState state);
-
 // Calls `on_timeout` when Kick() was not called for `idle` (repeatedly, once
 // per idle period), on its own thread. Stops on destruction.
 class IdleWatchdog {

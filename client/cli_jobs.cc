@@ -20,6 +20,7 @@
 #include "common/checkpoint.h"
 #include "common/data/file_io.h"
 #include "common/job_spec.h"
+#include "common/job_state.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
 
@@ -289,7 +290,7 @@ int Cli::Status(const std::vector<std::string>& args) {
     if (const int rc = WriteReport("status", status, report); rc != kExitOk) return rc;
   }
   if (json) return PrintJson("status", status);
-  if (Terminal(status.state())) {
+  if (IsTerminal(status.state())) {
     out_ << FormatFinalReport(status);
   } else {
     out_ << FormatProgressLine(status, 0) << "\n";
@@ -427,7 +428,7 @@ absl::StatusOr<v1::JobStatus> Cli::Follow(const std::string& job_id, bool quiet)
         }
         last = status;
         have_last = true;
-        if (Terminal(status.state())) break;
+        if (IsTerminal(status.state())) break;
         if (quiet) continue;
         const std::string line = FormatProgressLine(status, steps_per_sec);
         if (env_.stdout_is_tty) {
@@ -443,7 +444,7 @@ absl::StatusOr<v1::JobStatus> Cli::Follow(const std::string& job_id, bool quiet)
         last_progress = progress;
       }
     }
-    if (have_last && Terminal(last.state())) {
+    if (have_last && IsTerminal(last.state())) {
       ctx.TryCancel();
       reader->Finish().IgnoreError();
       finish_progress_line();
@@ -525,13 +526,6 @@ int Cli::Cancel(const std::vector<std::string>& args) {
 // The status texts of client/cli.h ---------------------------------------------------
 
 using cli_internal::FormatDuration;
-
-std::string JobStateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  const std::string prefix = "JOB_STATE_";
-  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
-  return name.empty() ? "UNKNOWN" : name;
-}
 
 std::string FormatProgressLine(const v1::JobStatus& s, double steps_per_sec) {
   std::string line = absl::StrCat(s.job_id(), " ", JobStateName(s.state()));

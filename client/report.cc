@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
+#include "common/job_state.h"
 
 namespace pstrain {
 namespace {
@@ -293,27 +294,6 @@ std::string HtmlEscape(const std::string& text) {
     }
   }
   return out;
-}
-
-ClassificationMetrics MetricsFromProto(const v1::EvalMetrics& m) {
-  const int k = std::max(0, m.num_classes());
-  ConfusionMatrix cm(k);
-  const bool has_matrix = k > 0 && m.confusion_size() == static_cast<int64_t>(k) * k;
-  if (has_matrix) {
-    for (int t = 0; t < k; ++t) {
-      for (int p = 0; p < k; ++p) cm.Add(t, p, std::max<int64_t>(0, m.confusion(t * k + p)));
-    }
-  }
-  ClassificationMetrics metrics = cm.Compute();
-  metrics.loss = m.loss();
-  if (!has_matrix) {
-    metrics.accuracy = m.accuracy();
-    metrics.macro_precision = m.precision();
-    metrics.macro_recall = m.recall();
-    metrics.macro_f1 = m.f1();
-    metrics.samples = m.samples();
-  }
-  return metrics;
 }
 
 std::string RenderJobReport(const v1::JobStatus& status, const v1::JobHistory& history,

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/eval_metrics.h"  // MetricsFromProto, used by the page.
 #include "common/metrics.h"
 #include "pstrain/v1/service.pb.h"
 
@@ -27,11 +28,6 @@ namespace pstrain {
 // written at (and the end of a job that is still running).
 std::string RenderJobReport(const v1::JobStatus& status, const v1::JobHistory& history,
                             absl::Time now);
-
-// Metrics (per class too) from an EvalMetrics' confusion counts, O(k^2)
-// whatever the counts; the proto's own figures when the matrix is absent or
-// not num_classes^2.
-ClassificationMetrics MetricsFromProto(const v1::EvalMetrics& m);
 
 // &, <, >, " and ' as entities.
 std::string HtmlEscape(const std::string& text);

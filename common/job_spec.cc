@@ -168,7 +168,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   }
   PSTRAIN_RETURN_IF_ERROR(ValidateCompression(job.pull_compression(), "pull_compression"));
   if (job.pull_compression().method() != v1::CompressionSpec::COMPRESSION_NONE &&
-      job.mode() != v1::CONSISTENCY_SYNC && job.mode() != v1::CONSISTENCY_UNSPECIFIED) {
+      ConsistencyModeOf(job) != v1::CONSISTENCY_SYNC) {
     return absl::InvalidArgumentError(
         "pull_compression applies to CONSISTENCY_SYNC, where every worker pulls every step's "
         "model; in the other modes pulls travel as F32");
@@ -272,8 +272,13 @@ std::optional<int64_t> TestSetBound(const v1::JobSpec& job) {
   return bound;
 }
 
+v1::ConsistencyMode ConsistencyModeOf(const v1::JobSpec& job) {
+  return job.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : job.mode();
+}
+
 void ApplyJobDefaults(v1::JobSpec* job) {
   if (job->workers() == 0) job->set_workers(1);
+  job->set_mode(ConsistencyModeOf(*job));
   if (job->mode() == v1::CONSISTENCY_AVERAGE && job->averaging_frequency() == 0) {
     job->set_averaging_frequency(kDefaultAveragingFrequency);
   }

@@ -91,11 +91,20 @@ inline constexpr int kDefaultAveragingFrequency = 5;
 // 0.8844 without, uncompressed at 0.8950 (issue 43; docs/BENCHMARKS.md).
 inline constexpr int64_t kDefaultMinCompressBytes = 262144;
 
-// Fills the fields whose 0 or absence means "the default": workers (1); in
-// average mode, averaging_frequency (kDefaultAveragingFrequency); with TOPK or
-// ONEBIT gradient compression, an unset min_compress_bytes
-// (kDefaultMinCompressBytes; an explicit 0 stays 0). The coordinator applies
-// it to every submitted job, so the stored spec says what runs.
+// The job's consistency mode, CONSISTENCY_UNSPECIFIED read as the default,
+// CONSISTENCY_SYNC: the one place that says so. The coordinator's specs
+// have it set (ApplyJobDefaults); code that may see a spec as a user or a
+// peer wrote it (validation, the shards and workers that take specs over
+// the wire) asks here instead of guessing.
+v1::ConsistencyMode ConsistencyModeOf(const v1::JobSpec& job);
+
+// Fills the fields whose 0 or absence means "the default": workers (1), mode
+// (ConsistencyModeOf), in average mode averaging_frequency
+// (kDefaultAveragingFrequency), and with TOPK or ONEBIT gradient compression
+// an unset min_compress_bytes (kDefaultMinCompressBytes; an explicit 0 stays
+// 0). The coordinator applies it to every submitted job and to every job it
+// loads, so the stored spec says what runs and the shards and workers never
+// guess.
 void ApplyJobDefaults(v1::JobSpec* job);
 
 // Serialises a job back to JSON (for logs and checkpoints).

@@ -75,12 +75,21 @@
 // before, and JobStatus.steps_lost counts the steps the resumes trained
 // again.
 //
+// Parts: the jobs are server/job_registry.h, one job's state changes
+// server/job_record.h, one run of a job (members, epoch plans, stragglers,
+// aggregates, the checkpoint codec) server/job_run.h, the workers
+// server/worker_registry.h; writing a checkpoint is
+// server/checkpoint_writer.h; files are server/job_store.h and
+// server/checkpointer.h; test shards server/eval_merge.h.
+//
 // Threads: thread-safe. The public calls only touch memory (and write small
 // status files) and return promptly; everything that talks to shards or
 // writes checkpoints runs in Tick(), on the background thread the
 // Coordinator owns (or on the test's thread when
-// Options::start_background_thread is false). Tick() never holds the
-// coordinator's lock while it talks to a shard.
+// Options::start_background_thread is false). The lock annotations say so:
+// shards_ is guarded by tick_mu_, which only Tick takes, and Tick's phases
+// exclude mu_ while they talk to a shard. Lock order: tick_mu_, persist_mu_,
+// mu_.
 #ifndef PSTRAIN_SERVER_COORDINATOR_H_
 #define PSTRAIN_SERVER_COORDINATOR_H_
 
@@ -88,6 +97,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,10 +111,14 @@
 #include "common/model_graph.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
+#include "server/checkpoint_writer.h"
 #include "server/checkpointer.h"
-#include "server/epoch_planner.h"
+#include "server/job_record.h"
+#include "server/job_registry.h"
+#include "server/job_run.h"
 #include "server/job_store.h"
 #include "server/shard_controller.h"
+#include "server/worker_registry.h"
 
 namespace pstrain {
 
@@ -267,89 +281,95 @@ class Coordinator {
   void SetShardAddresses(std::vector<std::string> addresses);
 
  private:
-  struct Worker;
-  struct Member;
-  struct Job;
-  // Shard work decided under the lock and carried out without it.
-  struct StartWork;
-  struct CheckpointWork;
-
   Coordinator(Options options, ShardController* shards);
+
+  // --- Restore and persist (<state_dir>, server/job_store.h) ---------------
   absl::Status LoadState();
-  // Saves next_worker_ (JobStore).
-  absl::Status SaveNextWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves every status and history that changed since it was last saved.
+  void PersistChangedJobs() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- Checks ---------------------------------------------------------------
   // Everything SubmitJob checks of a spec (defaults applied); the graph.
   absl::StatusOr<ModelGraph> ValidateJob(const v1::JobSpec& spec) const;
   absl::Status CheckId(const char* what, const std::string& id) const;
-  // server/eval_merge.h's check with this job's budget.
-  absl::Status CheckEvalShard(const Job& job, const v1::ReportProgressRequest& report) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes workers dead and idle for forget_dead_workers_after.
-  void ForgetDeadWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BackgroundLoop();
-  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
-  void Log(const std::string& line) const;
-  absl::Time Now() const { return options_.clock(); }
 
-  // Tick phases.
-  void DropDeadWorkers();
-  void FindStragglers();
-  void CheckShards();
-  void DropStrayJobs();
+  // --- Job changes that reach beyond the job (mu_ held) ------------------
+  // A member's progress report (figures, its test shard or its error).
+  absl::Status ApplyProgress(JobRecord& job, RegisteredWorker& worker, RunMember& member,
+                             const v1::ReportProgressRequest& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(JobRecord& job, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveMember(JobRecord& job, const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job's current run: back to the queue, to resume from its latest
+  // checkpoint as a new run (its members are idle again and take it first).
+  void RequeueRun(JobRecord& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic scale-up: a running job with fewer members than it wants,
   // whose epoch-`epoch` checkpoint was just written, goes back to the queue
   // when enough workers are idle (a dropped worker that came back, a new
   // one) and no older job waits for them; it resumes at once from that
   // checkpoint with all of them, as a new run.
-  void ReformIfWorkersWait(Job& job, int epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncMembership();
-  void StartQueuedJobs();
-  void WriteDueCheckpoints();
-  void DropFinishedJobs();
-  void PersistChangedJobs();
+  void ReformIfWorkersWait(JobRecord& job, int epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Helpers that need mu_ held.
-  Job* FindJob(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Touch(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A JobHistory point from the job's status, when its step moved on by
-  // the history's gap; thins the history past max_history_points.
-  void RecordHistory(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefreshAggregates(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // JobStatus.epoch_samples from the run's planner.
-  void RefreshEpochSamples(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int IdleLiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Finish(Job& job, v1::JobState state, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveMember(Job& job, const std::string& worker_id, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the job's current run: back to the queue, to resume from its latest
-  // checkpoint as a new run (its members are idle again and take it first).
-  void RequeueRun(Job& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --- Background work --------------------------------------------------------
+  // Only Tick talks to shards: every phase that does requires tick_mu_,
+  // which guards shards_ (and the checkpoint writer), and none holds mu_
+  // while it waits for a shard.
+  void BackgroundLoop();
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
+  void Log(const std::string& line) const;
+  absl::Time Now() const { return options_.clock(); }
 
-  // Writes a checkpoint of the job's model (no lock held).
-  absl::Status WriteCheckpoint(const CheckpointWork& work);
+  // Tick's phases, in order.
+  void DropDeadWorkers() ABSL_LOCKS_EXCLUDED(mu_);
+  void FindStragglers() ABSL_LOCKS_EXCLUDED(mu_);
+  void CheckShards() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropStrayJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why a shard should drop `job_id` ("" when it should keep it).
+  std::string WhyStray(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  void SyncMembership() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Starting a queued job: reserve idle workers (under mu_), prepare the
+  // shards' values (PrepareLaunch, server/job_record.h: initial or decoded
+  // from the checkpoint) and configure the shards (without), launch the run
+  // or fail the job (under mu_).
+  void StartQueuedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<RunReservation> ReserveWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LaunchRun(const RunReservation& work, const absl::Status& status, DataPosition start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checkpoints: decide (under mu_), write (without), take the outcome
+  // (under mu_: the job succeeds after its final one).
+  void WriteDueCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<CheckpointWork> DueCheckpoints() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteCheckpoint(const CheckpointWork& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CheckpointDone(JobRecord& job, const CheckpointWork& work, const absl::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishEvaluated(JobRecord& job, const absl::Status& final_checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropFinishedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const Options options_;
-  ShardController* const shards_;
+  const int num_shards_;
+  const int64_t chunk_bytes_;
   // Random, drawn at construction: run ids of this process differ from
   // those of an earlier process on the same state directory.
   const uint64_t incarnation_;
   const JobStore store_;
   const Checkpointer checkpointer_;
 
-  // Serialises Tick() (the only code that talks to shards).
+  // Serialises Tick(), the only code that talks to shards.
   absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  ShardController* const shards_ ABSL_PT_GUARDED_BY(tick_mu_);
+  CheckpointWriter checkpoint_writer_ ABSL_GUARDED_BY(tick_mu_);
   // Serialises status-file writes.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(tick_mu_) ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // Submission order.
-  std::map<std::string, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
-  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  JobRegistry jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   int64_t max_model_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // Also set when stopping.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_state.h"
 #include "common/rpc/channel.h"
 
 namespace pstrain {
@@ -15,10 +16,6 @@ constexpr absl::Duration kStreamPoll = absl::Seconds(1);
 // WatchJob repeats the latest status this often when nothing changes, so
 // that a watcher can tell a quiet job from a lost connection.
 constexpr absl::Duration kWatchKeepalive = absl::Seconds(10);
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);

@@ -3,22 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/eval_metrics.h"
 #include "common/metrics.h"
 
 namespace pstrain {
-namespace {
-
-// A ConfusionMatrix holding `eval`'s counts (added, not counted one by one).
-ConfusionMatrix MatrixFromEval(const v1::EvalMetrics& eval) {
-  ConfusionMatrix cm(eval.num_classes());
-  const int n = eval.num_classes();
-  for (int t = 0; t < n; ++t) {
-    for (int p = 0; p < n; ++p) cm.Add(t, p, eval.confusion(t * n + p));
-  }
-  return cm;
-}
-
-}  // namespace
 
 absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& worker_id,
                             const EvalShardBudget& budget) {
@@ -60,21 +48,13 @@ v1::EvalMetrics MergeEvalShards(const std::vector<const v1::EvalMetrics*>& shard
   double loss_sum = 0;
   int64_t samples = 0;
   for (const v1::EvalMetrics* e : shards) {
-    total.Merge(MatrixFromEval(*e));
+    total.Merge(ConfusionFromProto(*e));
     loss_sum += e->loss() * static_cast<double>(e->samples());
     samples += e->samples();
   }
-  const ClassificationMetrics metrics = total.Compute();
-  v1::EvalMetrics test;
-  test.set_accuracy(metrics.accuracy);
-  test.set_precision(metrics.macro_precision);
-  test.set_recall(metrics.macro_recall);
-  test.set_f1(metrics.macro_f1);
-  test.set_loss(samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0);
-  test.set_samples(metrics.samples);
-  test.set_num_classes(metrics.num_classes);
-  test.mutable_confusion()->Assign(metrics.confusion.begin(), metrics.confusion.end());
-  return test;
+  ClassificationMetrics metrics = total.Compute();
+  metrics.loss = samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
+  return EvalMetricsProto(metrics);
 }
 
 }  // namespace pstrain

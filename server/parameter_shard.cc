@@ -421,8 +421,7 @@ absl::Status JobState::Init(const ShardJobConfig& config,
   if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(where, plan.status().message()));
   plan_ = *std::move(plan);
 
-  mode_ =
-      config.spec.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : config.spec.mode();
+  mode_ = ConsistencyModeOf(config.spec);
   pace_lead_ = mode_ == v1::CONSISTENCY_SYNC ? options.pace_lead_frames : 0;
   if (pace_lead_ == ParameterShard::kAutoPaceLead) {
     absl::MutexLock lock(&pace_mu_);

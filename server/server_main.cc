@@ -34,6 +34,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/daemon_util.h"
+#include "common/job_state.h"
 #include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
@@ -284,8 +285,7 @@ class ServerMetrics {
     stragglers_->Set(c.stragglers);
     std::map<std::string, int> counts;
     for (const auto& [state, count] : c.jobs_by_state) {
-      std::string name = pstrain::v1::JobState_Name(state);
-      counts[name.substr(std::string("JOB_STATE_").size())] += count;
+      counts[pstrain::JobStateName(state)] += count;
     }
     for (auto& [state, gauge] : jobs_) gauge->Set(counts[state]);
     int64_t lost = 0;

@@ -25,6 +25,7 @@
 #include "common/data/dataset.h"
 #include "common/data/load_dataset.h"
 #include "common/data/epoch_work.h"
+#include "common/eval_metrics.h"
 #include "common/metrics.h"
 #include "common/rpc/channel.h"
 #include "common/status_macros.h"
@@ -280,15 +281,9 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(const std::string& device, 
 
 v1::EvalMetrics EvalShardProto(const EvaluationShard& shard) {
   ClassificationMetrics m = shard.confusion.Compute();
-  v1::EvalMetrics proto;
-  proto.set_accuracy(m.accuracy);
-  proto.set_precision(m.macro_precision);
-  proto.set_recall(m.macro_recall);
-  proto.set_f1(m.macro_f1);
-  proto.set_loss(shard.samples > 0 ? shard.loss_sum / shard.samples : 0);
-  proto.set_samples(shard.samples);
-  proto.set_num_classes(shard.confusion.num_classes());
-  for (int64_t c : shard.confusion.counts()) proto.add_confusion(c);
+  m.loss = shard.samples > 0 ? shard.loss_sum / shard.samples : 0;
+  v1::EvalMetrics proto = EvalMetricsProto(m);
+  proto.set_samples(shard.samples);  // As the evaluation counted them, not the matrix.
   return proto;
 }
 

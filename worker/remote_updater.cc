@@ -7,13 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/job_spec.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
 
 RemoteUpdaterOptions RemoteUpdaterOptionsFromJob(const v1::JobSpec& job, int rank) {
   RemoteUpdaterOptions options;
-  options.mode = job.mode() == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_SYNC : job.mode();
+  options.mode = ConsistencyModeOf(job);
   options.rank = rank;
   options.optimizer = job.optimizer();
   options.averaging_frequency = std::max(1, job.averaging_frequency());
@@ -29,7 +30,6 @@ absl::StatusOr<std::unique_ptr<RemoteUpdater>> RemoteUpdater::Create(RemoteUpdat
   if (model == nullptr || client == nullptr) {
     return absl::InvalidArgumentError("RemoteUpdater::Create: null model or client");
   }
-  if (options.mode == v1::CONSISTENCY_UNSPECIFIED) options.mode = v1::CONSISTENCY_SYNC;
   if (options.mode == v1::CONSISTENCY_AVERAGE && options.averaging_frequency < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "averaging_frequency must be > 0 in average mode, got ", options.averaging_frequency));

@@ -188,6 +188,20 @@ TEST(JobSpecTest, SparseCompressionDefaultsToSendingSmallParametersWhole) {
   EXPECT_FALSE(fp16.pull_compression().has_min_compress_bytes());
 }
 
+// "UNSPECIFIED means sync" was guessed in seven places; the defaults say it
+// once, so the stored spec, the shards and the workers read the same mode.
+TEST(JobSpecTest, DefaultsSetTheModeToSync) {
+  v1::JobSpec job;
+  EXPECT_EQ(ConsistencyModeOf(job), v1::CONSISTENCY_SYNC);
+  ApplyJobDefaults(&job);
+  EXPECT_EQ(job.mode(), v1::CONSISTENCY_SYNC);
+  v1::JobSpec ssp;
+  ssp.set_mode(v1::CONSISTENCY_SSP);
+  ApplyJobDefaults(&ssp);
+  EXPECT_EQ(ssp.mode(), v1::CONSISTENCY_SSP);  // An explicit mode is kept.
+  EXPECT_EQ(ConsistencyModeOf(ssp), v1::CONSISTENCY_SSP);
+}
+
 TEST(JobSpecTest, RelativeDatasetPathIsResolvedAgainstTheJobDirectory) {
   auto job = ParseJobSpec(R"({"dataset": {"path": "data/x"}})", "/jobs/team", "j.json");
   ASSERT_TRUE(job.ok()) << job.status();
