@@ -40,7 +40,7 @@
 // to the first push of the next: the pull, the compute and the push of one
 // step, of which the lead changes only the push.
 //
-// Thread-safety: none; the owner serialises calls (JobState::pace_mu_).
+// Thread-safety: none; the owner serialises calls (PushPacer::mu_).
 #ifndef PSTRAIN_SERVER_PACE_LEAD_TUNER_H_
 #define PSTRAIN_SERVER_PACE_LEAD_TUNER_H_
 

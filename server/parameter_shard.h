@@ -9,19 +9,21 @@
 //   // Its pull of chunk 3 at version >= 8 (blocks until the sync step applied):
 //   PSTRAIN_ASSIGN_OR_RETURN(PulledChunk c, shard.Pull(pull_args, deadline));
 //
-// Versions count updates of a chunk:
-//  * sync: version t -> t+1 once every member has pushed its gradient for t;
-//    the mean gradient is applied once with the optimizer. A push for another
-//    version than the chunk's current one is rejected (future: INVALID_ARGUMENT,
-//    past: ABORTED).
-//  * async: every push is applied on arrival (version += 1); its staleness
-//    (current version - pushed version) is recorded. Future versions:
-//    INVALID_ARGUMENT.
-//  * ssp (bound s): as async; in addition a Pull from a worker whose clock is c
-//    waits until every member's clock (steps pushed) is >= c - s.
-//  * average (K): pushes carry parameters (and optimizer state when
-//    average_optimizer_state) for round t; once every member pushed, the mean
-//    becomes version t+1. No optimizer runs on the server.
+// Versions count updates of a chunk. The job's mode chooses, once, its
+// aggregation policy (server/aggregation/, each file with the details):
+//  * sync (sync_policy.h): version t -> t+1 once every member has pushed its
+//    gradient for t; the mean gradient is applied once with the optimizer. A
+//    push for another version than the chunk's current one is rejected
+//    (future: INVALID_ARGUMENT, past: ABORTED).
+//  * async (async_policy.h): every push is applied on arrival (version += 1);
+//    its staleness (current version - pushed version) is recorded. Future
+//    versions: INVALID_ARGUMENT.
+//  * ssp (bound s; ssp_policy.h): as async; in addition a Pull from a worker
+//    whose clock is c waits until every member's clock (steps pushed) is
+//    >= c - s.
+//  * average (K; average_policy.h): pushes carry parameters (and optimizer
+//    state when average_optimizer_state) for round t; once every member
+//    pushed, the mean becomes version t+1. No optimizer runs on the server.
 // Non-trainable chunks (batch-norm running statistics) take KIND_PARAMETERS
 // pushes in every mode: sync and average keep the mean over members per
 // version like trainable ones in average mode; async and ssp take the last
@@ -61,16 +63,12 @@
 //  * Each trainable chunk records the highest worker_clock accepted from
 //    each member; SetMembers reports a removed member's steps (the lowest
 //    over the chunks), from which server 0 knows what it did not train.
-// Pull compression (JobSpec.pull_compression, sync mode): each trainable
-// chunk not sent whole also keeps its published values, what the workers
-// hold. When a step completes, the difference between the master values and
-// the published ones is encoded once (common/rpc/gradient_codec.h), added
-// into the published values exactly as a worker adds it, and kept as the
-// chunk's delta; a pull from a worker holding the previous version (of the
-// job's current values epoch, drawn by ConfigureJob) gets that delta, any
-// other pull the published values whole. What a codec leaves out stays in
-// the difference for the next step (error feedback). ReadChunks (checkpoints)
-// reads the master values.
+// Pull compression (JobSpec.pull_compression, sync mode; sync_policy.h):
+// each step's change of a trainable chunk is encoded once and sent as a
+// delta to a worker holding the previous version of the job's current values
+// epoch (drawn by ConfigureJob); any other pull gets the published values
+// whole. ReadChunks (checkpoints) and pulls with PullArgs::master read the
+// master values.
 //
 // Optimizer state is pulled (KIND_OPTIMIZER_STATE) only in average mode with
 // average_optimizer_state; in the other modes it lives in the server's
@@ -81,8 +79,9 @@
 // there or the deadline passes; everything else returns promptly. Pushes to
 // different chunks run in parallel (one lock per chunk); an update wakes only
 // the pulls of its chunk. A PulledChunk's values never change: an update
-// writes in place only when no snapshot of the chunk is held, else it copies.
-// Destroy the shard only when no call is in flight.
+// writes in place only when no snapshot of the chunk is held, else it copies
+// (server/shard_chunk.h). Destroy the shard only when no call is in flight.
+// The locks and their order: the top of parameter_shard.cc.
 #ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
 #define PSTRAIN_SERVER_PARAMETER_SHARD_H_
 
@@ -106,6 +105,7 @@
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/service.pb.h"
 #include "server/pace_lead_tuner.h"
+#include "server/shard_calls.h"
 
 namespace pstrain {
 
@@ -114,7 +114,7 @@ struct ShardJobConfig {
   v1::JobSpec spec;  // Model inline.
   int num_shards = 1;
   int64_t chunk_bytes = kAutoChunkBytes;  // 0: AutoChunkBytes, as workers plan.
-  std::vector<std::string> members;  // Active worker ids.
+  std::vector<std::string> members;       // Active worker ids.
   int64_t generation = 1;
 };
 
@@ -147,64 +147,10 @@ struct ShardStats {
 inline constexpr double kBarrierWaitBounds[] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
                                                 0.2,   0.5,   1,     2,    5,    10};
 
-struct PushArgs {
-  std::string job_id;
-  std::string worker_id;
-  int64_t generation = 0;
-  int chunk_id = 0;
-  int64_t version = 0;
-  v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_GRADIENT;
-  int slot = 0;          // KIND_OPTIMIZER_STATE: index into the chunk's slots.
-  int worker_clock = 0;  // Steps this worker has completed (ssp).
-  // The update id (ChunkHeader.incarnation, update_seq); incarnation 0: none.
-  uint64_t incarnation = 0;
-  int64_t update_seq = 0;
-  // Bytes of the payload as it travelled (compressed gradients: less than
-  // the F32 values it represents); -1: the values' F32 size.
-  int64_t payload_bytes = -1;
-};
-
-struct PullArgs {
-  std::string job_id;
-  std::string worker_id;
-  int64_t generation = 0;
-  int chunk_id = 0;
-  int64_t min_version = 0;
-  v1::ChunkHeader::Kind kind = v1::ChunkHeader::KIND_PARAMETERS;
-  int slot = 0;
-  int worker_clock = 0;  // ssp: the requester's clock c.
-  // Pull compression: the version of the published values the requester
-  // holds (-1: none), from the job's values epoch `held_epoch`.
-  int64_t held_version = -1;
-  uint64_t held_epoch = 0;
-  bool master = false;  // The master values whole, even with pull compression.
-};
-
 // What ParameterShard::ReadChunks returns (see there).
 struct ShardReadOptions {
   int64_t at_version = 0;      // > 0: a consistent cut at this version.
   bool versions_only = false;  // Chunk ids and versions only.
-};
-
-struct PulledChunk {
-  int64_t version = 0;
-  // Immutable snapshot; safe to send after the call returns. With pull
-  // compression: the published values (what workers hold), not the master.
-  std::shared_ptr<const std::vector<float>> values;
-  // Pull compression: the encoded change from version - 1 to `version` of
-  // the published values, when the requester holds version - 1 of this
-  // epoch; else null (send `values`). Immutable.
-  std::shared_ptr<const EncodedGradient> delta;
-  uint64_t values_epoch = 0;  // 0: the chunk's pulls are not compressed.
-};
-
-// Told that a sync job's push pacing allowance may have grown
-// (ParameterShard::WatchPace). Called with no shard lock held, on the thread
-// of the push or membership change that moved the slowest member on.
-class PaceWatcher {
- public:
-  virtual ~PaceWatcher() = default;
-  virtual void AllowanceChanged() = 0;
 };
 
 class ParameterShard {
