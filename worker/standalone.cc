@@ -63,9 +63,9 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalUpdater> updater,
                            LocalUpdater::Create(job.optimizer(), model));
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                           Trainer::Create(model, updater.get(), &splits.train, preprocess,
-                                           trainer_options));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(model, updater.get(), &splits.train, preprocess, trainer_options));
 
   StandaloneResult result;
   result.device = backend->DeviceName();
