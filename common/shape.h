@@ -57,18 +57,6 @@ class Shape {
     }
     return n;
   }
-  // Product of all dimensions but the first (features per sample).
-  int64_t per_sample() const {
-    int64_t n = 1;
-    for (size_t i = 1; i < dims_.size(); ++i) n *= dims_[i];
-    return n;
-  }
-  // The same shape with dimension 0 replaced (e.g. a new batch size).
-  Shape WithBatch(int64_t n) const {
-    Shape s = *this;
-    if (!s.dims_.empty()) s.dims_[0] = n;
-    return s;
-  }
 
   std::string ToString() const {
     std::string out = "[";

@@ -13,43 +13,34 @@
 //
 // Life of an assignment (one job, one generation):
 //   RegisterWorker (WorkerInfo: host, backend, device, GPUs) ▸ Heartbeat
-//   every heartbeat_interval_ms ▸ ACTION_RUN: a runner thread loads the data,
-//   builds the model, connects a PsClient to every shard, pulls the model and
-//   trains epoch by epoch from Assignment.start_epoch, reporting progress every
-//   `progress_every_steps` steps and at each epoch's end ▸ after the last
-//   epoch it evaluates its rank's shard of the test set and reports
-//   `finished` with it ▸ idle again.
-// Each epoch starts with EpochPlan: the coordinator names this member's
-// rank and world size for it (the same for every member), and, once its
-// share is trained, the tails it must train too (samples a lost member did
-// not train); the epoch ends when no untrained tail is left. A new
-// generation of the same run (a member was lost) changes the push
+//   every heartbeat_interval_ms ▸ ACTION_RUN: an AssignmentRun
+//   (assignment_run.h) on its own thread loads the data, builds the model,
+//   connects to every shard, trains epoch by epoch as EpochPlan says,
+//   evaluates its rank's shard of the test set and reports `finished` with
+//   it ▸ idle again.
+// A new generation of the same run (a member was lost) changes the push
 // generation at once.
 // A new run of a job (Assignment.run_id: the job was resumed from its
-// checkpoint, e.g. after server 0 restarted) replaces the runner of the old
-// one, even for a job this worker finished or failed before; the run starts
-// from its data position (start_epoch, and start_step's steps into that
-// epoch when this worker's steps per epoch put it there).
-// ACTION_STOP, a progress answer `stop`, or Shutdown() stop the runner
-// within one step. ACTION_REREGISTER (the coordinator restarted) stops the
-// runner and registers again, asking for the same worker id back. A coordinator that does
-// not answer is retried with exponential backoff (capped at 5 s) forever,
-// with one log line per change of state.
+// checkpoint, e.g. after server 0 restarted) replaces the old run, even for a
+// job this worker finished or failed before.
+// ACTION_STOP, a progress answer `stop`, or Shutdown() stop the run within
+// one step. ACTION_REREGISTER (the coordinator restarted) stops the run and
+// registers again, asking for the same worker id back. A coordinator that
+// does not answer is retried with exponential backoff (capped at 5 s)
+// forever, with one log line per change of state.
 //
-// Threads: Run() blocks the calling thread (the heartbeat loop); one runner
-// thread per assignment; Shutdown() may be called from any thread (and from
-// nowhere else but a signal-handling thread, not a signal handler).
+// Threads: Run() blocks the calling thread (the heartbeat loop), which
+// starts, updates, stops and joins the runs, one thread each; Shutdown() may
+// be called from any thread (and from nowhere else but a signal-handling
+// thread, not a signal handler).
 #ifndef PSTRAIN_WORKER_DAEMON_H_
 #define PSTRAIN_WORKER_DAEMON_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,28 +49,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data/path_policy.h"
-#include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
 #include "pstrain/v1/service.grpc.pb.h"
+#include "worker/assignment_run.h"
+#include "worker/training_metrics.h"
 
 namespace prometheus {
 class Registry;
 }
 
 namespace pstrain {
-
-// The worker's /metrics endpoint: common/metrics_http.h serving `registry`
-// (the same endpoint pstrain-server uses; see there for why not civetweb).
-//
-//   PSTRAIN_ASSIGN_OR_RETURN(auto endpoint, MetricsEndpoint::Start("127.0.0.1", 9101, registry));
-struct MetricsEndpoint {
-  // port 0 picks a free port (see port()). UNAVAILABLE when it cannot bind;
-  // INVALID_ARGUMENT for a null registry or a host that is not IPv4.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-      const MetricsTls* tls = nullptr);
-};
 
 class WorkerDaemon {
  public:
@@ -145,34 +125,39 @@ class WorkerDaemon {
   int jobs_finished() const;
 
  private:
-  struct Metrics;
-  struct Runner;
+  // Where the heartbeat loop stands with its coordinator (Run()'s thread).
+  struct Contact;
 
   explicit WorkerDaemon(Options options);
   void Log(const std::string& line) const;
+  // The heartbeat loop's steps.
   absl::Status Register();
+  grpc::Status SendHeartbeat(const std::string& worker_id, v1::HeartbeatResponse* response);
   void HandleHeartbeat(const v1::HeartbeatResponse& response);
-  void StartRunner(const v1::Assignment& assignment);
-  void StopRunner(const std::string& why);
-  void RunAssignment(Runner* runner);
-  absl::Status Train(Runner* runner);
-  void SendFinalReport(Runner* runner, const v1::ReportProgressRequest& request);
-  void ReportProgressAsync(Runner* runner, v1::ReportProgressRequest request);
-  // The coordinator's plan for this member in `epoch` (EpochPlan), asked
-  // again while it says wait, within ps_rpc_timeout.
-  absl::StatusOr<v1::EpochPlanResponse> AskEpochPlan(Runner* runner, int epoch,
-                                                     int64_t epoch_length, bool share_done,
-                                                     int tails_done,
-                                                     const std::map<int, int64_t>& trained);
+  // The coordinator could not be reached (`what`: "register with", ...):
+  // logged once per change of problem, then a backoff.
+  void LostContact(Contact& contact, const std::string& what, absl::StatusCode code,
+                   const std::string& detail);
+  void InContact(Contact& contact);
+  // Runs: started, updated and stopped on the heartbeat thread.
+  void JoinEndedRun();
+  void FollowAssignment(const v1::Assignment& assignment);
+  void StartRun(const v1::Assignment& assignment);
+  void StopRun(const std::string& why);
+  // On the run's thread when its Run() returned: its outcome, logged,
+  // counted and (a failure) reported.
+  void OnRunEnd(AssignmentRun& run, const absl::Status& status);
+  AssignmentRun::Options RunOptions() const ABSL_LOCKS_EXCLUDED(mu_);
   void SleepFor(absl::Duration d);
   grpc::Status CoordinatorCall(grpc::ClientContext* ctx, const std::function<grpc::Status()>& call)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const Options options_;
-  std::optional<data::DataPathPolicy> data_policy_;  // Set by Create().
+  const std::function<void(const std::string&)> log_;  // options_.log, or stderr.
+  std::optional<data::DataPathPolicy> data_policy_;    // Set by Create().
   std::unique_ptr<v1::Coordinator::Stub> stub_;
-  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<TrainingMetrics> metrics_;
   v1::WorkerInfo info_;
 
   mutable absl::Mutex mu_;
@@ -184,7 +169,7 @@ class WorkerDaemon {
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> shards_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Runner> runner_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<AssignmentRun> run_ ABSL_GUARDED_BY(mu_);  // The latest (null: none).
   // The id held before the coordinator asked to register again: asked back
   // at the next registration.
   std::string previous_worker_id_ ABSL_GUARDED_BY(mu_);

@@ -138,7 +138,6 @@ class Model {
   const float* loss() const { return loss_.data(); }
   // Device [batch, num_classes] fp32 logits of the last Forward.
   const float* logits() const;
-  int last_batch() const { return batch_; }
 
   DataType precision() const { return precision_; }
   // The factor the loss gradient is scaled by (1 unless fp16).

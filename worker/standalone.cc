@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
 #include "worker/evaluation.h"
+#include "worker/job_setup.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
 
@@ -54,27 +55,19 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(job));
   PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(job.optimizer()));
 
-  // Phase: OpenBackend.
-  PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec device_spec, ParseDeviceSpec(options.device));
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device_spec));
-
-  // Phase: LoadData.
-  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
-  PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
-                           data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
-
-  // Phase: BuildModel.
-  ModelOptions model_options;
-  model_options.precision = DataTypeOf(job.precision());
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                           Model::Create(job.model(), backend.get(), model_options));
-  PSTRAIN_RETURN_IF_ERROR(model->InitializeParameters());
+  // Phase: OpenBackend, LoadData, BuildModel.
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                           OpenBackend(options.device, /*cpu_threads=*/0));
+  PSTRAIN_ASSIGN_OR_RETURN(JobSetup setup, LoadDataAndBuildModel(job, backend.get()));
+  const data::DatasetSplits& splits = setup.splits;
+  const data::Preprocess& preprocess = setup.preprocess;
+  Model* const model = setup.model.get();
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalUpdater> updater,
-                           LocalUpdater::Create(job.optimizer(), model.get()));
+                           LocalUpdater::Create(job.optimizer(), model));
   TrainerOptions trainer_options = TrainerOptionsFromJob(job);
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                           Trainer::Create(model.get(), updater.get(), &splits.train, preprocess,
-                                           trainer_options));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(model, updater.get(), &splits.train, preprocess, trainer_options));
 
   StandaloneResult result;
   result.device = backend->DeviceName();
@@ -201,8 +194,8 @@ absl::StatusOr<ClassificationMetrics> EvaluateCheckpoint(const std::string& chec
   if (!data_dir.empty()) job.mutable_dataset()->set_path(data_dir);
   job.mutable_dataset()->set_train_limit(1);  // Only the test split is used.
   if (options.limit > 0) job.mutable_dataset()->set_test_limit(options.limit);
-  PSTRAIN_ASSIGN_OR_RETURN(DeviceSpec device_spec, ParseDeviceSpec(device));
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device_spec));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                           OpenBackend(device, /*cpu_threads=*/0));
   if (device_name != nullptr) *device_name = backend->DeviceName();
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), backend.get()));
   std::vector<v1::TensorProto> params(ckpt.parameters().begin(), ckpt.parameters().end());

@@ -29,6 +29,7 @@
 #include "common/daemon_util.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
+#include "common/metrics_http.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/health.h"
 #include "common/rpc/security_flags.h"
@@ -269,7 +270,8 @@ absl::Status StartWorkerMetrics(const pstrain::DaemonSecurity& security,
   }
   PSTRAIN_ASSIGN_OR_RETURN(
       metrics->server,
-      pstrain::MetricsEndpoint::Start(metrics_host, metrics_port, registry, tls ? &*tls : nullptr));
+      pstrain::MetricsHttpServer::Start(
+          metrics_host, metrics_port, pstrain::PrometheusTextOf(registry), tls ? &*tls : nullptr));
   metrics->address = metrics_host + ":" + std::to_string(metrics->server->port());
   std::cout << "metrics on " << (tls ? "https://" : "http://") << metrics->address << "/metrics"
             << std::endl;

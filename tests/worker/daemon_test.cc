@@ -1,16 +1,11 @@
-// WorkerDaemon against an in-process fake Coordinator: registration with the
+// WorkerDaemon against an in-process fake Coordinator that speaks the real
+// protocol (tests/testing/fake_coordinator.h): registration with the
 // machine's description, heartbeats, re-registration, retry while the
-// coordinator is down, a failing assignment reported as the job's error, and
-// the /metrics endpoint.
+// coordinator is down, a failing run reported as the job's error and not
+// run again, and a new run of the same job run.
 #include "worker/daemon.h"
 
-#include <arpa/inet.h>
-#include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,76 +15,17 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "prometheus/registry.h"
-#include "tests/testing/http_get.h"
+#include "tests/testing/fake_coordinator.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
 
 using ::testing::HasSubstr;
 
-class FakeCoordinator final : public v1::Coordinator::Service {
- public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
-                              v1::RegisterWorkerResponse* response) override {
-    absl::MutexLock lock(&mu);
-    infos.push_back(request->info());
-    response->set_worker_id("worker-" + std::to_string(infos.size()));
-    response->set_heartbeat_interval_ms(50);
-    response->add_shards("127.0.0.1:1");  // Nobody listens: a pull fails at once.
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override {
-    {
-      absl::MutexLock lock(&mu);
-      heartbeats.push_back(request->worker_id() + "/" + request->job_id());
-      if (hang_heartbeats) {
-        hanging = true;
-      }
-    }
-    // A coordinator that stops answering (a SIGSTOPped server): the call
-    // stays open until the test lets go.
-    if (hanging) release.WaitForNotificationWithTimeout(absl::Seconds(120));
-    absl::MutexLock lock(&mu);
-    if (reregister_next) {
-      reregister_next = false;
-      response->set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
-      return grpc::Status::OK;
-    }
-    if (assignment.job_id().empty()) {
-      response->set_action(v1::HeartbeatResponse::ACTION_IDLE);
-    } else {
-      response->set_action(v1::HeartbeatResponse::ACTION_RUN);
-      *response->mutable_assignment() = assignment;
-    }
-    return grpc::Status::OK;
-  }
-  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* request,
-                              v1::ReportProgressResponse*) override {
-    absl::MutexLock lock(&mu);
-    reports.push_back(*request);
-    return grpc::Status::OK;
-  }
-
-  absl::Mutex mu;
-  std::vector<v1::WorkerInfo> infos;
-  std::vector<std::string> heartbeats;
-  std::vector<v1::ReportProgressRequest> reports;
-  bool reregister_next = false;
-  bool hang_heartbeats = false;
-  std::atomic<bool> hanging{false};
-  absl::Notification release;
-  v1::Assignment assignment;
-};
-
-std::unique_ptr<grpc::Server> StartServer(FakeCoordinator* service, int* port) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:" + std::to_string(*port), grpc::InsecureServerCredentials(),
-                           port);
-  builder.RegisterService(service);
-  return builder.BuildAndStart();
-}
+using ::pstrain::testing::FakeCoordinator;
+using ::pstrain::testing::StartFakeCoordinator;
+using ::pstrain::testing::WaitFor;
 
 WorkerDaemon::Options TestOptions(int port) {
   WorkerDaemon::Options options;
@@ -105,24 +41,10 @@ WorkerDaemon::Options TestOptions(int port) {
   return options;
 }
 
-// Waits up to 10 s for `done` (checked under the fake's lock).
-template <typename Fn>
-bool WaitFor(FakeCoordinator& fake, Fn done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    {
-      absl::MutexLock lock(&fake.mu);
-      if (done()) return true;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
-}
-
 TEST(WorkerDaemonTest, RegistersHeartbeatsAndReregistersWhenAsked) {
   FakeCoordinator fake;
   int port = 0;
-  auto server = StartServer(&fake, &port);
+  auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   auto daemon = WorkerDaemon::Create(TestOptions(port));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -150,7 +72,7 @@ TEST(WorkerDaemonTest, RegistersHeartbeatsAndReregistersWhenAsked) {
 TEST(WorkerDaemonTest, ShutdownDoesNotWaitForAHeartbeatThatNeverAnswers) {
   FakeCoordinator fake;
   int port = 0;
-  auto server = StartServer(&fake, &port);
+  auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   WorkerDaemon::Options options = TestOptions(port);
   options.rpc_timeout = absl::Seconds(120);  // Far beyond the wait below.
@@ -180,7 +102,7 @@ TEST(WorkerDaemonTest, KeepsRetryingUntilTheCoordinatorComesUp) {
   int port = 0;
   {
     FakeCoordinator probe;
-    auto server = StartServer(&probe, &port);
+    auto server = StartFakeCoordinator(&probe, &port);
     ASSERT_NE(server, nullptr);
     server->Shutdown();
   }
@@ -190,50 +112,148 @@ TEST(WorkerDaemonTest, KeepsRetryingUntilTheCoordinatorComesUp) {
   absl::SleepFor(absl::Milliseconds(700));  // Several failed attempts.
   EXPECT_EQ((*daemon)->worker_id(), "");
   FakeCoordinator fake;
-  auto server = StartServer(&fake, &port);
+  auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(WaitFor(fake, [&] { return !fake.heartbeats.empty(); }));
   (*daemon)->Shutdown();
   run.join();
 }
 
+// An assignment of run `run_id` whose IDX dataset lies at `path`.
+v1::Assignment IdxAssignment(const std::string& job_id, const std::string& run_id,
+                             const std::string& path) {
+  v1::Assignment a;
+  a.set_job_id(job_id);
+  a.set_run_id(run_id);
+  a.set_rank(0);
+  a.set_world_size(1);
+  a.set_generation(1);
+  v1::JobSpec* spec = a.mutable_spec();
+  spec->set_epochs(1);
+  spec->set_batch_size(8);
+  spec->mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
+  spec->mutable_dataset()->set_path(path);
+  return a;
+}
+
+// Log lines, from any thread.
+class LogLines {
+ public:
+  std::function<void(const std::string&)> Sink() {
+    return [this](const std::string& line) {
+      absl::MutexLock lock(&mu_);
+      lines_.push_back(line);
+    };
+  }
+  // Waits up to 10 s for a line that contains `text`.
+  bool WaitForLine(const std::string& text) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu_);
+        for (const std::string& line : lines_) {
+          if (line.find(text) != std::string::npos) return true;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_;
+};
+
 TEST(WorkerDaemonTest, AnAssignmentThatCannotRunIsReportedAsTheJobsError) {
   FakeCoordinator fake;
   int port = 0;
-  auto server = StartServer(&fake, &port);
+  auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   {
     absl::MutexLock lock(&fake.mu);
-    fake.assignment.set_job_id("job-3");
-    fake.assignment.set_rank(0);
-    fake.assignment.set_world_size(1);
-    fake.assignment.set_generation(1);
-    v1::JobSpec* spec = fake.assignment.mutable_spec();
-    spec->set_epochs(1);
-    spec->set_batch_size(8);
-    spec->mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
-    spec->mutable_dataset()->set_path("/nonexistent/dataset/dir");
+    fake.assignment = IdxAssignment("job-3", "job-3.1.00ab", "/nonexistent/dataset/dir");
   }
   auto daemon = WorkerDaemon::Create(TestOptions(port));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  std::thread run([&] { EXPECT_TRUE((*daemon)->Run().ok()); });
+  std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
   ASSERT_TRUE(WaitFor(fake, [&] { return !fake.reports.empty(); }));
+  size_t heartbeats_at_report = 0;
   {
     absl::MutexLock lock(&fake.mu);
     EXPECT_EQ(fake.reports[0].job_id(), "job-3");
+    EXPECT_EQ(fake.reports[0].run_id(), "job-3.1.00ab");
     EXPECT_EQ(fake.reports[0].worker_id(), "worker-1");
     EXPECT_THAT(fake.reports[0].error(), HasSubstr("test-host"));
     EXPECT_FALSE(fake.reports[0].finished());
+    heartbeats_at_report = fake.heartbeats.size();
   }
-  // The failed job is not started again although the fake keeps assigning it.
-  absl::SleepFor(absl::Milliseconds(300));
+  // The failed run is not started again although the fake keeps assigning
+  // it, spec included: five more heartbeats handled, still one report, and
+  // the worker idle.
+  ASSERT_TRUE(WaitFor(fake, [&] { return fake.heartbeats.size() >= heartbeats_at_report + 5; }));
   {
     absl::MutexLock lock(&fake.mu);
     EXPECT_EQ(fake.reports.size(), 1u);
     EXPECT_EQ(fake.heartbeats.back(), "worker-1/");
   }
+  // A new run of the same job (resumed after a restart) is run.
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.assignment.set_run_id("job-3.2.00ab");
+  }
+  ASSERT_TRUE(WaitFor(fake, [&] { return fake.reports.size() == 2; }));
+  {
+    absl::MutexLock lock(&fake.mu);
+    EXPECT_EQ(fake.reports[1].run_id(), "job-3.2.00ab");
+    EXPECT_THAT(fake.reports[1].error(), HasSubstr("test-host"));
+  }
   (*daemon)->Shutdown();
   run.join();
+}
+
+// A run that waits for its parameter servers (nobody listens): its
+// heartbeats carry its run, so the coordinator sends no spec; a new
+// generation reaches the run, and a coordinator that no longer assigns the
+// job stops it.
+TEST(WorkerDaemonTest, ARunFollowsItsGenerationsAndStopsWhenTheCoordinatorSaysSo) {
+  FakeCoordinator fake;
+  int port = 0;
+  auto server = StartFakeCoordinator(&fake, &port);
+  ASSERT_NE(server, nullptr);
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.assignment = ::pstrain::testing::SyntheticAssignment("job-5", "job-5.1.00ab");
+  }
+  LogLines log;
+  WorkerDaemon::Options options = TestOptions(port);
+  options.log = log.Sink();
+  options.ps_rpc_timeout = absl::Seconds(120);  // The run waits for its shards until stopped.
+  auto daemon = WorkerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
+  ASSERT_TRUE(WaitFor(fake, [&] {
+    return !fake.heartbeats.empty() && fake.heartbeats.back() == "worker-1/job-5";
+  }));
+  EXPECT_EQ((*daemon)->current_job(), "job-5");
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.assignment.set_generation(2);
+    fake.assignment.set_rank(1);
+    fake.assignment.set_world_size(2);
+  }
+  EXPECT_TRUE(log.WaitForLine("job-5: generation 2, rank 1 of 2 (was 0 of 1)"));
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.assignment.Clear();
+  }
+  EXPECT_TRUE(log.WaitForLine("job-5: stopping (the coordinator asked to stop)"));
+  EXPECT_TRUE(log.WaitForLine("job-5: stopped"));
+  EXPECT_EQ((*daemon)->current_job(), "");
+  (*daemon)->Shutdown();
+  run.join();
+  absl::MutexLock lock(&fake.mu);
+  EXPECT_TRUE(fake.reports.empty());  // A stopped run reports nothing.
 }
 
 // Regression (issue 8): a job could make workers read any path on their
@@ -241,19 +261,11 @@ TEST(WorkerDaemonTest, AnAssignmentThatCannotRunIsReportedAsTheJobsError) {
 TEST(WorkerDaemonTest, ADatasetOutsideTheDataRootsFailsTheJobWithTheRule) {
   FakeCoordinator fake;
   int port = 0;
-  auto server = StartServer(&fake, &port);
+  auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   {
     absl::MutexLock lock(&fake.mu);
-    fake.assignment.set_job_id("job-4");
-    fake.assignment.set_rank(0);
-    fake.assignment.set_world_size(1);
-    fake.assignment.set_generation(1);
-    v1::JobSpec* spec = fake.assignment.mutable_spec();
-    spec->set_epochs(1);
-    spec->set_batch_size(8);
-    spec->mutable_dataset()->set_format(v1::DATASET_FORMAT_IDX);
-    spec->mutable_dataset()->set_path("/etc/../etc/ssl");
+    fake.assignment = IdxAssignment("job-4", "job-4.1.00ab", "/etc/../etc/ssl");
   }
   WorkerDaemon::Options options = TestOptions(port);
   options.data_roots = {::testing::TempDir()};
@@ -277,31 +289,6 @@ TEST(WorkerDaemonTest, CreateRejectsBadOptions) {
   options = TestOptions(1);
   options.coordinator_address.clear();
   EXPECT_TRUE(absl::IsInvalidArgument(WorkerDaemon::Create(options).status()));
-}
-
-using ::pstrain::testing::HttpGet;
-
-TEST(MetricsEndpointTest, ServesTheRegistryInTextFormat) {
-  auto registry = std::make_shared<prometheus::Registry>();
-  WorkerDaemon::Options options = TestOptions(1);
-  options.registry = registry;
-  auto daemon = WorkerDaemon::Create(options);  // Registers the pstrain_worker_* families.
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto endpoint = MetricsEndpoint::Start("127.0.0.1", 0, registry);
-  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
-  std::string response = HttpGet((*endpoint)->port(), "/metrics");
-  EXPECT_THAT(response, HasSubstr("200 OK"));
-  for (const char* name :
-       {"pstrain_worker_samples_per_second", "pstrain_worker_loss", "pstrain_worker_steps_total",
-        "pstrain_worker_step_phase_seconds_bucket", "pstrain_worker_data_wait_seconds_total",
-        "pstrain_worker_loss_scale", "pstrain_worker_overflowed_steps_total"}) {
-    EXPECT_THAT(response, HasSubstr(name));
-  }
-  EXPECT_THAT(response, HasSubstr("phase=\"compute\""));
-  EXPECT_THAT(HttpGet((*endpoint)->port(), "/"), HasSubstr("404"));
-  // The port is taken now: a second endpoint on it fails cleanly.
-  auto second = MetricsEndpoint::Start("127.0.0.1", (*endpoint)->port(), registry);
-  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
 }
 
 }  // namespace
