@@ -10,6 +10,8 @@
 
 namespace pstrain {
 
+// One builder chain per family: a list of declarations, not a flow, so it
+// stays in one piece although it is longer than 60 lines.
 TrainingMetrics::TrainingMetrics(prometheus::Registry* registry) {
   if (registry == nullptr) return;
   samples_per_second_ = &prometheus::BuildGauge()
