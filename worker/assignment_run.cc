@@ -10,6 +10,7 @@
 #include "common/data/dataset.h"
 #include "common/data/epoch_work.h"
 #include "common/eval_metrics.h"
+#include "common/job_spec.h"
 #include "common/status_macros.h"
 #include "worker/evaluation.h"
 
@@ -146,7 +147,7 @@ absl::Status AssignmentRun::ConnectAndPull() {
   client_options.connections_per_shard = options_.connections_per_shard;
   client_options.channel = options_.channel;
   client_options.compression = job_.compression();
-  client_options.pace_pushes = job_.mode() == v1::CONSISTENCY_SYNC;
+  client_options.pace_pushes = ConsistencyModeOf(job_) == v1::CONSISTENCY_SYNC;
   PSTRAIN_ASSIGN_OR_RETURN(client_, PsClient::Create(client_options, std::move(plan)));
   RemoteUpdaterOptions updater_options = RemoteUpdaterOptionsFromJob(job_, start_.rank());
   updater_options.on_step = [this](const StepTimings& t) { OnStep(t); };

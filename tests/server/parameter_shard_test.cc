@@ -847,7 +847,9 @@ TEST(ParameterShardSyncTest, GradientsWhoseSumOverflowsAreRejectedAndTheModelIsU
       // complete it with the exact mean.
       std::vector<float> small(job.Count(chunk), 1e38f);
       ASSERT_OK(shard.Push(job.Args("worker-b", chunk, 0, kind), small));
-      if (members == 3) ASSERT_OK(shard.Push(job.Args("worker-c", chunk, 0, kind), small));
+      if (members == 3) {
+        ASSERT_OK(shard.Push(job.Args("worker-c", chunk, 0, kind), small));
+      }
       ASSERT_OK_AND_ASSIGN(PulledChunk pulled,
                            shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now()));
       for (float v : Values(pulled)) EXPECT_TRUE(std::isfinite(v)) << v;

@@ -42,6 +42,12 @@ MATCHER_P2(StatusIs, code, message_matcher,
          ::testing::Matches(message_matcher)(std::string(status.message()));
 }
 
+// What EXPECT_OK and ASSERT_OK test: true when the status is OK.
+struct OkCheck {
+  absl::Status status;
+  explicit operator bool() const { return status.ok(); }
+};
+
 }  // namespace pstrain::testing
 
 #define PSTRAIN_STATUS_CONCAT_INNER_(a, b) a##b
@@ -49,15 +55,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
 
 // EXPECT_OK and ASSERT_OK take more context like the gtest assertions:
 //   ASSERT_OK(cluster.Start()) << cluster.Logs();
-// (the switch keeps a caller's `else` from binding to the macro's `if`).
-#define PSTRAIN_CHECK_OK_IMPL_(expr, on_failure)                                       \
-  switch (0)                                                                           \
-  case 0:                                                                              \
-  default:                                                                             \
-    if (const ::absl::Status _pstrain_status = ::pstrain::testing::ToStatus(expr);     \
-        _pstrain_status.ok()) {                                                        \
-    } else /* NOLINT */                                                                \
-      on_failure() << #expr << ": " << _pstrain_status << " "
+// They are built as gtest builds ASSERT_TRUE (an else-blocker, then an `if`
+// on a declaration). Like it, under `if` they want braces (gcc's
+// -Wdangling-else).
+#define PSTRAIN_CHECK_OK_IMPL_(expr, on_failure)                                      \
+  GTEST_AMBIGUOUS_ELSE_BLOCKER_                                                       \
+  if (const ::pstrain::testing::OkCheck _pstrain_check{::pstrain::testing::ToStatus(expr)}) \
+    ;                                                                                 \
+  else                                                                                \
+    on_failure() << #expr << ": " << _pstrain_check.status << " "
 
 #define EXPECT_OK(expr) PSTRAIN_CHECK_OK_IMPL_(expr, ADD_FAILURE)
 #define ASSERT_OK(expr) PSTRAIN_CHECK_OK_IMPL_(expr, GTEST_FAIL)
