@@ -19,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data/file_io.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
 #include "google/protobuf/struct.pb.h"
@@ -147,6 +149,12 @@ class LocalCluster {
           *ReadTokenFile(certs() + (role == Role::kAdmin ? "/admin.token" : "/worker.token"));
     }
     if (!worker_id.empty()) {
+      // As server 0 issues it: bound to its state directory's epoch.
+      absl::StatusOr<std::string> epoch =
+          data::ReadFileBytes(absl::StrCat(state_root_, "/shard0/state_epoch"));
+      EXPECT_TRUE(epoch.ok()) << epoch.status();
+      (*servers)->SetStateEpoch(
+          std::string(absl::StripAsciiWhitespace(epoch.value_or(std::string()))));
       identity->set_worker_credential((*servers)->IssueWorkerCredential(worker_id));
     }
     options.identity = std::move(identity);
