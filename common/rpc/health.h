@@ -34,10 +34,9 @@ void EnableHealthAndReflection();
 // "" included, reports NOT_SERVING from then on (a draining daemon).
 void SetServing(grpc::Server* server, const std::vector<std::string>& services, bool serving);
 
-// A plaintext gRPC server that serves grpc.health.v1.Health alone (no
-// reflection, no other service), for probes that cannot speak TLS (the
-// servers' and workers' --health-port). Binds `address` ("HOST:PORT"; port 0
-// picks one).
+// A gRPC server that serves only health and reflection, for daemons that
+// serve no other gRPC service (pstrain-worker). Binds `address`
+// ("HOST:PORT"; port 0 picks one).
 struct HealthServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
