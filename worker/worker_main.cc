@@ -110,7 +110,7 @@ ABSL_FLAG(int, metrics_port, 0,
           "run: the per-GPU gauges) runs (0 = off)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address /metrics binds to");
 ABSL_FLAG(int, health_port, 0,
-          "Daemon mode: serve gRPC health (grpc.health.v1.Health) and reflection on "
+          "Daemon mode: serve gRPC health (grpc.health.v1.Health, only, in plaintext) on "
           "HEALTH_HOST:PORT (0 = off). Service \"\" is SERVING while the process runs; "
           "\"pstrain-worker\" is SERVING while the coordinator is reachable (readiness)");
 ABSL_FLAG(std::string, health_host, "127.0.0.1", "Daemon mode: address the health service binds to");

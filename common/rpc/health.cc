@@ -13,10 +13,53 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
 namespace pstrain {
+
+namespace {
+
+// The name gRPC's reflection plugin gives itself
+// (grpc::reflection::ProtoServerReflectionPlugin::name()).
+constexpr char kReflectionPluginName[] = "proto_server_reflection";
+
+// A builder option that drops the reflection plugin, which
+// InitProtoReflectionServerBuilderPlugin adds to every builder of the process:
+// the plaintext health port serves grpc.health.v1.Health and nothing else.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return plugin->name() == kReflectionPluginName;
+    });
+  }
+};
+
+// Every call but Health's on the plaintext port: UNIMPLEMENTED, before
+// reading a byte of it. Registering it also gives gRPC a callback service to
+// poll for, without which it refuses to build a server whose only service is
+// the default health service ("At least one of the completion queues must be
+// frequently polled").
+class Unimplemented final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refusal final : public grpc::ServerGenericBidiReactor {
+     public:
+      Refusal() {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            "this port serves grpc.health.v1.Health only"));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal;
+  }
+};
+
+}  // namespace
 
 void EnableHealthAndReflection() {
   static absl::once_flag once;
@@ -45,6 +88,9 @@ absl::StatusOr<HealthServer> StartHealthServer(const std::string& address) {
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &result.port);
   // Health checks are tiny; a small thread pool bounds what a flood can take.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  result.others = std::make_unique<Unimplemented>();
+  builder.RegisterCallbackGenericService(result.others.get());
   result.server = builder.BuildAndStart();
   if (result.server == nullptr || result.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address,

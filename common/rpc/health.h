@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 
 namespace pstrain {
@@ -34,10 +35,14 @@ void EnableHealthAndReflection();
 // "" included, reports NOT_SERVING from then on (a draining daemon).
 void SetServing(grpc::Server* server, const std::vector<std::string>& services, bool serving);
 
-// A gRPC server that serves only health and reflection, for daemons that
-// serve no other gRPC service (pstrain-worker). Binds `address`
-// ("HOST:PORT"; port 0 picks one).
+// A plaintext gRPC server that serves grpc.health.v1.Health alone (no
+// reflection, no other service), for probes that cannot speak TLS (the
+// servers' and workers' --health-port). Binds `address` ("HOST:PORT"; port 0
+// picks one).
 struct HealthServer {
+  // Answers every method but Health's with UNIMPLEMENTED. Declared before
+  // `server`, which must go first.
+  std::unique_ptr<grpc::CallbackGenericService> others;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
