@@ -34,6 +34,7 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -82,7 +83,25 @@ class JobState {
     return policy_->PaceSlack(worker_id, version);
   }
 
+  // Calls admitted and waiting now (ShardStats::waiting_pulls, waiting_cuts).
+  int64_t waiting_pulls() const { return waiting_pulls_.load(std::memory_order_relaxed); }
+  int64_t waiting_cuts() const { return waiting_cuts_.load(std::memory_order_relaxed); }
+
  private:
+  // Counts a call in `counter` for as long as it waits.
+  class Waiting {
+   public:
+    explicit Waiting(std::atomic<int64_t>& counter) : counter_(counter) {
+      counter_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Waiting() { counter_.fetch_sub(1, std::memory_order_relaxed); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    std::atomic<int64_t>& counter_;
+  };
+
   std::string Describe(const ShardChunk& chunk) const { return chunk.Describe(job_id_); }
 
   // Init's phases: the spec and its chunk plan (sets plan_), the initial
@@ -125,6 +144,8 @@ class JobState {
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardMembership> membership_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<int64_t> waiting_pulls_{0}, waiting_cuts_{0};
 };
 
 absl::Status JobState::Init(const ShardJobConfig& config,
@@ -418,6 +439,7 @@ absl::StatusOr<PulledChunk> JobState::Pull(const PullArgs& args, absl::Time dead
     absl::MutexLock lock(&mu_);
     PSTRAIN_RETURN_IF_ERROR(CheckCaller(*membership_, args.worker_id, args.generation));
   }
+  const Waiting waiting(waiting_pulls_);
   PSTRAIN_RETURN_IF_ERROR(policy_->AwaitPull(args, deadline));
 
   absl::MutexLock lock(&chunk->mu);
@@ -595,6 +617,7 @@ absl::StatusOr<std::vector<v1::ChunkValues>> JobState::ReadCut(int64_t version,
     }
   }
   // Phase 2: wait for the captures.
+  const Waiting counted(waiting_cuts_);
   for (size_t i : waiting) {
     ShardChunk& chunk = *chunks_[i];
     absl::MutexLock lock(&chunk.mu);
@@ -785,7 +808,12 @@ absl::StatusOr<ChunkPlan> ParameterShard::Plan(const std::string& job_id) const 
 
 ShardStats ParameterShard::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  ShardStats stats = stats_;
+  for (const auto& [id, job] : jobs_) {
+    stats.waiting_pulls += job->waiting_pulls();
+    stats.waiting_cuts += job->waiting_cuts();
+  }
+  return stats;
 }
 
 }  // namespace pstrain

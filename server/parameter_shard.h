@@ -141,6 +141,10 @@ struct ShardStats {
   // Highest chunk version a push or pull of each configured job has seen
   // (its live model version); a job leaves the map when it is dropped.
   std::map<std::string, int64_t> model_version_by_job;
+  // Gauges, not counts: pulls admitted (caller checked) and waiting now for a
+  // version, a barrier or the slowest clock; ReadChunks cuts waiting now for
+  // their version. Over the configured jobs.
+  int64_t waiting_pulls = 0, waiting_cuts = 0;
 };
 
 // Upper bounds of ShardStats::barrier_wait_counts' buckets, in seconds.

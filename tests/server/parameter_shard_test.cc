@@ -158,10 +158,10 @@ TestJob MakeJob(v1::ConsistencyMode mode, const v1::OptimizerSpec& optimizer,
   job.config.members = std::move(members);
   job.config.generation = 1;
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(spec.model());
-  EXPECT_TRUE(graph.ok()) << graph.status();
+  EXPECT_OK(graph);
   job.graph = *graph;
   absl::StatusOr<ChunkPlan> plan = PlanChunks(job.graph, num_shards, chunk_bytes);
-  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_OK(plan);
   job.plan = *plan;
   job.params = InitialParameterValues(job.graph);
   return job;
@@ -182,7 +182,7 @@ bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
 // Everything ReadChunks reports (values, versions, optimizer slots) as bytes.
 std::string ModelBytes(ParameterShard& shard, const std::string& job_id) {
   absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard.ReadChunks(job_id);
-  EXPECT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_OK(chunks);
   std::string out;
   if (!chunks.ok()) return out;
   for (const v1::ChunkValues& c : *chunks) out += c.SerializeAsString();
@@ -198,13 +198,13 @@ class ReferenceOptimizer {
     options.num_threads = 1;
     backend_ = CreateCpuBackend(options);
     auto opt = Optimizer::Create(spec, backend_.get());
-    EXPECT_TRUE(opt.ok()) << opt.status();
+    EXPECT_OK(opt);
     optimizer_ = *std::move(opt);
-    EXPECT_TRUE(optimizer_->AddParameter("p", count).ok());
+    EXPECT_OK(optimizer_->AddParameter("p", count));
   }
   // param -= update(grad) at iteration `step`.
   void Apply(std::vector<float>& param, const std::vector<float>& grad, int64_t step) {
-    ASSERT_TRUE(optimizer_->Apply(0, param.data(), grad.data(), step).ok());
+    ASSERT_OK(optimizer_->Apply(0, param.data(), grad.data(), step));
   }
   std::vector<float> State(int slot) {
     Tensor* t = optimizer_->StateTensors().at(slot).second;
@@ -223,6 +223,20 @@ std::vector<float> Mean(const std::vector<float>& a, const std::vector<float>& b
   return out;
 }
 
+// True once `shard` counts `n` calls waiting in `gauge` (admitted, their
+// caller checked, and parked for a version, a barrier or a clock), within
+// kLongWait: the positive condition a test waits for before it checks that a
+// pull is still held.
+bool AwaitWaiting(const ParameterShard& shard, int64_t n,
+                  int64_t ShardStats::*gauge = &ShardStats::waiting_pulls) {
+  const absl::Time deadline = absl::Now() + kLongWait;
+  while (shard.stats().*gauge != n) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 // Runs Pull on a thread so that a test can check that it blocks.
 class AsyncPull {
  public:
@@ -238,10 +252,10 @@ class AsyncPull {
   ~AsyncPull() {
     if (thread_.joinable()) thread_.join();
   }
-  // True if the pull is still blocked after `wait`.
-  bool StillBlockedAfter(std::chrono::milliseconds wait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return !cv_.wait_for(lock, wait, [this] { return done_; });
+  // True once the pull has returned.
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
   }
   absl::StatusOr<PulledChunk> Get() {
     thread_.join();
@@ -441,7 +455,8 @@ TEST(ParameterShardCutTest, ACutReturnsEveryChunkAsItWasAtTheVersion) {
     cut_status = r.status();
     if (r.ok()) cut = *std::move(r);
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  // The cut waits for chunk b.
+  ASSERT_TRUE(AwaitWaiting(shard, 1, &ShardStats::waiting_cuts));
   // Chunk b reaches version 1 (captured then); then both move on to 2.
   ASSERT_EQ(*push(b, 0, 2.f), 1);
   ASSERT_OK_AND_ASSIGN(std::vector<v1::ChunkValues> b_at_1, shard.ReadChunks(job.config.job_id));
@@ -505,7 +520,7 @@ TEST(ParameterShardAverageTest, NoOptimizerStateIsInventedWithoutStateAveraging)
 TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const std::vector<float> p0 = job.Initial(chunk);
   const std::vector<float> ga = Ramp(job.Count(chunk), 0.37f, 0.113f);
@@ -514,7 +529,7 @@ TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
   ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0), ga), 0);
   // One of two pushed: version 0 unchanged, a pull for 1 times out.
   absl::StatusOr<PulledChunk> v0 = shard.Pull(job.PullOf("worker-a", chunk, 0), absl::Now());
-  ASSERT_TRUE(v0.ok()) << v0.status();
+  ASSERT_OK(v0);
   EXPECT_EQ(v0->version, 0);
   EXPECT_TRUE(BitIdentical(Values(*v0), p0));
   absl::StatusOr<PulledChunk> early =
@@ -523,10 +538,12 @@ TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
   EXPECT_EQ(shard.stats().applied_updates, 0);
 
   AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
-  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
+  ASSERT_TRUE(AwaitWaiting(shard, 1));
+  EXPECT_FALSE(waiting.done());
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), gb), 1);
   absl::StatusOr<PulledChunk> v1 = waiting.Get();
-  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_OK(v1);
+  EXPECT_EQ(shard.stats().waiting_pulls, 0);  // A gauge: the released pull left it.
   EXPECT_EQ(v1->version, 1);
 
   std::vector<float> expected = p0;
@@ -545,7 +562,7 @@ TEST(ParameterShardSyncTest, AppliesTheExactMeanOnceBothWorkersPushed) {
 TEST(ParameterShardSyncTest, ThreeWorkersAverageInArrivalOrderWithExactDivision) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"w1", "w2", "w3"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
   const std::vector<float> g1 = Ramp(n, 0.1f, 0.7f), g2 = Ramp(n, 1.3f, -0.9f),
@@ -559,14 +576,14 @@ TEST(ParameterShardSyncTest, ThreeWorkersAverageInArrivalOrderWithExactDivision)
   ReferenceOptimizer reference(Sgd(0.1f), n);
   reference.Apply(expected, mean, 0);
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("w1", chunk, 1), absl::Now());
-  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_OK(pulled);
   EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
 }
 
 TEST(ParameterShardSyncTest, NonTrainableChunksTakeTheMeanOfTheMembers) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("bn/running_mean");
   const std::vector<float> a = {1.f, 2.f, 3.f}, b = {0.5f, -2.f, 10.f};
   EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 0), a).status().code(),
@@ -574,25 +591,27 @@ TEST(ParameterShardSyncTest, NonTrainableChunksTakeTheMeanOfTheMembers) {
   ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, v1::ChunkHeader::KIND_PARAMETERS), a), 0);
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, v1::ChunkHeader::KIND_PARAMETERS), b), 1);
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-b", chunk, 1), absl::Now());
-  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_OK(pulled);
   EXPECT_THAT(Values(*pulled), ElementsAreArray({0.75f, 0.f, 6.5f}));
 }
 
 TEST(ParameterShardSyncTest, DroppingAMemberCompletesThePendingStep) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("logits/weight");
   const std::vector<float> ga = Ramp(job.Count(chunk), 0.5f, 0.25f);
   ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0), ga), 0);
 
   AsyncPull survivor(shard, job.PullOf("worker-a", chunk, 1));
   AsyncPull dead(shard, job.PullOf("worker-b", chunk, 1));
-  EXPECT_TRUE(survivor.StillBlockedAfter(std::chrono::milliseconds(50)));
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  ASSERT_TRUE(AwaitWaiting(shard, 2));
+  EXPECT_FALSE(survivor.done());
+  EXPECT_FALSE(dead.done());
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a"}, 2));
 
   absl::StatusOr<PulledChunk> after = survivor.Get();
-  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_OK(after);
   EXPECT_EQ(after->version, 1);
   std::vector<float> expected = job.Initial(chunk);
   ReferenceOptimizer reference(Sgd(0.1f), job.Count(chunk));
@@ -636,24 +655,24 @@ TEST(ParameterShardSyncTest, BarrierWaitsRunFromTheFirstMembersPushToTheLast) {
   absl::Time now = absl::UnixEpoch();
   std::unique_ptr<ParameterShard> owned = ShardOnClock(&now);
   ParameterShard& shard = *owned;
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("logits/weight");
   const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.25f);
 
   // Step 0: b 100 ms after a, c 200 ms after b: the barrier waited 300 ms.
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), g).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), g));
   now += absl::Milliseconds(100);
-  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 0), g).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-b", chunk, 0), g));
   EXPECT_EQ(shard.stats().barrier_wait_seconds, 0);  // Still open.
   now += absl::Milliseconds(200);
   ASSERT_EQ(*shard.Push(job.Args("worker-c", chunk, 0), g), 1);
   // Step 1: c is never heard from again; removing it 3 s after a's push
   // completes the barrier, which therefore waited 3 s.
   now += absl::Seconds(10);  // Between steps: not a wait.
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 1), g).ok());
-  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 1), g).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 1), g));
+  ASSERT_OK(shard.Push(job.Args("worker-b", chunk, 1), g));
   now += absl::Seconds(3);
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 2).ok());
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 2));
 
   const ShardStats stats = shard.stats();
   std::vector<int64_t> expected(std::size(kBarrierWaitBounds) + 1, 0);
@@ -668,11 +687,11 @@ TEST(ParameterShardSyncTest, ASingleMembersBarriersDoNotWait) {
   absl::Time now = absl::UnixEpoch();
   std::unique_ptr<ParameterShard> owned = ShardOnClock(&now);
   ParameterShard& shard = *owned;
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("logits/weight");
   for (int64_t step = 0; step < 3; ++step) {
     now += absl::Seconds(1);
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), Ramp(job.Count(chunk), 1, 0)).ok());
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, step), Ramp(job.Count(chunk), 1, 0)));
   }
   EXPECT_EQ(shard.stats().barrier_wait_counts[0], 3);
   EXPECT_EQ(shard.stats().barrier_wait_seconds, 0);
@@ -681,10 +700,10 @@ TEST(ParameterShardSyncTest, ASingleMembersBarriersDoNotWait) {
 TEST(ParameterShardAsyncTest, AsyncPushesOpenNoBarrier) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("logits/weight");
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
-  ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), Ramp(job.Count(chunk), 1, 0)));
+  ASSERT_OK(shard.Push(job.Args("worker-b", chunk, 0), Ramp(job.Count(chunk), 1, 0)));
   EXPECT_EQ(shard.stats().barrier_wait_counts,
             std::vector<int64_t>(std::size(kBarrierWaitBounds) + 1, 0));
 }
@@ -701,13 +720,13 @@ TEST(ParameterShardPacingTest, AMemberMayRunTheLeadAheadOfTheSlowestAndIsToldWhe
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b", "worker-c"},
                         /*num_shards=*/1, /*chunk_bytes=*/8);
   ParameterShard shard({.pace_lead_frames = 2});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   auto watcher = std::make_shared<CountingWatcher>();
   ASSERT_OK_AND_ASSIGN(const bool paced, shard.WatchPace(job.config.job_id, watcher));
   ASSERT_TRUE(paced);
   auto push = [&](const std::string& worker, int piece) {
     const int chunk = job.ChunkOf("fc/weight", piece);
-    ASSERT_TRUE(shard.Push(job.Args(worker, chunk, 0), Ramp(job.Count(chunk), 1, 0)).ok());
+    ASSERT_OK(shard.Push(job.Args(worker, chunk, 0), Ramp(job.Count(chunk), 1, 0)));
   };
   auto slack = [&](const std::string& worker) {
     return *shard.PaceSlack(job.config.job_id, worker, /*version=*/0);
@@ -724,7 +743,7 @@ TEST(ParameterShardPacingTest, AMemberMayRunTheLeadAheadOfTheSlowestAndIsToldWhe
   EXPECT_EQ(slack("worker-a"), 1);
   EXPECT_EQ(slack("worker-c"), 2);
   // Removing the two slow members leaves a alone: it is the slowest.
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a"}, 2));
   EXPECT_EQ(watcher->calls.load(), 2);
   EXPECT_EQ(slack("worker-a"), 2);
   // A version past is not held back (a retry of a finished step).
@@ -737,7 +756,7 @@ TEST(ParameterShardPacingTest, AMemberMayRunTheLeadAheadOfTheSlowestAndIsToldWhe
 TEST(ParameterShardPacingTest, OnlySyncJobsWithALeadArePaced) {
   TestJob async_job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(async_job.config, async_job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(async_job.config, async_job.InitialChunks(0)));
   ASSERT_OK_AND_ASSIGN(const bool async_paced,
                        shard.WatchPace("job-1", std::make_shared<CountingWatcher>()));
   EXPECT_FALSE(async_paced);
@@ -745,7 +764,7 @@ TEST(ParameterShardPacingTest, OnlySyncJobsWithALeadArePaced) {
 
   TestJob sync_job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard unpaced({.pace_lead_frames = 0});
-  ASSERT_TRUE(unpaced.ConfigureJob(sync_job.config, sync_job.InitialChunks(0)).ok());
+  ASSERT_OK(unpaced.ConfigureJob(sync_job.config, sync_job.InitialChunks(0)));
   ASSERT_OK_AND_ASSIGN(const bool without_lead,
                        unpaced.WatchPace("job-1", std::make_shared<CountingWatcher>()));
   EXPECT_FALSE(without_lead);
@@ -802,10 +821,10 @@ TEST(ParameterShardPacingTest, AnAutomaticLeadTriesOneAndTwoInTurnAndKeepsTheFas
 TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
   const std::vector<float> ga = {1.f, 2.f, 3.f}, gb = {3.f, 2.f, 1.f};
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), ga).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), ga));
   absl::Status duplicate =
       shard.Push(job.Args("worker-a", chunk, 0), {100.f, 100.f, 100.f}).status();
   EXPECT_EQ(duplicate.code(), absl::StatusCode::kInvalidArgument);
@@ -815,7 +834,7 @@ TEST(ParameterShardSyncTest, RejectsADuplicatePushWithoutChangingTheSum) {
   ReferenceOptimizer reference(Sgd(0.1f), 3);
   reference.Apply(expected, Mean(ga, gb), 0);
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
-  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_OK(pulled);
   EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
   EXPECT_EQ(shard.stats().rejected_pushes, 1);
 }
@@ -864,7 +883,7 @@ TEST(ParameterShardSyncTest, GradientsWhoseSumOverflowsAreRejectedAndTheModelIsU
 TEST(ParameterShardAsyncTest, AppliesEveryPushOnArrivalAndRecordsStaleness) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
   ParameterShard shard({.staleness_buckets = 8});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   std::vector<float> expected = job.Initial(chunk);
   ReferenceOptimizer reference(Sgd(0.1f, 0.9f), job.Count(chunk));
@@ -875,7 +894,7 @@ TEST(ParameterShardAsyncTest, AppliesEveryPushOnArrivalAndRecordsStaleness) {
     reference.Apply(expected, g, step);
     absl::StatusOr<PulledChunk> pulled =
         shard.Pull(job.PullOf("worker-b", chunk, step + 1), absl::Now());
-    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    ASSERT_OK(pulled);
     EXPECT_TRUE(BitIdentical(Values(*pulled), expected)) << "after push " << step;
   }
   // worker-b's gradient was computed from version 0; the server is at 3.
@@ -883,7 +902,7 @@ TEST(ParameterShardAsyncTest, AppliesEveryPushOnArrivalAndRecordsStaleness) {
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0), stale), 4);
   reference.Apply(expected, stale, 3);  // Step = the version it was applied to.
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 4), absl::Now());
-  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_OK(pulled);
   EXPECT_EQ(pulled->version, 4);
   EXPECT_TRUE(BitIdentical(Values(*pulled), expected));
 
@@ -897,10 +916,11 @@ TEST(ParameterShardAsyncTest, AppliesEveryPushOnArrivalAndRecordsStaleness) {
 TEST(ParameterShardAsyncTest, StalenessBeyondTheLastBucketLandsInIt) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({.staleness_buckets = 2});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
-  for (int i = 0; i < 5; ++i)
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 1.f, 1.f}).ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), {1.f, 1.f, 1.f}));
+  }
   // Staleness 0, 1, 2, 3, 4 -> buckets [0] = 1, [>=1] = 4.
   EXPECT_THAT(shard.stats().staleness_counts, ElementsAreArray({1, 4}));
 }
@@ -908,13 +928,13 @@ TEST(ParameterShardAsyncTest, StalenessBeyondTheLastBucketLandsInIt) {
 TEST(ParameterShardAsyncTest, RunningStatisticsTakeTheLastWrite) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("bn/running_var");
   const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
   ASSERT_EQ(*shard.Push(job.Args("worker-a", chunk, 0, kParams), {1.f, 2.f, 3.f}), 1);
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kParams), {4.f, 5.f, 6.f}), 2);
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 2), absl::Now());
-  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_OK(pulled);
   EXPECT_THAT(Values(*pulled), ElementsAreArray({4.f, 5.f, 6.f}));
 }
 
@@ -926,15 +946,15 @@ TEST(ParameterShardSspTest, PullWaitsForTheSlowestMemberWithinTheBound) {
   TestJob job = MakeJob(v1::CONSISTENCY_SSP, Sgd(0.1f), {"worker-a", "worker-b"});
   job.config.spec.set_staleness(1);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
   auto push = [&](const std::string& worker, int clock) {
     PushArgs args = job.Args(worker, chunk, 0);
     args.worker_clock = clock;
     return shard.Push(args, {0.01f, 0.02f, 0.03f});
   };
-  for (int clock = 1; clock <= 3; ++clock) ASSERT_TRUE(push("worker-a", clock).ok());
-  ASSERT_TRUE(push("worker-b", 1).ok());
+  for (int clock = 1; clock <= 3; ++clock) { ASSERT_OK(push("worker-a", clock)); }
+  ASSERT_OK(push("worker-b", 1));
 
   PullArgs at_clock_3 = job.PullOf("worker-a", chunk, 0);
   at_clock_3.worker_clock = 3;
@@ -946,13 +966,14 @@ TEST(ParameterShardSspTest, PullWaitsForTheSlowestMemberWithinTheBound) {
   // Clock 2 is within the bound already.
   PullArgs at_clock_2 = at_clock_3;
   at_clock_2.worker_clock = 2;
-  EXPECT_TRUE(shard.Pull(at_clock_2, absl::Now()).ok());
+  EXPECT_OK(shard.Pull(at_clock_2, absl::Now()));
 
   AsyncPull waiting(shard, at_clock_3);
-  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
-  ASSERT_TRUE(push("worker-b", 2).ok());
+  ASSERT_TRUE(AwaitWaiting(shard, 1));
+  EXPECT_FALSE(waiting.done());
+  ASSERT_OK(push("worker-b", 2));
   absl::StatusOr<PulledChunk> released = waiting.Get();
-  ASSERT_TRUE(released.ok()) << released.status();
+  ASSERT_OK(released);
   EXPECT_EQ(released->version, 5);  // Async updates: every push applied.
 }
 
@@ -960,19 +981,20 @@ TEST(ParameterShardSspTest, RemovingTheSlowestMemberReleasesTheWaiters) {
   TestJob job = MakeJob(v1::CONSISTENCY_SSP, Sgd(0.1f), {"worker-a", "worker-b"});
   job.config.spec.set_staleness(0);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
   PushArgs args = job.Args("worker-a", chunk, 0);
   args.worker_clock = 1;
-  ASSERT_TRUE(shard.Push(args, {1.f, 1.f, 1.f}).ok());
+  ASSERT_OK(shard.Push(args, {1.f, 1.f, 1.f}));
   PullArgs pull = job.PullOf("worker-a", chunk, 1);
   pull.worker_clock = 1;
   AsyncPull waiting(shard, pull);
-  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  ASSERT_TRUE(AwaitWaiting(shard, 1));
+  EXPECT_FALSE(waiting.done());
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a"}, 2));
   // The pull carried generation 1 but was admitted before the change; a
   // remaining member's blocked pull completes.
-  EXPECT_TRUE(waiting.Get().ok());
+  EXPECT_OK(waiting.Get());
 }
 
 // ---------------------------------------------------------------------------
@@ -983,7 +1005,7 @@ TEST(ParameterShardAverageTest, AveragesParametersAndOptimizerStateWhenAsked) {
   TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
   job.config.spec.set_average_optimizer_state(true);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
   const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
@@ -1005,17 +1027,17 @@ TEST(ParameterShardAverageTest, AveragesParametersAndOptimizerStateWhenAsked) {
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kState), mb), 1);
 
   absl::StatusOr<PulledChunk> params = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
-  ASSERT_TRUE(params.ok()) << params.status();
+  ASSERT_OK(params);
   EXPECT_EQ(params->version, 1);
   EXPECT_TRUE(BitIdentical(Values(*params), Mean(pa, pb)));
   PullArgs state_pull = job.PullOf("worker-b", chunk, 1);
   state_pull.kind = kState;
   absl::StatusOr<PulledChunk> state = shard.Pull(state_pull, absl::Now());
-  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_OK(state);
   EXPECT_TRUE(BitIdentical(Values(*state), Mean(ma, mb)));
 
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   for (const v1::ChunkValues& c : *read) {
     if (c.chunk_id() != chunk) continue;
     EXPECT_EQ(c.version(), 1);
@@ -1033,7 +1055,7 @@ TEST(ParameterShardAverageTest, ARoundCompletesWhenTheMissingMemberIsRemoved) {
   TestJob job = MakeJob(v1::CONSISTENCY_AVERAGE, Adam(0.01f), {"worker-a", "worker-b"});
   job.config.spec.set_average_optimizer_state(true);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
   const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
   const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
@@ -1043,10 +1065,10 @@ TEST(ParameterShardAverageTest, ARoundCompletesWhenTheMissingMemberIsRemoved) {
   PushArgs second_slot = job.Args("worker-a", chunk, 0, kState);
   second_slot.slot = 1;
   ASSERT_EQ(*shard.Push(second_slot, va), 0);
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).ok());
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a"}, 2));
 
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   int seen = 0;
   for (const v1::ChunkValues& c : *read) {
     if (c.chunk_id() != chunk) {
@@ -1072,12 +1094,12 @@ TEST(ParameterShardAverageTest, ARoundCompletesWhenTheMissingMemberIsRemoved) {
   PullArgs pull = job.PullOf("worker-a", chunk, 2);
   pull.generation = 2;
   absl::StatusOr<PulledChunk> params = shard.Pull(pull, absl::Now());
-  ASSERT_TRUE(params.ok()) << params.status();
+  ASSERT_OK(params);
   EXPECT_THAT(Values(*params), ElementsAreArray({7.f, 8.f, 9.f}));
   pull.kind = kState;
   pull.slot = 1;
   absl::StatusOr<PulledChunk> state = shard.Pull(pull, absl::Now());
-  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_OK(state);
   EXPECT_THAT(Values(*state), ElementsAreArray({1.f, 1.f, 1.f}));
 }
 
@@ -1094,7 +1116,7 @@ TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
       for (int i = 0; i < 3; ++i) slot->add_values(0.25f * (i + 1));
     }
   }
-  ASSERT_TRUE(shard.ConfigureJob(job.config, initial).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, initial));
   const auto kParams = v1::ChunkHeader::KIND_PARAMETERS;
   const auto kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
   absl::Status state_push =
@@ -1105,7 +1127,7 @@ TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
   ASSERT_EQ(*shard.Push(job.Args("worker-b", chunk, 0, kParams), {3.f, 4.f, 5.f}), 1);
 
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   bool found = false;
   for (const v1::ChunkValues& c : *read) {
     if (c.chunk_id() != chunk) continue;
@@ -1128,7 +1150,7 @@ TEST(ParameterShardAverageTest, LeavesOptimizerStateAloneWhenNotAsked) {
 TEST(ParameterShardOptimizerTest, MomentumStatePersistsAcrossStepsAndIsReadBack) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("logits/weight");
   std::vector<float> expected = job.Initial(chunk);
   ReferenceOptimizer reference(Sgd(0.05f, 0.9f), job.Count(chunk));
@@ -1138,7 +1160,7 @@ TEST(ParameterShardOptimizerTest, MomentumStatePersistsAcrossStepsAndIsReadBack)
     reference.Apply(expected, g, step);
   }
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   int seen = 0;
   for (const v1::ChunkValues& c : *read) {
     const bool trainable = job.graph.params[job.plan.chunks[c.chunk_id()].param].trainable;
@@ -1158,17 +1180,17 @@ TEST(ParameterShardOptimizerTest, MomentumStatePersistsAcrossStepsAndIsReadBack)
 TEST(ParameterShardOptimizerTest, AdamMomentsAndBiasCorrectionFollowTheVersion) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Adam(0.01f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   std::vector<float> expected = job.Initial(chunk);
   ReferenceOptimizer reference(Adam(0.01f), job.Count(chunk));
   for (int step = 0; step < 4; ++step) {
     const std::vector<float> g = Ramp(job.Count(chunk), 0.3f * (step - 1), -0.04f);
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), g).ok());
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, step), g));
     reference.Apply(expected, g, step);
   }
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   for (const v1::ChunkValues& c : *read) {
     if (c.chunk_id() != chunk) continue;
     EXPECT_TRUE(BitIdentical({c.values().begin(), c.values().end()}, expected));
@@ -1186,15 +1208,15 @@ TEST(ParameterShardOptimizerTest, ResumesFromCheckpointedVersionAndState) {
   // A checkpoint read from one shard configures another: same next update.
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a"});
   ParameterShard first({});
-  ASSERT_TRUE(first.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(first.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const std::vector<float> g = Ramp(job.Count(chunk), 0.5f, 0.1f);
-  ASSERT_TRUE(first.Push(job.Args("worker-a", chunk, 0), g).ok());
+  ASSERT_OK(first.Push(job.Args("worker-a", chunk, 0), g));
   absl::StatusOr<std::vector<v1::ChunkValues>> checkpoint = first.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  ASSERT_OK(checkpoint);
 
   ParameterShard second({});
-  ASSERT_TRUE(second.ConfigureJob(job.config, *checkpoint).ok());
+  ASSERT_OK(second.ConfigureJob(job.config, *checkpoint));
   EXPECT_EQ(ModelBytes(first, job.config.job_id), ModelBytes(second, job.config.job_id));
   ASSERT_EQ(*first.Push(job.Args("worker-a", chunk, 1), g), 2);
   ASSERT_EQ(*second.Push(job.Args("worker-a", chunk, 1), g), 2);
@@ -1217,11 +1239,11 @@ TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
   // An async job advanced to version 5, so that "the future" is measurable.
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f, 0.9f), {"worker-a", "worker-b"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
   const std::vector<float> good = Ramp(n, 0.1f, 0.01f);
-  for (int v = 0; v < 5; ++v) ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), good).ok());
+  for (int v = 0; v < 5; ++v) { ASSERT_OK(shard.Push(job.Args("worker-a", chunk, v), good)); }
 
   std::vector<float> nan_at_5 = good;
   nan_at_5[5] = std::numeric_limits<float>::quiet_NaN();
@@ -1305,10 +1327,11 @@ TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
 TEST(ParameterShardValidationTest, SyncRejectsStaleAndFutureVersions) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
-  for (int v = 0; v < 2; ++v)
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, v), {1.f, 1.f, 1.f}).ok());
+  for (int v = 0; v < 2; ++v) {
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, v), {1.f, 1.f, 1.f}));
+  }
   const std::string before = ModelBytes(shard, job.config.job_id);
   absl::Status stale = shard.Push(job.Args("worker-a", chunk, 1), {1.f, 1.f, 1.f}).status();
   EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
@@ -1322,21 +1345,21 @@ TEST(ParameterShardValidationTest, SyncRejectsStaleAndFutureVersions) {
 TEST(ParameterShardValidationTest, NonFiniteValuesAreAcceptedWhenAllowed) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({.reject_non_finite = false});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), {nan, 0.f, 0.f}).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), {nan, 0.f, 0.f}));
   absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("worker-a", chunk, 1), absl::Now());
-  ASSERT_TRUE(pulled.ok());
+  ASSERT_OK(pulled);
   EXPECT_TRUE(std::isnan((*pulled->values)[0]));
 }
 
 TEST(ParameterShardValidationTest, FutureVersionsWithinTheLeadAreAcceptedInAsync) {
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({.max_version_lead = 2});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/bias");
-  EXPECT_TRUE(shard.Push(job.Args("worker-a", chunk, 2), {1.f, 1.f, 1.f}).ok());
+  EXPECT_OK(shard.Push(job.Args("worker-a", chunk, 2), {1.f, 1.f, 1.f}));
   EXPECT_EQ(shard.Push(job.Args("worker-a", chunk, 4), {1.f, 1.f, 1.f}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -1344,7 +1367,7 @@ TEST(ParameterShardValidationTest, FutureVersionsWithinTheLeadAreAcceptedInAsync
 TEST(ParameterShardValidationTest, PullErrors) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   PullArgs args = job.PullOf("worker-a", chunk, 0);
   auto code_of = [&](const PullArgs& a) { return shard.Pull(a, absl::Now()).status().code(); };
@@ -1383,7 +1406,7 @@ TEST(ParameterShardValidationTest, PullErrors) {
     EXPECT_THAT(s.message(), HasSubstr("is at version 0; version 1 was not reached"));
   }
   EXPECT_EQ(shard.stats().pulls, 0);
-  EXPECT_TRUE(shard.Pull(args, absl::Now()).ok());
+  EXPECT_OK(shard.Pull(args, absl::Now()));
   EXPECT_EQ(shard.stats().pulls, 1);
   EXPECT_EQ(shard.stats().pull_bytes, job.Count(chunk) * 4);
 }
@@ -1391,11 +1414,12 @@ TEST(ParameterShardValidationTest, PullErrors) {
 TEST(ParameterShardValidationTest, DropJobAbortsBlockedPullsAndForgetsTheJob) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
-  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
-  ASSERT_TRUE(shard.DropJob(job.config.job_id).ok());
+  ASSERT_TRUE(AwaitWaiting(shard, 1));
+  EXPECT_FALSE(waiting.done());
+  ASSERT_OK(shard.DropJob(job.config.job_id));
   absl::StatusOr<PulledChunk> dropped = waiting.Get();
   EXPECT_EQ(dropped.status().code(), absl::StatusCode::kAborted) << dropped.status();
   EXPECT_EQ(shard.Pull(job.PullOf("worker-a", chunk, 0), absl::Now()).status().code(),
@@ -1410,24 +1434,25 @@ TEST(ParameterShardValidationTest, DropJobAbortsBlockedPullsAndForgetsTheJob) {
 TEST(ParameterShardValidationTest, ReconfiguringAJobAbortsPullsOnTheOldOne) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   AsyncPull waiting(shard, job.PullOf("worker-a", chunk, 1));
-  EXPECT_TRUE(waiting.StillBlockedAfter(std::chrono::milliseconds(50)));
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_TRUE(AwaitWaiting(shard, 1));
+  EXPECT_FALSE(waiting.done());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   EXPECT_EQ(waiting.Get().status().code(), absl::StatusCode::kAborted);
 }
 
 TEST(ParameterShardValidationTest, SetMembersRejectsAnOlderGeneration) {
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
-  ASSERT_TRUE(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 3).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
+  ASSERT_OK(shard.SetMembers(job.config.job_id, {"worker-a", "worker-b"}, 3));
   EXPECT_EQ(shard.SetMembers(job.config.job_id, {"worker-a"}, 2).code(),
             absl::StatusCode::kInvalidArgument);
   PushArgs args = job.Args("worker-b", job.ChunkOf("fc/bias"), 0);
   args.generation = 3;
-  EXPECT_TRUE(shard.Push(args, {1.f, 1.f, 1.f}).ok());  // The new member is in.
+  EXPECT_OK(shard.Push(args, {1.f, 1.f, 1.f}));  // The new member is in.
 }
 
 // ---------------------------------------------------------------------------
@@ -1443,8 +1468,8 @@ TEST(ParameterShardPlanTest, EachShardOwnsItsChunksAndRejectsTheOthers) {
   ASSERT_FALSE(job.plan.by_shard[1].empty());
   ParameterShard shard0({.shard_index = 0});
   ParameterShard shard1({.shard_index = 1});
-  ASSERT_TRUE(shard0.ConfigureJob(job.config, job.InitialChunks(0)).ok());
-  ASSERT_TRUE(shard1.ConfigureJob(job.config, job.InitialChunks(1)).ok());
+  ASSERT_OK(shard0.ConfigureJob(job.config, job.InitialChunks(0)));
+  ASSERT_OK(shard1.ConfigureJob(job.config, job.InitialChunks(1)));
 
   ParameterShard* shards[2] = {&shard0, &shard1};
   for (const ChunkInfo& c : job.plan.chunks) {
@@ -1461,10 +1486,10 @@ TEST(ParameterShardPlanTest, EachShardOwnsItsChunksAndRejectsTheOthers) {
     EXPECT_EQ(*owner.Push(job.Args("worker-a", c.id, 0, kind), values), 1) << c.id;
   }
   absl::StatusOr<ChunkPlan> plan = shard1.Plan(job.config.job_id);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   EXPECT_EQ(plan->by_shard, job.plan.by_shard);
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard1.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok());
+  ASSERT_OK(read);
   ASSERT_EQ(read->size(), job.plan.by_shard[1].size());
   for (size_t i = 0; i < read->size(); ++i) {
     EXPECT_EQ((*read)[i].chunk_id(), job.plan.by_shard[1][i]);
@@ -1545,7 +1570,7 @@ TEST(ParameterShardPlanTest, ConfigureJobRejectsChunksThatDoNotMatchThePlan) {
     config.num_shards = 1;
     expect_rejected(config, job.InitialChunks(1), "shard index 1");
   }
-  EXPECT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(1)).ok());
+  EXPECT_OK(shard.ConfigureJob(job.config, job.InitialChunks(1)));
 }
 
 // ---------------------------------------------------------------------------
@@ -1559,7 +1584,7 @@ TEST(ParameterShardConcurrencyTest, FourWorkersInSyncReachTheExpectedVersion) {
   for (int w = 0; w < kWorkers; ++w) members.push_back(absl::StrCat("worker-", w));
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.125f), members, 1, /*chunk_bytes=*/16);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int num_chunks = static_cast<int>(job.plan.chunks.size());
 
   // Gradients (w + 1) / 4 and running statistics w: sums of exactly
@@ -1593,7 +1618,7 @@ TEST(ParameterShardConcurrencyTest, FourWorkersInSyncReachTheExpectedVersion) {
   EXPECT_EQ(stats.pushes, int64_t{kWorkers} * kSteps * num_chunks);
   EXPECT_EQ(stats.applied_updates, int64_t{kSteps} * num_chunks);
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok());
+  ASSERT_OK(read);
   for (const v1::ChunkValues& c : *read) {
     EXPECT_EQ(c.version(), kSteps);
     const ChunkInfo& info = job.plan.chunks[c.chunk_id()];
@@ -1622,7 +1647,7 @@ TEST(ParameterShardConcurrencyTest, PushersOwningDisjointChunksApplyInParallelEx
   for (int w = 0; w < kPushers; ++w) members.push_back(absl::StrCat("worker-", w));
   TestJob job = MakeJob(v1::CONSISTENCY_ASYNC, Adam(0.01f), members, 1, /*chunk_bytes=*/16);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int num_chunks = static_cast<int>(job.plan.chunks.size());
   auto gradient = [](int chunk, int step, int64_t n) {
     return Ramp(n, 0.1f * static_cast<float>(chunk % 5) - 0.2f, 0.01f * static_cast<float>(step));
@@ -1657,7 +1682,7 @@ TEST(ParameterShardConcurrencyTest, PushersOwningDisjointChunksApplyInParallelEx
   ASSERT_EQ(failures, 0);
 
   absl::StatusOr<std::vector<v1::ChunkValues>> read = shard.ReadChunks(job.config.job_id);
-  ASSERT_TRUE(read.ok());
+  ASSERT_OK(read);
   int checked = 0;
   for (const v1::ChunkValues& c : *read) {
     const ChunkInfo& info = job.plan.chunks[c.chunk_id()];
@@ -1702,7 +1727,7 @@ struct HeldChunk {
     args.held_version = version;
     args.held_epoch = epoch;
     absl::StatusOr<PulledChunk> pulled = shard.Pull(args, absl::Now() + kLongWait);
-    EXPECT_TRUE(pulled.ok()) << pulled.status();
+    EXPECT_OK(pulled);
     if (!pulled.ok()) return false;
     const bool delta = pulled->delta != nullptr;
     if (delta) {
@@ -1713,9 +1738,7 @@ struct HeldChunk {
       header.set_encoding(d.encoding);
       header.set_encoded_count(d.encoded_count);
       std::vector<float> scratch;
-      EXPECT_TRUE(
-          AddEncodedDelta(header, d.bytes.data(), d.bytes.size(), absl::MakeSpan(values), &scratch)
-              .ok());
+      EXPECT_OK(AddEncodedDelta(header, d.bytes.data(), d.bytes.size(), absl::MakeSpan(values), &scratch));
     } else {
       values = *pulled->values;
     }
@@ -1728,7 +1751,7 @@ struct HeldChunk {
 // The master values of chunk `chunk` (ReadChunks, as checkpoints read them).
 std::vector<float> MasterValues(ParameterShard& shard, const TestJob& job, int chunk) {
   absl::StatusOr<std::vector<v1::ChunkValues>> chunks = shard.ReadChunks(job.config.job_id);
-  EXPECT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_OK(chunks);
   if (!chunks.ok()) return {};
   for (const v1::ChunkValues& c : *chunks) {
     if (c.chunk_id() == chunk) return std::vector<float>(c.values().begin(), c.values().end());
@@ -1759,7 +1782,7 @@ TEST_P(PullCompressionTest, DeltasRebuildThePublishedValuesBitForBitAndCatchUpWi
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"worker-a", "worker-b"});
   *job.config.spec.mutable_pull_compression() = Spec();
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
 
@@ -1777,8 +1800,8 @@ TEST_P(PullCompressionTest, DeltasRebuildThePublishedValuesBitForBitAndCatchUpWi
       ga = Ramp(n, 0.3f - 0.07f * step, 0.113f);
       gb = Ramp(n, -1.1f + 0.05f * step, 0.171f);
     }
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), ga).ok());
-    ASSERT_TRUE(shard.Push(job.Args("worker-b", chunk, step), gb).ok());
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, step), ga));
+    ASSERT_OK(shard.Push(job.Args("worker-b", chunk, step), gb));
     deltas += worker.Pull(shard, job.PullOf("worker-a", chunk, step + 1)) ? 1 : 0;
     EXPECT_EQ(worker.version, step + 1);
     // A worker that holds nothing gets the published values whole.
@@ -1803,7 +1826,7 @@ TEST_P(PullCompressionTest, DeltasRebuildThePublishedValuesBitForBitAndCatchUpWi
   master.held_version = kSteps - 1;
   master.held_epoch = worker.epoch;
   absl::StatusOr<PulledChunk> pulled_master = shard.Pull(master, absl::Now());
-  ASSERT_TRUE(pulled_master.ok()) << pulled_master.status();
+  ASSERT_OK(pulled_master);
   EXPECT_EQ(pulled_master->delta, nullptr);
   EXPECT_EQ(pulled_master->values_epoch, 0u);
   EXPECT_TRUE(BitIdentical(*pulled_master->values, MasterValues(shard, job, chunk)));
@@ -1843,13 +1866,13 @@ TEST(PullCompressionShardTest, ADeltaGoesOnlyToAWorkerHoldingThePreviousVersionO
   TestJob job = MakeJob(v1::CONSISTENCY_SYNC, Sgd(0.1f), {"worker-a"});
   *job.config.spec.mutable_pull_compression() = Codec(v1::CompressionSpec::COMPRESSION_FP16);
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
   HeldChunk at0;
   at0.Pull(shard, job.PullOf("worker-a", chunk, 0));
   for (int step = 0; step < 2; ++step) {
-    ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, step), Ramp(n, 0.5f, 0.1f)).ok());
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, step), Ramp(n, 0.5f, 0.1f)));
   }
   // At version 2: a worker at version 0 (two steps behind) gets the values.
   HeldChunk behind = at0;
@@ -1868,14 +1891,14 @@ TEST(PullCompressionShardTest, ADeltaGoesOnlyToAWorkerHoldingThePreviousVersionO
   // Reconfiguring the job (a restarted shard resuming from a checkpoint)
   // draws a new epoch: what workers held before is not a base any more.
   const uint64_t old_epoch = at1.epoch;
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   HeldChunk after_restart = at1;
   after_restart.version = -1;  // Any version: the job restarted at 0.
   EXPECT_FALSE(after_restart.Pull(shard, job.PullOf("worker-a", chunk, 0)));
   EXPECT_NE(after_restart.epoch, old_epoch);
   EXPECT_TRUE(BitIdentical(after_restart.values, job.Initial(chunk)));
   at1.version = 0;  // Claims version 0 of the old epoch.
-  ASSERT_TRUE(shard.Push(job.Args("worker-a", chunk, 0), Ramp(n, 0.5f, 0.1f)).ok());
+  ASSERT_OK(shard.Push(job.Args("worker-a", chunk, 0), Ramp(n, 0.5f, 0.1f)));
   EXPECT_FALSE(at1.Pull(shard, job.PullOf("worker-a", chunk, 1)));
 }
 
@@ -1885,7 +1908,7 @@ TEST(PullCompressionShardTest, RunningStatisticsAndSmallParametersTravelWhole) {
   codec.set_min_compress_bytes(13 * 4);  // fc/weight (12 values) and every smaller one.
   *job.config.spec.mutable_pull_compression() = codec;
   ParameterShard shard({});
-  ASSERT_TRUE(shard.ConfigureJob(job.config, job.InitialChunks(0)).ok());
+  ASSERT_OK(shard.ConfigureJob(job.config, job.InitialChunks(0)));
   for (const char* name : {"bn/running_mean", "fc/weight", "logits/bias"}) {
     HeldChunk held;
     held.Pull(shard, job.PullOf("worker-a", job.ChunkOf(name), 0));
