@@ -15,7 +15,9 @@ namespace pstrain {
 namespace {
 
 using ::pstrain::testing::AddChunk;
+using ::pstrain::testing::ConfigOf;
 using ::pstrain::testing::Members;
+using ::pstrain::testing::PushLocked;
 using ::pstrain::testing::PushOf;
 using ::pstrain::testing::Sgd;
 using ::pstrain::testing::StatusIs;
@@ -24,19 +26,10 @@ using ::pstrain::testing::VersionOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-AggregationConfig AsyncConfig(v1::OptimizerSpec optimizer = Sgd(0.5f)) {
-  AggregationConfig config;
-  config.job_id = "j";
-  config.mode = v1::CONSISTENCY_ASYNC;
-  config.optimizer = optimizer;
+AggregationConfig AsyncConfig(const v1::OptimizerSpec& optimizer = Sgd(0.5f)) {
+  AggregationConfig config = ConfigOf(v1::CONSISTENCY_ASYNC, optimizer);
   config.max_version_lead = 1;
   return config;
-}
-
-absl::Status Push(AggregationPolicy& policy, ShardChunk& chunk, const PushArgs& args,
-                  const std::vector<float>& values, PushOutcome* outcome) {
-  absl::MutexLock lock(&chunk.mu);
-  return policy.Push(chunk, args, values, outcome);
 }
 
 TEST(AggregationPolicyFactoryTest, ChoosesThePolicyOfTheMode) {
@@ -66,12 +59,12 @@ TEST(AsyncPolicyTest, AppliesEveryPushOnArrivalAndRecordsItsStaleness) {
   ASSERT_OK(policy->FinishConfiguration());
 
   PushOutcome first;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 0), {1, 0}, &first));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 0), {1, 0}, &first));
   EXPECT_EQ(first.staleness, 0);
   EXPECT_EQ(first.applied_updates, 1);
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(0.5f, 1.f));
   PushOutcome stale;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("b", 0), {0, 1}, &stale));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("b", 0), {0, 1}, &stale));
   EXPECT_EQ(stale.staleness, 1);
   EXPECT_EQ(VersionOf(*chunk), 2);
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(0.5f, 0.5f));
@@ -84,8 +77,8 @@ TEST(AsyncPolicyTest, RefusesPushesBeyondTheVersionLead) {
   std::unique_ptr<ShardChunk> chunk = AddChunk(*policy, 0, {1}, true, Members({"a"}));
   ASSERT_NE(chunk, nullptr);
   PushOutcome outcome;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 1), {0}, &outcome));  // Within the lead of 1.
-  EXPECT_THAT(Push(*policy, *chunk, PushOf("a", 3), {0}, &outcome),
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 1), {0}, &outcome));  // Within the lead of 1.
+  EXPECT_THAT(PushLocked(*policy, *chunk, PushOf("a", 3), {0}, &outcome),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead")));
   EXPECT_EQ(VersionOf(*chunk), 1);
 }
@@ -98,9 +91,9 @@ TEST(AsyncPolicyTest, RunningStatisticsTakeTheLastWrite) {
   EXPECT_EQ(policy->PushKind(*chunk), v1::ChunkHeader::KIND_PARAMETERS);
   PushOutcome outcome;
   ASSERT_OK(
-      Push(*policy, *chunk, PushOf("a", 0, v1::ChunkHeader::KIND_PARAMETERS), {1, 2}, &outcome));
+      PushLocked(*policy, *chunk, PushOf("a", 0, v1::ChunkHeader::KIND_PARAMETERS), {1, 2}, &outcome));
   ASSERT_OK(
-      Push(*policy, *chunk, PushOf("b", 0, v1::ChunkHeader::KIND_PARAMETERS), {3, 4}, &outcome));
+      PushLocked(*policy, *chunk, PushOf("b", 0, v1::ChunkHeader::KIND_PARAMETERS), {3, 4}, &outcome));
   EXPECT_EQ(outcome.staleness, -1);  // Not a gradient.
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(3, 4));
 }

@@ -14,8 +14,10 @@ namespace pstrain {
 namespace {
 
 using ::pstrain::testing::AddChunk;
+using ::pstrain::testing::ConfigOf;
 using ::pstrain::testing::Members;
 using ::pstrain::testing::PullOf;
+using ::pstrain::testing::PushLocked;
 using ::pstrain::testing::PushOf;
 using ::pstrain::testing::ValuesOf;
 using ::pstrain::testing::VersionOf;
@@ -26,11 +28,10 @@ constexpr v1::ChunkHeader::Kind kParameters = v1::ChunkHeader::KIND_PARAMETERS;
 constexpr v1::ChunkHeader::Kind kState = v1::ChunkHeader::KIND_OPTIMIZER_STATE;
 
 AggregationConfig AverageConfig(bool average_state) {
-  AggregationConfig config;
-  config.job_id = "j";
-  config.mode = v1::CONSISTENCY_AVERAGE;
-  config.optimizer.set_type(v1::OPTIMIZER_ADAM);
-  config.optimizer.set_learning_rate(0.1f);
+  v1::OptimizerSpec adam;
+  adam.set_type(v1::OPTIMIZER_ADAM);
+  adam.set_learning_rate(0.1f);
+  AggregationConfig config = ConfigOf(v1::CONSISTENCY_AVERAGE, adam);
   config.average_optimizer_state = average_state;
   return config;
 }
@@ -39,8 +40,7 @@ absl::Status Push(AggregationPolicy& policy, ShardChunk& chunk, PushArgs args,
                   const std::vector<float>& values, int slot = 0) {
   args.slot = slot;
   PushOutcome outcome;
-  absl::MutexLock lock(&chunk.mu);
-  return policy.Push(chunk, args, values, &outcome);
+  return PushLocked(policy, chunk, args, values, &outcome);
 }
 
 TEST(AveragePolicyTest, AveragesParametersAndEveryStateSlotOnceEveryMemberPushedThemAll) {

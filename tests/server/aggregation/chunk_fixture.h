@@ -62,6 +62,23 @@ inline v1::OptimizerSpec Sgd(float learning_rate, float momentum = 0.f) {
   return spec;
 }
 
+// A policy's configuration for job "j" in `mode`.
+inline AggregationConfig ConfigOf(v1::ConsistencyMode mode,
+                                  const v1::OptimizerSpec& optimizer = Sgd(0.5f)) {
+  AggregationConfig config;
+  config.job_id = "j";
+  config.mode = mode;
+  config.optimizer = optimizer;
+  return config;
+}
+
+// policy.Push under the chunk's lock, as the store calls it.
+inline absl::Status PushLocked(AggregationPolicy& policy, ShardChunk& chunk, const PushArgs& args,
+                               const std::vector<float>& values, PushOutcome* outcome) {
+  absl::MutexLock lock(&chunk.mu);
+  return policy.Push(chunk, args, values, outcome);
+}
+
 // The chunk's values and version, read under its lock.
 inline std::vector<float> ValuesOf(ShardChunk& chunk) {
   absl::MutexLock lock(&chunk.mu);

@@ -17,20 +17,17 @@
 namespace pstrain {
 namespace {
 
+using ::pstrain::testing::ConfigOf;
 using ::pstrain::testing::Members;
 using ::pstrain::testing::PullOf;
 using ::pstrain::testing::PushOf;
-using ::pstrain::testing::Sgd;
 using ::pstrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kLongWait = absl::Seconds(20);
 
 AggregationConfig SspConfig(int staleness) {
-  AggregationConfig config;
-  config.job_id = "j";
-  config.mode = v1::CONSISTENCY_SSP;
-  config.optimizer = Sgd(0.5f);
+  AggregationConfig config = ConfigOf(v1::CONSISTENCY_SSP);
   config.staleness = staleness;
   return config;
 }

@@ -15,29 +15,18 @@ namespace pstrain {
 namespace {
 
 using ::pstrain::testing::AddChunk;
+using ::pstrain::testing::ConfigOf;
 using ::pstrain::testing::Members;
 using ::pstrain::testing::PullOf;
+using ::pstrain::testing::PushLocked;
 using ::pstrain::testing::PushOf;
-using ::pstrain::testing::Sgd;
 using ::pstrain::testing::StatusIs;
 using ::pstrain::testing::ValuesOf;
 using ::pstrain::testing::VersionOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-AggregationConfig SyncConfig() {
-  AggregationConfig config;
-  config.job_id = "j";
-  config.mode = v1::CONSISTENCY_SYNC;
-  config.optimizer = Sgd(0.5f);
-  return config;
-}
-
-absl::Status Push(AggregationPolicy& policy, ShardChunk& chunk, const PushArgs& args,
-                  const std::vector<float>& values, PushOutcome* outcome) {
-  absl::MutexLock lock(&chunk.mu);
-  return policy.Push(chunk, args, values, outcome);
-}
+AggregationConfig SyncConfig() { return ConfigOf(v1::CONSISTENCY_SYNC); }
 
 TEST(SyncPolicyTest, AppliesTheMeanGradientOnceEveryMemberHasPushed) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<AggregationPolicy> policy,
@@ -50,13 +39,13 @@ TEST(SyncPolicyTest, AppliesTheMeanGradientOnceEveryMemberHasPushed) {
   EXPECT_EQ(policy->PushKind(*chunk), v1::ChunkHeader::KIND_GRADIENT);
 
   PushOutcome first;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 0), {2, 0, 0}, &first));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 0), {2, 0, 0}, &first));
   EXPECT_EQ(first.applied_updates, 0);
   EXPECT_EQ(VersionOf(*chunk), 0);
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(1, 2, 3));
 
   PushOutcome last;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("b", 0), {0, 2, 4}, &last));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("b", 0), {0, 2, 4}, &last));
   EXPECT_EQ(last.applied_updates, 1);
   EXPECT_EQ(last.barrier_waits.size(), 1u);
   EXPECT_EQ(VersionOf(*chunk), 1);
@@ -70,18 +59,18 @@ TEST(SyncPolicyTest, RefusesFutureAndStaleVersionsAndASecondPushWithoutAnUpdateI
   std::unique_ptr<ShardChunk> chunk = AddChunk(*policy, 0, {1}, true, Members({"a", "b"}));
   ASSERT_NE(chunk, nullptr);
   PushOutcome outcome;
-  EXPECT_THAT(Push(*policy, *chunk, PushOf("a", 1), {1}, &outcome),
+  EXPECT_THAT(PushLocked(*policy, *chunk, PushOf("a", 1), {1}, &outcome),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ahead")));
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 0), {1}, &outcome));
-  EXPECT_THAT(Push(*policy, *chunk, PushOf("a", 0), {1}, &outcome),
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 0), {1}, &outcome));
+  EXPECT_THAT(PushLocked(*policy, *chunk, PushOf("a", 0), {1}, &outcome),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate push")));
   PushArgs retry = PushOf("a", 0);
   retry.incarnation = 7;
-  ASSERT_OK(Push(*policy, *chunk, retry, {5}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, retry, {5}, &outcome));
   EXPECT_TRUE(outcome.duplicate);
-  ASSERT_OK(Push(*policy, *chunk, PushOf("b", 0), {1}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("b", 0), {1}, &outcome));
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(0.5f));  // The retry's 5 is not in the mean.
-  EXPECT_THAT(Push(*policy, *chunk, PushOf("a", 0), {1}, &outcome),
+  EXPECT_THAT(PushLocked(*policy, *chunk, PushOf("a", 0), {1}, &outcome),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("stale")));
 }
 
@@ -91,7 +80,7 @@ TEST(SyncPolicyTest, RemovingTheMissingMemberCompletesTheStepAndARemovedMembersP
   std::unique_ptr<ShardChunk> chunk = AddChunk(*policy, 0, {4}, true, Members({"a", "b"}));
   ASSERT_NE(chunk, nullptr);
   PushOutcome outcome;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 0), {2}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 0), {2}, &outcome));
   {
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = Members({"a"}, 2);  // "b", which has not pushed, leaves.
@@ -101,14 +90,14 @@ TEST(SyncPolicyTest, RemovingTheMissingMemberCompletesTheStepAndARemovedMembersP
     EXPECT_THAT(*chunk->values, ElementsAre(3.f));  // 4 - 0.5 * 2.
     chunk->membership = Members({"a", "b"}, 3);
   }
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 1), {2}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 1), {2}, &outcome));
   {
     absl::MutexLock lock(&chunk->mu);
     chunk->membership = Members({"b"}, 4);  // "a" leaves after pushing.
     ASSERT_OK(policy->ChunkAdopted(*chunk, &outcome));
     EXPECT_EQ(chunk->version, 1);  // "b" has not pushed.
   }
-  ASSERT_OK(Push(*policy, *chunk, PushOf("b", 1), {4}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("b", 1), {4}, &outcome));
   EXPECT_EQ(VersionOf(*chunk), 2);
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(1.5f));  // 3 - 0.5 * (2 + 4) / 2.
 }
@@ -121,9 +110,9 @@ TEST(SyncPolicyTest, NonTrainableChunksTakeTheMeanOfTheMembersParameters) {
   EXPECT_EQ(policy->PushKind(*chunk), v1::ChunkHeader::KIND_PARAMETERS);
   PushOutcome outcome;
   ASSERT_OK(
-      Push(*policy, *chunk, PushOf("a", 0, v1::ChunkHeader::KIND_PARAMETERS), {1, 2}, &outcome));
+      PushLocked(*policy, *chunk, PushOf("a", 0, v1::ChunkHeader::KIND_PARAMETERS), {1, 2}, &outcome));
   ASSERT_OK(
-      Push(*policy, *chunk, PushOf("b", 0, v1::ChunkHeader::KIND_PARAMETERS), {3, 6}, &outcome));
+      PushLocked(*policy, *chunk, PushOf("b", 0, v1::ChunkHeader::KIND_PARAMETERS), {3, 6}, &outcome));
   EXPECT_THAT(ValuesOf(*chunk), ElementsAre(2, 4));
 }
 
@@ -137,7 +126,7 @@ TEST(SyncPolicyTest, PullCompressionSendsTheStepsDeltaOnlyToAHolderOfThePrevious
   ASSERT_NE(chunk, nullptr);
   ASSERT_NE(whole, nullptr);
   PushOutcome outcome;
-  ASSERT_OK(Push(*policy, *chunk, PushOf("a", 0), {1, 1}, &outcome));
+  ASSERT_OK(PushLocked(*policy, *chunk, PushOf("a", 0), {1, 1}, &outcome));
 
   absl::MutexLock lock(&chunk->mu);
   EXPECT_TRUE(chunk->compress_pulls);
