@@ -27,6 +27,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -227,7 +228,7 @@ class CliTest : public ::testing::Test {
     EXPECT_FALSE(lines.empty());
     if (lines.empty()) return parsed;
     auto status = google::protobuf::util::JsonStringToMessage(lines.back(), &parsed);
-    EXPECT_TRUE(status.ok()) << status << " in: " << lines.back();
+    EXPECT_OK(status) << status << " in: " << lines.back();
     return parsed;
   }
 
@@ -240,7 +241,7 @@ class CliTest : public ::testing::Test {
     EXPECT_FALSE(lines.empty());
     if (lines.empty()) return parsed;
     auto status = google::protobuf::util::JsonStringToMessage(lines.back(), &parsed);
-    EXPECT_TRUE(status.ok()) << status << " in: " << lines.back();
+    EXPECT_OK(status) << status << " in: " << lines.back();
     return parsed;
   }
 
@@ -625,7 +626,7 @@ TEST_F(CliTest, DownloadWritesAVerifiedCheckpoint) {
   *ckpt.add_parameters() = MakeTensorProto("fc1/weight", {3000}, w.data());
   ckpt.set_step(42);
   const std::string source = (dir_ / "server.ckpt").string();
-  ASSERT_TRUE(WriteCheckpointFile(source, ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(source, ckpt));
   std::ifstream in(source, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   {
@@ -635,7 +636,7 @@ TEST_F(CliTest, DownloadWritesAVerifiedCheckpoint) {
   const std::string target = (dir_ / "model.ckpt").string();
   ASSERT_EQ(Run({"download", "job-1", "-o", target}), 0) << err_.str();
   auto loaded = ReadCheckpointFile(target);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->step(), 42);
   EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
 

@@ -13,6 +13,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "onnx/checker.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -27,14 +28,14 @@ v1::Checkpoint InitialCheckpoint(const std::string& job_file) {
   absl::StatusOr<v1::JobSpec> job = v1::JobSpec();
   if (job_file.find("models/") != std::string::npos) {
     absl::StatusOr<v1::ModelSpec> model = LoadModelSpec(path);
-    EXPECT_TRUE(model.ok()) << model.status();
+    EXPECT_OK(model);
     *job->mutable_model() = *model;
   } else {
     job = LoadJobSpec(path);
   }
-  EXPECT_TRUE(job.ok()) << job.status();
+  EXPECT_OK(job);
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(job->model());
-  EXPECT_TRUE(graph.ok()) << graph.status();
+  EXPECT_OK(graph);
   v1::Checkpoint ckpt;
   *ckpt.mutable_job() = *job;
   std::vector<std::vector<float>> values = InitialParameterValues(*graph);
@@ -55,7 +56,7 @@ std::map<std::string, int> OpCounts(const onnx::ModelProto& model) {
 TEST(OnnxExportTest, FashionMnistCnnPassesTheCheckerWithOneNodePerLayer) {
   absl::StatusOr<onnx::ModelProto> model =
       ExportOnnx(InitialCheckpoint("examples/fashion-mnist.json"));
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   EXPECT_NO_THROW(onnx::checker::check_model(*model));
   std::map<std::string, int> ops = OpCounts(*model);
   EXPECT_EQ(ops["Conv"], 2);
@@ -89,7 +90,7 @@ TEST(OnnxExportTest, FashionMnistCnnPassesTheCheckerWithOneNodePerLayer) {
 TEST(OnnxExportTest, ResnetSmallExportsBatchNormAndResidualAdds) {
   absl::StatusOr<onnx::ModelProto> model =
       ExportOnnx(InitialCheckpoint("examples/models/resnet-small.json"));
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   EXPECT_NO_THROW(onnx::checker::check_model(*model));
   std::map<std::string, int> ops = OpCounts(*model);
   EXPECT_EQ(ops["Add"], 4);
@@ -118,10 +119,10 @@ TEST(OnnxExportTest, EveryLayerKindExports) {
       {"name": "out", "dense": {"units": 3}},
       {"name": "loss", "softmax_cross_entropy": {}}]})",
                                                                                             &spec);
-  ASSERT_TRUE(parsed.ok()) << parsed.ToString();
+  ASSERT_OK(parsed);
   m = spec;
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(m);
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   ckpt.clear_parameters();
   std::vector<std::vector<float>> values = InitialParameterValues(*graph);
   for (size_t p = 0; p < graph->params.size(); ++p) {
@@ -129,7 +130,7 @@ TEST(OnnxExportTest, EveryLayerKindExports) {
         MakeTensorProto(graph->params[p].name, graph->params[p].shape.dims(), values[p].data());
   }
   absl::StatusOr<onnx::ModelProto> model = ExportOnnx(ckpt);
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   EXPECT_NO_THROW(onnx::checker::check_model(*model));
   std::map<std::string, int> ops = OpCounts(*model);
   EXPECT_EQ(ops["Sum"], 1);

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -14,7 +15,7 @@ using ::testing::HasSubstr;
 
 TEST(SummaryTest, JobFileGivesKerasStyleTable) {
   auto table = SummarizeJobFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_OK(table);
   EXPECT_THAT(*table, HasSubstr("conv2 (conv2d)"));
   EXPECT_THAT(*table, HasSubstr("(None, 64, 14, 14)"));
   EXPECT_THAT(*table, HasSubstr("3212288"));
@@ -24,7 +25,7 @@ TEST(SummaryTest, JobFileGivesKerasStyleTable) {
 TEST(SummaryTest, BareModelFileWorksToo) {
   auto table =
       SummarizeJobFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/resnet-small.json");
-  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_OK(table);
   EXPECT_THAT(*table, HasSubstr("block2_add (add)"));
 }
 
@@ -36,7 +37,7 @@ TEST(SummaryTest, ABareModelNamedModelIsStillABareModel) {
       "layers": [{"name": "f", "flatten": {}}, {"name": "fc", "dense": {"units": 10}},
       {"name": "loss", "softmax_cross_entropy": {}}]})";
   auto table = SummarizeJobFile(path);
-  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_OK(table);
   EXPECT_THAT(*table, HasSubstr("Total params: 650"));
   std::remove(path.c_str());
 }

@@ -28,6 +28,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -130,9 +131,9 @@ v1::Checkpoint SampleCheckpoint() {
 
 TEST_F(CheckpointTest, RoundTripIsBitExact) {
   v1::Checkpoint ckpt = SampleCheckpoint();
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), ckpt));
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->SerializeAsString(), ckpt.SerializeAsString());
   ASSERT_EQ(loaded->parameters_size(), 4);
   EXPECT_EQ(Bits(loaded->parameters(0).data()), Bits(ckpt.parameters(0).data()));
@@ -141,7 +142,7 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
 
   // Through the float helpers too, comparing bit patterns (NaN != NaN).
   absl::StatusOr<std::vector<float>> w = TensorProtoToFloats(loaded->parameters(0));
-  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK(w);
   std::vector<float> expected = TrickyFloats(500, 1);
   ASSERT_EQ(w->size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -178,7 +179,7 @@ std::vector<Part> SplitParts(const std::string& file) {
 
 TEST_F(CheckpointTest, FileIsTheDocumentedParts) {
   v1::Checkpoint ckpt = SampleCheckpoint();
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), ckpt));
   const std::string file = ReadBytes(Path("a.ckpt"));
   ASSERT_EQ(file.substr(0, 8), "PSTCKPT2");
   const std::vector<Part> parts = SplitParts(file);
@@ -209,12 +210,12 @@ TEST_F(CheckpointTest, TensorsSplitOverManyPartsRoundTripBitExact) {
   v1::Checkpoint ckpt = SampleCheckpoint();
   CheckpointWriteOptions options;
   options.max_part_bytes = 100;
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt, options).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), ckpt, options));
   // fc1/weight: 2048 bytes in 21 parts; fc1/bias 48 in 1; empty 1; scalar 1;
   // momentum 2048 in 21; plus manifest and end.
   EXPECT_EQ(SplitParts(ReadBytes(Path("a.ckpt"))).size(), 2u + 21 + 1 + 1 + 1 + 21);
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->SerializeAsString(), ckpt.SerializeAsString());
 }
 
@@ -229,7 +230,7 @@ TEST_F(CheckpointTest, FormatOneEnvelopesStillRead) {
   envelope.set_checkpoint(payload);
   WriteBytes(Path("old.ckpt"), envelope.SerializeAsString());
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("old.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->SerializeAsString(), payload);
 }
 
@@ -240,7 +241,7 @@ TEST_F(CheckpointTest, FormatOneEnvelopesStillRead) {
 TEST_F(CheckpointTest, AKillBetweenPartsLeavesThePreviousCheckpointLoadable) {
   v1::Checkpoint old_ckpt = SampleCheckpoint();
   old_ckpt.set_step(1);
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), old_ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), old_ckpt));
   v1::Checkpoint new_ckpt = SampleCheckpoint();
   new_ckpt.set_step(2);
   const pid_t child = fork();
@@ -259,7 +260,7 @@ TEST_F(CheckpointTest, AKillBetweenPartsLeavesThePreviousCheckpointLoadable) {
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(WTERMSIG(status), SIGKILL);
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->step(), 1);
   EXPECT_EQ(loaded->SerializeAsString(), old_ckpt.SerializeAsString());
   const std::vector<std::string> names = ListDir();
@@ -310,8 +311,7 @@ TEST_F(CheckpointTest, MalformedPartsAreDataLoss) {
   const std::string head = std::string("PSTCKPT2") + frame(1, manifest.SerializeAsString());
   const std::string good = head + tensor_part("w", 0, 0, 8) + tensor_part("w", 8, 8, 8) + end(3);
   WriteBytes(Path("a.ckpt"), good);
-  ASSERT_TRUE(ReadCheckpointFile(Path("a.ckpt")).ok())
-      << ReadCheckpointFile(Path("a.ckpt")).status();
+  ASSERT_OK(ReadCheckpointFile(Path("a.ckpt")));
 
   std::string huge = head;
   huge += std::string("\x02\0\0\0", 4) + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
@@ -342,12 +342,12 @@ TEST_F(CheckpointTest, MalformedPartsAreDataLoss) {
 
 TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {
   v1::Checkpoint first = SampleCheckpoint();
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), first).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), first));
   v1::Checkpoint second = SampleCheckpoint();
   second.set_step(7);
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), second).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), second));
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->step(), 7);
   EXPECT_THAT(ListDir(), ::testing::ElementsAre("a.ckpt"));
 }
@@ -361,9 +361,9 @@ TEST_F(CheckpointTest, LargerThanProtobufDefaultLimitRoundTrips) {
   for (float& x : w) x = FromBits(rng());
   v1::Checkpoint ckpt;
   *ckpt.add_parameters() = MakeTensorProto("big/weight", {static_cast<int64_t>(count)}, w.data());
-  ASSERT_TRUE(WriteCheckpointFile(Path("big.ckpt"), ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("big.ckpt"), ckpt));
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("big.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   ASSERT_EQ(loaded->parameters_size(), 1);
   EXPECT_TRUE(loaded->parameters(0).data() == ckpt.parameters(0).data());
 }
@@ -373,14 +373,14 @@ TEST_F(CheckpointTest, ConcurrentWritersOfOnePathLeaveOneWholeCheckpoint) {
     for (int i = 0; i < 20; ++i) {
       v1::Checkpoint ckpt = SampleCheckpoint();
       ckpt.set_step(step);
-      EXPECT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt).ok());
+      EXPECT_OK(WriteCheckpointFile(Path("a.ckpt"), ckpt));
     }
   };
   std::thread a(writer, 1), b(writer, 2);
   a.join();
   b.join();
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_TRUE(loaded->step() == 1 || loaded->step() == 2);
   EXPECT_THAT(ListDir(), ::testing::ElementsAre("a.ckpt"));
 }
@@ -396,7 +396,7 @@ TEST_F(CheckpointTest, MissingFileIsNotFound) {
 }
 
 TEST_F(CheckpointTest, CorruptedDataByteIsAChecksumError) {
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()));
   std::string bytes = ReadBytes(Path("a.ckpt"));
   bytes[bytes.size() / 2] ^= 0x10;  // Inside fc1/weight's data.
   WriteBytes(Path("a.ckpt"), bytes);
@@ -411,7 +411,7 @@ TEST_F(CheckpointTest, EverySingleBitFlipIsDetected) {
   float values[3] = {1.f, -0.f, FromBits(0x7fc00abc)};
   *ckpt.add_parameters() = MakeTensorProto("w", {3}, values);
   ckpt.set_step(42);
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), ckpt));
   const std::string original = ReadBytes(Path("a.ckpt"));
   for (size_t i = 0; i < original.size(); ++i) {
     for (int bit = 0; bit < 8; ++bit) {
@@ -424,7 +424,7 @@ TEST_F(CheckpointTest, EverySingleBitFlipIsDetected) {
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsRejected) {
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()));
   const std::string original = ReadBytes(Path("a.ckpt"));
   for (size_t length : {size_t{0}, size_t{1}, size_t{2}, size_t{10}, original.size() / 2,
                         original.size() - 6, original.size() - 1}) {
@@ -458,7 +458,7 @@ TEST_F(CheckpointTest, UnknownFormatVersionIsRejected) {
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(loaded.status().message(), HasSubstr("format_version 2"));
   WriteEnvelope(Path("a.ckpt"), SampleCheckpoint(), 1);  // Control: version 1 reads.
-  EXPECT_TRUE(ReadCheckpointFile(Path("a.ckpt")).ok());
+  EXPECT_OK(ReadCheckpointFile(Path("a.ckpt")));
 }
 
 TEST_F(CheckpointTest, UnparsablePayloadWithValidChecksumIsRejected) {
@@ -582,7 +582,7 @@ class FileSizeLimit {
 TEST_F(CheckpointTest, FailedWriteLeavesTheOldCheckpointIntact) {
   v1::Checkpoint old_ckpt = SampleCheckpoint();
   old_ckpt.set_step(1);
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), old_ckpt).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), old_ckpt));
   const std::string old_bytes = ReadBytes(Path("a.ckpt"));
 
   std::vector<float> w(1 << 20, 0.5f);  // 4 MiB, well over the limit below.
@@ -597,14 +597,14 @@ TEST_F(CheckpointTest, FailedWriteLeavesTheOldCheckpointIntact) {
   EXPECT_THAT(status.message(), HasSubstr(Path("a.ckpt")));
   EXPECT_EQ(ReadBytes(Path("a.ckpt")), old_bytes);
   absl::StatusOr<v1::Checkpoint> loaded = ReadCheckpointFile(Path("a.ckpt"));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->step(), 1);
   EXPECT_THAT(ListDir(), ::testing::ElementsAre("a.ckpt"));  // Temporary removed.
 }
 
 TEST_F(CheckpointTest, UnwritableDirectoryLeavesTheOldCheckpointIntact) {
   if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
-  ASSERT_TRUE(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()).ok());
+  ASSERT_OK(WriteCheckpointFile(Path("a.ckpt"), SampleCheckpoint()));
   const std::string old_bytes = ReadBytes(Path("a.ckpt"));
   ASSERT_EQ(chmod(dir_.c_str(), 0500), 0);
   v1::Checkpoint next = SampleCheckpoint();
@@ -645,19 +645,19 @@ TEST(TensorProtoTest, MakeTensorProtoStoresLittleEndianF32) {
   EXPECT_THAT(t.shape(), ::testing::ElementsAre(1, 2));
   // 1.0f = 0x3f800000, -2.5f = 0xc0200000, least significant byte first.
   EXPECT_EQ(t.data(), std::string("\x00\x00\x80\x3f\x00\x00\x20\xc0", 8));
-  EXPECT_TRUE(ValidateTensorProto(t).ok());
+  EXPECT_OK(ValidateTensorProto(t));
 }
 
 TEST(TensorProtoTest, ScalarsAndEmptyTensors) {
   float one = 1;
   v1::TensorProto scalar = MakeTensorProto("s", {}, &one);
   EXPECT_EQ(scalar.data().size(), 4u);
-  EXPECT_TRUE(ValidateTensorProto(scalar).ok());
+  EXPECT_OK(ValidateTensorProto(scalar));
   v1::TensorProto empty = MakeTensorProto("e", {3, 0}, nullptr);
   EXPECT_TRUE(empty.data().empty());
-  EXPECT_TRUE(ValidateTensorProto(empty).ok());
+  EXPECT_OK(ValidateTensorProto(empty));
   absl::StatusOr<std::vector<float>> floats = TensorProtoToFloats(empty);
-  ASSERT_TRUE(floats.ok());
+  ASSERT_OK(floats);
   EXPECT_TRUE(floats->empty());
 }
 
@@ -677,7 +677,7 @@ TEST(TensorProtoTest, ValidatesOtherDtypesBySize) {
   t.set_dtype(v1::DTYPE_U8);
   t.add_shape(5);
   t.set_data("abcde");
-  EXPECT_TRUE(ValidateTensorProto(t).ok());
+  EXPECT_OK(ValidateTensorProto(t));
   t.set_data("abcd");
   EXPECT_EQ(ValidateTensorProto(t).code(), absl::StatusCode::kInvalidArgument);
 }

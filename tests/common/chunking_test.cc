@@ -9,15 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
 
 ModelGraph Fmnist() {
   auto model = LoadModelSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/fmnist-cnn.json");
-  EXPECT_TRUE(model.ok());
+  EXPECT_OK(model);
   auto graph = BuildModelGraph(*model);
-  EXPECT_TRUE(graph.ok());
+  EXPECT_OK(graph);
   return *graph;
 }
 
@@ -25,7 +26,7 @@ TEST(ChunkingTest, ChunksCoverEveryParameterExactlyOnce) {
   ModelGraph graph = Fmnist();
   for (int shards : {1, 2, 3, 5}) {
     auto plan = PlanChunks(graph, shards);
-    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_OK(plan);
     for (size_t p = 0; p < graph.params.size(); ++p) {
       int64_t next = 0;
       for (int id : plan->by_param[p]) {
@@ -50,7 +51,7 @@ TEST(ChunkingTest, ChunksCoverEveryParameterExactlyOnce) {
 TEST(ChunkingTest, ShardsAreBalancedByBytesNotTensorCount) {
   ModelGraph graph = Fmnist();  // fc1/weight is 98% of the bytes.
   auto plan = PlanChunks(graph, 2);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   int64_t lo = *std::min_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
   int64_t hi = *std::max_element(plan->shard_bytes.begin(), plan->shard_bytes.end());
   EXPECT_LE(hi - lo, kDefaultChunkBytes);
@@ -64,7 +65,8 @@ TEST(ChunkingTest, DeterministicAndValidated) {
   ModelGraph graph = Fmnist();
   auto a = PlanChunks(graph, 3, 4096);
   auto b = PlanChunks(graph, 3, 4096);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   ASSERT_EQ(a->chunks.size(), b->chunks.size());
   for (size_t i = 0; i < a->chunks.size(); ++i) EXPECT_EQ(a->chunks[i].shard, b->chunks[i].shard);
   EXPECT_FALSE(PlanChunks(graph, 0).ok());
@@ -93,7 +95,7 @@ absl::StatusOr<ModelGraph> DenseGraph(std::initializer_list<int> input,
 // The dense 2048 -> 1024 -> 10 model of bench/jobs/dense-8mb-synthetic.json.
 ModelGraph Dense8Mb() {
   absl::StatusOr<ModelGraph> graph = DenseGraph({1, 32, 64}, {1024}, 10);
-  EXPECT_TRUE(graph.ok()) << graph.status();
+  EXPECT_OK(graph);
   return *graph;
 }
 
@@ -116,13 +118,13 @@ TEST(ChunkingTest, DefaultPlansGiveEveryShardSixteenChunksOfAnEightMegabyteModel
   for (int shards : {1, 2, 4, 8}) {
     SCOPED_TRACE(shards);
     absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
-    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_OK(plan);
     EXPECT_EQ(plan->chunk_bytes, kDefaultChunkBytes / 2 / shards);
     for (const std::vector<int>& owned : plan->by_shard) EXPECT_GE(owned.size(), 16u);
     for (const ChunkInfo& c : plan->chunks) EXPECT_LE(c.count * 4, plan->chunk_bytes);
   }
   absl::StatusOr<ChunkPlan> fixed = PlanChunks(graph, 8, kDefaultChunkBytes);
-  ASSERT_TRUE(fixed.ok());
+  ASSERT_OK(fixed);
   EXPECT_EQ(fixed->chunk_bytes, kDefaultChunkBytes);  // An explicit size is kept.
   EXPECT_LE(fixed->by_shard[7].size(), 2u);
 }
@@ -132,7 +134,7 @@ TEST(ChunkingTest, DefaultPlansGiveEveryShardSixteenChunksOfAnEightMegabyteModel
 // (fc1, 4 MB) pushed last.
 ModelGraph Mlp8Mb() {
   absl::StatusOr<ModelGraph> graph = DenseGraph({1, 32, 32}, {1024, 512, 512, 512}, 10);
-  EXPECT_TRUE(graph.ok()) << graph.status();
+  EXPECT_OK(graph);
   return *graph;
 }
 
@@ -151,7 +153,7 @@ ModelGraph DenseWithBatchNorm() {
     model.mutable_layers(i)->set_name(absl::StrCat("layer", i));
   }
   absl::StatusOr<ModelGraph> graph = BuildModelGraph(model);
-  EXPECT_TRUE(graph.ok()) << graph.status();
+  EXPECT_OK(graph);
   return *graph;
 }
 
@@ -180,7 +182,7 @@ TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
     for (int shards : {1, 2, 3, 8}) {
       SCOPED_TRACE(absl::StrCat(name, ", ", shards, " shards"));
       absl::StatusOr<ChunkPlan> plan = PlanChunks(graph, shards);
-      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK(plan);
       const int64_t full = plan->chunk_bytes / 4;
       // The chunks in push order; within a parameter, offsets run on
       // without a gap.
@@ -243,7 +245,7 @@ TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
       // The same size asked for explicitly: every parameter in full chunks
       // from its first element.
       absl::StatusOr<ChunkPlan> exact = PlanChunks(graph, shards, plan->chunk_bytes);
-      ASSERT_TRUE(exact.ok());
+      ASSERT_OK(exact);
       for (const ChunkInfo& c : exact->chunks) {
         EXPECT_EQ(c.offset % full, 0);
         const int64_t n = graph.params[c.param].shape.num_elements();
@@ -254,7 +256,7 @@ TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
   // A model too small for its shards is not tapered: fmnist-cnn over 64.
   ModelGraph small = Fmnist();
   absl::StatusOr<ChunkPlan> plan = PlanChunks(small, 64);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   for (const ChunkInfo& c : plan->chunks) {
     EXPECT_EQ(c.offset % (plan->chunk_bytes / 4), 0);
   }
@@ -264,7 +266,7 @@ TEST(ChunkingTest, AutoPlansTaperBothEndsOfThePushOneSmallChunkPerShard) {
 // 3 GiB at submit. The chunks are counted before anything is allocated.
 TEST(ChunkingTest, ADenseLayerOf2To31UnitsIsRefusedBeforeThePlanGrows) {
   absl::StatusOr<ModelGraph> graph = DenseGraph({400}, {2147483647}, 2);
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, 1);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);

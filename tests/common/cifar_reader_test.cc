@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/data_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -36,7 +37,7 @@ TEST(CifarReaderTest, ReadsAllBatchesInOrder) {
   TempDir dir;
   WriteCifarDir(dir, /*per_batch=*/3, /*test_records=*/4);
   absl::StatusOr<DatasetSplits> splits = LoadCifar10Dataset(dir.path());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   const ImageDataset& train = splits->train;
   EXPECT_EQ(train.size(), 15);
   EXPECT_EQ(train.channels, 3);
@@ -103,7 +104,7 @@ TEST(CifarReaderTest, LoadDatasetDispatchesAndLimits) {
   spec.set_train_limit(7);
   spec.set_test_limit(2);
   absl::StatusOr<DatasetSplits> splits = LoadDataset(spec);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   EXPECT_EQ(splits->train.size(), 7);
   EXPECT_EQ(splits->train.pixels.size(), 7u * 3072);
   EXPECT_EQ(splits->test.size(), 2);

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -64,7 +65,7 @@ TEST(EpochOrderTest, ShardsAreDisjointCoverAndBalanced) {
   for (int64_t n : {1, 5, 103, 1000}) {
     for (int world : {1, 2, 3, 4, 7}) {
       for (bool shuffle : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "n=" << n << " world=" << world << " shuffle=" << shuffle);
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " world=" << world << " shuffle=" << shuffle);
         std::vector<int64_t> all;
         int64_t min_size = n, max_size = 0;
         for (int rank = 0; rank < world; ++rank) {
@@ -156,7 +157,7 @@ TEST(PreprocessTest, FromSpecReadsAndValidates) {
   spec.mutable_augmentation()->set_random_flip(true);
   spec.mutable_augmentation()->set_crop_padding(4);
   absl::StatusOr<Preprocess> pre = Preprocess::FromSpec(spec, 3);
-  ASSERT_TRUE(pre.ok()) << pre.status();
+  ASSERT_OK(pre);
   EXPECT_THAT(pre->mean, ::testing::ElementsAre(0.5f));
   EXPECT_THAT(pre->std, ::testing::ElementsAre(0.25f));
   EXPECT_TRUE(pre->random_flip);
@@ -165,7 +166,7 @@ TEST(PreprocessTest, FromSpecReadsAndValidates) {
   spec.add_mean(0.1f);  // Two values for three channels.
   EXPECT_EQ(Preprocess::FromSpec(spec, 3).status().code(), absl::StatusCode::kInvalidArgument);
   spec.add_mean(0.2f);
-  EXPECT_TRUE(Preprocess::FromSpec(spec, 3).ok());
+  EXPECT_OK(Preprocess::FromSpec(spec, 3));
 
   spec.set_std(0, 0.f);
   EXPECT_EQ(Preprocess::FromSpec(spec, 3).status().code(), absl::StatusCode::kInvalidArgument);
@@ -195,7 +196,7 @@ ImageDataset TinyDataset() {
 
 TEST(AssembleBatchTest, ScalesAndNormalisesPerChannel) {
   ImageDataset ds = TinyDataset();
-  ASSERT_TRUE(ds.Validate("tiny").ok());
+  ASSERT_OK(ds.Validate("tiny"));
   Preprocess pre;
   pre.mean = {0.5f, 0.25f};
   pre.std = {0.5f, 0.25f};
@@ -338,7 +339,7 @@ TEST(AssembleBatchTest, AugmentationIsDeterministicPerSeedAndPosition) {
 
 TEST(ImageDatasetTest, ValidateAndTruncate) {
   ImageDataset ds = TinyDataset();
-  EXPECT_TRUE(ds.Validate("tiny").ok());
+  EXPECT_OK(ds.Validate("tiny"));
   EXPECT_EQ(ds.sample_elements(), 12);
   EXPECT_EQ(ds.image(1)[0], 1);
   ds.labels[1] = 4;
@@ -350,7 +351,7 @@ TEST(ImageDatasetTest, ValidateAndTruncate) {
   ds.Truncate(1);
   EXPECT_EQ(ds.size(), 1);
   EXPECT_EQ(ds.pixels.size(), 12u);
-  EXPECT_TRUE(ds.Validate("tiny").ok());
+  EXPECT_OK(ds.Validate("tiny"));
   ds.Truncate(0);  // 0 means no limit.
   EXPECT_EQ(ds.size(), 1);
 }
@@ -377,14 +378,14 @@ TEST(SyntheticDatasetTest, ShapeLabelsAndDeterminism) {
   syn->set_test_samples(10);
   syn->set_seed(9);
   auto a = LoadDataset(spec);
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_EQ(a->train.size(), 40);
   EXPECT_EQ(a->test.size(), 10);
   EXPECT_EQ(a->train.sample_elements(), 3 * 8 * 6);
   EXPECT_EQ(a->train.num_classes, 5);
   for (int32_t label : a->train.labels) EXPECT_TRUE(label >= 0 && label < 5);
   auto b = LoadDataset(spec);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(a->train.pixels, b->train.pixels);
   EXPECT_NE(a->train.pixels, std::vector<uint8_t>(a->train.pixels.size(), a->train.pixels[0]));
   syn->set_num_classes(1);

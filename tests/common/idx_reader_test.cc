@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/data_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -32,7 +33,7 @@ bool HaveFashionMnist() {
 TEST(IdxReaderTest, ReadsRealFashionMnist) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   absl::StatusOr<DatasetSplits> splits = LoadIdxDataset(kFashionMnistDir);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   const ImageDataset& train = splits->train;
   const ImageDataset& test = splits->test;
   EXPECT_EQ(train.size(), 60000);
@@ -61,8 +62,8 @@ TEST(IdxReaderTest, RawCopyOfFashionMnistReadsTheSameAsGzip) {
   const std::string gz_labels = std::string(kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz";
   absl::StatusOr<FileContents> images = ReadFileContents(gz_images);
   absl::StatusOr<FileContents> labels = ReadFileContents(gz_labels);
-  ASSERT_TRUE(images.ok()) << images.status();
-  ASSERT_TRUE(labels.ok()) << labels.status();
+  ASSERT_OK(images);
+  ASSERT_OK(labels);
   EXPECT_TRUE(images->gzip);
   WriteFile(dir.Path("t10k-images-idx3-ubyte"), images->bytes);
   WriteFile(dir.Path("t10k-labels-idx1-ubyte"), labels->bytes);
@@ -70,8 +71,8 @@ TEST(IdxReaderTest, RawCopyOfFashionMnistReadsTheSameAsGzip) {
   absl::StatusOr<ImageDataset> from_gz = ReadIdxPair(gz_images, gz_labels);
   absl::StatusOr<ImageDataset> from_raw =
       ReadIdxPair(dir.Path("t10k-images-idx3-ubyte"), dir.Path("t10k-labels-idx1-ubyte"));
-  ASSERT_TRUE(from_gz.ok()) << from_gz.status();
-  ASSERT_TRUE(from_raw.ok()) << from_raw.status();
+  ASSERT_OK(from_gz);
+  ASSERT_OK(from_raw);
   EXPECT_EQ(from_gz->pixels, from_raw->pixels);
   EXPECT_EQ(from_gz->labels, from_raw->labels);
   EXPECT_EQ(from_raw->size(), 10000);
@@ -91,7 +92,7 @@ TEST(IdxReaderTest, ReadsSyntheticRawAndGzipIdentically) {
     absl::StatusOr<ImageDataset> ds =
         ReadIdxPair(dir.Path(std::string(prefix) + "-images" + suffix),
                     dir.Path(std::string(prefix) + "-labels" + suffix));
-    ASSERT_TRUE(ds.ok()) << ds.status();
+    ASSERT_OK(ds);
     EXPECT_EQ(ds->size(), 5);
     EXPECT_EQ(ds->channels, 1);
     EXPECT_EQ(ds->height, 3);
@@ -112,7 +113,7 @@ TEST(IdxReaderTest, LoadIdxDatasetAcceptsEitherRawOrGzipName) {
   WriteFile(dir.Path("t10k-images-idx3-ubyte"), IdxImages(2, 2, 2));
   WriteGzipFile(dir.Path("t10k-labels-idx1-ubyte.gz"), IdxLabels({9, 8}));
   absl::StatusOr<DatasetSplits> splits = LoadIdxDataset(dir.path());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   EXPECT_EQ(splits->train.size(), 4);
   EXPECT_EQ(splits->test.size(), 2);
   EXPECT_THAT(splits->test.labels, ::testing::ElementsAre(9, 8));
@@ -248,7 +249,7 @@ TEST(IdxReaderTest, LabelOutOfRangeNamesOffset) {
 
   // A wider class range (e.g. EMNIST) accepts it.
   ds = ReadIdxPair(dir.Path("images"), dir.Path("labels"), /*max_classes=*/47);
-  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_OK(ds);
   EXPECT_EQ(ds->num_classes, 11);
 }
 
@@ -256,11 +257,11 @@ TEST(IdxReaderTest, ResolveMaybeGzPrefersRaw) {
   TempDir dir;
   WriteFile(dir.Path("x.gz"), "1");
   absl::StatusOr<std::string> path = ResolveMaybeGz(dir.path(), "x");
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_OK(path);
   EXPECT_EQ(*path, dir.Path("x.gz"));
   WriteFile(dir.Path("x"), "1");
   path = ResolveMaybeGz(dir.path(), "x");
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_OK(path);
   EXPECT_EQ(*path, dir.Path("x"));
   EXPECT_EQ(ResolveMaybeGz(dir.path(), "y").status().code(), absl::StatusCode::kNotFound);
 }
@@ -269,7 +270,7 @@ TEST(IdxReaderTest, ReadFileContentsJoinsConcatenatedGzipMembers) {
   TempDir dir;
   WriteFile(dir.Path("two.gz"), Gzip("hello ") + Gzip("world"));
   absl::StatusOr<FileContents> contents = ReadFileContents(dir.Path("two.gz"));
-  ASSERT_TRUE(contents.ok()) << contents.status();
+  ASSERT_OK(contents);
   EXPECT_TRUE(contents->gzip);
   EXPECT_EQ(contents->bytes, "hello world");
   EXPECT_EQ(ReadWholeFile(dir.Path("two.gz")).substr(0, 2), "\x1f\x8b");
@@ -287,7 +288,7 @@ TEST(IdxReaderTest, LoadDatasetAppliesLimits) {
   spec.set_train_limit(4);
   spec.set_test_limit(100);
   absl::StatusOr<DatasetSplits> splits = LoadDataset(spec);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   EXPECT_EQ(splits->train.size(), 4);
   EXPECT_EQ(splits->train.pixels.size(), 16u);
   EXPECT_EQ(splits->test.size(), 3);

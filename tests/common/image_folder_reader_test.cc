@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/data_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -31,13 +32,13 @@ DecodedImage Solid(int width, int height, std::vector<uint8_t> color) {
 
 std::string Png(const DecodedImage& image) {
   absl::StatusOr<std::string> bytes = EncodePng(image);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_OK(bytes);
   return bytes.ok() ? *bytes : std::string();
 }
 
 std::string Jpeg(const DecodedImage& image) {
   absl::StatusOr<std::string> bytes = EncodeJpeg(image, 95);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_OK(bytes);
   return bytes.ok() ? *bytes : std::string();
 }
 
@@ -84,7 +85,7 @@ ImageFolderOptions Options4x4(int threads = 1) {
 TEST(ImageCodecTest, PngRoundTripIsExact) {
   for (const DecodedImage& image : {Quad(), Ramp()}) {
     absl::StatusOr<DecodedImage> decoded = DecodeImage(Png(image), "mem.png");
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ASSERT_OK(decoded);
     EXPECT_EQ(decoded->width, image.width);
     EXPECT_EQ(decoded->height, image.height);
     EXPECT_EQ(decoded->channels, image.channels);
@@ -94,7 +95,7 @@ TEST(ImageCodecTest, PngRoundTripIsExact) {
 
 TEST(ImageCodecTest, JpegRoundTripIsClose) {
   absl::StatusOr<DecodedImage> decoded = DecodeImage(Jpeg(Solid(16, 8, {200, 100, 50})), "m");
-  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_OK(decoded);
   EXPECT_EQ(decoded->width, 16);
   EXPECT_EQ(decoded->height, 8);
   ASSERT_EQ(decoded->channels, 3);
@@ -104,7 +105,7 @@ TEST(ImageCodecTest, JpegRoundTripIsClose) {
     EXPECT_NEAR(decoded->pixels[i + 2], 50, 4);
   }
   absl::StatusOr<DecodedImage> gray = DecodeImage(Jpeg(Solid(8, 8, {77})), "g");
-  ASSERT_TRUE(gray.ok()) << gray.status();
+  ASSERT_OK(gray);
   EXPECT_EQ(gray->channels, 1);
   EXPECT_NEAR(gray->pixels[0], 77, 2);
 }
@@ -152,7 +153,7 @@ TEST(ImageFolderReaderTest, ReadsJpegAndPngWithSortedClasses) {
   TempDir dir;
   WriteSmallTree(dir);
   absl::StatusOr<DatasetSplits> splits = LoadImageFolderDataset(dir.path(), Options4x4());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   const ImageDataset& train = splits->train;
   ASSERT_EQ(train.size(), 4);
   EXPECT_EQ(train.channels, 3);
@@ -203,8 +204,8 @@ TEST(ImageFolderReaderTest, ThreadCountDoesNotChangeTheResult) {
   WriteFile(dir.Path("test/a/x.png"), Png(Quad()));
   absl::StatusOr<DatasetSplits> one = LoadImageFolderDataset(dir.path(), Options4x4(1));
   absl::StatusOr<DatasetSplits> three = LoadImageFolderDataset(dir.path(), Options4x4(3));
-  ASSERT_TRUE(one.ok()) << one.status();
-  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_OK(one);
+  ASSERT_OK(three);
   EXPECT_EQ(one->train.size(), 24);
   EXPECT_EQ(one->train.num_classes, 3);
   EXPECT_EQ(one->train.pixels, three->train.pixels);
@@ -282,7 +283,7 @@ TEST(ImageFolderReaderTest, LoadDatasetUsesSpecSizeAndThreads) {
   spec.set_image_width(3);
   spec.set_loader_threads(2);
   absl::StatusOr<DatasetSplits> splits = LoadDataset(spec);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   EXPECT_EQ(splits->train.height, 6);
   EXPECT_EQ(splits->train.width, 3);
   EXPECT_EQ(splits->train.channels, 3);

@@ -21,13 +21,13 @@ const std::string kSource = PSTRAIN_SOURCE_DIR;
 
 TEST(JobSpecTest, LoadsTheShippedFashionMnistJobAndResolvesItsModelFile) {
   auto job = LoadJobSpec(kSource + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_OK(job);
   EXPECT_TRUE(job->has_model());
   EXPECT_TRUE(job->model_file().empty());
   EXPECT_EQ(job->model().name(), "fmnist-cnn");
   EXPECT_EQ(job->model().layers_size(), 12);
   EXPECT_EQ(job->dataset().format(), v1::DATASET_FORMAT_IDX);
-  EXPECT_TRUE(ValidateJobSpec(*job).ok()) << ValidateJobSpec(*job);
+  EXPECT_OK(ValidateJobSpec(*job));
 }
 
 TEST(JobSpecTest, UnknownFieldIsAnErrorNamingTheFile) {
@@ -81,7 +81,7 @@ TEST(JobSpecTest, MissingModelFileNamesBothFiles) {
 
 TEST(JobSpecTest, ValidationNamesTheField) {
   auto base = LoadJobSpec(kSource + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(base.ok());
+  ASSERT_OK(base);
   struct Case {
     std::function<void(v1::JobSpec&)> mutate;
     const char* message;
@@ -204,7 +204,7 @@ TEST(JobSpecTest, DefaultsSetTheModeToSync) {
 
 TEST(JobSpecTest, RelativeDatasetPathIsResolvedAgainstTheJobDirectory) {
   auto job = ParseJobSpec(R"({"dataset": {"path": "data/x"}})", "/jobs/team", "j.json");
-  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_OK(job);
   EXPECT_EQ(job->dataset().path(), "/jobs/team/data/x");
 }
 

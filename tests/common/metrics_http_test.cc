@@ -32,7 +32,7 @@ TEST(MetricsHttpServerTest, ServesTheRenderedTextOnEveryScrape) {
   auto server = MetricsHttpServer::Start("127.0.0.1", 0, [&scrapes] {
     return "pstrain_test_scrapes_total " + std::to_string(++scrapes) + "\n";
   });
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   ASSERT_GT((*server)->port(), 0);
   const std::string first = HttpGet((*server)->port(), "/metrics");
   EXPECT_EQ(first.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << first;
@@ -49,7 +49,7 @@ TEST(MetricsHttpServerTest, OtherPathsAre404AndNotRendered) {
     ++scrapes;
     return std::string("x 1\n");
   });
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   for (const char* path : {"/", "/metricsfoo", "/other"}) {
     const std::string response = HttpGet((*server)->port(), path);
     EXPECT_EQ(response.rfind("HTTP/1.0 404 Not Found\r\n", 0), 0u) << path << ": " << response;
@@ -66,7 +66,7 @@ TEST(MetricsHttpServerTest, RegistryTextIsPrometheusFormat) {
       .Add({{"kind", "a"}})
       .Increment(3);
   auto server = MetricsHttpServer::Start("127.0.0.1", 0, PrometheusTextOf(registry));
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string response = HttpGet((*server)->port(), "/metrics");
   EXPECT_NE(response.find("# TYPE pstrain_test_events_total counter"), std::string::npos)
       << response;
@@ -76,7 +76,7 @@ TEST(MetricsHttpServerTest, RegistryTextIsPrometheusFormat) {
 
 TEST(MetricsHttpServerTest, BusyPortIsUnavailableNotACrash) {
   auto first = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string(); });
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   auto second =
       MetricsHttpServer::Start("127.0.0.1", (*first)->port(), [] { return std::string(); });
   ASSERT_FALSE(second.ok());
@@ -98,12 +98,12 @@ TEST(MetricsHttpServerTest, StopsPromptlyAndFreesThePort) {
   int port = 0;
   {
     auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("x 1\n"); });
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     port = (*server)->port();
   }
   EXPECT_EQ(HttpGet(port, "/metrics"), "");
   auto again = MetricsHttpServer::Start("127.0.0.1", port, [] { return std::string(); });
-  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_OK(again);
 }
 
 // ---- HTTPS -----------------------------------------------------------------

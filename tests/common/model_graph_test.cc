@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -15,7 +16,7 @@ using ::testing::HasSubstr;
 v1::ModelSpec Parse(const std::string& json) {
   v1::ModelSpec spec;
   auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
-  EXPECT_TRUE(status.ok()) << status.ToString();
+  EXPECT_OK(status);
   return spec;
 }
 
@@ -28,9 +29,9 @@ std::string Error(const std::string& json) {
 
 TEST(ModelGraphTest, FmnistCnnShapesAndParameterCounts) {
   auto model = LoadModelSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/fmnist-cnn.json");
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   auto graph = BuildModelGraph(*model);
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   EXPECT_EQ(graph->layers[0].output_shape, (Shape{32, 28, 28}));
   EXPECT_EQ(graph->layers[2].output_shape, (Shape{32, 14, 14}));
   EXPECT_EQ(graph->layers[5].output_shape, (Shape{64, 7, 7}));
@@ -47,9 +48,9 @@ TEST(ModelGraphTest, FmnistCnnShapesAndParameterCounts) {
 TEST(ModelGraphTest, ResnetSmallIsAValidResidualGraph) {
   for (const char* name : {"resnet-small.json", "resnet-small-64.json"}) {
     auto model = LoadModelSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/models/" + name);
-    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_OK(model);
     auto graph = BuildModelGraph(*model);
-    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_OK(graph);
     int adds = 0;
     for (const auto& layer : graph->layers) adds += layer.type == LayerType::kAdd;
     EXPECT_GE(adds, 3) << name;
@@ -60,7 +61,7 @@ TEST(ModelGraphTest, ResnetSmallIsAValidResidualGraph) {
 TEST(ModelGraphTest, SummaryListsEveryLayerAndTotal) {
   auto graph = BuildModelGraph(Parse(R"({"name":"m","input_shape":[4],"num_classes":3,"layers":[
       {"name":"fc","dense":{"units":3}},{"name":"loss","softmax_cross_entropy":{}}]})"));
-  ASSERT_TRUE(graph.ok());
+  ASSERT_OK(graph);
   std::string table = FormatModelSummary(*graph);
   EXPECT_THAT(table, HasSubstr("fc (dense)"));
   EXPECT_THAT(table, HasSubstr("(None, 3)"));

@@ -13,6 +13,7 @@
 #include "common/data/load_dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -65,13 +66,13 @@ class PackedFormatTest : public ::testing::Test {
 TEST_F(PackedFormatTest, RoundTripsEverySampleInOrderAcrossShards) {
   absl::StatusOr<PackSummary> summary =
       WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 5});
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_OK(summary);
   EXPECT_EQ(summary->train_shards, 5);  // 23 records, 5 per shard.
   EXPECT_EQ(summary->test_shards, 2);
   EXPECT_EQ(summary->train_samples, 23);
   EXPECT_TRUE(fs::exists(File("train", 4, 5)));
   absl::StatusOr<DatasetSplits> read = LoadPackedDataset(dir_.string());
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   for (auto [a, b] : {std::pair{&splits_.train, &read->train}, {&splits_.test, &read->test}}) {
     EXPECT_EQ(b->channels, 3);
     EXPECT_EQ(b->height, 4);
@@ -83,20 +84,20 @@ TEST_F(PackedFormatTest, RoundTripsEverySampleInOrderAcrossShards) {
 }
 
 TEST_F(PackedFormatTest, LoadDatasetReadsThePackedFormatWithTheLimits) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {}));
   v1::DatasetSpec spec;
   spec.set_format(v1::DATASET_FORMAT_PACKED);
   spec.set_path(dir_.string());
   spec.set_train_limit(10);
   absl::StatusOr<DatasetSplits> read = LoadDataset(spec);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->train.size(), 10);
   EXPECT_EQ(read->test.size(), 7);
   EXPECT_EQ(read->train.labels[9], splits_.train.labels[9]);
 }
 
 TEST_F(PackedFormatTest, ACorruptRecordIsNamedByFileAndRecord) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 10}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 10}));
   const std::string path = File("train", 1, 3);
   std::string bytes = Read(path);
   const size_t record = 3 * 4 * 5 + 8;
@@ -110,7 +111,7 @@ TEST_F(PackedFormatTest, ACorruptRecordIsNamedByFileAndRecord) {
 }
 
 TEST_F(PackedFormatTest, TruncatedPaddedOrForeignFilesAreRefused) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {}));
   const std::string path = File("test", 0, 1);
   const std::string good = Read(path);
   Write(path, good.substr(0, good.size() - 3));
@@ -135,7 +136,7 @@ TEST_F(PackedFormatTest, TruncatedPaddedOrForeignFilesAreRefused) {
 }
 
 TEST_F(PackedFormatTest, AHostileHeaderWithAGoodChecksumIsBounded) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {}));
   const std::string path = File("test", 0, 1);
   std::string bytes = Read(path);
   // Claim 2^40 records and restamp the header CRC: the size check refuses
@@ -152,7 +153,7 @@ TEST_F(PackedFormatTest, AHostileHeaderWithAGoodChecksumIsBounded) {
 }
 
 TEST_F(PackedFormatTest, AMissingShardOrMixedPackingsAreNamed) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 10}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 10}));
   fs::remove(File("train", 1, 3));
   absl::StatusOr<ImageDataset> read = LoadPackedSplit(dir_.string(), "train");
   ASSERT_FALSE(read.ok());
@@ -167,17 +168,17 @@ TEST_F(PackedFormatTest, AMissingShardOrMixedPackingsAreNamed) {
 }
 
 TEST_F(PackedFormatTest, RepackingWithAnotherShardCountReplacesTheOldShards) {
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 5}).ok());
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 100}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 5}));
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {.records_per_shard = 100}));
   EXPECT_FALSE(fs::exists(File("train", 0, 5)));
   absl::StatusOr<ImageDataset> read = LoadPackedSplit(dir_.string(), "train");
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->labels, splits_.train.labels);
 }
 
 TEST_F(PackedFormatTest, ALabelOutsideTheClassesIsNamed) {
   splits_.test.num_classes = 6;
-  ASSERT_TRUE(WritePackedDataset(splits_, dir_.string(), {}).ok());
+  ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {}));
   const std::string path = File("test", 0, 1);
   std::string bytes = Read(path);
   const size_t record = 3 * 4 * 5 + 8;
@@ -204,13 +205,13 @@ TEST_F(PackedFormatTest, PackedFashionMnistIsTheIdxDatasetByteForByte) {
   idx.set_format(v1::DATASET_FORMAT_IDX);
   idx.set_path(source);
   absl::StatusOr<DatasetSplits> original = LoadDataset(idx);
-  ASSERT_TRUE(original.ok()) << original.status();
-  ASSERT_TRUE(WritePackedDataset(*original, dir_.string(), {.records_per_shard = 25000}).ok());
+  ASSERT_OK(original);
+  ASSERT_OK(WritePackedDataset(*original, dir_.string(), {.records_per_shard = 25000}));
   v1::DatasetSpec packed;
   packed.set_format(v1::DATASET_FORMAT_PACKED);
   packed.set_path(dir_.string());
   absl::StatusOr<DatasetSplits> read = LoadDataset(packed);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(read->train.size(), 60000);
   EXPECT_EQ(read->test.size(), 10000);
   EXPECT_EQ(read->train.num_classes, 10);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::data {
 namespace {
@@ -32,7 +33,7 @@ class DataPathPolicyTest : public ::testing::Test {
 
   DataPathPolicy Policy() {
     absl::StatusOr<DataPathPolicy> policy = DataPathPolicy::Create({base_ + "/data"});
-    EXPECT_TRUE(policy.ok()) << policy.status();
+    EXPECT_OK(policy);
     return *policy;
   }
 
@@ -41,10 +42,10 @@ class DataPathPolicyTest : public ::testing::Test {
 
 TEST_F(DataPathPolicyTest, PathsUnderARootAreAllowedMissingOnesToo) {
   DataPathPolicy policy = Policy();
-  EXPECT_TRUE(policy.Check(base_ + "/data").ok());
-  EXPECT_TRUE(policy.Check(base_ + "/data/fmnist").ok());
-  EXPECT_TRUE(policy.Check(base_ + "/data/fmnist/./train.idx").ok());
-  EXPECT_TRUE(policy.Check(base_ + "/data/not-there-yet").ok());  // The reader reports it.
+  EXPECT_OK(policy.Check(base_ + "/data"));
+  EXPECT_OK(policy.Check(base_ + "/data/fmnist"));
+  EXPECT_OK(policy.Check(base_ + "/data/fmnist/./train.idx"));
+  EXPECT_OK(policy.Check(base_ + "/data/not-there-yet"));  // The reader reports it.
 }
 
 TEST_F(DataPathPolicyTest, DotDotAndPrefixTricksAreRefused) {
@@ -68,7 +69,7 @@ TEST_F(DataPathPolicyTest, ASymlinkOutOfARootIsRefused) {
             absl::StatusCode::kPermissionDenied);
   // A symlink that points into a root is fine.
   fs::create_directory_symlink(base_ + "/data/fmnist", base_ + "/outside/link-in");
-  EXPECT_TRUE(policy.Check(base_ + "/outside/link-in").ok());
+  EXPECT_OK(policy.Check(base_ + "/outside/link-in"));
 }
 
 TEST_F(DataPathPolicyTest, TheMessageNamesTheRuleNotTheFileOrWhetherItExists) {
@@ -87,11 +88,11 @@ TEST_F(DataPathPolicyTest, RootsMustBeDirectoriesAndNoRootsAllowNothing) {
   EXPECT_EQ(DataPathPolicy::Create({base_ + "/outside/secret.txt"}).status().code(),
             absl::StatusCode::kInvalidArgument);
   absl::StatusOr<DataPathPolicy> none = DataPathPolicy::Create({});
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_THAT(none->Check(base_ + "/data").message(), HasSubstr("--data-root DIR"));
   absl::StatusOr<DataPathPolicy> all = DataPathPolicy::Create({"/"});
-  ASSERT_TRUE(all.ok());
-  EXPECT_TRUE(all->Check("/etc/passwd").ok());
+  ASSERT_OK(all);
+  EXPECT_OK(all->Check("/etc/passwd"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -180,7 +181,7 @@ TEST_F(TfEventsWriterTest, WritesVersionThenScalarRecordsAfterFlush) {
   options.hostname = "host-a";
   options.now = absl::FromUnixSeconds(1700000123);
   auto writer = TfEventsWriter::Create(dir_ + "/job-1/worker-0", options);
-  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_OK(writer);
   EXPECT_EQ((*writer)->path(), dir_ + "/job-1/worker-0/events.out.tfevents.1700000123.host-a");
   // The file_version record is on disk before any scalar is written.
   std::vector<std::string> records = ReadRecords(ReadFile((*writer)->path()));
@@ -188,15 +189,15 @@ TEST_F(TfEventsWriterTest, WritesVersionThenScalarRecordsAfterFlush) {
   EXPECT_EQ(records[0], EncodeFileVersionEvent(1700000123.0));
 
   const absl::Time t1 = absl::FromUnixMillis(1700000124500);
-  ASSERT_TRUE((*writer)->WriteScalars(10, {{"train/loss", 1.5}, {"train/accuracy", 0.5}}, t1).ok());
-  ASSERT_TRUE((*writer)->WriteScalars(20, {{"train/loss", 1.25}}, t1 + absl::Seconds(1)).ok());
-  ASSERT_TRUE((*writer)->Flush().ok());
+  ASSERT_OK((*writer)->WriteScalars(10, {{"train/loss", 1.5}, {"train/accuracy", 0.5}}, t1));
+  ASSERT_OK((*writer)->WriteScalars(20, {{"train/loss", 1.25}}, t1 + absl::Seconds(1)));
+  ASSERT_OK((*writer)->Flush());
   records = ReadRecords(ReadFile((*writer)->path()));
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[1],
             EncodeScalarsEvent(1700000124.5, 10, {{"train/loss", 1.5}, {"train/accuracy", 0.5}}));
   EXPECT_EQ(records[2], EncodeScalarsEvent(1700000125.5, 20, {{"train/loss", 1.25}}));
-  EXPECT_TRUE((*writer)->Close().ok());
+  EXPECT_OK((*writer)->Close());
 }
 
 TEST_F(TfEventsWriterTest, SecondWriterInTheSameSecondGetsItsOwnFile) {
@@ -205,19 +206,19 @@ TEST_F(TfEventsWriterTest, SecondWriterInTheSameSecondGetsItsOwnFile) {
   options.now = absl::FromUnixSeconds(42);
   auto first = TfEventsWriter::Create(dir_, options);
   auto second = TfEventsWriter::Create(dir_, options);
-  ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_OK(first);
+  ASSERT_OK(second);
   EXPECT_NE((*first)->path(), (*second)->path());
   EXPECT_THAT((*second)->path(), MatchesRegex(".*/events\\.out\\.tfevents\\.42\\.h\\.1"));
-  ASSERT_TRUE((*first)->WriteScalars(1, {{"x", 1}}).ok());
-  ASSERT_TRUE((*first)->Flush().ok());
+  ASSERT_OK((*first)->WriteScalars(1, {{"x", 1}}));
+  ASSERT_OK((*first)->Flush());
   EXPECT_EQ(ReadRecords(ReadFile((*first)->path())).size(), 2u);
   EXPECT_EQ(ReadRecords(ReadFile((*second)->path())).size(), 1u);
 }
 
 TEST_F(TfEventsWriterTest, DefaultNameIsNowAndThisHost) {
   auto writer = TfEventsWriter::Create(dir_);
-  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_OK(writer);
   char host[256] = {};
   ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
   const std::string name = std::filesystem::path((*writer)->path()).filename().string();
@@ -231,9 +232,9 @@ TEST_F(TfEventsWriterTest, DestructorFlushes) {
   std::string path;
   {
     auto writer = TfEventsWriter::Create(dir_);
-    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_OK(writer);
     path = (*writer)->path();
-    ASSERT_TRUE((*writer)->WriteScalars(3, {{"y", 2}}).ok());
+    ASSERT_OK((*writer)->WriteScalars(3, {{"y", 2}}));
   }
   EXPECT_EQ(ReadRecords(ReadFile(path)).size(), 2u);
 }
@@ -241,11 +242,11 @@ TEST_F(TfEventsWriterTest, DestructorFlushes) {
 TEST_F(TfEventsWriterTest, RejectsBadInputAndUseAfterClose) {
   EXPECT_EQ(TfEventsWriter::Create("").status().code(), absl::StatusCode::kInvalidArgument);
   auto writer = TfEventsWriter::Create(dir_);
-  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_OK(writer);
   EXPECT_EQ((*writer)->WriteScalars(1, {}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*writer)->WriteScalars(1, {{"", 1}}).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*writer)->Close().ok());
-  EXPECT_TRUE((*writer)->Close().ok());
+  ASSERT_OK((*writer)->Close());
+  EXPECT_OK((*writer)->Close());
   EXPECT_EQ((*writer)->WriteScalars(1, {{"x", 1}}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*writer)->Flush().code(), absl::StatusCode::kFailedPrecondition);
 }

@@ -15,6 +15,7 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "worker/standalone.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -52,7 +53,7 @@ TEST(ClassBalanceTest, OversamplingAnImbalancedSubsetImprovesMacroRecallAndF1) {
   source.set_train_limit(6000);
   source.set_test_limit(2000);
   absl::StatusOr<data::DatasetSplits> splits = data::LoadDataset(source);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits);
   data::ImageDataset skewed = splits->train;
   skewed.pixels.clear();
   skewed.labels.clear();
@@ -73,7 +74,7 @@ TEST(ClassBalanceTest, OversamplingAnImbalancedSubsetImprovesMacroRecallAndF1) {
 
   auto run = [&](pstrain::v1::Balance balance, int epochs) {
     auto job = LoadJobSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
-    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_OK(job);
     job->mutable_dataset()->set_path(dir);
     job->mutable_dataset()->set_balance(balance);
     job->mutable_optimizer()->mutable_schedule()->Clear();
@@ -82,7 +83,7 @@ TEST(ClassBalanceTest, OversamplingAnImbalancedSubsetImprovesMacroRecallAndF1) {
     options.epochs = epochs;
     std::ostringstream log;
     auto result = RunStandalone(*job, options, log);
-    EXPECT_TRUE(result.ok()) << result.status();
+    EXPECT_OK(result);
     return result.ok() ? *result : StandaloneResult();
   };
   // Two balanced epochs; the plain run gets as many sample-steps or more.

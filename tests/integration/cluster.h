@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.pb.h"
 #include "tests/integration/process_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::testing {
 
@@ -137,11 +138,11 @@ class LocalCluster {
     tls.key_file = certs() + (role == Role::kPeer ? "/server-key.pem" : "/worker-key.pem");
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ChannelCredentialsFor(tls);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    EXPECT_OK(credentials);
     options.credentials = *credentials;
     absl::StatusOr<std::shared_ptr<Authorizer>> servers =
         Authorizer::FromTokenFile(certs() + "/tokens");
-    EXPECT_TRUE(servers.ok()) << servers.status();
+    EXPECT_OK(servers);
     auto identity = std::make_shared<CallIdentity>();
     if (role == Role::kPeer) identity->token = (*servers)->peer_token();
     if (role != Role::kPeer) {
@@ -152,7 +153,7 @@ class LocalCluster {
       // As server 0 issues it: bound to its state directory's epoch.
       absl::StatusOr<std::string> epoch =
           data::ReadFileBytes(absl::StrCat(state_root_, "/shard0/state_epoch"));
-      EXPECT_TRUE(epoch.ok()) << epoch.status();
+      EXPECT_OK(epoch);
       (*servers)->SetStateEpoch(
           std::string(absl::StripAsciiWhitespace(epoch.value_or(std::string()))));
       identity->set_worker_credential((*servers)->IssueWorkerCredential(worker_id));
@@ -255,7 +256,7 @@ inline bool HaveFashionMnist() {
 inline google::protobuf::Struct ParseJson(const std::string& text) {
   google::protobuf::Struct out;
   auto status = google::protobuf::util::JsonStringToMessage(text, &out);
-  EXPECT_TRUE(status.ok()) << "not JSON: " << text;
+  EXPECT_OK(status) << "not JSON: " << text;
   return out;
 }
 
@@ -264,7 +265,7 @@ inline google::protobuf::Struct ParseJson(const std::string& text) {
 inline v1::JobStatus ParseJobStatus(const std::string& text) {
   v1::JobStatus out;
   auto status = google::protobuf::util::JsonStringToMessage(text, &out);
-  EXPECT_TRUE(status.ok()) << status << ": not a JobStatus: " << text;
+  EXPECT_OK(status) << status << ": not a JobStatus: " << text;
   return out;
 }
 

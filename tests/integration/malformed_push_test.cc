@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "tests/integration/cluster.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::testing {
 namespace {
@@ -64,7 +65,7 @@ grpc::Status RawPush(grpc::GenericStub& stub, const std::vector<grpc::ByteBuffer
 
 grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const void* data, size_t bytes) {
   grpc::ByteBuffer out;
-  EXPECT_TRUE(EncodeFrame(header, data, bytes, &out, /*copy_payload=*/true).ok());
+  EXPECT_OK(EncodeFrame(header, data, bytes, &out, /*copy_payload=*/true));
   return out;
 }
 
@@ -85,7 +86,7 @@ std::string ModelBytes(v1::ShardControl::Stub& control, const std::string& job_i
     }
   }
   grpc::Status status = reader->Finish();
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_OK(status);
   return bytes;
 }
 

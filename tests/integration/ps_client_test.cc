@@ -92,8 +92,7 @@ class Cluster {
       config.chunk_bytes = kChunkBytes;
       config.members = members;
       config.generation = 1;
-      EXPECT_TRUE(
-          shard->ConfigureJob(config, ::pstrain::testing::InitialChunks(graph_, plan_, s)).ok());
+      EXPECT_OK(shard->ConfigureJob(config, ::pstrain::testing::InitialChunks(graph_, plan_, s)));
       shards_.push_back(std::move(shard));
       services_.push_back(std::move(services));
     }
@@ -114,7 +113,7 @@ class Cluster {
     options.generation = 1;
     options.rpc_timeout = timeout;
     auto client = PsClient::Create(options, plan_);
-    EXPECT_TRUE(client.ok()) << client.status();
+    EXPECT_OK(client);
     return *std::move(client);
   }
 
@@ -186,7 +185,7 @@ TEST(PsClientTest, PullsTheInitialModelFromTwoShards) {
   auto client = cluster.Client("w0");
   std::vector<std::vector<float>> pulled = cluster.Buffers(-1.0f);
   auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled));
-  ASSERT_TRUE(pull->Wait().ok());
+  ASSERT_OK(pull->Wait());
   EXPECT_EQ(pull->version(), 0);
   for (size_t id = 0; id < pulled.size(); ++id) EXPECT_EQ(pulled[id], cluster.Initial(id)) << id;
 }
@@ -201,11 +200,11 @@ TEST(PsClientTest, AveragePushThenPullIsBitExactThroughTwoShards) {
     }
   }
   auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Refs(params));
-  ASSERT_TRUE(push->Wait().ok());
+  ASSERT_OK(push->Wait());
   EXPECT_EQ(push->version(), 1);
   std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
   auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(pulled));
-  ASSERT_TRUE(pull->Wait().ok());
+  ASSERT_OK(pull->Wait());
   EXPECT_EQ(pull->version(), 1);
   EXPECT_EQ(pulled, params);
 }
@@ -217,8 +216,8 @@ TEST(PsClientTest, PullIssuedBeforeThePushStreamsAsChunksArrive) {
   std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
   auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 1, 0, Dests(pulled));
   auto push = client->Push(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Refs(params));
-  ASSERT_TRUE(push->Wait().ok());
-  ASSERT_TRUE(pull->Wait().ok());
+  ASSERT_OK(push->Wait());
+  ASSERT_OK(pull->Wait());
   EXPECT_EQ(pulled, params);
 }
 
@@ -309,7 +308,7 @@ TEST(PsClientTest, CompressedPullsRebuildWhatAWholePullGetsInFewerBytes) {
     for (PsClient::ChunkDest& d : dests) d.held = &held[d.chunk_id];
     return dests;
   };
-  ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, held_dests())->Wait().ok());
+  ASSERT_OK(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, held_dests())->Wait());
   for (const PsClient::HeldValues& h : held) {
     EXPECT_EQ(h.version, 0);
     EXPECT_NE(h.epoch, 0u);
@@ -322,18 +321,16 @@ TEST(PsClientTest, CompressedPullsRebuildWhatAWholePullGetsInFewerBytes) {
         g[id][i] = 0.01f * static_cast<float>((i + step) % 17) - 0.05f;
       }
     }
-    ASSERT_TRUE(client->Push(v1::ChunkHeader::KIND_GRADIENT, step, step + 1, Refs(g))->Wait().ok());
+    ASSERT_OK(client->Push(v1::ChunkHeader::KIND_GRADIENT, step, step + 1, Refs(g))->Wait());
     int64_t before = 0;
     for (int s = 0; s < cluster.num_shards(); ++s) before += cluster.shard(s).stats().pull_bytes;
-    ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, held_dests())
-                    ->Wait()
-                    .ok());
+    ASSERT_OK(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, held_dests())
+                    ->Wait());
     int64_t middle = 0;
     for (int s = 0; s < cluster.num_shards(); ++s) middle += cluster.shard(s).stats().pull_bytes;
     std::vector<std::vector<float>> whole = cluster.Buffers(0.0f);
-    ASSERT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, Dests(whole))
-                    ->Wait()
-                    .ok());
+    ASSERT_OK(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, step + 1, step + 1, Dests(whole))
+                    ->Wait());
     int64_t after = 0;
     for (int s = 0; s < cluster.num_shards(); ++s) after += cluster.shard(s).stats().pull_bytes;
     delta_bytes += middle - before;
@@ -349,14 +346,13 @@ TEST(PsClientTest, CompressedPullsRebuildWhatAWholePullGetsInFewerBytes) {
 
   // A pull of the master values (a run's end): what checkpoints hold, and
   // no delta base any more.
-  ASSERT_TRUE(client
+  ASSERT_OK(client
                   ->Pull(v1::ChunkHeader::KIND_PARAMETERS, 5, 5, held_dests(), 0,
                          /*master=*/true)
-                  ->Wait()
-                  .ok());
+                  ->Wait());
   for (int s = 0; s < cluster.num_shards(); ++s) {
     absl::StatusOr<std::vector<v1::ChunkValues>> chunks = cluster.shard(s).ReadChunks(kJob);
-    ASSERT_TRUE(chunks.ok()) << chunks.status();
+    ASSERT_OK(chunks);
     for (const v1::ChunkValues& c : *chunks) {
       EXPECT_EQ(held[c.chunk_id()].version, -1);
       ASSERT_EQ(std::memcmp(c.values().data(), held_values[c.chunk_id()].data(),
@@ -393,24 +389,23 @@ TEST(PsClientTest, CompressedAsyncPushesApplyTheDecodedGradientsWithErrorFeedbac
         for (float& v : chunk) v = dist(rng);
       }
       auto push = client->Push(v1::ChunkHeader::KIND_GRADIENT, step, step + 1, Refs(g));
-      ASSERT_TRUE(push->Wait().ok());
+      ASSERT_OK(push->Wait());
       for (size_t id = 0; id < g.size(); ++id) {
         EncodedGradient e;
-        ASSERT_TRUE(reference.Encode(static_cast<int>(id), g[id], &e).ok());
+        ASSERT_OK(reference.Encode(static_cast<int>(id), g[id], &e));
         v1::ChunkHeader h;
         h.set_num_elements(static_cast<int64_t>(g[id].size()));
         h.set_dtype(e.dtype);
         h.set_encoding(e.encoding);
         h.set_encoded_count(e.encoded_count);
         std::vector<float> decoded(g[id].size());
-        ASSERT_TRUE(
-            DecodeGradient(h, e.bytes.data(), e.bytes.size(), absl::MakeSpan(decoded)).ok());
+        ASSERT_OK(DecodeGradient(h, e.bytes.data(), e.bytes.size(), absl::MakeSpan(decoded)));
         for (size_t i = 0; i < decoded.size(); ++i) expected[id][i] -= 0.5f * decoded[i];
       }
     }
     std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
     auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 3, 0, Dests(pulled));
-    ASSERT_TRUE(pull->Wait().ok());
+    ASSERT_OK(pull->Wait());
     for (size_t id = 0; id < pulled.size(); ++id) {
       for (size_t i = 0; i < pulled[id].size(); ++i) {
         ASSERT_FLOAT_EQ(pulled[id][i], expected[id][i]) << "chunk " << id << " element " << i;
@@ -466,7 +461,7 @@ class HandPacedShard final : public grpc::CallbackGenericService {
       writing_ = true;
       v1::ChunkHeader header;
       header.set_credit(credit);
-      EXPECT_TRUE(EncodeFrame(header, nullptr, 0, &credit_).ok());
+      EXPECT_OK(EncodeFrame(header, nullptr, 0, &credit_));
       StartWrite(&credit_);
     }
     void OnWriteDone(bool) override {
@@ -500,7 +495,7 @@ class HandPacedShard final : public grpc::CallbackGenericService {
       replied_ = true;
       v1::ChunkHeader header;
       header.set_version(7);
-      EXPECT_TRUE(EncodeFrame(header, nullptr, 0, &reply_).ok());
+      EXPECT_OK(EncodeFrame(header, nullptr, 0, &reply_));
       StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
     }
     HandPacedShard* const owner_;
@@ -683,7 +678,7 @@ TEST(PsClientTest, ACancelledPullEndsAtOnceWithCancelled) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   pull->Cancel();  // Again, and on an op that ended: nothing happens.
   // The client goes on: a pull that can be served is.
-  EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait().ok());
+  EXPECT_OK(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, Dests(pulled))->Wait());
 }
 
 // A run that stops (a worker shutting down while the servers are gone too)
@@ -734,7 +729,7 @@ TEST(PsClientTest, UnreachableShardIsUnavailableWithinTheDeadline) {
   options.worker_id = "w0";
   options.rpc_timeout = absl::Milliseconds(700);
   auto client = PsClient::Create(options, cluster.plan());
-  ASSERT_TRUE(client.ok());
+  ASSERT_OK(client);
   std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
   const absl::Time start = absl::Now();
   absl::Status status =
@@ -751,9 +746,9 @@ TEST(PsClientTest, ShardErrorsReachWaitAndGenerationIsSent) {
   client->SetGeneration(5);
   absl::Status status = client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
-  ASSERT_TRUE(cluster.shard(0).SetMembers(kJob, {"w0"}, 5).ok());
-  ASSERT_TRUE(cluster.shard(1).SetMembers(kJob, {"w0"}, 5).ok());
-  EXPECT_TRUE(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait().ok());
+  ASSERT_OK(cluster.shard(0).SetMembers(kJob, {"w0"}, 5));
+  ASSERT_OK(cluster.shard(1).SetMembers(kJob, {"w0"}, 5));
+  EXPECT_OK(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait());
   g[0][0] = std::numeric_limits<float>::quiet_NaN();
   status = client->Push(v1::ChunkHeader::KIND_GRADIENT, 1, 0, Refs(g))->Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
@@ -768,7 +763,7 @@ TEST(PsClientTest, BadArgumentsFailWithoutACall) {
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {{0, nullptr}})->Wait().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {})->Wait().ok());
+  EXPECT_OK(client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 0, 0, {})->Wait());
   PsClient::Options options;
   options.shard_addresses = {"127.0.0.1:1", "127.0.0.1:2"};
   EXPECT_EQ(PsClient::Create(options, cluster.plan()).status().code(),
@@ -861,7 +856,7 @@ RunResult RunTwoWorkers(v1::ConsistencyMode mode, RandomStreamCutter* cutter, in
     std::vector<std::vector<float>> v = values_of(worker, step);
     absl::Status status =
         clients[worker]->Push(kind, barrier ? step : 0, step + 1, Refs(v))->Wait();
-    EXPECT_TRUE(status.ok()) << "worker " << worker << " step " << step << ": " << status;
+    EXPECT_OK(status) << "worker " << worker << " step " << step << ": " << status;
   };
   for (int step = 0; step < kSteps; ++step) {
     if (barrier) {

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/testing/kernel_configs.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -32,18 +33,6 @@ using ::pstrain::testing::MakeConv;
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-#define EXPECT_OK(expr)                                    \
-  do {                                                     \
-    const ::absl::Status _status = (expr);                 \
-    EXPECT_TRUE(_status.ok()) << #expr << ": " << _status; \
-  } while (0)
-
-#define ASSERT_OK(expr)                                    \
-  do {                                                     \
-    const ::absl::Status _status = (expr);                 \
-    ASSERT_TRUE(_status.ok()) << #expr << ": " << _status; \
-  } while (0)
 
 constexpr double kTolerance = 1e-4;
 constexpr int kCpu = 0;
@@ -102,7 +91,7 @@ class CudaParityTest : public ::pstrain::testing::CudaAndCpuBackendsTest {
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<Tensor> t =
           backend(i).AllocateTensor(Shape{static_cast<int64_t>(host.size())});
-      EXPECT_TRUE(t.ok()) << t.status();
+      EXPECT_OK(t);
       if (!t.ok()) continue;
       pair.t[i] = *std::move(t);
       EXPECT_OK(backend(i).CopyHostToDevice(pair[i], host.data(), host.size() * sizeof(float)));
@@ -120,7 +109,7 @@ class CudaParityTest : public ::pstrain::testing::CudaAndCpuBackendsTest {
     std::array<DeviceBuffer, 2> out;
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<DeviceBuffer> buffer = backend(i).Allocate(labels.size() * sizeof(int32_t));
-      EXPECT_TRUE(buffer.ok()) << buffer.status();
+      EXPECT_OK(buffer);
       if (!buffer.ok()) continue;
       out[i] = *std::move(buffer);
       EXPECT_OK(backend(i).CopyHostToDevice(out[i].data(), labels.data(),
@@ -156,7 +145,7 @@ TEST(CudaDeviceTest, AskingForCudaWithoutDeviceFailsCleanly) {
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition) << backend.status();
   // "auto" falls back to the CPU.
   absl::StatusOr<std::unique_ptr<Backend>> automatic = CreateBackend(DeviceSpec{});
-  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  ASSERT_OK(automatic);
   EXPECT_EQ((*automatic)->type(), DeviceType::kCpu);
 }
 
@@ -184,17 +173,18 @@ TEST_F(CudaParityTest, CopiesRoundTripThroughPinnedAndDeviceMemory) {
   const std::vector<float> host = RandomVector(1 << 20, 1);
   const size_t bytes = host.size() * sizeof(float);
   absl::StatusOr<PinnedBuffer> pinned = cuda_->AllocatePinned(bytes);
-  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_OK(pinned);
   std::memcpy(pinned->data(), host.data(), bytes);
   absl::StatusOr<Tensor> a = cuda_->AllocateTensor(Shape{static_cast<int64_t>(host.size())});
   absl::StatusOr<Tensor> b = cuda_->AllocateTensor(Shape{static_cast<int64_t>(host.size())});
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   ASSERT_OK(cuda_->CopyHostToDevice(a->data(), pinned->data(), bytes));
   ASSERT_OK(cuda_->CopyDeviceToDevice(b->data(), a->data(), bytes));
   std::vector<float> back(host.size(), -7.f);
   ASSERT_OK(cuda_->CopyDeviceToHost(back.data(), b->data(), bytes));
   absl::StatusOr<std::unique_ptr<Event>> event = cuda_->RecordEvent();
-  ASSERT_TRUE(event.ok()) << event.status();
+  ASSERT_OK(event);
   ASSERT_OK((*event)->Wait());
   EXPECT_EQ(std::memcmp(back.data(), host.data(), bytes), 0);
 }
@@ -313,7 +303,7 @@ TEST_F(CudaParityTest, ConvolutionForwardAndBackwardMatchCpu) {
     Pair dx_copy = Zeros(x_count), dw_copy = Zeros(w_count), dbias_copy = Zeros(cfg.filters);
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<std::unique_ptr<Conv2dPlan>> plan = backend(i).CreateConv2d(cfg);
-      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK(plan);
       ASSERT_OK((*plan)->Forward(x[i], w[i], bias[i], y[i]));
       ASSERT_OK((*plan)->Forward(x[i], w[i], nullptr, y_no_bias[i]));
       ASSERT_OK((*plan)->BackwardData(dy[i], w[i], dx[i]));
@@ -372,7 +362,7 @@ TEST_F(CudaParityTest, PoolingForwardAndBackwardMatchCpu) {
     Pair dx = Random(x_count, ++seed);
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<std::unique_ptr<Pool2dPlan>> plan = backend(i).CreatePool2d(cfg);
-      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK(plan);
       ASSERT_OK((*plan)->Forward(x[i], y[i], /*training=*/true));
       ASSERT_OK((*plan)->Backward(x[i], y[i], dy[i], dx[i]));
     }
@@ -427,7 +417,7 @@ TEST_F(CudaParityTest, BatchNormTrainingInferenceAndBackwardMatchCpu) {
     Pair dgamma = Random(cfg.c, ++seed), dbeta = Random(cfg.c, ++seed);
     for (int i : {kCpu, kCuda}) {
       absl::StatusOr<std::unique_ptr<BatchNormPlan>> plan = backend(i).CreateBatchNorm(cfg);
-      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK(plan);
       ASSERT_OK((*plan)->ForwardTraining(x[i], gamma[i], beta[i], y[i], running_mean[i],
                                          running_var[i], save_mean[i], save_inv_std[i]));
       ASSERT_OK((*plan)->Backward(x[i], dy[i], gamma[i], save_mean[i], save_inv_std[i], dx[i],
@@ -497,7 +487,7 @@ TEST_F(CudaParityTest, ChannelsLastBatchNormMatchesCpu) {
       BatchNormConfig config = cfg;
       config.layout = i == kCuda ? TensorLayout::kNHWC : TensorLayout::kNCHW;
       absl::StatusOr<std::unique_ptr<BatchNormPlan>> plan = backend(i).CreateBatchNorm(config);
-      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_OK(plan);
       ASSERT_OK((*plan)->ForwardTraining(px[i], gamma[i], beta[i], y[i], running_mean[i],
                                          running_var[i], save_mean[i], save_inv_std[i]));
       ASSERT_OK((*plan)->Backward(px[i], pdy[i], gamma[i], save_mean[i], save_inv_std[i], dx[i],

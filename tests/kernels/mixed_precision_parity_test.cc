@@ -194,9 +194,9 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
     for (size_t i = 0; i < values.size(); ++i) bits[i] = ToBits(dtype(), values[i]);
     absl::StatusOr<Tensor> t =
         cuda_->AllocateTensor(Shape{static_cast<int64_t>(values.size())}, dtype());
-    EXPECT_TRUE(t.ok()) << t.status();
-    EXPECT_TRUE(cuda_->CopyHostToDevice(t->raw(), bits.data(), t->bytes()).ok());
-    EXPECT_TRUE(cuda_->Synchronize().ok());
+    EXPECT_OK(t);
+    EXPECT_OK(cuda_->CopyHostToDevice(t->raw(), bits.data(), t->bytes()));
+    EXPECT_OK(cuda_->Synchronize());
     return *std::move(t);
   }
   Tensor HalfZeros(size_t count) { return Half(std::vector<float>(count, 0.f)); }
@@ -204,22 +204,22 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
   // `values` in fp32 on `backend`.
   Tensor F32(Backend& backend, const std::vector<float>& values) {
     absl::StatusOr<Tensor> t = backend.AllocateTensor(Shape{static_cast<int64_t>(values.size())});
-    EXPECT_TRUE(t.ok()) << t.status();
-    EXPECT_TRUE(backend.CopyHostToDevice(t->raw(), values.data(), t->bytes()).ok());
-    EXPECT_TRUE(backend.Synchronize().ok());
+    EXPECT_OK(t);
+    EXPECT_OK(backend.CopyHostToDevice(t->raw(), values.data(), t->bytes()));
+    EXPECT_OK(backend.Synchronize());
     return *std::move(t);
   }
 
   std::vector<float> Read(Backend& backend, const Tensor& t) {
     std::vector<float> out(t.num_elements());
     if (t.dtype() == DataType::kF32) {
-      EXPECT_TRUE(backend.CopyDeviceToHost(out.data(), t.raw(), t.bytes()).ok());
-      EXPECT_TRUE(backend.Synchronize().ok());
+      EXPECT_OK(backend.CopyDeviceToHost(out.data(), t.raw(), t.bytes()));
+      EXPECT_OK(backend.Synchronize());
       return out;
     }
     std::vector<uint16_t> bits(t.num_elements());
-    EXPECT_TRUE(backend.CopyDeviceToHost(bits.data(), t.raw(), t.bytes()).ok());
-    EXPECT_TRUE(backend.Synchronize().ok());
+    EXPECT_OK(backend.CopyDeviceToHost(bits.data(), t.raw(), t.bytes()));
+    EXPECT_OK(backend.Synchronize());
     for (size_t i = 0; i < bits.size(); ++i) out[i] = FromBits(t.dtype(), bits[i]);
     return out;
   }
@@ -282,7 +282,7 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
 
     cfg.dtype = DataType::kF32;
     absl::StatusOr<std::unique_ptr<Conv2dPlan>> cpu_plan = cpu_->CreateConv2d(cfg);
-    ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
+    ASSERT_OK(cpu_plan);
     Tensor cx = F32(*cpu_, x), cw = F32(*cpu_, w), cb = F32(*cpu_, bias), cdy = F32(*cpu_, dy);
     Tensor cy = F32(*cpu_, std::vector<float>(y_count)),
            cdx = F32(*cpu_, std::vector<float>(x_count));
@@ -301,7 +301,7 @@ class MixedPrecisionParityTest : public ::pstrain::testing::CudaAndCpuBackendsTe
       cfg.dtype = dtype();
       cfg.layout = layout;
       absl::StatusOr<std::unique_ptr<Conv2dPlan>> gpu_plan = cuda_->CreateConv2d(cfg);
-      ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+      ASSERT_OK(gpu_plan);
       Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, in_hw) : x), gw = Half(w), gb = Half(bias);
       Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.filters, out_hw) : dy);
       Tensor gy = HalfZeros(y_count), gdx = HalfZeros(x_count), gdw = HalfZeros(w_count);
@@ -370,9 +370,9 @@ TEST_P(MixedPrecisionParityTest, ConvertRoundsToNearestEvenAndFlagsNonFiniteResu
   Tensor in = F32(*cuda_, values);
   Tensor half = HalfZeros(values.size());
   absl::StatusOr<Tensor> back = cuda_->AllocateTensor(Shape{n});
-  ASSERT_TRUE(back.ok());
+  ASSERT_OK(back);
   absl::StatusOr<DeviceBuffer> flag = cuda_->Allocate(sizeof(int32_t));
-  ASSERT_TRUE(flag.ok());
+  ASSERT_OK(flag);
   const int32_t zero = 0;
   ASSERT_OK(cuda_->CopyHostToDevice(flag->data(), &zero, sizeof(zero)));
   int32_t* flag_ptr = static_cast<int32_t*>(flag->data());
@@ -469,7 +469,7 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
     const std::vector<float> x = RandomRounded(dtype(), x_count, ++seed);
     const std::vector<float> dy = RandomRounded(dtype(), y_count, ++seed);
     absl::StatusOr<std::unique_ptr<Pool2dPlan>> cpu_plan = cpu_->CreatePool2d(cfg);
-    ASSERT_TRUE(cpu_plan.ok());
+    ASSERT_OK(cpu_plan);
     Tensor cx = F32(*cpu_, x), cdy = F32(*cpu_, dy), cy = F32(*cpu_, std::vector<float>(y_count));
     Tensor cdx = F32(*cpu_, std::vector<float>(x_count));
     ASSERT_OK((*cpu_plan)->Forward(cx.raw(), cy.raw(), true));
@@ -481,7 +481,7 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
       cfg.dtype = dtype();
       cfg.layout = layout;
       absl::StatusOr<std::unique_ptr<Pool2dPlan>> gpu_plan = cuda_->CreatePool2d(cfg);
-      ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+      ASSERT_OK(gpu_plan);
       Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, in_hw) : x);
       Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.c, out_hw) : dy);
       Tensor gy = HalfZeros(y_count), gdx = HalfZeros(x_count);
@@ -516,7 +516,7 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
   Tensor cg = F32(*cpu_, gamma), cbeta = F32(*cpu_, beta), gg = F32(*cuda_, gamma);
   Tensor gbeta = F32(*cuda_, beta);
   absl::StatusOr<std::unique_ptr<BatchNormPlan>> cpu_plan = cpu_->CreateBatchNorm(cfg);
-  ASSERT_TRUE(cpu_plan.ok());
+  ASSERT_OK(cpu_plan);
   Tensor cx = F32(*cpu_, x), cdy = F32(*cpu_, dy), cy = F32(*cpu_, std::vector<float>(count));
   Tensor cdx = F32(*cpu_, std::vector<float>(count)), cyi = F32(*cpu_, std::vector<float>(count));
   ASSERT_OK((*cpu_plan)->ForwardTraining(cx.raw(), cg.data(), cbeta.data(), cy.raw(),
@@ -534,7 +534,7 @@ TEST_P(MixedPrecisionParityTest, PoolingAndBatchNormMatchFp32) {
     cfg.dtype = dtype();
     cfg.layout = layout;
     absl::StatusOr<std::unique_ptr<BatchNormPlan>> gpu_plan = cuda_->CreateBatchNorm(cfg);
-    ASSERT_TRUE(gpu_plan.ok()) << gpu_plan.status();
+    ASSERT_OK(gpu_plan);
     Tensor gx = Half(nhwc ? ToNhwc(x, cfg.n, cfg.c, cfg.spatial) : x);
     Tensor gdy = Half(nhwc ? ToNhwc(dy, cfg.n, cfg.c, cfg.spatial) : dy);
     Tensor gy = HalfZeros(count), gdx = HalfZeros(count), gyi = HalfZeros(count);
@@ -620,7 +620,8 @@ TEST_P(MixedPrecisionParityTest, ElementwiseOpsAndLossMatchFp32) {
   for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7) % classes);
   absl::StatusOr<DeviceBuffer> clabels = cpu_->Allocate(n * sizeof(int32_t));
   absl::StatusOr<DeviceBuffer> glabels = cuda_->Allocate(n * sizeof(int32_t));
-  ASSERT_TRUE(clabels.ok() && glabels.ok());
+  ASSERT_OK(clabels);
+  ASSERT_OK(glabels);
   ASSERT_OK(cpu_->CopyHostToDevice(clabels->data(), labels.data(), n * sizeof(int32_t)));
   ASSERT_OK(cuda_->CopyHostToDevice(glabels->data(), labels.data(), n * sizeof(int32_t)));
   Tensor clogits = F32(*cpu_, logits), glogits = Half(logits);
@@ -670,7 +671,8 @@ TEST(CpuBackendPrecisionTest, RefusesReducedPrecisionWithAClearMessage) {
   // fp32 through the typed entry points is the fp32 op.
   absl::StatusOr<Tensor> a = cpu->AllocateTensor(Shape{4});
   absl::StatusOr<Tensor> c = cpu->AllocateTensor(Shape{4});
-  ASSERT_TRUE(a.ok() && c.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(c);
   const float values[4] = {1, 2, 3, 4};
   ASSERT_OK(cpu->CopyHostToDevice(a->raw(), values, sizeof(values)));
   ASSERT_OK(

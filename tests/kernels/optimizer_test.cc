@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -33,12 +34,12 @@ v1::OptimizerSpec Sgd(float lr) {
 // ---------------------------------------------------------------------------
 
 TEST(ValidateOptimizerSpecTest, AcceptsTypicalSpecs) {
-  EXPECT_TRUE(ValidateOptimizerSpec(Sgd(0.1f)).ok());
+  EXPECT_OK(ValidateOptimizerSpec(Sgd(0.1f)));
   v1::OptimizerSpec momentum = Sgd(0.1f);
   momentum.set_momentum(0.9f);
   momentum.set_nesterov(true);
   momentum.set_weight_decay(5e-4f);
-  EXPECT_TRUE(ValidateOptimizerSpec(momentum).ok());
+  EXPECT_OK(ValidateOptimizerSpec(momentum));
   v1::OptimizerSpec adamw;
   adamw.set_type(v1::OPTIMIZER_ADAMW);
   adamw.set_learning_rate(1e-3f);
@@ -49,7 +50,7 @@ TEST(ValidateOptimizerSpecTest, AcceptsTypicalSpecs) {
   adamw.mutable_schedule()->set_cosine_decay_steps(1000);
   adamw.mutable_schedule()->set_min_learning_rate(1e-5f);
   adamw.mutable_schedule()->set_warmup_steps(100);
-  EXPECT_TRUE(ValidateOptimizerSpec(adamw).ok());
+  EXPECT_OK(ValidateOptimizerSpec(adamw));
 }
 
 struct BadSpecCase {
@@ -353,14 +354,14 @@ class OptimizerApplyTest : public ::testing::Test {
 
   Tensor Upload(const std::vector<float>& host) {
     absl::StatusOr<Tensor> t = backend_->AllocateTensor(Shape{static_cast<int64_t>(host.size())});
-    EXPECT_TRUE(t.ok()) << t.status();
-    EXPECT_TRUE(backend_->CopyHostToDevice(t->data(), host.data(), t->bytes()).ok());
+    EXPECT_OK(t);
+    EXPECT_OK(backend_->CopyHostToDevice(t->data(), host.data(), t->bytes()));
     return *std::move(t);
   }
   std::vector<float> Download(const Tensor& t) {
     std::vector<float> host(static_cast<size_t>(t.num_elements()));
-    EXPECT_TRUE(backend_->CopyDeviceToHost(host.data(), t.data(), t.bytes()).ok());
-    EXPECT_TRUE(backend_->Synchronize().ok());
+    EXPECT_OK(backend_->CopyDeviceToHost(host.data(), t.data(), t.bytes()));
+    EXPECT_OK(backend_->Synchronize());
     return host;
   }
 
@@ -384,7 +385,7 @@ class OptimizerApplyTest : public ::testing::Test {
   // reference, comparing parameters and state after every step.
   void RunAndCompare(const v1::OptimizerSpec& spec, int64_t steps) {
     absl::StatusOr<std::unique_ptr<Optimizer>> created = Optimizer::Create(spec, backend_.get());
-    ASSERT_TRUE(created.ok()) << created.status();
+    ASSERT_OK(created);
     Optimizer& opt = **created;
     std::mt19937 rng(1234);
     const std::vector<size_t> sizes = {37, 1000};  // Odd size and a vector-friendly one.
@@ -397,15 +398,14 @@ class OptimizerApplyTest : public ::testing::Test {
                     std::vector<double>(sizes[k], 0.0), std::vector<double>(sizes[k], 0.0)};
       refs.push_back(std::move(ref));
       absl::StatusOr<int> index = opt.AddParameter(absl::StrCat("layer", k, "/weight"), sizes[k]);
-      ASSERT_TRUE(index.ok()) << index.status();
+      ASSERT_OK(index);
       ASSERT_EQ(*index, static_cast<int>(k));
     }
     for (int64_t step = 0; step < steps; ++step) {
       for (size_t k = 0; k < sizes.size(); ++k) {
         std::vector<float> grad = RandomVector(sizes[k], rng, 0.5f);
         Tensor device_grad = Upload(grad);
-        ASSERT_TRUE(
-            opt.Apply(static_cast<int>(k), params[k].data(), device_grad.data(), step).ok());
+        ASSERT_OK(opt.Apply(static_cast<int>(k), params[k].data(), device_grad.data(), step));
         refs[k].Step(grad, step);
         ExpectNear(Download(params[k]), refs[k].p, absl::StrCat("param ", k, " step ", step));
       }
@@ -491,12 +491,12 @@ TEST_F(OptimizerApplyTest, AdamAndAdamWDiffer) {
     spec.set_learning_rate(0.1f);
     spec.set_weight_decay(0.5f);
     auto opt = Optimizer::Create(spec, backend_.get());
-    ASSERT_TRUE(opt.ok());
-    ASSERT_TRUE((*opt)->AddParameter("w", 4).ok());
+    ASSERT_OK(opt);
+    ASSERT_OK((*opt)->AddParameter("w", 4));
     Tensor w = Upload({1.f, -2.f, 3.f, -4.f});
     Tensor g = Upload({0.1f, 0.1f, -0.1f, 0.f});
     for (int64_t step = 0; step < 3; ++step) {
-      ASSERT_TRUE((*opt)->Apply(0, w.data(), g.data(), step).ok());
+      ASSERT_OK((*opt)->Apply(0, w.data(), g.data(), step));
     }
     out[i] = Download(w);
   }
@@ -508,11 +508,11 @@ TEST_F(OptimizerApplyTest, StateStartsAtZeroAndPointersSurviveMoreParameters) {
   spec.set_type(v1::OPTIMIZER_ADAM);
   spec.set_learning_rate(1e-3f);
   auto opt = Optimizer::Create(spec, backend_.get());
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParameter("a", 3).ok());
+  ASSERT_OK(opt);
+  ASSERT_OK((*opt)->AddParameter("a", 3));
   std::vector<std::pair<std::string, Tensor*>> before = (*opt)->StateTensors();
   ASSERT_EQ(before.size(), 2u);
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE((*opt)->AddParameter(absl::StrCat("p", i), 5).ok());
+  for (int i = 0; i < 50; ++i) { ASSERT_OK((*opt)->AddParameter(absl::StrCat("p", i), 5)); }
   std::vector<std::pair<std::string, Tensor*>> after = (*opt)->StateTensors();
   ASSERT_EQ(after.size(), 102u);
   EXPECT_EQ(after[0].second, before[0].second);
@@ -524,15 +524,15 @@ TEST_F(OptimizerApplyTest, StateStartsAtZeroAndPointersSurviveMoreParameters) {
 
 TEST_F(OptimizerApplyTest, PlainSgdHasNoState) {
   auto opt = Optimizer::Create(Sgd(0.1f), backend_.get());
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParameter("w", 10).ok());
+  ASSERT_OK(opt);
+  ASSERT_OK((*opt)->AddParameter("w", 10));
   EXPECT_TRUE((*opt)->StateTensors().empty());
 }
 
 TEST_F(OptimizerApplyTest, RejectsBadRegistrationsAndCalls) {
   auto opt = Optimizer::Create(Sgd(0.1f), backend_.get());
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParameter("w", 4).ok());
+  ASSERT_OK(opt);
+  ASSERT_OK((*opt)->AddParameter("w", 4));
   EXPECT_EQ((*opt)->AddParameter("w", 4).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ((*opt)->AddParameter("", 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*opt)->AddParameter("neg", -1).status().code(), absl::StatusCode::kInvalidArgument);

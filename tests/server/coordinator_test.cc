@@ -241,7 +241,7 @@ class CoordinatorTest : public ::testing::Test {
     options.log = [this](const std::string& line) { log_.push_back(line); };
     if (tweak_options_) tweak_options_(&options);
     auto c = Coordinator::Create(std::move(options), controller_.get());
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     coordinator_ = *std::move(c);
   }
 
@@ -254,7 +254,7 @@ class CoordinatorTest : public ::testing::Test {
 
   v1::HeartbeatResponse Beat(const std::string& worker, const std::string& job = "") {
     auto r = coordinator_->Heartbeat(worker, job);
-    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_OK(r);
     return r.ok() ? *r : v1::HeartbeatResponse();
   }
 
@@ -271,7 +271,7 @@ class CoordinatorTest : public ::testing::Test {
 
   v1::JobStatus Status(const std::string& job) {
     auto s = coordinator_->GetJob(job);
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     return s.ok() ? *s : v1::JobStatus();
   }
 
@@ -279,7 +279,7 @@ class CoordinatorTest : public ::testing::Test {
   // members (in rank order) go to `worker_ids`.
   std::string StartJob(int workers, std::vector<std::string>* worker_ids) {
     auto id = coordinator_->SubmitJob(TinyJob(workers));
-    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_OK(id);
     for (int i = 0; i < workers; ++i) Register();
     coordinator_->Tick();
     const v1::JobStatus status = Status(*id);
@@ -332,12 +332,12 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsWithTheValidationMessage) {
 TEST_F(CoordinatorTest, JobWaitsInTheQueueUntilEnoughWorkersRegister) {
   v1::JobSpec zero = TinyJob(0);
   auto one = coordinator_->SubmitJob(zero);
-  ASSERT_TRUE(one.ok());
+  ASSERT_OK(one);
   EXPECT_EQ(Status(*one).spec().workers(), 1);  // 0 means 1.
-  ASSERT_TRUE(coordinator_->CancelJob(*one).ok());
+  ASSERT_OK(coordinator_->CancelJob(*one));
 
   auto id = coordinator_->SubmitJob(TinyJob(2));
-  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_OK(id);
   EXPECT_EQ(*id, "job-2");
   EXPECT_EQ(Status(*id).state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(Status(*id).reason(), "waiting for 2 idle workers, 0 available");
@@ -375,9 +375,9 @@ TEST_F(CoordinatorTest, JobWaitsInTheQueueUntilEnoughWorkersRegister) {
   EXPECT_THAT(config.members(), ElementsAre(w1, w2));
   EXPECT_EQ(config.generation(), 1);
   auto graph = BuildModelGraph(TinyJob(2).model());
-  ASSERT_TRUE(graph.ok());
+  ASSERT_OK(graph);
   auto plan = PlanChunks(*graph, 1, 16);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   const auto initial = InitialParameterValues(*graph);
   ASSERT_EQ(config.chunks_size(), static_cast<int>(plan->chunks.size()));
   for (const v1::ChunkValues& c : config.chunks()) {
@@ -429,7 +429,7 @@ TEST_F(CoordinatorTest, MissedHeartbeatsDropTheWorkerBumpTheGenerationAndReassig
   EXPECT_EQ(Beat(w[1]).action(), v1::HeartbeatResponse::ACTION_IDLE);
   EXPECT_TRUE(coordinator_->ListWorkers()[1].alive());
   auto stop = coordinator_->ReportProgress(Progress(w[1], job, 0, 3, 1, 0, 0));
-  ASSERT_TRUE(stop.ok());
+  ASSERT_OK(stop);
   EXPECT_TRUE(*stop);
 }
 
@@ -625,8 +625,8 @@ TEST_F(CoordinatorTest, AJobThatLosesEveryWorkerIsQueuedAgain) {
 TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
   std::vector<std::string> w;
   const std::string job = StartJob(2, &w);
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 10, 0.5, 0.8, 100)).ok());
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 0, 8, 0.7, 0.6, 50)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 10, 0.5, 0.8, 100)));
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[1], job, 0, 8, 0.7, 0.6, 50)));
   const v1::JobStatus s = Status(job);
   EXPECT_EQ(s.epoch(), 0);  // The slowest member's.
   EXPECT_EQ(s.step(), 8);
@@ -635,14 +635,14 @@ TEST_F(CoordinatorTest, ProgressIsAggregatedOverMembers) {
   EXPECT_DOUBLE_EQ(s.samples_per_sec(), 150);
   EXPECT_EQ(s.total_steps(), 0);  // Unknown until the slowest member ends an epoch.
 
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 10, 0.3, 0.9, 60)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[1], job, 1, 10, 0.3, 0.9, 60)));
   EXPECT_EQ(Status(job).epoch(), 1);
   EXPECT_EQ(Status(job).total_steps(), 20);  // 10 steps per epoch x 2 epochs.
   // A finished report's training figures are not used; its epoch is all of them.
   v1::ReportProgressRequest finished = Progress(w[1], job, -7, 20, 0, 0, 0);
   finished.set_finished(true);
   *finished.mutable_eval_shard() = EvalShard({{0, 0}}, 0.1);
-  ASSERT_TRUE(coordinator_->ReportProgress(finished).ok());
+  ASSERT_OK(coordinator_->ReportProgress(finished));
   EXPECT_EQ(Status(job).epoch(), 1);  // w[0] is still at 1.
   EXPECT_DOUBLE_EQ(Status(job).loss(), 0.4);
   EXPECT_DOUBLE_EQ(Status(job).samples_per_sec(), 100);
@@ -675,8 +675,8 @@ TEST_F(CoordinatorTest, TotalStepsComeFromTheReportedStepsPerEpoch) {
   a.set_steps_per_epoch(10);
   v1::ReportProgressRequest b = Progress(w[1], job, 1, 13, 0.5, 0.8, 100);
   b.set_steps_per_epoch(10);
-  ASSERT_TRUE(coordinator_->ReportProgress(a).ok());
-  ASSERT_TRUE(coordinator_->ReportProgress(b).ok());
+  ASSERT_OK(coordinator_->ReportProgress(a));
+  ASSERT_OK(coordinator_->ReportProgress(b));
   EXPECT_EQ(Status(job).step(), 13);
   EXPECT_EQ(Status(job).total_steps(), 20);  // Not 13 / 1 x 2 = 26.
 }
@@ -695,7 +695,7 @@ TEST_F(CoordinatorTest, AShardDownAtTheFinalCheckpointResumesTheRunInsteadOfFail
     v1::ReportProgressRequest done = Progress(worker, job, 2, 10, 0.3, 0.9, 10);
     done.set_finished(true);
     *done.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}}, 0.4);
-    ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+    ASSERT_OK(coordinator_->ReportProgress(done));
   }
   coordinator_->Tick();
   v1::JobStatus s = Status(job);
@@ -723,14 +723,14 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
             absl::StatusCode::kFailedPrecondition);
 
   // Epoch 1 of both members: a checkpoint of epoch 1, cut at version 5.
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 5, 0.5, 0.8, 10)).ok());
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[1], job, 1, 5, 0.5, 0.8, 10)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 5, 0.5, 0.8, 10)));
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[1], job, 1, 5, 0.5, 0.8, 10)));
   Train(job, 5);
   coordinator_->Tick();
   auto path = coordinator_->CheckpointPath(job);
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_OK(path);
   auto epoch1 = ReadCheckpointFile(*path);
-  ASSERT_TRUE(epoch1.ok()) << epoch1.status();
+  ASSERT_OK(epoch1);
   EXPECT_EQ(epoch1->epoch(), 1);
   EXPECT_EQ(epoch1->step(), 5);
 
@@ -739,7 +739,7 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   v1::ReportProgressRequest done = Progress(w[0], job, 2, 10, 0.3, 0.9, 10);
   done.set_finished(true);
   *done.mutable_eval_shard() = a;
-  ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+  ASSERT_OK(coordinator_->ReportProgress(done));
   coordinator_->Tick();
   EXPECT_EQ(Status(job).state(), v1::JOB_STATE_RUNNING);  // Waits for w[1].
   // w[0] finished: it is idle and may be given other work.
@@ -748,7 +748,7 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   done = Progress(w[1], job, 2, 10, 0.3, 0.9, 10);
   done.set_finished(true);
   *done.mutable_eval_shard() = b;
-  ASSERT_TRUE(coordinator_->ReportProgress(done).ok());
+  ASSERT_OK(coordinator_->ReportProgress(done));
   coordinator_->Tick();
 
   const v1::JobStatus s = Status(job);
@@ -779,7 +779,7 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   // The final checkpoint: parameters named as in the graph, with the
   // shard's values, and the optimizer state named "<param>/<slot>".
   auto ckpt = ReadCheckpointFile(*coordinator_->CheckpointPath(job));
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   EXPECT_EQ(ckpt->epoch(), 2);
   EXPECT_EQ(ckpt->job().name(), "tiny");
   std::vector<std::string> names, state_names;
@@ -788,7 +788,7 @@ TEST_F(CoordinatorTest, EvalShardsAreMergedAndTheFinalCheckpointIsWritten) {
   EXPECT_THAT(names, ElementsAre("fc/weight", "fc/bias"));
   EXPECT_THAT(state_names, ElementsAre("fc/weight/momentum", "fc/bias/momentum"));
   auto graph = BuildModelGraph(TinyJob(2).model());
-  ASSERT_TRUE(graph.ok());
+  ASSERT_OK(graph);
   const auto initial = InitialParameterValues(*graph);
   EXPECT_EQ(*TensorProtoToFloats(ckpt->parameters(0)), initial[0]);
   EXPECT_EQ(ckpt->parameters(0).shape_size(), 2);
@@ -948,29 +948,29 @@ TEST_F(CoordinatorTest, CancelStopsWorkersKeepsTheModelAndIsIdempotent) {
   std::vector<std::string> w;
   const std::string job = StartJob(2, &w);
   auto cancelled = coordinator_->CancelJob(job);
-  ASSERT_TRUE(cancelled.ok());
+  ASSERT_OK(cancelled);
   EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(cancelled->reason(), "cancelled by user");
   EXPECT_EQ(Beat(w[0], job).action(), v1::HeartbeatResponse::ACTION_STOP);
   EXPECT_EQ(Beat(w[0]).action(), v1::HeartbeatResponse::ACTION_IDLE);
   auto stop = coordinator_->ReportProgress(Progress(w[1], job, 0, 1, 1, 0, 0));
-  ASSERT_TRUE(stop.ok());
+  ASSERT_OK(stop);
   EXPECT_TRUE(*stop);
 
   coordinator_->Tick();
-  EXPECT_TRUE(coordinator_->CheckpointPath(job).ok());  // The last model is kept.
+  EXPECT_OK(coordinator_->CheckpointPath(job));  // The last model is kept.
   {
     absl::MutexLock lock(&fakes_[0]->mu);
     EXPECT_THAT(fakes_[0]->dropped, ElementsAre(job));
   }
   auto again = coordinator_->CancelJob(job);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(again->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(coordinator_->CancelJob("job-42").status().code(), absl::StatusCode::kNotFound);
 
   // The freed workers take the next job.
   auto next = coordinator_->SubmitJob(TinyJob(2));
-  ASSERT_TRUE(next.ok());
+  ASSERT_OK(next);
   coordinator_->Tick();
   EXPECT_EQ(Status(*next).state(), v1::JOB_STATE_RUNNING);
 }
@@ -981,7 +981,7 @@ TEST_F(CoordinatorTest, AWorkerErrorFailsTheJobWithItsReason) {
   v1::ReportProgressRequest error = Progress(w[1], job, 0, 3, 0, 0, 0);
   error.set_error("dataset.path /nope: no such file");
   auto stop = coordinator_->ReportProgress(error);
-  ASSERT_TRUE(stop.ok());
+  ASSERT_OK(stop);
   EXPECT_TRUE(*stop);
   const v1::JobStatus s = Status(job);
   EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
@@ -996,7 +996,7 @@ TEST_F(CoordinatorTest, ShardConfigurationFailureFailsTheJob) {
     fakes_[0]->fail_configure = true;
   }
   auto id = coordinator_->SubmitJob(TinyJob(1));
-  ASSERT_TRUE(id.ok());
+  ASSERT_OK(id);
   const std::string w = Register();
   coordinator_->Tick();
   const v1::JobStatus s = Status(*id);
@@ -1011,7 +1011,7 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
   v1::ReportProgressRequest finish = Progress(w[0], done, 2, 4, 0.2, 1, 0);
   finish.set_finished(true);
   *finish.mutable_eval_shard() = EvalShard({{0, 0}, {1, 1}, {2, 1}}, 0.5);
-  ASSERT_TRUE(coordinator_->ReportProgress(finish).ok());
+  ASSERT_OK(coordinator_->ReportProgress(finish));
   coordinator_->Tick();
   ASSERT_EQ(Status(done).state(), v1::JOB_STATE_SUCCEEDED);
 
@@ -1029,22 +1029,22 @@ TEST_F(CoordinatorTest, StatusesSurviveARestartAndRunningJobsResumeFromTheirChec
       }
     }
   }
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w2[0], running, 1, 2, 0.2, 1, 0)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w2[0], running, 1, 2, 0.2, 1, 0)));
   Train(running, 2);
   coordinator_->Tick();
-  ASSERT_TRUE(coordinator_->CheckpointPath(running).ok());
+  ASSERT_OK(coordinator_->CheckpointPath(running));
 
   Restart();
   const v1::JobStatus first = Status(done);
   EXPECT_EQ(first.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_DOUBLE_EQ(first.test().accuracy(), 2.0 / 3.0);
-  EXPECT_TRUE(coordinator_->CheckpointPath(done).ok());
+  EXPECT_OK(coordinator_->CheckpointPath(done));
   const v1::JobStatus second = Status(running);
   EXPECT_EQ(second.state(), v1::JOB_STATE_QUEUED);
   EXPECT_THAT(second.reason(), HasSubstr("resumes from the checkpoint of epoch 1"));
   EXPECT_EQ(coordinator_->ListJobs().size(), 2u);
   auto third = coordinator_->SubmitJob(TinyJob(5));
-  ASSERT_TRUE(third.ok());
+  ASSERT_OK(third);
   EXPECT_EQ(*third, "job-3");  // Ids continue after the saved ones.
 
   // Old worker ids are unknown to the new coordinator.
@@ -1084,15 +1084,11 @@ TEST_F(CoordinatorTest, TheHistoryFollowsTheStepsAndThinsPastItsBound) {
   EXPECT_EQ(empty.points_size(), 0);
   // Only w[0] reports at first: the job's step is still the slowest
   // member's (0), and the figures are w[0]'s alone.
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 0, 3, 2.0, 0.1, 10)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, 3, 2.0, 0.1, 10)));
   for (int64_t step = 1; step <= 6; ++step) {
     now_ += absl::Seconds(1);
-    ASSERT_TRUE(
-        coordinator_->ReportProgress(Progress(w[0], job, 0, step, 2.0 / step, 0.1 * step, 10))
-            .ok());
-    ASSERT_TRUE(
-        coordinator_->ReportProgress(Progress(w[1], job, 0, step, 2.0 / step, 0.1 * step, 20))
-            .ok());
+    ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, step, 2.0 / step, 0.1 * step, 10)));
+    ASSERT_OK(coordinator_->ReportProgress(Progress(w[1], job, 0, step, 2.0 / step, 0.1 * step, 20)));
   }
   ASSERT_OK_AND_ASSIGN(v1::JobHistory h, coordinator_->GetJobHistory(job));
   // Steps 0 (w[0] alone), 0 again is not a new point, then 1..6: 7 points
@@ -1111,7 +1107,7 @@ TEST_F(CoordinatorTest, TheHistoryFollowsTheStepsAndThinsPastItsBound) {
   // Step 7 is within the gap of 6; 8 is a point and thins again.
   for (int64_t step : {7, 8}) {
     for (const std::string& worker : w) {
-      ASSERT_TRUE(coordinator_->ReportProgress(Progress(worker, job, 0, step, 0.2, 0.9, 10)).ok());
+      ASSERT_OK(coordinator_->ReportProgress(Progress(worker, job, 0, step, 0.2, 0.9, 10)));
     }
   }
   ASSERT_OK_AND_ASSIGN(h, coordinator_->GetJobHistory(job));
@@ -1129,14 +1125,14 @@ TEST_F(CoordinatorTest, TheHistorySurvivesARestartAndAResumeDropsWhatItsCheckpoi
   std::vector<std::string> w;
   const std::string job = StartJob(1, &w);
   for (int64_t step : {1, 2}) {
-    ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 0, step, 1.0, 0.5, 10)).ok());
+    ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, step, 1.0, 0.5, 10)));
   }
   // Epoch 1 ends at step 2: the checkpoint is cut there.
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 2, 0.9, 0.6, 10)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 2, 0.9, 0.6, 10)));
   Train(job, 2);
   coordinator_->Tick();
-  ASSERT_TRUE(coordinator_->CheckpointPath(job).ok());
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(w[0], job, 1, 3, 0.8, 0.7, 10)).ok());
+  ASSERT_OK(coordinator_->CheckpointPath(job));
+  ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 1, 3, 0.8, 0.7, 10)));
   coordinator_->Tick();  // Persists.
 
   Restart();
@@ -1151,7 +1147,7 @@ TEST_F(CoordinatorTest, TheHistorySurvivesARestartAndAResumeDropsWhatItsCheckpoi
   ASSERT_OK_AND_ASSIGN(v1::JobHistory resumed, coordinator_->GetJobHistory(job));
   ASSERT_EQ(resumed.points_size(), 2);
   EXPECT_EQ(resumed.points(1).step(), 2);
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(fresh, job, 1, 3, 0.7, 0.8, 10)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(fresh, job, 1, 3, 0.7, 0.8, 10)));
   ASSERT_OK_AND_ASSIGN(resumed, coordinator_->GetJobHistory(job));
   ASSERT_EQ(resumed.points_size(), 3);
   EXPECT_EQ(resumed.points(2).run(), 2);
@@ -1184,7 +1180,7 @@ TEST_F(CoordinatorTest, AResumedAsyncJobGoesOnFromEachChunksSavedVersion) {
   v1::JobSpec spec = TinyJob(1);
   spec.set_mode(v1::CONSISTENCY_ASYNC);
   auto id = coordinator_->SubmitJob(spec);
-  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_OK(id);
   Register();
   coordinator_->Tick();
   const v1::JobStatus status = Status(*id);
@@ -1201,9 +1197,9 @@ TEST_F(CoordinatorTest, AResumedAsyncJobGoesOnFromEachChunksSavedVersion) {
     }
   }
   ASSERT_FALSE(saved.empty());
-  ASSERT_TRUE(coordinator_->ReportProgress(Progress(worker, *id, 1, 20, 0.2, 1, 0)).ok());
+  ASSERT_OK(coordinator_->ReportProgress(Progress(worker, *id, 1, 20, 0.2, 1, 0)));
   coordinator_->Tick();
-  ASSERT_TRUE(coordinator_->CheckpointPath(*id).ok());
+  ASSERT_OK(coordinator_->CheckpointPath(*id));
 
   Restart();
   Register();
@@ -1634,20 +1630,20 @@ TEST_F(CoordinatorTest, AMembershipChangeOneShardMissedStartsANewRun) {
 
 TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
   auto id = coordinator_->SubmitJob(TinyJob(1));
-  ASSERT_TRUE(id.ok());
+  ASSERT_OK(id);
   auto first = coordinator_->WaitForJobUpdate(*id, -1, absl::InfinitePast());
-  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first);
   const absl::Time start = absl::Now();
   auto same =
       coordinator_->WaitForJobUpdate(*id, first->revision, absl::Now() + absl::Milliseconds(50));
-  ASSERT_TRUE(same.ok());
+  ASSERT_OK(same);
   EXPECT_EQ(same->revision, first->revision);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
 
-  ASSERT_TRUE(coordinator_->CancelJob(*id).ok());
+  ASSERT_OK(coordinator_->CancelJob(*id));
   auto changed =
       coordinator_->WaitForJobUpdate(*id, first->revision, absl::Now() + absl::Seconds(10));
-  ASSERT_TRUE(changed.ok());
+  ASSERT_OK(changed);
   EXPECT_GT(changed->revision, first->revision);
   EXPECT_EQ(changed->status.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(coordinator_->WaitForJobUpdate("job-9", 0, absl::Now()).status().code(),
@@ -1657,14 +1653,14 @@ TEST_F(CoordinatorTest, WaitForJobUpdateWakesOnChangeAndTimesOut) {
 TEST_F(CoordinatorTest, ShardControllerSplitsAndReassemblesAcrossShards) {
   MakeController(2);
   auto graph = BuildModelGraph(TinyJob(1).model());
-  ASSERT_TRUE(graph.ok());
+  ASSERT_OK(graph);
   JobLaunch launch;
   launch.job_id = "job-1";
   launch.spec = TinyJob(1);
   launch.members = {"worker-1"};
   launch.params = InitialParameterValues(*graph);
   launch.optimizer_state["fc/weight/momentum"] = std::vector<float>(12, 0.25f);
-  ASSERT_TRUE(controller_->ConfigureJob(launch).ok());
+  ASSERT_OK(controller_->ConfigureJob(launch));
   {
     // Named, so that the lock analysis tells the two shards' mutexes apart
     // (it reads fakes_[0] and fakes_[1] as the same expression).
@@ -1679,7 +1675,7 @@ TEST_F(CoordinatorTest, ShardControllerSplitsAndReassemblesAcrossShards) {
     EXPECT_EQ(shard1.jobs.at("job-1").config.num_shards(), 2);
   }
   auto model = controller_->ReadModel("job-1", *graph);
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   EXPECT_EQ(model->params, launch.params);
   ASSERT_EQ(model->optimizer_state.size(), 1u);
   EXPECT_EQ(model->optimizer_state.at("fc/weight/momentum"), std::vector<float>(12, 0.25f));
@@ -1704,29 +1700,29 @@ TEST(CoordinatorWithParameterShardTest, StartsAJobAndCheckpointsTheShardsModel) 
   options.start_background_thread = false;
   options.log = [](const std::string&) {};
   auto coordinator = Coordinator::Create(std::move(options), &controller);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_OK(coordinator);
   Coordinator& c = **coordinator;
 
   v1::JobSpec spec = TinyJob(1);
   spec.mutable_optimizer()->set_momentum(0.9f);
   auto job = c.SubmitJob(spec);
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   const std::string worker = c.RegisterWorker(v1::WorkerInfo())->worker_id();
   c.Tick();
   ASSERT_EQ(c.GetJob(*job)->state(), v1::JOB_STATE_RUNNING) << c.GetJob(*job)->reason();
   auto plan = shard.Plan(*job);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_OK(plan);
 
   v1::ReportProgressRequest done = Progress(worker, *job, 2, 4, 0.1, 1, 0);
   done.set_finished(true);
   *done.mutable_eval_shard() = EvalShard({{0, 0}, {2, 2}}, 0.1);
-  ASSERT_TRUE(c.ReportProgress(done).ok());
+  ASSERT_OK(c.ReportProgress(done));
   c.Tick();
   ASSERT_EQ(c.GetJob(*job)->state(), v1::JOB_STATE_SUCCEEDED) << c.GetJob(*job)->reason();
   auto ckpt = ReadCheckpointFile(*c.CheckpointPath(*job));
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   auto graph = BuildModelGraph(spec.model());
-  ASSERT_TRUE(graph.ok());
+  ASSERT_OK(graph);
   const auto initial = InitialParameterValues(*graph);
   ASSERT_EQ(ckpt->parameters_size(), 2);
   EXPECT_EQ(ckpt->parameters(0).name(), "fc/weight");
@@ -1751,7 +1747,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     options.start_background_thread = false;
     options.log = [](const std::string&) {};
     auto c = Coordinator::Create(std::move(options), controller_.get());
-    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_OK(c);
     coordinator_ = *std::move(c);
     service_ = std::make_unique<CoordinatorService>(coordinator_.get());
     grpc::ServerBuilder builder;
@@ -1779,11 +1775,11 @@ class CoordinatorServiceTest : public ::testing::Test {
     v1::SubmitJobResponse response;
     grpc::ClientContext ctx;
     Deadline(ctx);
-    EXPECT_TRUE(stub_->SubmitJob(&ctx, request, &response).ok());
+    EXPECT_OK(stub_->SubmitJob(&ctx, request, &response));
     grpc::ClientContext rctx;
     Deadline(rctx);
     v1::RegisterWorkerResponse worker;
-    EXPECT_TRUE(stub_->RegisterWorker(&rctx, v1::RegisterWorkerRequest(), &worker).ok());
+    EXPECT_OK(stub_->RegisterWorker(&rctx, v1::RegisterWorkerRequest(), &worker));
     coordinator_->Tick();
     return response.job_id();
   }
@@ -1829,7 +1825,7 @@ TEST_F(CoordinatorServiceTest, OversizedRequestsAreResourceExhaustedAndTheServer
   status = submit(300);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("--max-name-bytes"));
-  EXPECT_TRUE(submit(10).ok());
+  EXPECT_OK(submit(10));
   EXPECT_EQ(coordinator_->ListJobs().size(), 1u);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
 }
@@ -1883,9 +1879,9 @@ TEST_F(CoordinatorServiceTest, WatchJobStreamsUntilATerminalState) {
   // Cancels once the stream has delivered a status: a fixed sleep raced a
   // loaded machine, where the first status could come after the cancel.
   first_status.WaitForNotificationWithTimeout(absl::Seconds(30));
-  ASSERT_TRUE(coordinator_->CancelJob(job).ok());
+  ASSERT_OK(coordinator_->CancelJob(job));
   watcher.join();
-  EXPECT_TRUE(end.ok()) << end.error_message();
+  EXPECT_OK(end);
   ASSERT_GE(seen.size(), 2u);
   EXPECT_EQ(seen.front().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(seen.back().state(), v1::JOB_STATE_CANCELLED);
@@ -1904,10 +1900,10 @@ TEST_F(CoordinatorServiceTest, DownloadModelStreamsTheCheckpointInChunks) {
     }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   }
-  ASSERT_TRUE(coordinator_->CancelJob(job).ok());
+  ASSERT_OK(coordinator_->CancelJob(job));
   coordinator_->Tick();  // Saves the cancelled job's model.
   auto path = coordinator_->CheckpointPath(job);
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_OK(path);
   std::ifstream in(*path, std::ios::binary);
   std::stringstream file;
   file << in.rdbuf();
@@ -1927,7 +1923,7 @@ TEST_F(CoordinatorServiceTest, DownloadModelStreamsTheCheckpointInChunks) {
     bytes += chunk.data();
     ++chunks;
   }
-  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_OK(reader->Finish());
   EXPECT_EQ(chunks, 2);
   EXPECT_EQ(bytes, file.str());
 }

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -62,14 +63,14 @@ std::vector<float> Decode(const EncodedGradient& e, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n), 123.0f);
   absl::Status status =
       DecodeGradient(HeaderOf(e, n), e.bytes.data(), e.bytes.size(), absl::MakeSpan(out));
-  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_OK(status);
   return out;
 }
 
 TEST(CompressionSpecTest, ValidatesMethodAndRatio) {
-  EXPECT_TRUE(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_NONE)).ok());
-  EXPECT_TRUE(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_TOPK)).ok());
-  EXPECT_TRUE(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_TOPK, 1.0f)).ok());
+  EXPECT_OK(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_NONE)));
+  EXPECT_OK(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_TOPK)));
+  EXPECT_OK(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_TOPK, 1.0f)));
   EXPECT_THAT(ValidateCompression(Spec(v1::CompressionSpec::COMPRESSION_TOPK, 1.5f)).message(),
               HasSubstr("topk_ratio must be in (0, 1]"));
   EXPECT_FALSE(
@@ -85,7 +86,7 @@ TEST(CompressionSpecTest, MinCompressBytesIsForTopKAndOneBitAndNotNegative) {
        {v1::CompressionSpec::COMPRESSION_TOPK, v1::CompressionSpec::COMPRESSION_ONEBIT}) {
     v1::CompressionSpec spec = Spec(method);
     spec.set_min_compress_bytes(262144);
-    EXPECT_TRUE(ValidateCompression(spec).ok());
+    EXPECT_OK(ValidateCompression(spec));
     spec.set_min_compress_bytes(-1);
     EXPECT_THAT(ValidateCompression(spec).message(),
                 HasSubstr("min_compress_bytes must be >= 0, got -1"));
@@ -114,7 +115,7 @@ TEST(GradientCodecTest, NoneIsExact) {
   GradientEncoder encoder(Spec(v1::CompressionSpec::COMPRESSION_NONE), OneChunkPlan(n));
   std::vector<float> g = RandomGradient(n, 1);
   EncodedGradient e;
-  ASSERT_TRUE(encoder.Encode(0, g, &e).ok());
+  ASSERT_OK(encoder.Encode(0, g, &e));
   EXPECT_EQ(e.bytes.size(), 4u * n);
   EXPECT_EQ(Decode(e, n), g);
   EXPECT_FALSE(encoder.error_feedback());
@@ -129,7 +130,7 @@ TEST(GradientCodecTest, HalfAndBfloatRoundTripWithinTheirPrecision) {
                              std::pair{v1::CompressionSpec::COMPRESSION_BF16, 1.0f / 256}}) {
     GradientEncoder encoder(Spec(method), OneChunkPlan(n));
     EncodedGradient e;
-    ASSERT_TRUE(encoder.Encode(0, g, &e).ok());
+    ASSERT_OK(encoder.Encode(0, g, &e));
     EXPECT_EQ(e.bytes.size(), 2u * n);
     const std::vector<float> d = Decode(e, n);
     for (int64_t i = 2; i < n; ++i) {
@@ -152,7 +153,7 @@ TEST(GradientCodecTest, TopKSendsTheLargestMagnitudesAndKeepsTheRestExactly) {
   GradientEncoder encoder(Spec(v1::CompressionSpec::COMPRESSION_TOPK, 0.01f), OneChunkPlan(n));
   std::vector<float> g = RandomGradient(n, 3);
   EncodedGradient e;
-  ASSERT_TRUE(encoder.Encode(0, g, &e).ok());
+  ASSERT_OK(encoder.Encode(0, g, &e));
   EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_TOPK);
   EXPECT_EQ(e.encoded_count, 100);
   EXPECT_EQ(e.bytes.size(), 800u);
@@ -195,7 +196,7 @@ TEST(GradientCodecTest, TopKPicksTheSameElementsAsAFullSort) {
         GradientEncoder encoder(Spec(v1::CompressionSpec::COMPRESSION_TOPK, ratio),
                                 OneChunkPlan(n));
         EncodedGradient e;
-        ASSERT_TRUE(encoder.Encode(0, g, &e).ok());
+        ASSERT_OK(encoder.Encode(0, g, &e));
         const int64_t k = TopKCount(ratio, n);
         std::vector<uint32_t> order(static_cast<size_t>(n));
         std::iota(order.begin(), order.end(), 0u);
@@ -239,7 +240,7 @@ TEST(GradientCodecTest, ParametersUnderMinCompressBytesArePushedWholeWithoutResi
     for (int step = 0; step < 3; ++step) {
       const std::vector<float> small = RandomGradient(1000, 20 + step);
       EncodedGradient e;
-      ASSERT_TRUE(encoder.Encode(0, small, &e).ok());
+      ASSERT_OK(encoder.Encode(0, small, &e));
       EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
       EXPECT_EQ(e.dtype, v1::DTYPE_F32);
       EXPECT_EQ(e.bytes.size(), 4000u);
@@ -247,7 +248,7 @@ TEST(GradientCodecTest, ParametersUnderMinCompressBytesArePushedWholeWithoutResi
       EXPECT_TRUE(encoder.residual(0).empty());
 
       const std::vector<float> large = RandomGradient(1024, 40 + step);
-      ASSERT_TRUE(encoder.Encode(1, large, &e).ok());
+      ASSERT_OK(encoder.Encode(1, large, &e));
       EXPECT_NE(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
       EXPECT_LT(e.bytes.size(), 4096u / 4);
       EXPECT_EQ(encoder.residual(1).size(), 1024u);
@@ -274,10 +275,10 @@ TEST(GradientCodecTest, MinCompressBytesMeasuresTheWholeParameterNotItsChunks) {
   spec.set_min_compress_bytes(6000);
   GradientEncoder encoder(spec, plan);
   EncodedGradient e;
-  ASSERT_TRUE(encoder.Encode(0, RandomGradient(1000, 3), &e).ok());
+  ASSERT_OK(encoder.Encode(0, RandomGradient(1000, 3), &e));
   EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_DENSE);
   for (int id : {1, 2}) {
-    ASSERT_TRUE(encoder.Encode(id, RandomGradient(1024, 4 + id), &e).ok());
+    ASSERT_OK(encoder.Encode(id, RandomGradient(1024, 4 + id), &e));
     EXPECT_NE(e.encoding, v1::ChunkHeader::ENCODING_DENSE) << "chunk " << id;
     EXPECT_EQ(encoder.residual(id).size(), 1024u);
   }
@@ -288,7 +289,7 @@ TEST(GradientCodecTest, OneBitSendsSignsAndTheMeanMagnitude) {
   GradientEncoder encoder(Spec(v1::CompressionSpec::COMPRESSION_ONEBIT), OneChunkPlan(n));
   std::vector<float> g = RandomGradient(n, 4);
   EncodedGradient e;
-  ASSERT_TRUE(encoder.Encode(0, g, &e).ok());
+  ASSERT_OK(encoder.Encode(0, g, &e));
   EXPECT_EQ(e.encoding, v1::ChunkHeader::ENCODING_SIGN);
   EXPECT_EQ(e.bytes.size(), 4u + (n + 7) / 8);
   double mean = 0;
@@ -321,10 +322,10 @@ TEST(GradientCodecTest, ErrorFeedbackMakesAccumulatedUpdatesConvergeToTheTrueGra
       std::vector<float> g = RandomGradient(n, 100 + t);
       for (int64_t i = 0; i < n; ++i) g[i] += mean_direction[i];
       EncodedGradient e;
-      ASSERT_TRUE(with_feedback.Encode(0, g, &e).ok());
+      ASSERT_OK(with_feedback.Encode(0, g, &e));
       const std::vector<float> fed = Decode(e, n);
       GradientEncoder without(Spec(method), OneChunkPlan(n));
-      ASSERT_TRUE(without.Encode(0, g, &e).ok());
+      ASSERT_OK(without.Encode(0, g, &e));
       const std::vector<float> plain = Decode(e, n);
       for (int64_t i = 0; i < n; ++i) {
         sum_true[i] += g[i];
@@ -355,7 +356,7 @@ TEST(GradientCodecTest, ANonFiniteGradientIsRefusedAndTheResidualKept) {
   const int64_t n = 100;
   GradientEncoder encoder(Spec(v1::CompressionSpec::COMPRESSION_TOPK, 0.1f), OneChunkPlan(n));
   EncodedGradient e;
-  ASSERT_TRUE(encoder.Encode(0, RandomGradient(n, 6), &e).ok());
+  ASSERT_OK(encoder.Encode(0, RandomGradient(n, 6), &e));
   const std::vector<float> before(encoder.residual(0).begin(), encoder.residual(0).end());
   std::vector<float> bad = RandomGradient(n, 7);
   bad[50] = std::numeric_limits<float>::infinity();
@@ -407,7 +408,7 @@ class HostilePayloadTest : public ::testing::Test {
 TEST_F(HostilePayloadTest, ValidFramesDecode) {
   auto [h, b] = TopK();
   std::vector<float> out(16, 7.0f);
-  ASSERT_TRUE(DecodeGradient(h, b.data(), b.size(), absl::MakeSpan(out)).ok());
+  ASSERT_OK(DecodeGradient(h, b.data(), b.size(), absl::MakeSpan(out)));
   for (int i = 0; i < 16; ++i) {
     EXPECT_EQ(out[i], i == 3 ? 0.5f : i == 9 ? -2.0f : 0.0f) << i;
   }
@@ -415,7 +416,7 @@ TEST_F(HostilePayloadTest, ValidFramesDecode) {
   bs[4] = 0x05;  // Elements 0 and 2 negative.
   bs[5] = 0x02;  // Element 9 negative.
   std::vector<float> sign(10);
-  ASSERT_TRUE(DecodeGradient(hs, bs.data(), bs.size(), absl::MakeSpan(sign)).ok());
+  ASSERT_OK(DecodeGradient(hs, bs.data(), bs.size(), absl::MakeSpan(sign)));
   EXPECT_EQ(sign, (std::vector<float>{-0.25f, 0.25f, -0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f,
                                       0.25f, -0.25f}));
 }
@@ -512,11 +513,10 @@ TEST(PullDeltaTest, EncodeWithoutFeedbackLeavesWhatItDidNotSendInTheInput) {
         Spec(method, method == v1::CompressionSpec::COMPRESSION_TOPK ? 0.1f : 0.f);
     std::vector<float> p = difference;
     EncodedGradient e;
-    ASSERT_TRUE(EncodeWithoutFeedback(spec, absl::MakeSpan(p), &e).ok());
+    ASSERT_OK(EncodeWithoutFeedback(spec, absl::MakeSpan(p), &e));
     std::vector<float> base(static_cast<size_t>(n), 0.5f), scratch;
-    ASSERT_TRUE(AddEncodedDelta(HeaderOf(e, n), e.bytes.data(), e.bytes.size(),
-                                absl::MakeSpan(base), &scratch)
-                    .ok());
+    ASSERT_OK(AddEncodedDelta(HeaderOf(e, n), e.bytes.data(), e.bytes.size(),
+                                absl::MakeSpan(base), &scratch));
     const std::vector<float> sent = Decode(e, n);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(base[i], 0.5f + sent[i]) << i;  // The same F32 addition.

@@ -28,6 +28,7 @@
 #include "server/parameter_shard.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/shard_fixtures.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -49,7 +50,7 @@ using ::pstrain::testing::RawCall;
 
 grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& values) {
   grpc::ByteBuffer out;
-  EXPECT_TRUE(EncodeFrame(header, values.data(), values.size() * 4, &out, true).ok());
+  EXPECT_OK(EncodeFrame(header, values.data(), values.size() * 4, &out, true));
   return out;
 }
 
@@ -93,10 +94,10 @@ class PsServiceTest : public ::testing::Test {
     spec_ = TinyJob(mode);
     *spec_.mutable_pull_compression() = pull_compression_;
     auto graph = BuildModelGraph(spec_.model());
-    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_OK(graph);
     graph_ = *graph;
     auto plan = PlanChunks(graph_, 2, kChunkBytes);
-    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_OK(plan);
     plan_ = *plan;
     for (int s = 0; s < 2; ++s) {
       servers_.push_back(std::make_unique<ShardServer>(s, service_options_));
@@ -114,7 +115,7 @@ class PsServiceTest : public ::testing::Test {
       ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
       v1::ConfigureJobResponse response;
       grpc::Status status = servers_.back()->control()->ConfigureJob(&ctx, request, &response);
-      ASSERT_TRUE(status.ok()) << status.error_message();
+      ASSERT_OK(status);
     }
   }
 
@@ -128,7 +129,7 @@ class PsServiceTest : public ::testing::Test {
     std::vector<std::string> out;
     v1::ChunkValues c;
     while (reader->Read(&c)) out.push_back(c.SerializeAsString());
-    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_OK(reader->Finish());
     return out;
   }
 
@@ -179,7 +180,7 @@ class PsServiceTest : public ::testing::Test {
     for (const grpc::ByteBuffer& r : replies) {
       v1::ChunkHeader header;
       PayloadView payload;
-      EXPECT_TRUE(DecodeFrame(r, &header, &payload).ok());
+      EXPECT_OK(DecodeFrame(r, &header, &payload));
       std::vector<float> v(header.num_elements());
       payload.CopyTo(v.data());
       if (values != nullptr) values->push_back(std::move(v));
@@ -222,17 +223,17 @@ TEST_F(PsServiceTest, SyncPushThenPullIsBitExact) {
     }
     std::vector<grpc::ByteBuffer> replies;
     grpc::Status status = Push(s, std::move(frames), &replies);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_OK(status);
     ASSERT_EQ(replies.size(), 1u);
     v1::ChunkHeader reply;
     PayloadView payload;
-    ASSERT_TRUE(DecodeFrame(replies[0], &reply, &payload).ok());
+    ASSERT_OK(DecodeFrame(replies[0], &reply, &payload));
     EXPECT_EQ(reply.version(), 1);
 
     std::vector<std::vector<float>> values;
     std::vector<int64_t> versions;
     status = Pull(s, {}, 1, &values, &versions);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_OK(status);
     ASSERT_EQ(values.size(), plan_.by_shard[s].size());
     for (size_t k = 0; k < values.size(); ++k) {
       const ChunkInfo& c = plan_.chunks[plan_.by_shard[s][k]];
@@ -251,7 +252,7 @@ void SplitReplies(const std::vector<grpc::ByteBuffer>& replies, std::vector<int6
   for (const grpc::ByteBuffer& r : replies) {
     v1::ChunkHeader header;
     PayloadView payload;
-    ASSERT_TRUE(DecodeFrame(r, &header, &payload).ok());
+    ASSERT_OK(DecodeFrame(r, &header, &payload));
     if (header.credit() > 0) {
       credits->push_back(header.credit());
     } else {
@@ -273,7 +274,7 @@ TEST_F(PsServiceTest, APacedPushIsNeverCreditedMoreThanTheLeadPastTheSlowestMemb
   // applies them all (credits pace, they do not police), but while worker-b
   // has pushed nothing it never allows more than the lead (2) in all.
   std::vector<grpc::ByteBuffer> replies;
-  ASSERT_TRUE(Push(0, std::move(frames), &replies).ok());
+  ASSERT_OK(Push(0, std::move(frames), &replies));
   std::vector<int64_t> credits;
   std::vector<v1::ChunkHeader> finals;
   SplitReplies(replies, &credits, &finals);
@@ -286,7 +287,7 @@ TEST_F(PsServiceTest, APacedPushIsNeverCreditedMoreThanTheLeadPastTheSlowestMemb
   v1::ChunkHeader b = PushHeader(FirstChunkOf(0));
   b.set_worker_id(kWorkerB);
   replies.clear();
-  ASSERT_TRUE(Push(0, {Frame(b, Ones(FirstChunkOf(0)))}, &replies).ok());
+  ASSERT_OK(Push(0, {Frame(b, Ones(FirstChunkOf(0)))}, &replies));
   credits.clear();
   finals.clear();
   SplitReplies(replies, &credits, &finals);
@@ -312,10 +313,10 @@ TEST_F(PsServiceTest, APushStreamThatStartsWhenItsMemberIsAheadIsCreditedWhatItH
   };
   // First call: two frames, the whole lead (2) while worker-b has pushed nothing.
   std::vector<grpc::ByteBuffer> replies;
-  ASSERT_TRUE(Push(0, paced_frames(0, 2), &replies).ok());
+  ASSERT_OK(Push(0, paced_frames(0, 2), &replies));
   // Second call: worker-a is at the lead when its first frame is applied.
   replies.clear();
-  ASSERT_TRUE(Push(0, paced_frames(2, 4), &replies).ok());
+  ASSERT_OK(Push(0, paced_frames(2, 4), &replies));
   std::vector<int64_t> credits;
   std::vector<v1::ChunkHeader> finals;
   SplitReplies(replies, &credits, &finals);
@@ -338,7 +339,7 @@ TEST_F(PsServiceTest, AShardThatDoesNotPaceTheJobCreditsAPacedStreamWithEveryFra
     frames.push_back(Frame(h, Ones(id)));
   }
   std::vector<grpc::ByteBuffer> replies;
-  ASSERT_TRUE(Push(0, std::move(frames), &replies).ok());
+  ASSERT_OK(Push(0, std::move(frames), &replies));
   std::vector<int64_t> credits;
   std::vector<v1::ChunkHeader> finals;
   SplitReplies(replies, &credits, &finals);
@@ -352,7 +353,7 @@ TEST_F(PsServiceTest, PullRepliesInRequestOrder) {
   std::vector<int> ids = plan_.by_shard[1];
   std::reverse(ids.begin(), ids.end());
   std::vector<std::vector<float>> values;
-  ASSERT_TRUE(Pull(1, ids, 0, &values, nullptr).ok());
+  ASSERT_OK(Pull(1, ids, 0, &values, nullptr));
   const std::vector<std::vector<float>> initial = InitialParameterValues(graph_);
   ASSERT_EQ(values.size(), ids.size());
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -370,20 +371,20 @@ TEST_F(PsServiceTest, HalfPrecisionGradientsAreWidened) {
     std::vector<float> before;
     {
       std::vector<std::vector<float>> values;
-      ASSERT_TRUE(Pull(0, {id}, 0, &values, nullptr).ok());
+      ASSERT_OK(Pull(0, {id}, 0, &values, nullptr));
       before = values[0];
     }
     std::vector<float> grad(c.count, 0.25f);
     std::vector<char> half(c.count * 2);
-    ASSERT_TRUE(ConvertFromF32(dtype, grad.data(), c.count, half.data()).ok());
+    ASSERT_OK(ConvertFromF32(dtype, grad.data(), c.count, half.data()));
     v1::ChunkHeader h = PushHeader(id);
     h.set_dtype(dtype);
     grpc::ByteBuffer frame;
-    ASSERT_TRUE(EncodeFrame(h, half.data(), half.size(), &frame, true).ok());
+    ASSERT_OK(EncodeFrame(h, half.data(), half.size(), &frame, true));
     grpc::Status status = Push(0, {frame});
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_OK(status);
     std::vector<std::vector<float>> after;
-    ASSERT_TRUE(Pull(0, {id}, 0, &after, nullptr).ok());
+    ASSERT_OK(Pull(0, {id}, 0, &after, nullptr));
     for (int64_t i = 0; i < c.count; ++i) ASSERT_EQ(after[0][i], before[i] - 0.125f);
   }
 }
@@ -413,7 +414,7 @@ TEST_F(PsServiceTest, WrongDtypeIsInvalidArgument) {
   h.set_dtype(v1::DTYPE_F16);
   std::vector<uint16_t> half(plan_.chunks[id].count, 0x3c00);
   grpc::ByteBuffer frame;
-  ASSERT_TRUE(EncodeFrame(h, half.data(), half.size() * 2, &frame, true).ok());
+  ASSERT_OK(EncodeFrame(h, half.data(), half.size() * 2, &frame, true));
   ExpectRejected(0, {frame}, grpc::StatusCode::INVALID_ARGUMENT, "only accepted for gradients");
 }
 
@@ -466,8 +467,8 @@ TEST_F(PsServiceTest, StaleGenerationIsAborted) {
   StartJob(v1::CONSISTENCY_ASYNC, {kWorkerA, kWorkerB});
   // worker-a leaves and joins again at generation 3: its generation-1
   // pushes are from before it left.
-  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerB}, 2).ok());
-  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA, kWorkerB}, 3).ok());
+  ASSERT_OK(servers_[0]->shard().SetMembers(kJob, {kWorkerB}, 2));
+  ASSERT_OK(servers_[0]->shard().SetMembers(kJob, {kWorkerA, kWorkerB}, 3));
   const int id = FirstChunkOf(0);
   ExpectRejected(0, {Frame(PushHeader(id), Ones(id))}, grpc::StatusCode::ABORTED, "generation");
 }
@@ -476,10 +477,10 @@ TEST_F(PsServiceTest, AMemberThatStaysPushesWithTheGenerationItJoinedAt) {
   StartJob(v1::CONSISTENCY_ASYNC, {kWorkerA, kWorkerB});
   // worker-b is lost; worker-a has not heard of generation 2 yet.
   v1::SetMembersResponse response;
-  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response).ok());
+  ASSERT_OK(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response));
   const int id = FirstChunkOf(0);
   grpc::Status status = Push(0, {Frame(PushHeader(id), Ones(id))});
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_OK(status);
   // The removed member's steps: it pushed nothing.
   ASSERT_EQ(response.removed_size(), 1);
   EXPECT_EQ(response.removed(0).worker_id(), kWorkerB);
@@ -496,11 +497,11 @@ TEST_F(PsServiceTest, SetMembersReportsTheStepsEveryChunkHoldsOfARemovedMember) 
       h.set_worker_id(kWorkerB);
       h.set_worker_clock(clock);
       grpc::Status status = Push(0, {Frame(h, Ones(id))});
-      ASSERT_TRUE(status.ok()) << status.error_message();
+      ASSERT_OK(status);
     }
   }
   v1::SetMembersResponse response;
-  ASSERT_TRUE(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response).ok());
+  ASSERT_OK(servers_[0]->shard().SetMembers(kJob, {kWorkerA}, 2, &response));
   ASSERT_EQ(response.removed_size(), 1);
   EXPECT_EQ(response.removed(0).steps(), 7);
 }
@@ -549,13 +550,13 @@ TEST_F(PsServiceTest, FramesBeforeABadOneAreAppliedNothingAfter) {
   std::vector<float> nan = Ones(ids[1]);
   nan[0] = std::nanf("");
   std::vector<std::vector<float>> before;
-  ASSERT_TRUE(Pull(0, ids, 0, &before, nullptr).ok());
+  ASSERT_OK(Pull(0, ids, 0, &before, nullptr));
   grpc::Status status =
       Push(0, {Frame(PushHeader(ids[0]), Ones(ids[0])), Frame(PushHeader(ids[1]), nan),
                Frame(PushHeader(ids[2]), Ones(ids[2]))});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   std::vector<std::vector<float>> after;
-  ASSERT_TRUE(Pull(0, ids, 0, &after, nullptr).ok());
+  ASSERT_OK(Pull(0, ids, 0, &after, nullptr));
   EXPECT_NE(after[0], before[0]);
   EXPECT_EQ(after[1], before[1]);
   EXPECT_EQ(after[2], before[2]);
@@ -586,14 +587,14 @@ TEST_F(PsServiceTest, BlockedPullIsReleasedByTheLastPushOfTheStep) {
   // The first of two pushes: the step is not complete, so nothing was applied
   // (a state, not a timing: version 1 cannot exist yet) and the pull for
   // version 1 has not been answered.
-  ASSERT_TRUE(Push(0, {Frame(PushHeader(id), Ones(id))}).ok());
+  ASSERT_OK(Push(0, {Frame(PushHeader(id), Ones(id))}));
   EXPECT_EQ(servers_[0]->shard().stats().applied_updates, 0);
   EXPECT_FALSE(pull_done);
   v1::ChunkHeader h = PushHeader(id);
   h.set_worker_id(kWorkerB);
-  ASSERT_TRUE(Push(0, {Frame(h, Ones(id))}).ok());
+  ASSERT_OK(Push(0, {Frame(h, Ones(id))}));
   puller.join();
-  ASSERT_TRUE(pull_status.ok()) << pull_status.error_message();
+  ASSERT_OK(pull_status);
   ASSERT_EQ(values.size(), 1u);
   EXPECT_EQ(servers_[0]->shard().stats().applied_updates, 1);
 }
@@ -634,7 +635,7 @@ TEST_F(PsServiceTest, SetMembersListJobsAndDropJobThroughShardControl) {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
     v1::ListShardJobsResponse response;
-    EXPECT_TRUE(servers_[0]->control()->ListJobs(&ctx, v1::ListShardJobsRequest(), &response).ok());
+    EXPECT_OK(servers_[0]->control()->ListJobs(&ctx, v1::ListShardJobsRequest(), &response));
     return std::vector<std::string>(response.job_ids().begin(), response.job_ids().end());
   };
   EXPECT_EQ(list_jobs(), std::vector<std::string>{kJob});
@@ -646,20 +647,20 @@ TEST_F(PsServiceTest, SetMembersListJobsAndDropJobThroughShardControl) {
     request.add_members(kWorkerB);
     request.set_generation(2);
     v1::SetMembersResponse response;
-    ASSERT_TRUE(servers_[0]->control()->SetMembers(&ctx, request, &response).ok());
+    ASSERT_OK(servers_[0]->control()->SetMembers(&ctx, request, &response));
   }
   const int id = FirstChunkOf(0);
   v1::ChunkHeader h = PushHeader(id);
   h.set_worker_id(kWorkerB);
   h.set_generation(2);
-  EXPECT_TRUE(Push(0, {Frame(h, Ones(id))}).ok());
+  EXPECT_OK(Push(0, {Frame(h, Ones(id))}));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineFromNow(absl::Seconds(10)));
     v1::DropJobRequest request;
     request.set_job_id(kJob);
     v1::DropJobResponse response;
-    ASSERT_TRUE(servers_[0]->control()->DropJob(&ctx, request, &response).ok());
+    ASSERT_OK(servers_[0]->control()->DropJob(&ctx, request, &response));
   }
   EXPECT_EQ(Push(0, {Frame(h, Ones(id))}).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(list_jobs().empty());
@@ -694,19 +695,19 @@ TEST_F(PsServiceTest, PullsWaitingForAVersionThatNeverComesDoNotStarvePushesOrRe
   // generous deadline.
   std::vector<std::vector<float>> values;
   grpc::Status ready = Pull(0, {id}, 0, &values, nullptr, absl::Seconds(10));
-  EXPECT_TRUE(ready.ok()) << ready.error_message();
+  EXPECT_OK(ready);
   EXPECT_EQ(values.size(), 1u);
   grpc::Status pushed = RawCall::Run(servers_[0]->stub(), kPushMethod,
                                      {Frame(PushHeader(id), Ones(id))}, nullptr, absl::Seconds(10));
-  EXPECT_TRUE(pushed.ok()) << pushed.error_message();
+  EXPECT_OK(pushed);
   v1::ChunkHeader b = PushHeader(id);
   b.set_worker_id(kWorkerB);
   pushed = RawCall::Run(servers_[0]->stub(), kPushMethod, {Frame(b, Ones(id))}, nullptr,
                         absl::Seconds(10));
-  EXPECT_TRUE(pushed.ok()) << pushed.error_message();
+  EXPECT_OK(pushed);
   std::vector<int64_t> versions;
   ready = Pull(0, {id}, 1, nullptr, &versions, absl::Seconds(10));
-  EXPECT_TRUE(ready.ok()) << ready.error_message();
+  EXPECT_OK(ready);
   EXPECT_EQ(versions, std::vector<int64_t>{1});
 
   servers_.clear();  // Releases the parked pulls.
@@ -733,7 +734,7 @@ TEST_F(PsServiceTest, OversizedShardControlRequestsAreResourceExhausted) {
   // Still serving, and the job is unchanged.
   std::vector<std::vector<float>> values;
   grpc::Status pulled = Pull(0, {FirstChunkOf(0)}, 0, &values, nullptr);
-  EXPECT_TRUE(pulled.ok()) << pulled.error_message();
+  EXPECT_OK(pulled);
 }
 
 TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
@@ -767,11 +768,11 @@ TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
     return RawCall::Run(servers_[0]->stub(), kPullMethod, {Frame(h, {})}, replies);
   };
   std::vector<grpc::ByteBuffer> replies;
-  ASSERT_TRUE(pull(0, {}, 0, &replies).ok());
+  ASSERT_OK(pull(0, {}, 0, &replies));
   ASSERT_EQ(replies.size(), 1u);
   v1::ChunkHeader header;
   PayloadView payload;
-  ASSERT_TRUE(DecodeFrame(replies[0], &header, &payload).ok());
+  ASSERT_OK(DecodeFrame(replies[0], &header, &payload));
   EXPECT_FALSE(header.delta());
   const uint64_t epoch = header.values_epoch();
   ASSERT_NE(epoch, 0u);
@@ -780,13 +781,13 @@ TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
 
   std::vector<float> g(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
-  ASSERT_TRUE(Push(0, {Frame(PushHeader(id), g)}).ok());
+  ASSERT_OK(Push(0, {Frame(PushHeader(id), g)}));
 
   replies.clear();
-  ASSERT_TRUE(pull(1, {0}, epoch, &replies).ok());
+  ASSERT_OK(pull(1, {0}, epoch, &replies));
   ASSERT_EQ(replies.size(), 1u);
   PayloadView delta;
-  ASSERT_TRUE(DecodeFrame(replies[0], &header, &delta).ok());
+  ASSERT_OK(DecodeFrame(replies[0], &header, &delta));
   EXPECT_TRUE(header.delta());
   EXPECT_EQ(header.version(), 1);
   EXPECT_EQ(header.dtype(), v1::DTYPE_F16);
@@ -794,11 +795,10 @@ TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
   std::vector<uint8_t> bytes(delta.size());
   delta.CopyTo(bytes.data());
   std::vector<float> scratch;
-  ASSERT_TRUE(
-      AddEncodedDelta(header, bytes.data(), bytes.size(), absl::MakeSpan(held), &scratch).ok());
+  ASSERT_OK(AddEncodedDelta(header, bytes.data(), bytes.size(), absl::MakeSpan(held), &scratch));
 
   std::vector<std::vector<float>> whole;
-  ASSERT_TRUE(Pull(0, {id}, 1, &whole, nullptr).ok());
+  ASSERT_OK(Pull(0, {id}, 1, &whole, nullptr));
   ASSERT_EQ(whole.size(), 1u);
   EXPECT_EQ(std::memcmp(whole[0].data(), held.data(), held.size() * 4), 0);
   // The F16 change is close to the F32 update (SGD lr 0.5).
@@ -813,8 +813,8 @@ TEST_F(PsServiceTest, PullCompressionSendsDeltasThatRebuildTheValues) {
   EXPECT_EQ(pull(1, {-2}, epoch, nullptr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   // A stale epoch gets the values whole.
   replies.clear();
-  ASSERT_TRUE(pull(1, {0}, epoch + 1, &replies).ok());
-  ASSERT_TRUE(DecodeFrame(replies[0], &header, &payload).ok());
+  ASSERT_OK(pull(1, {0}, epoch + 1, &replies));
+  ASSERT_OK(DecodeFrame(replies[0], &header, &payload));
   EXPECT_FALSE(header.delta());
   EXPECT_EQ(payload.size(), static_cast<size_t>(n) * 4);
 }

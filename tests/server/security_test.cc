@@ -34,6 +34,7 @@
 #include "server/shard_controller.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/shard_fixtures.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -83,7 +84,7 @@ grpc::ByteBuffer Bytes(const std::string& data) {
 
 grpc::ByteBuffer Frame(const v1::ChunkHeader& header, const std::vector<float>& values) {
   grpc::ByteBuffer out;
-  EXPECT_TRUE(EncodeFrame(header, values.data(), values.size() * 4, &out, true).ok());
+  EXPECT_OK(EncodeFrame(header, values.data(), values.size() * 4, &out, true));
   return out;
 }
 
@@ -152,7 +153,7 @@ class SecureServer {
     coordinator_ = *Coordinator::Create(std::move(options), controller_.get());
     // As pstrain-server: worker credentials are bound to the state directory.
     absl::StatusOr<std::string> epoch = LoadOrCreateStateEpoch(state_dir_);
-    EXPECT_TRUE(epoch.ok()) << epoch.status();
+    EXPECT_OK(epoch);
     authorizer_->SetStateEpoch(epoch.value_or(""));
     coordinator_service_ = std::make_unique<CoordinatorService>(
         coordinator_.get(),
@@ -161,7 +162,7 @@ class SecureServer {
                                require_client_cert);
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
         ServerCredentialsFor(tls);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    EXPECT_OK(credentials);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", *credentials, &port_);
     services_.Register(&builder);
@@ -231,7 +232,7 @@ class SecurityTest : public ::testing::Test {
     ChannelOptions options;
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ChannelCredentialsFor(tls);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    EXPECT_OK(credentials);
     options.credentials = *credentials;
     auto identity = std::make_shared<CallIdentity>();
     identity->token = token;
@@ -257,7 +258,7 @@ class SecurityTest : public ::testing::Test {
     request.set_previous_worker_id(previous_id);
     v1::RegisterWorkerResponse response;
     grpc::Status status = stub->RegisterWorker(&ctx, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_OK(status);
     EXPECT_FALSE(response.worker_credential().empty());
     return {response.worker_id(), response.worker_credential()};
   }
@@ -352,7 +353,7 @@ TEST_F(SecurityTest, HeartbeatsAreAcceptedOnlyWithTheRegisteredWorkersCredential
     v1::HeartbeatResponse response;
     return stub->Heartbeat(&ctx, request, &response);
   };
-  EXPECT_TRUE(heartbeat(w2, c2).ok());
+  EXPECT_OK(heartbeat(w2, c2));
   grpc::Status forged = heartbeat(w2, c1);
   EXPECT_EQ(forged.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(forged.error_message(), HasSubstr("registered as"));
@@ -394,11 +395,11 @@ TEST_F(SecurityTest, ACredentialFromAnotherStateDirectoryIsRefusedAndItsHolderRe
   EXPECT_NE(new_credential, stale_credential);
 
   v1::HeartbeatResponse response;
-  ASSERT_TRUE(heartbeat(new_id, new_credential, &response).ok());
+  ASSERT_OK(heartbeat(new_id, new_credential, &response));
   EXPECT_NE(response.action(), v1::HeartbeatResponse::ACTION_REREGISTER);
   // The stale holder is told to register again, not taken for the new one.
   response.Clear();
-  ASSERT_TRUE(heartbeat(stale_id, stale_credential, &response).ok());
+  ASSERT_OK(heartbeat(stale_id, stale_credential, &response));
   EXPECT_EQ(response.action(), v1::HeartbeatResponse::ACTION_REREGISTER);
   const grpc::Status refused = report(stale_id, stale_credential);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -446,11 +447,11 @@ TEST_F(SecurityTest, APushOrPullAsAnotherWorkerIsRefusedAndTheModelStaysBitIdent
   config.chunk_bytes = 256;
   config.members = {w1, w2};
   config.generation = 1;
-  ASSERT_TRUE(server_->shard().ConfigureJob(config, testing::InitialChunks(graph, plan, 0)).ok());
+  ASSERT_OK(server_->shard().ConfigureJob(config, testing::InitialChunks(graph, plan, 0)));
   auto snapshot = [&] {
     std::vector<std::string> out;
     absl::StatusOr<std::vector<v1::ChunkValues>> chunks = server_->shard().ReadChunks("job-x");
-    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    EXPECT_OK(chunks);
     if (chunks.ok()) {
       for (const v1::ChunkValues& c : *chunks) out.push_back(c.SerializeAsString());
     }
@@ -500,7 +501,7 @@ TEST_F(SecurityTest, APushOrPullAsAnotherWorkerIsRefusedAndTheModelStaysBitIdent
   {
     grpc::GenericStub stub(Channel(tokens_[Role::kWorker], c2));
     grpc::Status status = RawCall::Run(&stub, push_method.path(), {Frame(push, gradient)});
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_OK(status);
   }
   EXPECT_NE(snapshot()[0], before[0]);
 }
@@ -509,8 +510,7 @@ TEST_F(SecurityTest, APushOrPullAsAnotherWorkerIsRefusedAndTheModelStaysBitIdent
 
 TEST(AuthorizerTest, TokenFilesAreParsedStrictlyWithoutEchoingSecrets) {
   const std::string peer(32, 'p'), admin(32, 'a');
-  EXPECT_TRUE(
-      Authorizer::FromText(absl::StrCat("# c\npeer ", peer, "\nadmin ", admin, "\n"), "f").ok());
+  EXPECT_OK(Authorizer::FromText(absl::StrCat("# c\npeer ", peer, "\nadmin ", admin, "\n"), "f"));
   auto no_peer = Authorizer::FromText(absl::StrCat("admin ", admin), "f");
   EXPECT_THAT(no_peer.status().message(), HasSubstr("no peer token"));
   auto bad_role = Authorizer::FromText(absl::StrCat("peer ", peer, "\nroot ", admin), "f");
@@ -535,8 +535,8 @@ TEST(AuthorizerTest, AStateEpochBindsCredentialsToOneStateAndShardsCheckOnlyTheS
 
   const std::string credential = server_a->IssueWorkerCredential("worker-1");
   EXPECT_EQ(credential.substr(0, 33), std::string(32, 'a') + ":");
-  EXPECT_TRUE(server_a->CheckWorkerCredential(credential, "worker-1").ok());
-  EXPECT_TRUE(shard->CheckWorkerCredential(credential, "worker-1").ok());
+  EXPECT_OK(server_a->CheckWorkerCredential(credential, "worker-1"));
+  EXPECT_OK(shard->CheckWorkerCredential(credential, "worker-1"));
   const grpc::Status stale = server_b->CheckWorkerCredential(credential, "worker-1");
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(stale.error_message(), HasSubstr("another state directory"));
@@ -564,10 +564,10 @@ TEST(AuthorizerTest, WorkerCredentialsDependOnTheIdAndThePeerToken) {
   EXPECT_EQ(a->IssueWorkerCredential("worker-1").size(), 64u);
   EXPECT_NE(a->IssueWorkerCredential("worker-1"), a->IssueWorkerCredential("worker-2"));
   EXPECT_NE(a->IssueWorkerCredential("worker-1"), b->IssueWorkerCredential("worker-1"));
-  EXPECT_TRUE(a->CheckWorkerCredential(a->IssueWorkerCredential("worker-1"), "worker-1").ok());
+  EXPECT_OK(a->CheckWorkerCredential(a->IssueWorkerCredential("worker-1"), "worker-1"));
   EXPECT_FALSE(a->CheckWorkerCredential(b->IssueWorkerCredential("worker-1"), "worker-1").ok());
   EXPECT_FALSE(a->CheckWorkerCredential("", "worker-1").ok());
-  EXPECT_TRUE(Authorizer::Disabled()->CheckWorkerCredential("", "worker-1").ok());
+  EXPECT_OK(Authorizer::Disabled()->CheckWorkerCredential("", "worker-1"));
 }
 
 TEST(ListenPolicyTest, NonLoopbackNeedsTlsAndTokensOrInsecure) {
@@ -578,13 +578,13 @@ TEST(ListenPolicyTest, NonLoopbackNeedsTlsAndTokensOrInsecure) {
     EXPECT_FALSE(IsLoopbackAddress(a)) << a;
   }
   std::string warning;
-  EXPECT_TRUE(CheckListenPolicy("--listen", "127.0.0.1:1", false, false, false, &warning).ok());
-  EXPECT_TRUE(CheckListenPolicy("--listen", "0.0.0.0:1", true, true, false, &warning).ok());
+  EXPECT_OK(CheckListenPolicy("--listen", "127.0.0.1:1", false, false, false, &warning));
+  EXPECT_OK(CheckListenPolicy("--listen", "0.0.0.0:1", true, true, false, &warning));
   absl::Status refused = CheckListenPolicy("--listen", "0.0.0.0:1", true, false, false, &warning);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("--token-file"));
   EXPECT_THAT(refused.message(), HasSubstr("--insecure"));
-  EXPECT_TRUE(CheckListenPolicy("--listen", "0.0.0.0:1", false, false, true, &warning).ok());
+  EXPECT_OK(CheckListenPolicy("--listen", "0.0.0.0:1", false, false, true, &warning));
   EXPECT_THAT(warning, HasSubstr("WARNING"));
 }
 

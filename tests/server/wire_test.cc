@@ -12,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -40,7 +41,7 @@ std::vector<float> Ramp(int64_t n) {
 // The frame's bytes re-cut into slices of `piece` bytes (as a receiver may get them).
 grpc::ByteBuffer Recut(const grpc::ByteBuffer& frame, size_t piece) {
   std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(frame.Dump(&slices).ok());
+  EXPECT_OK(frame.Dump(&slices));
   std::string bytes;
   for (const grpc::Slice& s : slices)
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
@@ -65,15 +66,15 @@ std::string Prefixed(uint32_t header_size, const std::string& rest) {
 TEST(WireTest, RoundTripReferencesThePayloadWithoutCopying) {
   std::vector<float> values = Ramp(1000);
   grpc::ByteBuffer frame;
-  ASSERT_TRUE(EncodeFrame(Header(1000), values.data(), values.size() * 4, &frame).ok());
+  ASSERT_OK(EncodeFrame(Header(1000), values.data(), values.size() * 4, &frame));
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(frame.Dump(&slices).ok());
+  ASSERT_OK(frame.Dump(&slices));
   ASSERT_EQ(slices.size(), 2u);
   EXPECT_EQ(slices[1].begin(), reinterpret_cast<const uint8_t*>(values.data()));
 
   v1::ChunkHeader header;
   PayloadView payload;
-  ASSERT_TRUE(DecodeFrame(frame, &header, &payload).ok());
+  ASSERT_OK(DecodeFrame(frame, &header, &payload));
   EXPECT_EQ(header.SerializeAsString(), Header(1000).SerializeAsString());
   ASSERT_EQ(payload.size(), 4000u);
   EXPECT_TRUE(payload.in_place());
@@ -87,11 +88,11 @@ TEST(WireTest, RoundTripReferencesThePayloadWithoutCopying) {
 TEST(WireTest, CopiedPayloadDoesNotAliasTheSource) {
   std::vector<float> values = Ramp(10);
   grpc::ByteBuffer frame;
-  ASSERT_TRUE(EncodeFrame(Header(10), values.data(), 40, &frame, /*copy_payload=*/true).ok());
+  ASSERT_OK(EncodeFrame(Header(10), values.data(), 40, &frame, /*copy_payload=*/true));
   values.assign(10, 0.0f);
   v1::ChunkHeader header;
   PayloadView payload;
-  ASSERT_TRUE(DecodeFrame(frame, &header, &payload).ok());
+  ASSERT_OK(DecodeFrame(frame, &header, &payload));
   std::vector<float> out(10);
   payload.CopyTo(out.data());
   EXPECT_EQ(out, Ramp(10));
@@ -102,14 +103,12 @@ TEST(WireTest, KeepAliveIsReleasedWithTheFrame) {
   std::weak_ptr<std::vector<float>> watch = values;
   {
     grpc::ByteBuffer frame;
-    ASSERT_TRUE(
-        EncodeFrame(Header(64), values->data(), 256, std::shared_ptr<const void>(values), &frame)
-            .ok());
+    ASSERT_OK(EncodeFrame(Header(64), values->data(), 256, std::shared_ptr<const void>(values), &frame));
     values.reset();
     EXPECT_FALSE(watch.expired());  // The frame holds it.
     v1::ChunkHeader header;
     PayloadView payload;
-    ASSERT_TRUE(DecodeFrame(frame, &header, &payload).ok());
+    ASSERT_OK(DecodeFrame(frame, &header, &payload));
     std::vector<float> out(64);
     payload.CopyTo(out.data());
     EXPECT_EQ(out, Ramp(64));
@@ -120,13 +119,13 @@ TEST(WireTest, KeepAliveIsReleasedWithTheFrame) {
 TEST(WireTest, DecodesAcrossManySlicesAtEveryCut) {
   std::vector<float> values = Ramp(257);
   grpc::ByteBuffer frame;
-  ASSERT_TRUE(EncodeFrame(Header(257), values.data(), values.size() * 4, &frame).ok());
+  ASSERT_OK(EncodeFrame(Header(257), values.data(), values.size() * 4, &frame));
   BufferPool pool;
   for (size_t piece : {1u, 3u, 7u, 64u, 1000u}) {
     grpc::ByteBuffer cut = Recut(frame, piece);
     v1::ChunkHeader header;
     PayloadView payload;
-    ASSERT_TRUE(DecodeFrame(cut, &header, &payload).ok()) << piece;
+    ASSERT_OK(DecodeFrame(cut, &header, &payload)) << piece;
     EXPECT_EQ(header.chunk_id(), 17);
     EXPECT_FALSE(payload.in_place()) << piece;
     std::vector<float> out(257);
@@ -142,10 +141,10 @@ TEST(WireTest, HeaderOnlyFrame) {
   request.add_chunk_ids(3);
   request.add_chunk_ids(1);
   grpc::ByteBuffer frame;
-  ASSERT_TRUE(EncodeFrame(request, nullptr, 0, &frame).ok());
+  ASSERT_OK(EncodeFrame(request, nullptr, 0, &frame));
   v1::ChunkHeader header;
   PayloadView payload;
-  ASSERT_TRUE(DecodeFrame(frame, &header, &payload).ok());
+  ASSERT_OK(DecodeFrame(frame, &header, &payload));
   EXPECT_EQ(payload.size(), 0u);
   EXPECT_THAT(header.chunk_ids(), ::testing::ElementsAre(3, 1));
 }
@@ -242,13 +241,13 @@ TEST(WireTest, ConvertBuffers) {
   std::vector<float> values = {0.5f, -1.25f, 3.0f, 1024.0f};
   for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     std::vector<char> wire(values.size() * 2);
-    ASSERT_TRUE(ConvertFromF32(dtype, values.data(), 4, wire.data()).ok());
+    ASSERT_OK(ConvertFromF32(dtype, values.data(), 4, wire.data()));
     std::vector<float> back(4);
-    ASSERT_TRUE(ConvertToF32(dtype, wire.data(), 4, back.data()).ok());
+    ASSERT_OK(ConvertToF32(dtype, wire.data(), 4, back.data()));
     EXPECT_EQ(back, values);
   }
   std::vector<float> copy(4);
-  ASSERT_TRUE(ConvertToF32(v1::DTYPE_F32, values.data(), 4, copy.data()).ok());
+  ASSERT_OK(ConvertToF32(v1::DTYPE_F32, values.data(), 4, copy.data()));
   EXPECT_EQ(copy, values);
   EXPECT_EQ(ConvertToF32(v1::DTYPE_I32, values.data(), 4, copy.data()).code(),
             absl::StatusCode::kInvalidArgument);
@@ -268,7 +267,7 @@ TEST(WireTest, BulkConversionsMatchTheScalarFunctions) {
   }
   std::vector<float> back(65536);
   for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
-    ASSERT_TRUE(ConvertToF32(dtype, all.data(), 65536, back.data()).ok());
+    ASSERT_OK(ConvertToF32(dtype, all.data(), 65536, back.data()));
     for (uint32_t h = 0; h < 65536; ++h) {
       const float expected = dtype == v1::DTYPE_F16 ? HalfToFloat(static_cast<uint16_t>(h))
                                                     : Bf16ToFloat(static_cast<uint16_t>(h));
@@ -300,9 +299,8 @@ TEST(WireTest, BulkConversionsMatchTheScalarFunctions) {
   std::vector<uint8_t> wire(floats.size() * 2);
   for (v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (bool saturate : {false, true}) {
-      ASSERT_TRUE(ConvertFromF32(dtype, floats.data(), static_cast<int64_t>(floats.size()),
-                                 wire.data(), saturate)
-                      .ok());
+      ASSERT_OK(ConvertFromF32(dtype, floats.data(), static_cast<int64_t>(floats.size()),
+                                 wire.data(), saturate));
       const bool half = dtype == v1::DTYPE_F16;
       const float limit = half ? 65504.0f : 3.38953139e38f;
       for (size_t i = 0; i < floats.size(); ++i) {

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_backend_options.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain::testing {
 
@@ -68,7 +69,7 @@ class CudaAndCpuBackendsTest : public ::testing::Test {
   void SetUp() override {
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(CudaOptions());
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    ASSERT_OK(cuda);
     cuda_ = *std::move(cuda);
     cpu_ = CreateCpuBackend();
     ASSERT_NE(cpu_, nullptr);

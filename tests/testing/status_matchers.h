@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/stubs/status.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 
@@ -30,6 +31,12 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& status_or) {
 inline absl::Status ToStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+// Protobuf's own status (google::protobuf::util::JsonStringToMessage's).
+inline absl::Status ToStatus(const google::protobuf::util::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.code()),
+                      std::string(status.message()));
 }
 
 // Matches an absl::Status, absl::StatusOr<T> or grpc::Status whose code is `code` and whose

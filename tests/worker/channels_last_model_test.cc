@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "worker/model.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -298,11 +299,11 @@ struct StepResult {
 StepResult TrainStep(Backend* backend) {
   StepResult r;
   v1::ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(kModel, &spec).ok());
+  EXPECT_OK(google::protobuf::util::JsonStringToMessage(kModel, &spec));
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(spec, backend);
-  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_OK(model);
   if (!model.ok()) return r;
-  EXPECT_TRUE((*model)->InitializeParameters().ok());
+  EXPECT_OK((*model)->InitializeParameters());
   const int batch = 4;
   const int64_t image = (*model)->graph().input_shape.num_elements();
   std::vector<float> x(batch * image);
@@ -310,26 +311,26 @@ StepResult TrainStep(Backend* backend) {
   const std::vector<int32_t> labels = {0, 3, 4, 1};
   absl::StatusOr<Tensor> tx = backend->AllocateTensor(Shape{batch, image});
   absl::StatusOr<DeviceBuffer> tl = backend->Allocate(batch * sizeof(int32_t));
-  EXPECT_TRUE(tx.ok() && tl.ok());
-  EXPECT_TRUE(backend->CopyHostToDevice(tx->data(), x.data(), tx->bytes()).ok());
-  EXPECT_TRUE(backend->CopyHostToDevice(tl->data(), labels.data(), batch * 4).ok());
+  EXPECT_OK(tx);
+  EXPECT_OK(tl);
+  EXPECT_OK(backend->CopyHostToDevice(tx->data(), x.data(), tx->bytes()));
+  EXPECT_OK(backend->CopyHostToDevice(tl->data(), labels.data(), batch * 4));
   const absl::Status forward = (*model)->Forward(
       tx->data(), static_cast<const int32_t*>(tl->data()), batch, /*training=*/true, 11);
-  EXPECT_TRUE(forward.ok()) << forward;
+  EXPECT_OK(forward);
   const absl::Status backward = (*model)->Backward();
-  EXPECT_TRUE(backward.ok()) << backward;
-  EXPECT_TRUE(backend->CopyDeviceToHost(&r.loss, (*model)->loss(), sizeof(float)).ok());
+  EXPECT_OK(backward);
+  EXPECT_OK(backend->CopyDeviceToHost(&r.loss, (*model)->loss(), sizeof(float)));
   r.logits.resize(batch * 5);
-  EXPECT_TRUE(
-      backend->CopyDeviceToHost(r.logits.data(), (*model)->logits(), r.logits.size() * 4).ok());
+  EXPECT_OK(backend->CopyDeviceToHost(r.logits.data(), (*model)->logits(), r.logits.size() * 4));
   for (int p = 0; p < (*model)->num_params(); ++p) {
     if (!(*model)->param_info(p).trainable) continue;
     Tensor& g = (*model)->grad(p);
     std::vector<float> host(g.num_elements());
-    EXPECT_TRUE(backend->CopyDeviceToHost(host.data(), g.data(), g.bytes()).ok());
+    EXPECT_OK(backend->CopyDeviceToHost(host.data(), g.data(), g.bytes()));
     r.grads.push_back(std::move(host));
   }
-  EXPECT_TRUE(backend->Synchronize().ok());
+  EXPECT_OK(backend->Synchronize());
   return r;
 }
 

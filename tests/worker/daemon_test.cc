@@ -47,8 +47,8 @@ TEST(WorkerDaemonTest, RegistersHeartbeatsAndReregistersWhenAsked) {
   auto server = StartFakeCoordinator(&fake, &port);
   ASSERT_NE(server, nullptr);
   auto daemon = WorkerDaemon::Create(TestOptions(port));
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  std::thread run([&] { EXPECT_TRUE((*daemon)->Run().ok()); });
+  ASSERT_OK(daemon);
+  std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
 
   ASSERT_TRUE(WaitFor(fake, [&] { return fake.heartbeats.size() >= 3; }));
   {
@@ -77,10 +77,10 @@ TEST(WorkerDaemonTest, ShutdownDoesNotWaitForAHeartbeatThatNeverAnswers) {
   WorkerDaemon::Options options = TestOptions(port);
   options.rpc_timeout = absl::Seconds(120);  // Far beyond the wait below.
   auto daemon = WorkerDaemon::Create(options);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_OK(daemon);
   absl::Notification returned;
   std::thread run([&] {
-    EXPECT_TRUE((*daemon)->Run().ok());
+    EXPECT_OK((*daemon)->Run());
     returned.Notify();
   });
   ASSERT_TRUE(WaitFor(fake, [&] { return !fake.heartbeats.empty(); }));
@@ -107,8 +107,8 @@ TEST(WorkerDaemonTest, KeepsRetryingUntilTheCoordinatorComesUp) {
     server->Shutdown();
   }
   auto daemon = WorkerDaemon::Create(TestOptions(port));
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  std::thread run([&] { EXPECT_TRUE((*daemon)->Run().ok()); });
+  ASSERT_OK(daemon);
+  std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
   absl::SleepFor(absl::Milliseconds(700));  // Several failed attempts.
   EXPECT_EQ((*daemon)->worker_id(), "");
   FakeCoordinator fake;
@@ -175,7 +175,7 @@ TEST(WorkerDaemonTest, AnAssignmentThatCannotRunIsReportedAsTheJobsError) {
     fake.assignment = IdxAssignment("job-3", "job-3.1.00ab", "/nonexistent/dataset/dir");
   }
   auto daemon = WorkerDaemon::Create(TestOptions(port));
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_OK(daemon);
   std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
   ASSERT_TRUE(WaitFor(fake, [&] { return !fake.reports.empty(); }));
   size_t heartbeats_at_report = 0;
@@ -230,7 +230,7 @@ TEST(WorkerDaemonTest, ARunFollowsItsGenerationsAndStopsWhenTheCoordinatorSaysSo
   options.log = log.Sink();
   options.ps_rpc_timeout = absl::Seconds(120);  // The run waits for its shards until stopped.
   auto daemon = WorkerDaemon::Create(options);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_OK(daemon);
   std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
   ASSERT_TRUE(WaitFor(fake, [&] {
     return !fake.heartbeats.empty() && fake.heartbeats.back() == "worker-1/job-5";
@@ -270,8 +270,8 @@ TEST(WorkerDaemonTest, ADatasetOutsideTheDataRootsFailsTheJobWithTheRule) {
   WorkerDaemon::Options options = TestOptions(port);
   options.data_roots = {::testing::TempDir()};
   auto daemon = WorkerDaemon::Create(options);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  std::thread run([&] { EXPECT_TRUE((*daemon)->Run().ok()); });
+  ASSERT_OK(daemon);
+  std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
   ASSERT_TRUE(WaitFor(fake, [&] { return !fake.reports.empty(); }));
   {
     absl::MutexLock lock(&fake.mu);

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/common/data_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -28,18 +29,18 @@ struct Epoch {
 // sample ids; checks each label against its id.
 Epoch Drain(Backend* backend, DataPrefetcher* prefetcher, int epoch) {
   Epoch out;
-  EXPECT_TRUE(prefetcher->StartEpoch(epoch).ok());
+  EXPECT_OK(prefetcher->StartEpoch(epoch));
   for (int guard = 0; guard < 10000; ++guard) {
     absl::StatusOr<DeviceBatch> batch = prefetcher->Next();
-    EXPECT_TRUE(batch.ok()) << batch.status();
+    EXPECT_OK(batch);
     if (!batch.ok() || batch->n == 0) break;
     std::vector<float> images(static_cast<size_t>(batch->n) * 4);
     std::vector<int32_t> labels(batch->n);
-    EXPECT_TRUE(backend->CopyDeviceToHost(images.data(), batch->images,
-                                          images.size() * sizeof(float)).ok());
-    EXPECT_TRUE(backend->CopyDeviceToHost(labels.data(), batch->labels,
-                                          labels.size() * sizeof(int32_t)).ok());
-    EXPECT_TRUE(backend->Synchronize().ok());
+    EXPECT_OK(backend->CopyDeviceToHost(images.data(), batch->images,
+                                          images.size() * sizeof(float)));
+    EXPECT_OK(backend->CopyDeviceToHost(labels.data(), batch->labels,
+                                          labels.size() * sizeof(int32_t)));
+    EXPECT_OK(backend->Synchronize());
     for (int j = 0; j < batch->n; ++j) {
       const int64_t id = std::lround(images[j * 4] * 255.f);
       for (int k = 1; k < 4; ++k) EXPECT_EQ(std::lround(images[j * 4 + k] * 255.f), id);
@@ -74,14 +75,14 @@ class DataPrefetcherTest : public ::testing::TestWithParam<DeviceType> {
     spec.automatic = false;
     spec.type = GetParam();
     absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(spec);
-    ASSERT_TRUE(backend.ok()) << backend.status();
+    ASSERT_OK(backend);
     backend_ = *std::move(backend);
   }
 
   std::unique_ptr<DataPrefetcher> Make(const data::ImageDataset* ds, PrefetchOptions options) {
     absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
         DataPrefetcher::Create(backend_.get(), ds, data::Preprocess{}, options);
-    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_OK(p);
     return p.ok() ? *std::move(p) : nullptr;
   }
 
@@ -115,7 +116,7 @@ TEST_P(DataPrefetcherTest, EverySampleOnceAndFollowsEpochOrder) {
     EXPECT_THAT(e0.batch_sizes, ::testing::ElementsAre(10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 3));
     // After the end, Next keeps returning n == 0.
     absl::StatusOr<DeviceBatch> after = p->Next();
-    ASSERT_TRUE(after.ok());
+    ASSERT_OK(after);
     EXPECT_EQ(after->n, 0);
 
     Epoch e1 = Drain(backend_.get(), p.get(), 1);
@@ -217,14 +218,14 @@ TEST_P(DataPrefetcherTest, AugmentationAndNormalisationReachTheDevice) {
   options.shuffle = false;
   absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
       DataPrefetcher::Create(backend_.get(), &ds, pre, options);
-  ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_TRUE((*p)->StartEpoch(0).ok());
+  ASSERT_OK(p);
+  ASSERT_OK((*p)->StartEpoch(0));
   absl::StatusOr<DeviceBatch> batch = (*p)->Next();
-  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_OK(batch);
   ASSERT_EQ(batch->n, 16);
   std::vector<float> images(64);
-  ASSERT_TRUE(backend_->CopyDeviceToHost(images.data(), batch->images, 64 * sizeof(float)).ok());
-  ASSERT_TRUE(backend_->Synchronize().ok());
+  ASSERT_OK(backend_->CopyDeviceToHost(images.data(), batch->images, 64 * sizeof(float)));
+  ASSERT_OK(backend_->Synchronize());
   std::vector<float> expected(64);
   std::vector<int32_t> labels(16);
   std::vector<int64_t> idx = Iota(16);
@@ -253,16 +254,16 @@ TEST_P(DataPrefetcherTest, AugmentedBatchesAreReproducibleAndEpochDependent) {
   auto first_batch = [&](int epoch) {
     absl::StatusOr<std::unique_ptr<DataPrefetcher>> p =
         DataPrefetcher::Create(backend_.get(), &ds, pre, options);
-    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_OK(p);
     std::vector<float> images(32 * 16);
     if (!p.ok()) return images;
-    EXPECT_TRUE((*p)->StartEpoch(epoch).ok());
+    EXPECT_OK((*p)->StartEpoch(epoch));
     absl::StatusOr<DeviceBatch> batch = (*p)->Next();
-    EXPECT_TRUE(batch.ok()) << batch.status();
+    EXPECT_OK(batch);
     if (!batch.ok()) return images;
-    EXPECT_TRUE(backend_->CopyDeviceToHost(images.data(), batch->images,
-                                           images.size() * sizeof(float)).ok());
-    EXPECT_TRUE(backend_->Synchronize().ok());
+    EXPECT_OK(backend_->CopyDeviceToHost(images.data(), batch->images,
+                                           images.size() * sizeof(float)));
+    EXPECT_OK(backend_->Synchronize());
     return images;
   };
   std::vector<float> a = first_batch(0);
@@ -284,10 +285,10 @@ TEST_P(DataPrefetcherTest, DestructionMidEpochIsSafe) {
     options.threads = 3;
     std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
     ASSERT_NE(p, nullptr);
-    ASSERT_TRUE(p->StartEpoch(0).ok());
+    ASSERT_OK(p->StartEpoch(0));
     for (int i = 0; i < taken; ++i) {
       absl::StatusOr<DeviceBatch> batch = p->Next();
-      ASSERT_TRUE(batch.ok()) << batch.status();
+      ASSERT_OK(batch);
       EXPECT_EQ(batch->n, 4);
     }
     p.reset();  // Threads blocked on a full pool must wake and exit.
@@ -306,8 +307,8 @@ TEST_P(DataPrefetcherTest, RestartingAnEpochMidwayStartsOver) {
   options.threads = 2;
   std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
   ASSERT_NE(p, nullptr);
-  ASSERT_TRUE(p->StartEpoch(0).ok());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p->Next().ok());
+  ASSERT_OK(p->StartEpoch(0));
+  for (int i = 0; i < 3; ++i) { ASSERT_OK(p->Next()); }
   Epoch e = Drain(backend_.get(), p.get(), 4);
   EXPECT_EQ(e.ids, data::EpochOrder(60, 0, 4, 0, 1, true));
 }
@@ -321,7 +322,7 @@ TEST_P(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
   std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->queue_depth(), 0);
-  ASSERT_TRUE(p->StartEpoch(0).ok());
+  ASSERT_OK(p->StartEpoch(0));
   // Every depth seen while the pool fills: never more than the pool.
   int deepest = 0;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -332,7 +333,7 @@ TEST_P(DataPrefetcherTest, QueueFillsUpToThePoolSize) {
   EXPECT_LE(deepest, 3);
   EXPECT_EQ(p->queue_depth(), 3);
   // Taking one leaves its buffer in flight until the next Next().
-  ASSERT_TRUE(p->Next().ok());
+  ASSERT_OK(p->Next());
   EXPECT_LE(p->queue_depth(), 2);
   // The batch was ready, so the wait Next() reports is the lock's, not a
   // wait on the producers (the SlowAssembly test below checks a real wait is
@@ -361,7 +362,7 @@ TEST_P(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
   for (int attempt = 0; attempt < 5 && !hit_deadline; ++attempt) {
     std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
     ASSERT_NE(p, nullptr);
-    ASSERT_TRUE(p->StartEpoch(0).ok());
+    ASSERT_OK(p->StartEpoch(0));
     absl::StatusOr<DeviceBatch> batch = p->Next();
     if (batch.ok()) {
       EXPECT_EQ(batch->n, 16);  // Ready in time: the whole batch.
@@ -374,7 +375,7 @@ TEST_P(DataPrefetcherTest, SlowAssemblyHitsTheDeadlineAndRecovers) {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (p->queue_depth() < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
     batch = p->Next();
-    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_OK(batch);
     EXPECT_EQ(batch->n, 16);
   }
   EXPECT_TRUE(hit_deadline) << "five batches of 3x256x256 images were each ready within 1 ms";
@@ -388,9 +389,9 @@ TEST_P(DataPrefetcherTest, EmptyShardEndsImmediately) {
   std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->batches_per_epoch(), 0);
-  ASSERT_TRUE(p->StartEpoch(0).ok());
+  ASSERT_OK(p->StartEpoch(0));
   absl::StatusOr<DeviceBatch> batch = p->Next();
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   EXPECT_EQ(batch->n, 0);
 }
 

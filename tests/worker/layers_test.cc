@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "worker/model.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -27,7 +28,7 @@ struct GradCase {
 v1::ModelSpec ParseModel(const std::string& json) {
   v1::ModelSpec spec;
   auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  EXPECT_OK(status) << status.ToString() << "\n" << json;
   return spec;
 }
 
@@ -98,10 +99,10 @@ class LayerGradientTest : public ::testing::TestWithParam<GradCase> {};
 // Mean loss of one forward pass in training mode with a fixed dropout seed.
 double Loss(Model& model, Backend& backend, const Tensor& x, const DeviceBuffer& labels, int batch) {
   absl::Status s = model.Forward(x.data(), static_cast<const int32_t*>(labels.data()), batch, true, 99);
-  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_OK(s);
   float loss = 0;
-  EXPECT_TRUE(backend.CopyDeviceToHost(&loss, model.loss(), sizeof(float)).ok());
-  EXPECT_TRUE(backend.Synchronize().ok());
+  EXPECT_OK(backend.CopyDeviceToHost(&loss, model.loss(), sizeof(float)));
+  EXPECT_OK(backend.Synchronize());
   return loss;
 }
 
@@ -109,9 +110,9 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
   const GradCase& c = GetParam();
   std::unique_ptr<Backend> backend = CreateCpuBackend();
   auto model_or = Model::Create(ParseModel(c.model_json), backend.get());
-  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  ASSERT_OK(model_or);
   Model& model = **model_or;
-  ASSERT_TRUE(model.InitializeParameters().ok());
+  ASSERT_OK(model.InitializeParameters());
 
   const int batch = 4;
   const Shape& in = model.graph().input_shape;
@@ -119,11 +120,11 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
   for (size_t i = 0; i < host_x.size(); ++i) host_x[i] = 2.f * UniformFloat(11, i) - 1.f;
   std::vector<int32_t> host_labels = {0, 2, 1, 2};
   auto x = backend->AllocateTensor(Shape{batch, in.num_elements()});
-  ASSERT_TRUE(x.ok());
+  ASSERT_OK(x);
   auto labels = backend->Allocate(batch * sizeof(int32_t));
-  ASSERT_TRUE(labels.ok());
-  ASSERT_TRUE(backend->CopyHostToDevice(x->data(), host_x.data(), x->bytes()).ok());
-  ASSERT_TRUE(backend->CopyHostToDevice(labels->data(), host_labels.data(), batch * 4).ok());
+  ASSERT_OK(labels);
+  ASSERT_OK(backend->CopyHostToDevice(x->data(), host_x.data(), x->bytes()));
+  ASSERT_OK(backend->CopyHostToDevice(labels->data(), host_labels.data(), batch * 4));
 
   // Perturb parameters away from exact zeros (zero biases put ReLU kinks and
   // max-pool ties right where finite differences probe).
@@ -131,15 +132,15 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
     if (!model.param_info(p).trainable) continue;
     Tensor& t = model.param(p);
     std::vector<float> v(t.num_elements());
-    ASSERT_TRUE(backend->CopyDeviceToHost(v.data(), t.data(), t.bytes()).ok());
+    ASSERT_OK(backend->CopyDeviceToHost(v.data(), t.data(), t.bytes()));
     for (size_t i = 0; i < v.size(); ++i) v[i] += 0.2f * (UniformFloat(77 + p, i) - 0.5f);
-    ASSERT_TRUE(backend->CopyHostToDevice(t.data(), v.data(), t.bytes()).ok());
+    ASSERT_OK(backend->CopyHostToDevice(t.data(), v.data(), t.bytes()));
   }
 
   std::vector<int> ready_layers;
   model.SetGradientReadyCallback([&](int layer, absl::Span<const int>) { ready_layers.push_back(layer); });
   Loss(model, *backend, *x, *labels, batch);
-  ASSERT_TRUE(model.Backward().ok());
+  ASSERT_OK(model.Backward());
   // The callback fires in backward order, once per layer with parameters.
   for (size_t i = 1; i < ready_layers.size(); ++i) EXPECT_GT(ready_layers[i - 1], ready_layers[i]);
 
@@ -150,8 +151,8 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
     if (!info.trainable) continue;
     Tensor& t = model.param(p);
     std::vector<float> grad(t.num_elements()), value(t.num_elements());
-    ASSERT_TRUE(backend->CopyDeviceToHost(grad.data(), model.grad(p).data(), t.bytes()).ok());
-    ASSERT_TRUE(backend->CopyDeviceToHost(value.data(), t.data(), t.bytes()).ok());
+    ASSERT_OK(backend->CopyDeviceToHost(grad.data(), model.grad(p).data(), t.bytes()));
+    ASSERT_OK(backend->CopyDeviceToHost(value.data(), t.data(), t.bytes()));
     // Probe a spread of entries of every parameter tensor.
     const int64_t n = t.num_elements();
     const int64_t stride = std::max<int64_t>(1, n / 12);
@@ -159,7 +160,7 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferences) {
       const float original = value[i];
       auto loss_at = [&](float v) {
         float tmp = v;
-        EXPECT_TRUE(backend->CopyHostToDevice(t.data() + i, &tmp, sizeof(float)).ok());
+        EXPECT_OK(backend->CopyHostToDevice(t.data() + i, &tmp, sizeof(float)));
         return Loss(model, *backend, *x, *labels, batch);
       };
       const double plus = loss_at(original + static_cast<float>(eps));
@@ -193,38 +194,35 @@ StepResult RunStep(const std::string& json, bool fuse, const std::vector<float>&
   ModelOptions options;
   options.fuse_relu_max_pool = fuse;
   auto model_or = Model::Create(ParseModel(json), backend.get(), options);
-  EXPECT_TRUE(model_or.ok()) << model_or.status();
+  EXPECT_OK(model_or);
   if (!model_or.ok()) return result;
   Model& model = **model_or;
-  EXPECT_TRUE(model.InitializeParameters().ok());
+  EXPECT_OK(model.InitializeParameters());
   const int batch = static_cast<int>(host_labels.size());
   auto x = backend->AllocateTensor(Shape{static_cast<int64_t>(host_x.size())});
   auto labels = backend->Allocate(host_labels.size() * sizeof(int32_t));
-  EXPECT_TRUE(x.ok() && labels.ok());
-  EXPECT_TRUE(backend->CopyHostToDevice(x->data(), host_x.data(), x->bytes()).ok());
-  EXPECT_TRUE(backend
+  EXPECT_OK(x);
+  EXPECT_OK(labels);
+  EXPECT_OK(backend->CopyHostToDevice(x->data(), host_x.data(), x->bytes()));
+  EXPECT_OK(backend
                   ->CopyHostToDevice(labels->data(), host_labels.data(),
-                                     host_labels.size() * sizeof(int32_t))
-                  .ok());
-  EXPECT_TRUE(model
+                                     host_labels.size() * sizeof(int32_t)));
+  EXPECT_OK(model
                   .Forward(x->data(), static_cast<const int32_t*>(labels->data()), batch,
-                           /*training=*/true, /*seed=*/7)
-                  .ok());
-  EXPECT_TRUE(model.Backward().ok());
-  EXPECT_TRUE(backend->CopyDeviceToHost(&result.loss, model.loss(), sizeof(float)).ok());
+                           /*training=*/true, /*seed=*/7));
+  EXPECT_OK(model.Backward());
+  EXPECT_OK(backend->CopyDeviceToHost(&result.loss, model.loss(), sizeof(float)));
   result.logits.resize(batch * model.graph().num_classes);
-  EXPECT_TRUE(backend
+  EXPECT_OK(backend
                   ->CopyDeviceToHost(result.logits.data(), model.logits(),
-                                     result.logits.size() * sizeof(float))
-                  .ok());
+                                     result.logits.size() * sizeof(float)));
   for (int p = 0; p < model.num_params(); ++p) {
     if (!model.param_info(p).trainable) continue;
     std::vector<float> g(model.grad(p).num_elements());
-    EXPECT_TRUE(
-        backend->CopyDeviceToHost(g.data(), model.grad(p).data(), model.grad(p).bytes()).ok());
+    EXPECT_OK(backend->CopyDeviceToHost(g.data(), model.grad(p).data(), model.grad(p).bytes()));
     result.grads.push_back(std::move(g));
   }
-  EXPECT_TRUE(backend->Synchronize().ok());
+  EXPECT_OK(backend->Synchronize());
   return result;
 }
 
@@ -307,12 +305,12 @@ TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
       R"({"name":"g","input_shape":[3,4,5],"num_classes":6,"layers":[
         {"name":"fc","dense":{"units":6}},
         {"name":"loss","softmax_cross_entropy":{}}]})"));
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   absl::StatusOr<ModelGraph> flat_graph = BuildModelGraph(ParseModel(
       R"({"name":"g","input_shape":[3,4,5],"num_classes":60,"layers":[
         {"name":"flat","flatten":{}},
         {"name":"loss","softmax_cross_entropy":{}}]})"));
-  ASSERT_TRUE(flat_graph.ok()) << flat_graph.status();
+  ASSERT_OK(flat_graph);
 
   std::vector<float> x(batch * in), w(units * in), bias(units), dy(batch * units),
       dflat(batch * in);
@@ -323,13 +321,13 @@ TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
   for (size_t i = 0; i < dflat.size(); ++i) dflat[i] = UniformFloat(5, i) - 0.5f;
   auto upload = [&](const std::vector<float>& v) {
     absl::StatusOr<Tensor> t = backend->AllocateTensor(Shape{static_cast<int64_t>(v.size())});
-    EXPECT_TRUE(t.ok());
-    EXPECT_TRUE(backend->CopyHostToDevice(t->data(), v.data(), t->bytes()).ok());
+    EXPECT_OK(t);
+    EXPECT_OK(backend->CopyHostToDevice(t->data(), v.data(), t->bytes()));
     return *std::move(t);
   };
   auto download = [&](const Tensor& t) {
     std::vector<float> v(t.num_elements());
-    EXPECT_TRUE(backend->CopyDeviceToHost(v.data(), t.data(), t.bytes()).ok());
+    EXPECT_OK(backend->CopyDeviceToHost(v.data(), t.data(), t.bytes()));
     return v;
   };
 
@@ -343,15 +341,15 @@ TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
     Tensor tdx = upload(std::vector<float>(batch * in));
     absl::StatusOr<std::unique_ptr<Layer>> dense =
         Layer::Create(graph->layers[0], DataType::kF32, channels_last);
-    ASSERT_TRUE(dense.ok()) << dense.status();
-    ASSERT_TRUE((*dense)->Prepare(backend.get(), batch).ok());
+    ASSERT_OK(dense);
+    ASSERT_OK((*dense)->Prepare(backend.get(), batch));
     ForwardArgs f;
     f.batch = batch;
     f.inputs = {tx.data()};
     f.output = ty.data();
     f.params = {tw.data(), tb.data()};
     f.training = true;
-    ASSERT_TRUE((*dense)->Forward(backend.get(), f).ok());
+    ASSERT_OK((*dense)->Forward(backend.get(), f));
     BackwardArgs b;
     b.batch = batch;
     b.inputs = {tx.data()};
@@ -360,7 +358,7 @@ TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
     b.d_inputs = {tdx.data()};
     b.params = {tw.data(), tb.data()};
     b.d_params = {tdw.data(), tdb.data()};
-    ASSERT_TRUE((*dense)->Backward(backend.get(), b).ok());
+    ASSERT_OK((*dense)->Backward(backend.get(), b));
     const int k = channels_last ? 1 : 0;
     results[k][0] = download(ty);
     results[k][1] = download(tdw);
@@ -369,21 +367,21 @@ TEST(ChannelsLastLayersTest, FlattenAndDenseReadChannelsLastInputsAsNchw) {
 
     absl::StatusOr<std::unique_ptr<Layer>> flatten =
         Layer::Create(flat_graph->layers[0], DataType::kF32, channels_last);
-    ASSERT_TRUE(flatten.ok()) << flatten.status();
+    ASSERT_OK(flatten);
     Tensor tflat = upload(std::vector<float>(batch * in)), tdflat = upload(dflat);
     Tensor tdflat_in = upload(std::vector<float>(batch * in));
     ForwardArgs ff;
     ff.batch = batch;
     ff.inputs = {tx.data()};
     ff.output = tflat.data();
-    ASSERT_TRUE((*flatten)->Forward(backend.get(), ff).ok());
+    ASSERT_OK((*flatten)->Forward(backend.get(), ff));
     BackwardArgs fb;
     fb.batch = batch;
     fb.inputs = {tx.data()};
     fb.output = tflat.data();
     fb.d_output = tdflat.data();
     fb.d_inputs = {tdflat_in.data()};
-    ASSERT_TRUE((*flatten)->Backward(backend.get(), fb).ok());
+    ASSERT_OK((*flatten)->Backward(backend.get(), fb));
     results[k][4] = download(tflat);
     // d(input) in the held order, compared in [C, H, W] order below.
     std::vector<float> dflat_in = download(tdflat_in);

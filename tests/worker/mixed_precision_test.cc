@@ -34,6 +34,7 @@
 #include "tests/testing/kernel_configs.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -43,7 +44,7 @@ using ::testing::HasSubstr;
 v1::ModelSpec ParseModel(const std::string& json) {
   v1::ModelSpec spec;
   auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  EXPECT_OK(status) << status.ToString() << "\n" << json;
   return spec;
 }
 
@@ -107,7 +108,7 @@ bool HaveCuda() { return CudaDeviceCount() > 0; }
 
 std::unique_ptr<Backend> Cuda() {
   absl::StatusOr<std::unique_ptr<Backend>> backend = ::pstrain::testing::CreateCudaBackend();
-  EXPECT_TRUE(backend.ok()) << backend.status();
+  EXPECT_OK(backend);
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
@@ -120,33 +121,32 @@ StepResult RunStep(Backend& backend, const std::string& json, DataType precision
   options.precision = precision;
   absl::StatusOr<std::unique_ptr<Model>> model_or =
       Model::Create(ParseModel(json), &backend, options);
-  EXPECT_TRUE(model_or.ok()) << model_or.status();
+  EXPECT_OK(model_or);
   if (!model_or.ok()) return result;
   Model& model = **model_or;
-  EXPECT_TRUE(model.InitializeParameters().ok());
+  EXPECT_OK(model.InitializeParameters());
   const int n = static_cast<int>(batch.labels.size());
   absl::StatusOr<Tensor> x = backend.AllocateTensor(Shape{static_cast<int64_t>(batch.x.size())});
   absl::StatusOr<DeviceBuffer> labels = backend.Allocate(n * sizeof(int32_t));
-  EXPECT_TRUE(x.ok() && labels.ok());
-  EXPECT_TRUE(backend.CopyHostToDevice(x->data(), batch.x.data(), x->bytes()).ok());
-  EXPECT_TRUE(
-      backend.CopyHostToDevice(labels->data(), batch.labels.data(), n * sizeof(int32_t)).ok());
+  EXPECT_OK(x);
+  EXPECT_OK(labels);
+  EXPECT_OK(backend.CopyHostToDevice(x->data(), batch.x.data(), x->bytes()));
+  EXPECT_OK(backend.CopyHostToDevice(labels->data(), batch.labels.data(), n * sizeof(int32_t)));
   absl::Status status = model.Forward(x->data(), static_cast<const int32_t*>(labels->data()), n,
                                       /*training=*/true, /*seed=*/7);
-  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_OK(status);
   status = model.Backward();
-  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_OK(status);
   EXPECT_FALSE(model.last_backward_overflowed());
-  EXPECT_TRUE(backend.CopyDeviceToHost(&result.loss, model.loss(), sizeof(float)).ok());
+  EXPECT_OK(backend.CopyDeviceToHost(&result.loss, model.loss(), sizeof(float)));
   for (int p = 0; p < model.num_params(); ++p) {
     if (!model.param_info(p).trainable) continue;
     std::vector<float> g(model.grad(p).num_elements());
-    EXPECT_TRUE(
-        backend.CopyDeviceToHost(g.data(), model.grad(p).data(), model.grad(p).bytes()).ok());
+    EXPECT_OK(backend.CopyDeviceToHost(g.data(), model.grad(p).data(), model.grad(p).bytes()));
     result.grads.push_back(std::move(g));
     result.names.push_back(model.param_info(p).name);
   }
-  EXPECT_TRUE(backend.Synchronize().ok());
+  EXPECT_OK(backend.Synchronize());
   return result;
 }
 
@@ -203,37 +203,36 @@ TEST_P(MixedPrecisionModelTest, TrainsAFixedBatchDown) {
   options.precision = dtype;
   const v1::ModelSpec spec = ParseModel(kResnetSmall);
   absl::StatusOr<std::unique_ptr<Model>> model_or = Model::Create(spec, backend_.get(), options);
-  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  ASSERT_OK(model_or);
   Model& model = **model_or;
-  ASSERT_TRUE(model.InitializeParameters().ok());
+  ASSERT_OK(model.InitializeParameters());
   v1::OptimizerSpec opt;
   opt.set_type(v1::OPTIMIZER_SGD);
   opt.set_learning_rate(0.05f);
   opt.set_momentum(0.9f);
   absl::StatusOr<std::unique_ptr<LocalUpdater>> updater = LocalUpdater::Create(opt, &model);
-  ASSERT_TRUE(updater.ok()) << updater.status();
+  ASSERT_OK(updater);
   model.SetGradientReadyCallback([&](int layer, absl::Span<const int> params) {
     (*updater)->OnGradientsReady(0, layer, params);
   });
   const Batch batch = MakeBatch(spec, 64, 23);
   absl::StatusOr<Tensor> x = backend_->AllocateTensor(Shape{static_cast<int64_t>(batch.x.size())});
   absl::StatusOr<DeviceBuffer> labels = backend_->Allocate(64 * sizeof(int32_t));
-  ASSERT_TRUE(x.ok() && labels.ok());
-  ASSERT_TRUE(backend_->CopyHostToDevice(x->data(), batch.x.data(), x->bytes()).ok());
-  ASSERT_TRUE(
-      backend_->CopyHostToDevice(labels->data(), batch.labels.data(), 64 * sizeof(int32_t)).ok());
+  ASSERT_OK(x);
+  ASSERT_OK(labels);
+  ASSERT_OK(backend_->CopyHostToDevice(x->data(), batch.x.data(), x->bytes()));
+  ASSERT_OK(backend_->CopyHostToDevice(labels->data(), batch.labels.data(), 64 * sizeof(int32_t)));
   float first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {
-    ASSERT_TRUE((*updater)->BeforeStep(step, model).ok());
-    ASSERT_TRUE(model
+    ASSERT_OK((*updater)->BeforeStep(step, model));
+    ASSERT_OK(model
                     .Forward(x->data(), static_cast<const int32_t*>(labels->data()), 64, true,
-                             static_cast<uint64_t>(step))
-                    .ok());
-    ASSERT_TRUE(model.Backward().ok());
-    ASSERT_TRUE((*updater)->ApplyUpdate(step, model).ok());
+                             static_cast<uint64_t>(step)));
+    ASSERT_OK(model.Backward());
+    ASSERT_OK((*updater)->ApplyUpdate(step, model));
     float loss = 0;
-    ASSERT_TRUE(backend_->CopyDeviceToHost(&loss, model.loss(), sizeof(float)).ok());
-    ASSERT_TRUE(backend_->Synchronize().ok());
+    ASSERT_OK(backend_->CopyDeviceToHost(&loss, model.loss(), sizeof(float)));
+    ASSERT_OK(backend_->Synchronize());
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
     if (step == 0) first = loss;
     last = loss;
@@ -260,44 +259,40 @@ TEST(Fp16LossScalingTest, AnOverflowedStepIsSkippedAndTheScaleBacksOff) {
   options.initial_loss_scale = std::ldexp(1.f, 40);
   const v1::ModelSpec spec = ParseModel(kFmnistCnn);
   absl::StatusOr<std::unique_ptr<Model>> model_or = Model::Create(spec, backend.get(), options);
-  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  ASSERT_OK(model_or);
   Model& model = **model_or;
-  ASSERT_TRUE(model.InitializeParameters().ok());
+  ASSERT_OK(model.InitializeParameters());
   v1::OptimizerSpec opt;
   opt.set_type(v1::OPTIMIZER_SGD);
   opt.set_learning_rate(0.1f);
   absl::StatusOr<std::unique_ptr<LocalUpdater>> updater = LocalUpdater::Create(opt, &model);
-  ASSERT_TRUE(updater.ok());
+  ASSERT_OK(updater);
   model.SetGradientReadyCallback([&](int layer, absl::Span<const int> params) {
     (*updater)->OnGradientsReady(0, layer, params);
   });
   const Batch batch = MakeBatch(spec, 16, 5);
   absl::StatusOr<Tensor> x = backend->AllocateTensor(Shape{static_cast<int64_t>(batch.x.size())});
   absl::StatusOr<DeviceBuffer> labels = backend->Allocate(16 * sizeof(int32_t));
-  ASSERT_TRUE(x.ok() && labels.ok());
-  ASSERT_TRUE(backend->CopyHostToDevice(x->data(), batch.x.data(), x->bytes()).ok());
-  ASSERT_TRUE(
-      backend->CopyHostToDevice(labels->data(), batch.labels.data(), 16 * sizeof(int32_t)).ok());
+  ASSERT_OK(x);
+  ASSERT_OK(labels);
+  ASSERT_OK(backend->CopyHostToDevice(x->data(), batch.x.data(), x->bytes()));
+  ASSERT_OK(backend->CopyHostToDevice(labels->data(), batch.labels.data(), 16 * sizeof(int32_t)));
   const int w = model.FindParam("fc2/weight");
   ASSERT_GE(w, 0);
   std::vector<float> before(model.param(w).num_elements()), after(before.size()),
       grad(before.size());
-  ASSERT_TRUE(
-      backend->CopyDeviceToHost(before.data(), model.param(w).data(), model.param(w).bytes()).ok());
+  ASSERT_OK(backend->CopyDeviceToHost(before.data(), model.param(w).data(), model.param(w).bytes()));
 
-  ASSERT_TRUE((*updater)->BeforeStep(0, model).ok());
-  ASSERT_TRUE(
-      model.Forward(x->data(), static_cast<const int32_t*>(labels->data()), 16, true, 1).ok());
-  ASSERT_TRUE(model.Backward().ok());
-  ASSERT_TRUE((*updater)->ApplyUpdate(0, model).ok());
+  ASSERT_OK((*updater)->BeforeStep(0, model));
+  ASSERT_OK(model.Forward(x->data(), static_cast<const int32_t*>(labels->data()), 16, true, 1));
+  ASSERT_OK(model.Backward());
+  ASSERT_OK((*updater)->ApplyUpdate(0, model));
   EXPECT_TRUE(model.last_backward_overflowed());
   EXPECT_FALSE((*updater)->LastUpdateApplied());
   EXPECT_EQ(model.loss_scale(), std::ldexp(1.f, 39));
-  ASSERT_TRUE(
-      backend->CopyDeviceToHost(after.data(), model.param(w).data(), model.param(w).bytes()).ok());
-  ASSERT_TRUE(
-      backend->CopyDeviceToHost(grad.data(), model.grad(w).data(), model.grad(w).bytes()).ok());
-  ASSERT_TRUE(backend->Synchronize().ok());
+  ASSERT_OK(backend->CopyDeviceToHost(after.data(), model.param(w).data(), model.param(w).bytes()));
+  ASSERT_OK(backend->CopyDeviceToHost(grad.data(), model.grad(w).data(), model.grad(w).bytes()));
+  ASSERT_OK(backend->Synchronize());
   EXPECT_EQ(after, before) << "an overflowed step moved the parameters";
   for (float g : grad) ASSERT_EQ(g, 0.f);
 
@@ -305,19 +300,17 @@ TEST(Fp16LossScalingTest, AnOverflowedStepIsSkippedAndTheScaleBacksOff) {
   // a step goes through and moves the parameters.
   int steps = 1;
   while (model.last_backward_overflowed() && steps < 40) {
-    ASSERT_TRUE((*updater)->BeforeStep(steps, model).ok());
-    ASSERT_TRUE(
-        model.Forward(x->data(), static_cast<const int32_t*>(labels->data()), 16, true, 1).ok());
-    ASSERT_TRUE(model.Backward().ok());
-    ASSERT_TRUE((*updater)->ApplyUpdate(steps, model).ok());
+    ASSERT_OK((*updater)->BeforeStep(steps, model));
+    ASSERT_OK(model.Forward(x->data(), static_cast<const int32_t*>(labels->data()), 16, true, 1));
+    ASSERT_OK(model.Backward());
+    ASSERT_OK((*updater)->ApplyUpdate(steps, model));
     ++steps;
   }
   EXPECT_FALSE(model.last_backward_overflowed()) << "still overflowing after " << steps << " steps";
   EXPECT_TRUE((*updater)->LastUpdateApplied());
   EXPECT_EQ(model.overflowed_steps(), steps - 1);
-  ASSERT_TRUE(
-      backend->CopyDeviceToHost(after.data(), model.param(w).data(), model.param(w).bytes()).ok());
-  ASSERT_TRUE(backend->Synchronize().ok());
+  ASSERT_OK(backend->CopyDeviceToHost(after.data(), model.param(w).data(), model.param(w).bytes()));
+  ASSERT_OK(backend->Synchronize());
   EXPECT_NE(after, before);
 }
 
@@ -336,7 +329,7 @@ TEST(MixedPrecisionCpuTest, TheCpuRefusesReducedPrecisionWithAClearMessage) {
     EXPECT_THAT(model.status().message(), HasSubstr(DataTypeName(dtype)));
   }
   ModelOptions fp32;
-  EXPECT_TRUE(Model::Create(ParseModel(kFmnistCnn), cpu.get(), fp32).ok());
+  EXPECT_OK(Model::Create(ParseModel(kFmnistCnn), cpu.get(), fp32));
 }
 
 TEST(MixedPrecisionCpuTest, JobPrecisionMapsToTheActivationType) {

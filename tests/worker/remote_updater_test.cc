@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "worker/model.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -321,10 +322,10 @@ struct Worker {
     auto w = std::make_unique<Worker>();
     w->backend = CreateCpuBackend();
     w->model = *Model::Create(TinyModel(), w->backend.get());
-    EXPECT_TRUE(w->model->InitializeParameters().ok());
+    EXPECT_OK(w->model->InitializeParameters());
     w->client = std::make_unique<FakePsClient>(server);
     auto updater = RemoteUpdater::Create(options, w->model.get(), w->client.get());
-    EXPECT_TRUE(updater.ok()) << updater.status();
+    EXPECT_OK(updater);
     w->updater = *std::move(updater);
     w->model->SetGradientReadyCallback([u = w->updater.get()](int layer,
                                                               absl::Span<const int> params) {
@@ -409,8 +410,8 @@ TEST(RemoteUpdaterTest, SyncStepAppliesTheMeanOfTwoWorkersGradients) {
   std::thread tb(run, b.get(), &grads_b, &stats_b, &status_b);
   ta.join();
   tb.join();
-  ASSERT_TRUE(status_a.ok()) << status_a;
-  ASSERT_TRUE(status_b.ok()) << status_b;
+  ASSERT_OK(status_a);
+  ASSERT_OK(status_b);
 
   for (int i = 0; i < static_cast<int>(graph.params.size()); ++i) {
     std::vector<float> expected(initial[i].size());
@@ -435,19 +436,19 @@ TEST(RemoteUpdaterTest, AsyncAppliesEachPushAndSsPassesItsClock) {
     const ModelGraph graph = TinyGraph();
     FakeServer server(mode, graph, TinyPlan(), 1);
     auto w = Worker::Make(&server, Options(mode, 0), 3);
-    ASSERT_TRUE(w->updater->Start().ok());
+    ASSERT_OK(w->updater->Start());
     for (int64_t step = 0; step < 3; ++step) {
-      ASSERT_TRUE(w->updater->BeforeStep(step, *w->model).ok());
+      ASSERT_OK(w->updater->BeforeStep(step, *w->model));
       std::vector<std::vector<float>> before, grads;
-      ASSERT_TRUE(w->Compute(step).ok());
+      ASSERT_OK(w->Compute(step));
       for (int i = 0; i < w->model->num_params(); ++i) {
         before.push_back(w->Param(i));
         grads.push_back(graph.params[i].trainable ? w->Grad(i) : std::vector<float>());
       }
-      ASSERT_TRUE(w->updater->ApplyUpdate(step, *w->model).ok());
+      ASSERT_OK(w->updater->ApplyUpdate(step, *w->model));
       EXPECT_EQ(w->client->last_push_clock, step + 1);
       EXPECT_EQ(w->client->last_pull_clock, step + 1);
-      ASSERT_TRUE(w->updater->BeforeStep(step + 1, *w->model).ok());
+      ASSERT_OK(w->updater->BeforeStep(step + 1, *w->model));
       for (int i = 0; i < w->model->num_params(); ++i) {
         if (!graph.params[i].trainable) {
           ExpectNear(w->Param(i), before[i], graph.params[i].name);  // Last write: rank 0's.
@@ -466,16 +467,16 @@ TEST(RemoteUpdaterTest, AsyncRunningStatisticsArePushedByRankZeroOnly) {
   const ModelGraph graph = TinyGraph();
   FakeServer server(v1::CONSISTENCY_ASYNC, graph, TinyPlan(), 1);
   auto w = Worker::Make(&server, Options(v1::CONSISTENCY_ASYNC, 1), 3);
-  ASSERT_TRUE(w->updater->Start().ok());
-  ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
-  ASSERT_TRUE(w->Compute(0).ok());
-  ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+  ASSERT_OK(w->updater->Start());
+  ASSERT_OK(w->updater->BeforeStep(0, *w->model));
+  ASSERT_OK(w->Compute(0));
+  ASSERT_OK(w->updater->ApplyUpdate(0, *w->model));
   EXPECT_EQ(server.Pushes(v1::ChunkHeader::KIND_PARAMETERS), 0);
   EXPECT_GT(server.Pushes(v1::ChunkHeader::KIND_GRADIENT), 0);
   w->updater->SetRank(0);
-  ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
-  ASSERT_TRUE(w->Compute(1).ok());
-  ASSERT_TRUE(w->updater->ApplyUpdate(1, *w->model).ok());
+  ASSERT_OK(w->updater->BeforeStep(1, *w->model));
+  ASSERT_OK(w->Compute(1));
+  ASSERT_OK(w->updater->ApplyUpdate(1, *w->model));
   EXPECT_GT(server.Pushes(v1::ChunkHeader::KIND_PARAMETERS), 0);
 }
 
@@ -510,8 +511,8 @@ TEST(RemoteUpdaterTest, AverageModeReplacesParametersByTheMeanEveryKSteps) {
   std::thread tb(run, b.get(), &after_round_b, &status_b);
   ta.join();
   tb.join();
-  ASSERT_TRUE(status_a.ok()) << status_a;
-  ASSERT_TRUE(status_b.ok()) << status_b;
+  ASSERT_OK(status_a);
+  ASSERT_OK(status_b);
 
   const auto initial = InitialParameterValues(graph);
   const ChunkPlan& plan = server.plan();
@@ -540,13 +541,13 @@ TEST(RemoteUpdaterTest, AbortedPushIsDroppedAndTheNextStepResyncs) {
   const ModelGraph graph = TinyGraph();
   FakeServer server(v1::CONSISTENCY_SYNC, graph, TinyPlan(), 1);
   auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 6);
-  ASSERT_TRUE(w->updater->Start().ok());
-  ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
-  ASSERT_TRUE(w->Compute(0).ok());
+  ASSERT_OK(w->updater->Start());
+  ASSERT_OK(w->updater->BeforeStep(0, *w->model));
+  ASSERT_OK(w->Compute(0));
   server.RejectNextPush();  // The first push of step 0 (its first chunks).
-  ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+  ASSERT_OK(w->updater->ApplyUpdate(0, *w->model));
   // Some chunks moved to version 1, the rejected ones stayed at 0.
-  ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
+  ASSERT_OK(w->updater->BeforeStep(1, *w->model));
   EXPECT_EQ(w->updater->resyncs(), 1);
   EXPECT_EQ(w->updater->version(), 0);
   for (int i = 0; i < w->model->num_params(); ++i) {
@@ -558,9 +559,9 @@ TEST(RemoteUpdaterTest, AbortedPushIsDroppedAndTheNextStepResyncs) {
     ExpectNear(w->Param(i), server_values, graph.params[i].name);
   }
   // Training goes on: the next step brings every chunk to a common version.
-  ASSERT_TRUE(w->Compute(1).ok());
-  ASSERT_TRUE(w->updater->ApplyUpdate(1, *w->model).ok());
-  ASSERT_TRUE(w->updater->BeforeStep(2, *w->model).ok());
+  ASSERT_OK(w->Compute(1));
+  ASSERT_OK(w->updater->ApplyUpdate(1, *w->model));
+  ASSERT_OK(w->updater->BeforeStep(2, *w->model));
   EXPECT_EQ(w->updater->resyncs(), 1);
   for (const ChunkInfo& c : server.plan().chunks) {
     EXPECT_GE(server.Version(c.id), 1) << "chunk " << c.id;
@@ -575,11 +576,11 @@ TEST(RemoteUpdaterTest, SyncPullsGoOutWithThePushesAsyncAfterTheirAnswers) {
   for (v1::ConsistencyMode mode : {v1::CONSISTENCY_SYNC, v1::CONSISTENCY_ASYNC}) {
     FakeServer server(mode, TinyGraph(), TinyPlan(), 1);
     auto w = Worker::Make(&server, Options(mode, 0), 4);
-    ASSERT_TRUE(w->updater->Start().ok());
-    ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
-    ASSERT_TRUE(w->Compute(0).ok());
+    ASSERT_OK(w->updater->Start());
+    ASSERT_OK(w->updater->BeforeStep(0, *w->model));
+    ASSERT_OK(w->Compute(0));
     w->client->log.Take();
-    ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+    ASSERT_OK(w->updater->ApplyUpdate(0, *w->model));
     const std::vector<std::string> events = w->client->log.Take();
     const auto first_wait = std::find(events.begin(), events.end(), "wait push");
     const auto pull = std::find(events.begin(), events.end(), "pull");
@@ -592,7 +593,7 @@ TEST(RemoteUpdaterTest, SyncPullsGoOutWithThePushesAsyncAfterTheirAnswers) {
           << absl::StrJoin(events, ", ");
     }
     // Either way the next step starts from the applied update.
-    ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
+    ASSERT_OK(w->updater->BeforeStep(1, *w->model));
     EXPECT_EQ(w->updater->version(), 1);
     EXPECT_EQ(w->updater->resyncs(), 0);
   }
@@ -606,11 +607,11 @@ TEST(RemoteUpdaterTest, SyncPullsGoOutWithThePushesAsyncAfterTheirAnswers) {
 TEST(RemoteUpdaterTest, SyncPullAsksForChunksInTheOrderTheyWerePushed) {
   FakeServer server(v1::CONSISTENCY_SYNC, TinyGraph(), TinyPlan(), 1);
   auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 5);
-  ASSERT_TRUE(w->updater->Start().ok());
-  ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
+  ASSERT_OK(w->updater->Start());
+  ASSERT_OK(w->updater->BeforeStep(0, *w->model));
   w->client->TakePulledChunks();  // BeforeStep's first pull.
-  ASSERT_TRUE(w->Compute(0).ok());
-  ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
+  ASSERT_OK(w->Compute(0));
+  ASSERT_OK(w->updater->ApplyUpdate(0, *w->model));
   const std::vector<int> pushed = w->client->PushedChunks();
   const std::vector<int> pulled = w->client->TakePulledChunks();
   ASSERT_EQ(pushed.size(), TinyPlan().chunks.size());
@@ -632,11 +633,11 @@ TEST(RemoteUpdaterTest, GradientsReadyWhileAPushIsInFlightGoAsOnePush) {
     FakeServer server(v1::CONSISTENCY_SYNC, TinyGraph(), TinyPlan(), 1);
     auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 6);
     w->client->hold_pushes = held;
-    ASSERT_TRUE(w->updater->Start().ok());
-    ASSERT_TRUE(w->updater->BeforeStep(0, *w->model).ok());
-    ASSERT_TRUE(w->Compute(0).ok());
-    ASSERT_TRUE(w->updater->ApplyUpdate(0, *w->model).ok());
-    ASSERT_TRUE(w->updater->BeforeStep(1, *w->model).ok());
+    ASSERT_OK(w->updater->Start());
+    ASSERT_OK(w->updater->BeforeStep(0, *w->model));
+    ASSERT_OK(w->Compute(0));
+    ASSERT_OK(w->updater->ApplyUpdate(0, *w->model));
+    ASSERT_OK(w->updater->BeforeStep(1, *w->model));
     EXPECT_EQ(w->updater->version(), 1);
     pushed_each_step[held] = w->client->PushedChunks();
     gradient_pushes[held] = server.Pushes(v1::ChunkHeader::KIND_GRADIENT);
@@ -651,7 +652,7 @@ TEST(RemoteUpdaterTest, GradientsReadyWhileAPushIsInFlightGoAsOnePush) {
 TEST(RemoteUpdaterTest, CancelStopsAtTheNextStep) {
   FakeServer server(v1::CONSISTENCY_SYNC, TinyGraph(), TinyPlan(), 1);
   auto w = Worker::Make(&server, Options(v1::CONSISTENCY_SYNC, 0), 7);
-  ASSERT_TRUE(w->updater->Start().ok());
+  ASSERT_OK(w->updater->Start());
   w->updater->Cancel();
   absl::Status status = w->updater->BeforeStep(0, *w->model);
   EXPECT_TRUE(absl::IsCancelled(status)) << status;

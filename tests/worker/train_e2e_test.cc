@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "worker/standalone.h"
+#include "tests/testing/status_matchers.h"
 
 namespace pstrain {
 namespace {
@@ -22,7 +23,7 @@ TEST(TrainEndToEndTest, FmnistCnnLearnsOnASubsetAndItsCheckpointEvaluatesTheSame
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   }
   auto job = LoadJobSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_OK(job);
   job->mutable_dataset()->set_test_limit(2000);
   job->mutable_optimizer()->mutable_schedule()->Clear();
 
@@ -33,7 +34,7 @@ TEST(TrainEndToEndTest, FmnistCnnLearnsOnASubsetAndItsCheckpointEvaluatesTheSame
   options.checkpoint_path = ::testing::TempDir() + "/e2e.ckpt";
   std::ostringstream log;
   auto result = RunStandalone(*job, options, log);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   EXPECT_THAT(log.str(), ::testing::HasSubstr("epoch 2/2"));
   EXPECT_EQ(result->epochs, 2);
   EXPECT_EQ(result->steps, 2 * 3200 / 64);
@@ -45,12 +46,12 @@ TEST(TrainEndToEndTest, FmnistCnnLearnsOnASubsetAndItsCheckpointEvaluatesTheSame
 
   std::string device;
   auto metrics = EvaluateCheckpoint(options.checkpoint_path, "", "cpu", &device);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  ASSERT_OK(metrics);
   EXPECT_DOUBLE_EQ(metrics->accuracy, result->test.accuracy);
   EXPECT_EQ(metrics->confusion, result->test.confusion);
 
   auto ckpt = ReadCheckpointFile(options.checkpoint_path);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   EXPECT_EQ(ckpt->step(), result->steps);
   EXPECT_EQ(ckpt->parameters_size(), 8);
   EXPECT_EQ(ckpt->optimizer_state_size(), 8);  // One momentum slot per parameter.
@@ -59,7 +60,7 @@ TEST(TrainEndToEndTest, FmnistCnnLearnsOnASubsetAndItsCheckpointEvaluatesTheSame
 
 TEST(TrainEndToEndTest, MissingDataIsAClearErrorNotACrash) {
   auto job = LoadJobSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   job->mutable_dataset()->set_path("/nonexistent/fashion");
   StandaloneOptions options;
   options.device = "cpu";
@@ -72,7 +73,7 @@ TEST(TrainEndToEndTest, MissingDataIsAClearErrorNotACrash) {
 TEST(TrainEndToEndTest, AskingForCudaWithoutAGpuIsFailedPrecondition) {
   if (CudaAvailable()) GTEST_SKIP() << "a GPU is present";
   auto job = LoadJobSpec(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion-mnist.json");
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   StandaloneOptions options;
   options.device = "cuda";
   std::ostringstream log;
