@@ -670,7 +670,13 @@ TEST(PsClientTest, ACancelledPullEndsAtOnceWithCancelled) {
   auto client = cluster.Client("w0", absl::Seconds(30));
   std::vector<std::vector<float>> pulled = cluster.Buffers(0.0f);
   auto pull = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 7, 0, Dests(pulled));
-  absl::SleepFor(absl::Milliseconds(300));  // Both shards hold it, waiting.
+  // Both shards hold it, waiting.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return cluster.shard(0).stats().waiting_pulls > 0 &&
+               cluster.shard(1).stats().waiting_pulls > 0;
+      },
+      absl::Seconds(20)));
   const absl::Time start = absl::Now();
   pull->Cancel();
   absl::Status status = pull->Wait();
@@ -711,7 +717,8 @@ TEST(PsClientTest, CancelAllEndsEveryCallAtOnceAndEveryLaterOne) {
   // Against a live shard: a pull waiting on a version ends at once.
   auto client = cluster.Client("w0", absl::Seconds(30));
   auto waiting = client->Pull(v1::ChunkHeader::KIND_PARAMETERS, 9, 0, Dests(pulled));
-  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(
+      WaitUntil([&] { return cluster.shard(0).stats().waiting_pulls > 0; }, absl::Seconds(20)));
   client->CancelAll();
   EXPECT_EQ(waiting->Wait().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(client->Push(v1::ChunkHeader::KIND_GRADIENT, 0, 0, Refs(g))->Wait().code(),

@@ -742,7 +742,12 @@ TEST_F(PsServiceTest, ShutdownReleasesABlockedPull) {
   grpc::Status status;
   std::thread puller(
       [&] { status = Pull(0, {FirstChunkOf(0)}, 100, nullptr, nullptr, absl::Seconds(60)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // The pull is parked in the shard, waiting for version 100.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (servers_[0]->shard().stats().waiting_pulls == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(servers_[0]->shard().stats().waiting_pulls, 1);
   const absl::Time start = absl::Now();
   servers_.clear();  // Shuts both servers down.
   puller.join();
