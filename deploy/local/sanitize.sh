@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # The concurrency checks (docs/ARCHITECTURE.md, "Concurrency checks"):
 #
-#   1. build-tsa/: everything but the CUDA module, with clang's lock-annotation
-#      analysis (-DPSTRAIN_THREAD_SAFETY_ANALYSIS=ON: -Wthread-safety as
-#      errors, on top of the usual warnings as errors). Compile only matters
-#      here, so it builds at -O0 without debug information.
-#   2. build-tsan/absl/: the installed Debian abseil, rebuilt from its Debian
+#   1. build-tsan/absl/: the installed Debian abseil, rebuilt from its Debian
 #      source package with -fsanitize=thread. Debian's libabsl_synchronization
 #      is not instrumented, so TSan would not see any absl::Mutex (ours or
 #      gRPC's) and would report every guarded member as a race. Only the
@@ -14,16 +10,21 @@
 #      that its inline Lock() matches the instrumented SlowLock()); the rest
 #      stays Debian's, uninstrumented like gRPC, which calls it on its own
 #      objects from its own threads.
-#   3. build-tsan/: everything but CUDA with -fsanitize=thread
-#      (-DPSTRAIN_SANITIZE=thread, RelWithDebInfo), then the in-process tests
-#      under it: `ctest -L 'unit|loopback'` (unit tests, and the loopback
-#      PsClient <-> ParameterService tests; never the multi-process clusters).
-#      The first TSan report fails its test (tests/tsan_defaults.cc.in);
-#      tests/tsan_suppressions.txt holds third-party entries only.
+#   2. build-tsan/: everything but CUDA, built once with clang for both
+#      checks: -fsanitize=thread (-DPSTRAIN_SANITIZE=thread, RelWithDebInfo)
+#      and the lock-annotation analysis
+#      (-DPSTRAIN_THREAD_SAFETY_ANALYSIS=ON: -Wthread-safety as errors, on
+#      top of the usual warnings as errors). Then the in-process tests under
+#      TSan: `ctest -L 'unit|loopback'` (unit tests, and the loopback
+#      PsClient <-> ParameterService tests; never the multi-process
+#      clusters). The first TSan report fails its test
+#      (tests/tsan_defaults.cc.in); tests/tsan_suppressions.txt holds
+#      third-party entries only.
 #
-#   deploy/local/sanitize.sh          # all three; ends with "sanitize: PASSED" or "FAILED"
-#   deploy/local/sanitize.sh tsa      # only the thread-safety build
-#   deploy/local/sanitize.sh tsan     # only the TSan build and its tests
+#   deploy/local/sanitize.sh          # both; ends with "sanitize: PASSED" or "FAILED"
+#   deploy/local/sanitize.sh tsan     # the same
+#   deploy/local/sanitize.sh tsa      # only the lock annotations, in build-tsa/ at -O0
+#                                     # (no abseil rebuild, no tests: the quick check)
 #
 # Environment: PSTRAIN_TSA_BUILD_DIR (default build-tsa), PSTRAIN_TSAN_BUILD_DIR
 # (default build-tsan), PSTRAIN_SANITIZE_JOBS (default: the cores),
@@ -62,8 +63,8 @@ begin() {
 took() { echo "sanitize: $* took $((SECONDS - step_start)) s"; }
 CLANG=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPSTRAIN_WITH_CUDA=OFF)
 
-# --- 1. Thread-safety analysis -------------------------------------------------
-if [[ "$WHAT" == all || "$WHAT" == tsa ]]; then
+# --- The lock annotations alone (sanitize.sh tsa) ------------------------------
+if [[ "$WHAT" == tsa ]]; then
   begin "thread-safety analysis build in $TSA_DIR"
   cmake -S . -B "$TSA_DIR" -G Ninja "${CLANG[@]}" -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_FLAGS_DEBUG=-O0 \
@@ -74,9 +75,6 @@ if [[ "$WHAT" == all || "$WHAT" == tsa ]]; then
   took "the thread-safety build"
 fi
 
-# --- 2. abseil with TSan ------------------------------------------------------------
-# The installed libabsl-dev's own source version, so that the rebuilt
-# libraries are the ones the headers (and gRPC) were built against.
 build_tsan_abseil() {
   local root="$TSAN_DIR/absl" source version suite
   source=$(dpkg-query -W -f='${source:Package}' libabsl-dev)
@@ -133,15 +131,25 @@ build_tsan_abseil() {
   took "abseil with TSan"
 }
 
-# --- 3. ThreadSanitizer build and tests ----------------------------------------
+# --- 2. One clang build for both checks, then the tests under TSan ----------
 if [[ "$WHAT" == all || "$WHAT" == tsan ]]; then
   build_tsan_abseil
-  begin "ThreadSanitizer build in $TSAN_DIR"
+  begin "ThreadSanitizer and thread-safety analysis build in $TSAN_DIR"
+  # Full debug information (RelWithDebInfo's -O2 -g): with line tables only
+  # the inlined gRPC frames lose their qualified names, and the suppressions
+  # (tests/tsan_suppressions.txt) match those names.
+  # -Wno-error=pass-failed: a `#pragma omp simd` loop that TSan's
+  # instrumentation keeps from vectorizing is a warning, not an error.
   cmake -S . -B "$TSAN_DIR" -G Ninja "${CLANG[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPSTRAIN_SANITIZE=thread -DPSTRAIN_TSAN_ABSL_LIBDIR="$ABSL_LIBDIR" >/dev/null ||
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g -DNDEBUG -Wno-error=pass-failed" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g -DNDEBUG -Wno-error=pass-failed" \
+    -DPSTRAIN_SANITIZE=thread -DPSTRAIN_TSAN_ABSL_LIBDIR="$ABSL_LIBDIR" \
+    -DPSTRAIN_THREAD_SAFETY_ANALYSIS=ON -DPSTRAIN_WERROR=ON >/dev/null ||
     fail "configuring $TSAN_DIR"
-  "${NICE[@]}" cmake --build "$TSAN_DIR" -j "$JOBS" --target pstrain_unit_tests ||
-    fail "the TSan build"
+  # Every target, so that every file's lock annotations are checked; only
+  # the unit and loopback tests run below.
+  "${NICE[@]}" cmake --build "$TSAN_DIR" -j "$JOBS" ||
+    fail "the TSan build: a lock annotation is not satisfied, or it does not compile (see above)"
   took "the TSan build"
   # One test at a time: TSan slows every thread several times, and the TLS
   # handshakes of the security tests must finish within gRPC's connect
