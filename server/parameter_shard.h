@@ -81,7 +81,7 @@
 // the pulls of its chunk. A PulledChunk's values never change: an update
 // writes in place only when no snapshot of the chunk is held, else it copies
 // (server/shard_chunk.h). Destroy the shard only when no call is in flight.
-// The locks and their order: the top of parameter_shard.cc.
+// The locks and their order: the top of shard_job.h.
 #ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
 #define PSTRAIN_SERVER_PARAMETER_SHARD_H_
 
@@ -156,6 +156,8 @@ struct ShardReadOptions {
   int64_t at_version = 0;      // > 0: a consistent cut at this version.
   bool versions_only = false;  // Chunk ids and versions only.
 };
+
+class ShardJob;  // server/shard_job.h: one job on this shard.
 
 class ParameterShard {
  public:
@@ -237,17 +239,15 @@ class ParameterShard {
   int shard_index() const { return options_.shard_index; }
 
  private:
-  struct Job;  // Defined in parameter_shard.cc.
-
   absl::Status CheckId(const char* what, const std::string& id) const;
   // The job, or NOT_FOUND.
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<ShardJob>> FindJob(const std::string& job_id) const;
   void RecordBarrierWaits(absl::Span<const absl::Duration> waits)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;  // Constant after construction.
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<ShardJob>> jobs_ ABSL_GUARDED_BY(mu_);
   ShardStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,6 +1,6 @@
 // The store's unit: one chunk of one job held by a ParameterShard, with its
 // version, its published values and the records every consistency mode
-// keeps about it. ParameterShard (server/parameter_shard.cc) owns the chunks;
+// keeps about it. ShardJob (server/shard_job.cc) owns a job's chunks;
 // the aggregation policies (server/aggregation/) read and advance them.
 //
 //   ShardChunk& chunk = ...;              // Found by the store.

@@ -1,6 +1,6 @@
 // AggregationPolicy: what one consistency mode does with the pushes and
-// pulls of a job's chunks. ParameterShard (server/parameter_shard.cc) is the
-// store: it finds the chunk, validates the call (ids, generation,
+// pulls of a job's chunks. ShardJob (server/shard_job.cc) is the store of
+// one job on a shard: it finds the chunk, validates the call (ids, generation,
 // membership, element count, finite values, exactly-once records) and holds
 // the chunk's lock; the policy, chosen once when the job is configured,
 // decides what a validated push does to the chunk and what a pull returns.

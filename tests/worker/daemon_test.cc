@@ -106,10 +106,15 @@ TEST(WorkerDaemonTest, KeepsRetryingUntilTheCoordinatorComesUp) {
     ASSERT_NE(server, nullptr);
     server->Shutdown();
   }
-  auto daemon = WorkerDaemon::Create(TestOptions(port));
+  WorkerDaemon::Options options = TestOptions(port);
+  absl::Notification unreachable;  // The first registration failed.
+  options.on_coordinator_state = [&unreachable](bool connected) {
+    if (!connected && !unreachable.HasBeenNotified()) unreachable.Notify();
+  };
+  auto daemon = WorkerDaemon::Create(options);
   ASSERT_OK(daemon);
   std::thread run([&] { EXPECT_OK((*daemon)->Run()); });
-  absl::SleepFor(absl::Milliseconds(700));  // Several failed attempts.
+  ASSERT_TRUE(unreachable.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ((*daemon)->worker_id(), "");
   FakeCoordinator fake;
   auto server = StartFakeCoordinator(&fake, &port);
