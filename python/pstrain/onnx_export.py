@@ -12,7 +12,8 @@ tests/tools/onnx_export_test.py runs both exports through onnxruntime against
 `pstrain-worker --evaluate --logits-out`; a change to one side must be made to
 the other.
 
-Needs the `onnx` package (Debian's python3-onnx).
+Needs the `onnx` package: the package's `onnx` extra (`pip install
+'pstrain[onnx]'`) or Debian's python3-onnx.
 """
 
 from pstrain.graph import analyse
@@ -34,7 +35,8 @@ def export_onnx_model(checkpoint):
         import onnx
         from onnx import TensorProto, helper, numpy_helper
     except ImportError as e:  # pragma: no cover - depends on the machine
-        raise ImportError("ONNX export needs the onnx package (Debian: python3-onnx)") from e
+        raise ImportError("ONNX export needs the onnx package: pip install 'pstrain[onnx]' "
+                          "(or Debian's python3-onnx)") from e
 
     graph = analyse(checkpoint.spec.model)
     nodes, initializers = [], []

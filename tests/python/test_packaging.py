@@ -2,6 +2,7 @@
 protobuf and numpy, offline: the package's build step generates pstrain.v1
 from proto/ (gen_stubs.py), and the installed package imports on its own."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -34,3 +35,15 @@ def test_pip_install_generates_the_stubs(tmp_path):
     assert check.returncode == 0, check.stderr
     installed, stub = check.stdout.split()
     assert installed.startswith(str(venv)) and stub == "CoordinatorStub"
+    # The optional features are declared as extras (pip install 'pstrain[onnx]').
+    extras = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import importlib.metadata as m, json; d = m.metadata('pstrain'); "
+         "print(json.dumps([d.get_all('Provides-Extra'), d.get_all('Requires-Dist')]))"],
+        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert extras.returncode == 0, extras.stderr
+    provides, requires = json.loads(extras.stdout)
+    assert provides == ["onnx"], provides
+    # Spelled "onnx (>=1.13) ; extra == 'onnx'" or 'onnx>=1.13; extra == "onnx"'.
+    onnx = [r.replace(" ", "").replace('"', "'") for r in requires if r.startswith("onnx")]
+    assert onnx and all(r.endswith(";extra=='onnx'") for r in onnx), requires
