@@ -160,6 +160,13 @@ std::vector<int> ParamsInPushOrder(const ModelGraph& graph) {
       order.push_back(p);
     }
   }
+  if (graph.layers.empty()) {  // An external model: autograd's order, last tensor first.
+    for (size_t p = graph.params.size(); p-- > 0;) {
+      if (!graph.params[p].trainable) continue;
+      listed[p] = true;
+      order.push_back(static_cast<int>(p));
+    }
+  }
   for (size_t p = 0; p < graph.params.size(); ++p) {
     if (!listed[p]) order.push_back(static_cast<int>(p));
   }

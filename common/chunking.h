@@ -47,7 +47,7 @@ struct ChunkInfo {
 
 struct ChunkPlan {
   int num_shards = 1;
-  std::vector<ChunkInfo> chunks;         // In parameter order, then offset order.
+  std::vector<ChunkInfo> chunks;           // In parameter order, then offset order.
   std::vector<std::vector<int>> by_param;  // Chunk ids of each parameter, in order.
   std::vector<std::vector<int>> by_shard;  // Chunk ids owned by each shard.
   std::vector<int64_t> shard_bytes;        // Bytes owned by each shard.
@@ -97,9 +97,10 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
 
 // The order in which a step pushes a model's parameters: backward's, that
 // is the layers last to first, each layer's trainable parameters in its
-// order; then the running statistics (and any parameter no layer lists) in
-// parameter order. A sync pull asks for its chunks in this order too, since
-// a shard answers them in request order, each once its push is complete.
+// order (an external model, which has no layers: its trainable tensors last
+// to first, the order in which autograd finishes them); then the running
+// statistics (and any parameter no layer lists) in parameter order. A sync pull asks for its chunks
+// in this order too, since a shard answers them in request order, each once its push is complete.
 std::vector<int> ParamsInPushOrder(const ModelGraph& graph);
 
 }  // namespace pstrain

@@ -27,9 +27,9 @@ absl::Status ParseJson(std::string_view json, const std::string& source, Message
   auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), out, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not a valid ", Message::descriptor()->full_name(), " JSON: ",
-                     std::string(status.message())));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid ",
+                                                   Message::descriptor()->full_name(),
+                                                   " JSON: ", std::string(status.message())));
   }
   return absl::OkStatus();
 }
@@ -61,9 +61,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, const std::strin
   v1::JobSpec job;
   PSTRAIN_RETURN_IF_ERROR(ParseJson(json, source_name, &job));
   if (!job.model_file().empty()) {
-    if (job.has_model()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source_name, ": set either model or model_file, not both"));
+    if (job.has_model() || job.has_external_model()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": set one of model, model_file and external_model, not several"));
     }
     std::string model_path = Resolve(base_dir, job.model_file());
     auto model = LoadModelSpec(model_path);
@@ -87,12 +87,20 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
-  if (!job.has_model()) {
-    return absl::InvalidArgumentError("job has no model (set model or model_file)");
-  }
-  absl::StatusOr<ModelGraph> graph = BuildModelGraph(job.model());
-  if (!graph.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("model: ", graph.status().message()));
+  if (job.has_external_model()) {
+    if (job.has_model() || !job.model_file().empty()) {
+      return absl::InvalidArgumentError(
+          "set one of model, model_file and external_model, not several");
+    }
+    PSTRAIN_RETURN_IF_ERROR(BuildExternalGraph(job.external_model()).status());
+  } else {
+    if (!job.has_model()) {
+      return absl::InvalidArgumentError("job has no model (set model or model_file)");
+    }
+    absl::StatusOr<ModelGraph> graph = BuildModelGraph(job.model());
+    if (!graph.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model: ", graph.status().message()));
+    }
   }
   if (job.epochs() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("epochs must be > 0, got ", job.epochs()));
@@ -150,9 +158,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (job.workers() < 0) return absl::InvalidArgumentError("workers must be >= 0");
   if (job.staleness() < 0) return absl::InvalidArgumentError("staleness must be >= 0");
   if (job.averaging_frequency() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "averaging_frequency must be >= 0 (0 = the default, ", kDefaultAveragingFrequency,
-        " local steps), got ", job.averaging_frequency()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("averaging_frequency must be >= 0 (0 = the default, ",
+                     kDefaultAveragingFrequency, " local steps), got ", job.averaging_frequency()));
   }
   PSTRAIN_RETURN_IF_ERROR(ValidateCompression(job.compression()));
   if (job.compression().method() != v1::CompressionSpec::COMPRESSION_NONE &&
@@ -242,9 +250,8 @@ absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
 
 absl::Status CheckIdLength(const char* what, const std::string& id, int64_t max_id_bytes) {
   if (static_cast<int64_t>(id.size()) > max_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", id.size(),
-                                                   " bytes; ids have at most ", max_id_bytes,
-                                                   " (--max-id-bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", id.size(), " bytes; ids have at most ", max_id_bytes, " (--max-id-bytes)"));
   }
   return absl::OkStatus();
 }

@@ -33,7 +33,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, const std::strin
 absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 
 // Checks everything that can be checked without the data or a device: the
-// model graph (see BuildModelGraph), epochs, batch size, dataset fields,
+// model graph (BuildModelGraph, or BuildExternalGraph for an external_model),
+// epochs, batch size, dataset fields,
 // consistency-mode fields. Optimizer fields are checked by
 // ValidateOptimizerSpec (kernels/optimizer.h), which the worker and server
 // call as well. INVALID_ARGUMENT with a message naming the field; enum
@@ -64,7 +65,7 @@ struct JobLimits {
 
 // INVALID_ARGUMENT when the job's model exceeds `limits` (the message names
 // the limit, the model's figure and the flag that raises it) or a name is
-// too long. `graph` is BuildModelGraph(job.model()).
+// too long. `graph` is BuildJobGraph(job).
 absl::Status CheckJobLimits(const v1::JobSpec& job, const ModelGraph& graph,
                             const JobLimits& limits);
 

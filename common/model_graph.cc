@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -283,6 +284,76 @@ const char* LayerTypeName(LayerType type) {
       return "softmax_cross_entropy";
   }
   return "unknown";
+}
+
+namespace {
+
+// An external tensor's name: 1-256 characters of [A-Za-z0-9_.:/-].
+bool ValidTensorName(const std::string& name) {
+  if (name.empty() || name.size() > 256) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+          c == ':' || c == '/')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelGraph> BuildExternalGraph(const v1::ExternalModel& model) {
+  if (model.tensors_size() == 0) {
+    return absl::InvalidArgumentError("external_model declares no tensors");
+  }
+  if (model.tensors_size() > kMaxExternalTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("external_model declares ", model.tensors_size(),
+                                                   " tensors, more than ", kMaxExternalTensors));
+  }
+  ModelGraph graph;
+  graph.name = model.framework();
+  std::set<std::string> names;
+  int64_t total = 0;
+  for (int i = 0; i < model.tensors_size(); ++i) {
+    const v1::ExternalTensor& t = model.tensors(i);
+    if (!ValidTensorName(t.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("external_model tensor #", i,
+                                                     " has invalid name '", t.name().substr(0, 300),
+                                                     "' (1-256 characters of [A-Za-z0-9_.:/-])"));
+    }
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("external_model declares tensor '", t.name(), "' twice"));
+    }
+    std::vector<int64_t> dims(t.shape().begin(), t.shape().end());
+    for (int64_t d : dims) {
+      if (d <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("external_model tensor '", t.name(),
+                                                       "': dimensions must be > 0, got ", d));
+      }
+    }
+    ParamInfo param;
+    param.name = t.name();
+    param.shape = Shape(std::move(dims));
+    param.role = t.trainable() ? ParamRole::kWeight : ParamRole::kRunningMean;
+    param.trainable = t.trainable();
+    param.layer = -1;
+    const std::optional<int64_t> n = param.shape.CheckedNumElements();
+    if (!n || *n > kMaxGraphElements - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("external_model tensor '", t.name(), "' ", param.shape.ToString(),
+                       " takes the model above ", kMaxGraphElements, " elements"));
+    }
+    total += *n;
+    (t.trainable() ? graph.trainable_params : graph.non_trainable_params) += *n;
+    graph.params.push_back(std::move(param));
+  }
+  return graph;
+}
+
+absl::StatusOr<ModelGraph> BuildJobGraph(const v1::JobSpec& job) {
+  if (job.has_external_model()) return BuildExternalGraph(job.external_model());
+  return BuildModelGraph(job.model());
 }
 
 absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec) {

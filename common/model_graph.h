@@ -45,7 +45,7 @@ struct ParamInfo {
   Shape shape;
   ParamRole role = ParamRole::kWeight;
   bool trainable = true;  // Running statistics are not trained (no gradient).
-  int layer = 0;          // Index into ModelGraph::layers.
+  int layer = 0;          // Index into ModelGraph::layers (-1: an external model's).
   // Fan-in and fan-out used by Glorot initialisation (weights only).
   int64_t fan_in = 0, fan_out = 0;
 };
@@ -57,17 +57,17 @@ struct LayerInfo {
   v1::LayerSpec spec;
   std::vector<int> inputs;  // Producer layer indices; -1 is the model input.
   std::vector<Shape> input_shapes;
-  Shape output_shape;         // [] (scalar) for the loss.
-  std::vector<int> params;    // Indices into ModelGraph::params.
-  int64_t param_count = 0;    // Elements over all params of this layer.
-  std::vector<int> consumers; // Layers that read this layer's output.
+  Shape output_shape;          // [] (scalar) for the loss.
+  std::vector<int> params;     // Indices into ModelGraph::params.
+  int64_t param_count = 0;     // Elements over all params of this layer.
+  std::vector<int> consumers;  // Layers that read this layer's output.
 };
 
 struct ModelGraph {
   std::string name;
   Shape input_shape;  // Per sample, e.g. [1, 28, 28].
   int num_classes = 0;
-  uint64_t init_seed = 0;  // ModelSpec::init_seed.
+  uint64_t init_seed = 0;         // ModelSpec::init_seed.
   std::vector<LayerInfo> layers;  // Topological order (as in the spec).
   std::vector<ParamInfo> params;  // In layer order.
   int64_t trainable_params = 0;
@@ -88,6 +88,23 @@ inline constexpr int64_t kMaxGraphElements = int64_t{1} << 40;
 // [64, 8, 8] but input 'pool1' has shape [32, 8, 8]". Shape arithmetic is
 // overflow-checked: a tensor above kMaxGraphElements is INVALID_ARGUMENT.
 absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& spec);
+
+// The most tensors an ExternalModel may declare (a torchvision ResNet-152
+// has 934 parameters and buffers).
+inline constexpr int kMaxExternalTensors = 100000;
+
+// The graph of a model written in the user's framework (v1::ExternalModel):
+// its tensors as params, in the declared order, with no layers, no input
+// shape and no classes. ParamInfo::role is kWeight for a trainable tensor and
+// kRunningMean for a buffer; layer is -1. INVALID_ARGUMENT naming the tensor
+// for an empty model, more than kMaxExternalTensors tensors, a name that is
+// empty, too long, of other characters or given twice, a dimension <= 0, or
+// a tensor or model above kMaxGraphElements.
+absl::StatusOr<ModelGraph> BuildExternalGraph(const v1::ExternalModel& model);
+
+// The graph of a job's model, whichever kind it is: BuildExternalGraph when
+// the spec has an external_model, BuildModelGraph of `model` otherwise.
+absl::StatusOr<ModelGraph> BuildJobGraph(const v1::JobSpec& job);
 
 // Keras-style table: layer (type), output shape, parameter count, inputs,
 // then the totals.

@@ -149,9 +149,17 @@ absl::StatusOr<ModelGraph> Coordinator::ValidateJob(const v1::JobSpec& spec) con
     return absl::InvalidArgumentError(absl::StrCat(
         "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));
   }
+  if (spec.has_external_model()) {
+    // The shards hold such models (BuildJobGraph); the run that starts one,
+    // with its first worker's declaration and initial values, is not built.
+    // Refused here, so that neither a submission nor a stored job starts one.
+    return absl::UnimplementedError(
+        "this server cannot start a job with an external_model (a model written in PyTorch, "
+        "declared by the job's workers); submit a model or model_file");
+  }
   PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
-  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(spec.model()));
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildJobGraph(spec));
   PSTRAIN_RETURN_IF_ERROR(CheckJobLimits(spec, graph, options_.job_limits));
   PSTRAIN_RETURN_IF_ERROR(PlanChunks(graph, num_shards_, chunk_bytes_).status());
   return graph;
@@ -162,7 +170,7 @@ absl::Status Coordinator::CheckId(const char* what, const std::string& id) const
 }
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
-  if (spec.model().layers_size() == 0) {
+  if (!spec.has_external_model() && spec.model().layers_size() == 0) {
     return absl::InvalidArgumentError(
         spec.model_file().empty()
             ? "the job has no model: set `model` (or `model_file`, resolved by the client)"

@@ -22,7 +22,7 @@ std::unique_ptr<JobRecord> Restore(v1::JobStatus status, const Checkpointer& che
   // limits may be lower than those it was accepted under), so that a job
   // that cannot run fails here instead of taking the server down.
   absl::StatusOr<ModelGraph> graph =
-      IsTerminal(status.state()) ? BuildModelGraph(status.spec().model()) : validate(status.spec());
+      IsTerminal(status.state()) ? BuildJobGraph(status.spec()) : validate(status.spec());
   return std::make_unique<JobRecord>(std::move(status), std::move(graph),
                                      checkpoints.HasCheckpoint(id), now);
 }

@@ -178,7 +178,7 @@ ShardController::ShardController(std::vector<std::unique_ptr<ShardClient>> shard
     : shards_(std::move(shards)), chunk_bytes_(chunk_bytes) {}
 
 absl::Status ShardController::ConfigureJob(const JobLaunch& launch) {
-  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildModelGraph(launch.spec.model()));
+  PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildJobGraph(launch.spec));
   PSTRAIN_ASSIGN_OR_RETURN(ChunkPlan plan, PlanChunks(graph, num_shards(), chunk_bytes_));
   if (launch.params.size() != graph.params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("job ", launch.job_id, ": ",

@@ -60,7 +60,7 @@ absl::StatusOr<ModelGraph> ShardJob::PlanJob(const ShardJobConfig& config, const
   for (const std::string& w : config.members) {
     if (w.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "empty worker id"));
   }
-  absl::StatusOr<ModelGraph> graph = BuildModelGraph(config.spec.model());
+  absl::StatusOr<ModelGraph> graph = BuildJobGraph(config.spec);
   if (!graph.ok()) return absl::InvalidArgumentError(absl::StrCat(where, graph.status().message()));
   if (absl::Status s = CheckJobLimits(config.spec, *graph, limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, s.message()));

@@ -274,5 +274,27 @@ TEST(ChunkingTest, ADenseLayerOf2To31UnitsIsRefusedBeforeThePlanGrows) {
       << plan.status();
 }
 
+TEST(ChunkingTest, AnExternalModelPushesItsTrainableTensorsLastToFirstThenItsBuffers) {
+  v1::ExternalModel model;
+  for (auto [name, trainable] : {std::pair{"embed.weight", true},
+                                 {"bn.running_mean", false},
+                                 {"lstm.weight_hh_l0", true},
+                                 {"head.bias", true}}) {
+    v1::ExternalTensor* t = model.add_tensors();
+    t->set_name(name);
+    t->add_shape(4);
+    t->set_trainable(trainable);
+  }
+  absl::StatusOr<ModelGraph> graph = BuildExternalGraph(model);
+  ASSERT_OK(graph);
+  std::vector<std::string> names;
+  for (int p : ParamsInPushOrder(*graph)) names.push_back(graph->params[p].name);
+  EXPECT_EQ(names, (std::vector<std::string>{"head.bias", "lstm.weight_hh_l0", "embed.weight",
+                                             "bn.running_mean"}));
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(*graph, 2, /*chunk_bytes=*/8);
+  ASSERT_OK(plan);
+  EXPECT_EQ(plan->chunks.size(), 8u);  // 4 tensors of 16 bytes, 8-byte chunks.
+}
+
 }  // namespace
 }  // namespace pstrain

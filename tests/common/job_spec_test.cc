@@ -310,5 +310,31 @@ TEST(JobSpecTest, TestSetBoundComesFromTheSpecWhenItKnowsIt) {
   EXPECT_EQ(TestSetBound(job), 32);
 }
 
+TEST(JobSpecTest, AnExternalModelStandsInForTheModelAndIsChecked) {
+  auto job = ParseJobSpec(R"({
+      "external_model": {"framework": "torch",
+                         "tensors": [{"name": "fc.weight", "shape": ["10", "784"], "trainable": true},
+                                     {"name": "fc.bias", "shape": [10], "trainable": true}]},
+      "dataset": {"format": "DATASET_FORMAT_SYNTHETIC"},
+      "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.1},
+      "epochs": 1, "batch_size": 32})",
+                          "", "torch.json");
+  ASSERT_OK(job);
+  EXPECT_OK(ValidateJobSpec(*job));
+  v1::JobSpec both = *job;
+  both.mutable_model()->set_name("m");
+  EXPECT_THAT(ValidateJobSpec(both),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("set one of model, model_file and external_model")));
+  v1::JobSpec bad = *job;
+  bad.mutable_external_model()->mutable_tensors(1)->set_name("fc.weight");
+  EXPECT_THAT(ValidateJobSpec(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("declares tensor 'fc.weight' twice")));
+  EXPECT_THAT(
+      ParseJobSpec(R"({"model_file": "m.json", "external_model": {}})", "", "j.json").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("j.json: set one of model, model_file and external_model")));
+}
+
 }  // namespace
 }  // namespace pstrain

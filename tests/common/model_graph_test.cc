@@ -1,7 +1,12 @@
 #include "common/model_graph.h"
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -148,6 +153,80 @@ TEST(ModelGraphTest, ShapeArithmeticThatOverflowsIsRejected) {
                  {"name": "flat", "flatten": {}}, {"name": "fc", "dense": {"units": 2}},
                  {"name": "loss", "softmax_cross_entropy": {}}]})"),
               HasSubstr("layer 'c' (conv2d): weight [2000000000, 2000000000, 1, 1] has more than"));
+}
+
+// An external model (v1::ExternalModel, a PyTorch module's tensors).
+v1::ExternalModel External(std::initializer_list<std::pair<const char*, std::vector<int64_t>>> ts,
+                           int buffers_from = 1 << 30) {
+  v1::ExternalModel model;
+  model.set_framework("torch");
+  int i = 0;
+  for (const auto& [name, shape] : ts) {
+    v1::ExternalTensor* t = model.add_tensors();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_trainable(i++ < buffers_from);
+  }
+  return model;
+}
+
+TEST(ExternalGraphTest, TensorsBecomeParamsInTheDeclaredOrder) {
+  absl::StatusOr<ModelGraph> graph =
+      BuildExternalGraph(External({{"encoder.layers.0.self_attn.in_proj_weight", {48, 16}},
+                                   {"encoder.layers.0.self_attn.in_proj_bias", {48}},
+                                   {"bn.running_var", {16}},
+                                   {"bn.num_batches_tracked", {}}},
+                                  /*buffers_from=*/2));
+  ASSERT_OK(graph);
+  ASSERT_EQ(graph->params.size(), 4u);
+  EXPECT_TRUE(graph->layers.empty());
+  EXPECT_EQ(graph->name, "torch");
+  EXPECT_EQ(graph->params[0].name, "encoder.layers.0.self_attn.in_proj_weight");
+  EXPECT_EQ(graph->params[0].shape, Shape({48, 16}));
+  EXPECT_TRUE(graph->params[0].trainable);
+  EXPECT_EQ(graph->params[0].layer, -1);
+  EXPECT_FALSE(graph->params[2].trainable);
+  EXPECT_EQ(graph->params[2].role, ParamRole::kRunningMean);
+  EXPECT_EQ(graph->params[3].shape.num_elements(), 1);  // A scalar.
+  EXPECT_EQ(graph->trainable_params, 48 * 16 + 48);
+  EXPECT_EQ(graph->non_trainable_params, 17);
+}
+
+TEST(ExternalGraphTest, BadDeclarationsAreRefusedNamingTheTensor) {
+  auto error = [](const v1::ExternalModel& model) {
+    absl::StatusOr<ModelGraph> graph = BuildExternalGraph(model);
+    EXPECT_EQ(graph.status().code(), absl::StatusCode::kInvalidArgument) << graph.status();
+    return std::string(graph.status().message());
+  };
+  EXPECT_THAT(error(v1::ExternalModel()), HasSubstr("declares no tensors"));
+  EXPECT_THAT(error(External({{"w", {3}}, {"w", {3}}})), HasSubstr("tensor 'w' twice"));
+  EXPECT_THAT(error(External({{"fc.weight", {3, 0}}})),
+              HasSubstr("tensor 'fc.weight': dimensions must be > 0, got 0"));
+  EXPECT_THAT(error(External({{"", {3}}})), HasSubstr("tensor #0 has invalid name ''"));
+  EXPECT_THAT(error(External({{"a b", {3}}})), HasSubstr("invalid name 'a b'"));
+  EXPECT_THAT(error(External({{"huge", {int64_t{1} << 30, int64_t{1} << 30}}})),
+              HasSubstr("tensor 'huge' [1073741824, 1073741824] takes the model above"));
+  EXPECT_THAT(error(External({{"a", {int64_t{1} << 39}}, {"b", {int64_t{1} << 39}}, {"c", {1}}})),
+              HasSubstr("tensor 'c' [1] takes the model above"));
+  v1::ExternalModel many;
+  for (int i = 0; i <= kMaxExternalTensors; ++i) {
+    v1::ExternalTensor* t = many.add_tensors();
+    t->set_name(absl::StrCat("t", i));
+    t->add_shape(1);
+  }
+  EXPECT_THAT(error(many), HasSubstr("more than 100000"));
+}
+
+TEST(ExternalGraphTest, AJobsGraphIsItsExternalModelWhenItHasOne) {
+  v1::JobSpec job;
+  job.mutable_model()->set_name("ignored-without-layers");
+  *job.mutable_external_model() = External({{"w", {2, 3}}});
+  absl::StatusOr<ModelGraph> graph = BuildJobGraph(job);
+  ASSERT_OK(graph);
+  ASSERT_EQ(graph->params.size(), 1u);
+  EXPECT_EQ(graph->params[0].name, "w");
+  job.clear_external_model();
+  EXPECT_EQ(BuildJobGraph(job).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

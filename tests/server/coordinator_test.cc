@@ -326,6 +326,17 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsWithTheValidationMessage) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("inline"));
 
+  // The shards hold external models; no run starts one from a submission.
+  v1::JobSpec external = TinyJob(1);
+  external.clear_model();
+  v1::ExternalTensor* tensor = external.mutable_external_model()->add_tensors();
+  tensor->set_name("fc.weight");
+  tensor->add_shape(4);
+  r = coordinator_->SubmitJob(external);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("cannot start a job with an external_model"));
+
   EXPECT_TRUE(coordinator_->ListJobs().empty());
 }
 
@@ -1087,8 +1098,10 @@ TEST_F(CoordinatorTest, TheHistoryFollowsTheStepsAndThinsPastItsBound) {
   ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, 3, 2.0, 0.1, 10)));
   for (int64_t step = 1; step <= 6; ++step) {
     now_ += absl::Seconds(1);
-    ASSERT_OK(coordinator_->ReportProgress(Progress(w[0], job, 0, step, 2.0 / step, 0.1 * step, 10)));
-    ASSERT_OK(coordinator_->ReportProgress(Progress(w[1], job, 0, step, 2.0 / step, 0.1 * step, 20)));
+    ASSERT_OK(
+        coordinator_->ReportProgress(Progress(w[0], job, 0, step, 2.0 / step, 0.1 * step, 10)));
+    ASSERT_OK(
+        coordinator_->ReportProgress(Progress(w[1], job, 0, step, 2.0 / step, 0.1 * step, 20)));
   }
   ASSERT_OK_AND_ASSIGN(v1::JobHistory h, coordinator_->GetJobHistory(job));
   // Steps 0 (w[0] alone), 0 again is not a new point, then 1..6: 7 points

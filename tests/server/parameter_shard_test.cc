@@ -953,7 +953,9 @@ TEST(ParameterShardSspTest, PullWaitsForTheSlowestMemberWithinTheBound) {
     args.worker_clock = clock;
     return shard.Push(args, {0.01f, 0.02f, 0.03f});
   };
-  for (int clock = 1; clock <= 3; ++clock) { ASSERT_OK(push("worker-a", clock)); }
+  for (int clock = 1; clock <= 3; ++clock) {
+    ASSERT_OK(push("worker-a", clock));
+  }
   ASSERT_OK(push("worker-b", 1));
 
   PullArgs at_clock_3 = job.PullOf("worker-a", chunk, 0);
@@ -1243,7 +1245,9 @@ TEST(ParameterShardValidationTest, RejectedPushesLeaveTheModelUntouched) {
   const int chunk = job.ChunkOf("fc/weight");
   const int64_t n = job.Count(chunk);
   const std::vector<float> good = Ramp(n, 0.1f, 0.01f);
-  for (int v = 0; v < 5; ++v) { ASSERT_OK(shard.Push(job.Args("worker-a", chunk, v), good)); }
+  for (int v = 0; v < 5; ++v) {
+    ASSERT_OK(shard.Push(job.Args("worker-a", chunk, v), good));
+  }
 
   std::vector<float> nan_at_5 = good;
   nan_at_5[5] = std::numeric_limits<float>::quiet_NaN();
@@ -1738,7 +1742,8 @@ struct HeldChunk {
       header.set_encoding(d.encoding);
       header.set_encoded_count(d.encoded_count);
       std::vector<float> scratch;
-      EXPECT_OK(AddEncodedDelta(header, d.bytes.data(), d.bytes.size(), absl::MakeSpan(values), &scratch));
+      EXPECT_OK(AddEncodedDelta(header, d.bytes.data(), d.bytes.size(), absl::MakeSpan(values),
+                                &scratch));
     } else {
       values = *pulled->values;
     }
@@ -1926,6 +1931,113 @@ TEST(PullCompressionShardTest, OnlySyncJobsCompressPulls) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pull_compression")))
         << v1::ConsistencyMode_Name(mode);
   }
+}
+
+// ---------------------------------------------------------------------------
+// External models: a framework's named tensors (v1::ExternalModel)
+// ---------------------------------------------------------------------------
+
+// A PyTorch-like module's tensors, in the order named_parameters() and
+// named_buffers() list them; the initial values stand for rank 0's.
+TestJob MakeExternalJob(v1::ConsistencyMode mode, const v1::OptimizerSpec& optimizer,
+                        std::vector<std::string> members, int num_shards) {
+  TestJob job;
+  job.config.job_id = "torch-job";
+  v1::JobSpec& spec = job.config.spec;
+  v1::ExternalModel* model = spec.mutable_external_model();
+  model->set_framework("torch");
+  auto add = [model](const std::string& name, std::vector<int64_t> shape, bool trainable) {
+    v1::ExternalTensor* t = model->add_tensors();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_trainable(trainable);
+  };
+  add("embedding.weight", {50, 8}, true);
+  add("lstm.weight_ih_l0", {32, 8}, true);
+  add("lstm.bias_ih_l0", {32}, true);
+  add("head.weight", {10, 8}, true);
+  add("norm.running_mean", {8}, false);
+  add("norm.num_batches_tracked", {}, false);
+  spec.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  *spec.mutable_optimizer() = optimizer;
+  spec.set_epochs(1);
+  spec.set_batch_size(8);
+  spec.set_mode(mode);
+  job.config.num_shards = num_shards;
+  job.config.chunk_bytes = 256;  // 64 floats: the larger tensors span chunks and shards.
+  job.config.members = std::move(members);
+  job.config.generation = 1;
+  absl::StatusOr<ModelGraph> graph = BuildJobGraph(spec);
+  EXPECT_OK(graph);
+  job.graph = *graph;
+  absl::StatusOr<ChunkPlan> plan = PlanChunks(job.graph, num_shards, job.config.chunk_bytes);
+  EXPECT_OK(plan);
+  job.plan = *plan;
+  for (size_t p = 0; p < job.graph.params.size(); ++p) {
+    job.params.push_back(
+        Ramp(job.graph.params[p].shape.num_elements(), 0.01f * static_cast<float>(p + 1), -0.003f));
+  }
+  return job;
+}
+
+TEST(ParameterShardExternalModelTest, TwoShardsHoldAFrameworksTensorsAndApplyOneSyncStep) {
+  TestJob job = MakeExternalJob(v1::CONSISTENCY_SYNC, Sgd(0.05f, 0.9f), {"w1", "w2"}, 2);
+  ASSERT_EQ(job.graph.params.size(), 6u);
+  EXPECT_EQ(job.graph.trainable_params, 50 * 8 + 32 * 8 + 32 + 10 * 8);
+  EXPECT_EQ(job.graph.non_trainable_params, 8 + 1);
+  ASSERT_GT(job.plan.by_param[0].size(), 1u);  // embedding.weight is cut.
+  ParameterShard shard0({.shard_index = 0});
+  ParameterShard shard1({.shard_index = 1});
+  ParameterShard* shards[] = {&shard0, &shard1};
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_FALSE(job.plan.by_shard[s].empty()) << "shard " << s;
+    ASSERT_OK(shards[s]->ConfigureJob(job.config, job.InitialChunks(s)));
+  }
+  // Both members push every chunk: gradients for parameters, values for
+  // buffers; each chunk then holds version 1.
+  for (const ChunkInfo& chunk : job.plan.chunks) {
+    const bool trainable = job.graph.params[chunk.param].trainable;
+    const auto kind = trainable ? v1::ChunkHeader::KIND_GRADIENT : v1::ChunkHeader::KIND_PARAMETERS;
+    const std::vector<float> a = Ramp(chunk.count, 0.5f + chunk.id, 0.25f);
+    const std::vector<float> b = Ramp(chunk.count, -1.5f, 0.125f * (chunk.id + 1));
+    ParameterShard& shard = *shards[chunk.shard];
+    ASSERT_EQ(*shard.Push(job.Args("w1", chunk.id, 0, kind), a), 0);
+    ASSERT_EQ(*shard.Push(job.Args("w2", chunk.id, 0, kind), b), 1);
+    absl::StatusOr<PulledChunk> pulled = shard.Pull(job.PullOf("w1", chunk.id, 1), absl::Now());
+    ASSERT_OK(pulled);
+    std::vector<float> expected = job.Initial(chunk.id);
+    if (trainable) {
+      ReferenceOptimizer reference(Sgd(0.05f, 0.9f), chunk.count);
+      reference.Apply(expected, Mean(a, b), /*step=*/0);
+    } else {
+      expected = Mean(a, b);
+    }
+    EXPECT_TRUE(BitIdentical(Values(*pulled), expected))
+        << job.graph.params[chunk.param].name << " chunk " << chunk.id;
+  }
+  // The shards' reads name the tensors' chunks only: the same plan.
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<std::vector<v1::ChunkValues>> read = shards[s]->ReadChunks(job.config.job_id);
+    ASSERT_OK(read);
+    ASSERT_EQ(read->size(), job.plan.by_shard[s].size());
+    for (const v1::ChunkValues& c : *read) EXPECT_EQ(c.version(), 1) << c.chunk_id();
+  }
+}
+
+TEST(ParameterShardExternalModelTest, InitialValuesMustMatchTheDeclaredShapes) {
+  TestJob job = MakeExternalJob(v1::CONSISTENCY_ASYNC, Adam(1e-3f), {"w1"}, 1);
+  std::vector<v1::ChunkValues> initial = job.InitialChunks(0);
+  initial.back().add_values(1.f);  // num_batches_tracked is a scalar: one value.
+  ParameterShard shard({});
+  EXPECT_THAT(shard.ConfigureJob(job.config, initial),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("(norm.num_batches_tracked) holds 1 values, got 2")));
+  v1::ExternalTensor* twice = job.config.spec.mutable_external_model()->add_tensors();
+  twice->set_name("head.weight");
+  twice->add_shape(3);
+  EXPECT_THAT(shard.ConfigureJob(job.config, job.InitialChunks(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("declares tensor 'head.weight' twice")));
 }
 
 }  // namespace
