@@ -27,22 +27,20 @@ def test_pip_install_generates_the_stubs(tmp_path):
          "--no-build-isolation", "--disable-pip-version-check", str(src / "python")],
         env=env, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout + install.stderr
-    check = subprocess.run(
-        [str(venv / "bin" / "python"), "-c",
-         "import pstrain, pstrain.v1.service_pb2_grpc as g; print(pstrain.__file__); "
-         "print(g.CoordinatorStub.__name__)"],
-        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stderr
-    installed, stub = check.stdout.split()
+    def installed_python(code):  # Its output, run outside the sources.
+        run = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env,
+                             cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    installed, stub = installed_python(
+        "import pstrain, pstrain.v1.service_pb2_grpc as g; print(pstrain.__file__); "
+        "print(g.CoordinatorStub.__name__)").split()
     assert installed.startswith(str(venv)) and stub == "CoordinatorStub"
     # The optional features are declared as extras (pip install 'pstrain[onnx]').
-    extras = subprocess.run(
-        [str(venv / "bin" / "python"), "-c",
-         "import importlib.metadata as m, json; d = m.metadata('pstrain'); "
-         "print(json.dumps([d.get_all('Provides-Extra'), d.get_all('Requires-Dist')]))"],
-        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
-    assert extras.returncode == 0, extras.stderr
-    provides, requires = json.loads(extras.stdout)
+    provides, requires = json.loads(installed_python(
+        "import importlib.metadata as m, json; d = m.metadata('pstrain'); "
+        "print(json.dumps([d.get_all('Provides-Extra'), d.get_all('Requires-Dist')]))"))
     assert provides == ["onnx"], provides
     # Spelled "onnx (>=1.13) ; extra == 'onnx'" or 'onnx>=1.13; extra == "onnx"'.
     onnx = [r.replace(" ", "").replace('"', "'") for r in requires if r.startswith("onnx")]
