@@ -512,7 +512,40 @@ std::vector<std::vector<float>> InitialParameterValues(const ModelGraph& graph) 
   return values;
 }
 
+namespace {
+
+// FormatModelSummary of an external model: its tensors, as the servers hold
+// them.
+std::string FormatTensorSummary(const ModelGraph& graph) {
+  size_t w0 = 18, w1 = 14;
+  for (const ParamInfo& p : graph.params) {
+    w0 = std::max(w0, p.name.size() + 2);
+    w1 = std::max(w1, p.shape.ToString().size() + 2);
+  }
+  const size_t w2 = 14;
+  auto line = [&](char c) { return std::string(w0 + w1 + w2 + 9, c) + "\n"; };
+  std::string out =
+      absl::StrCat("External model: \"", graph.name, "\" (", graph.params.size(), " tensors)\n");
+  out += line('_');
+  out += absl::StrFormat("%-*s%-*s%-*s%s\n", w0, "Tensor", w1, "Shape", w2, "Param #", "Trained");
+  out += line('=');
+  for (const ParamInfo& p : graph.params) {
+    out += absl::StrFormat("%-*s%-*s%-*d%s\n", w0, p.name, w1, p.shape.ToString(), w2,
+                           p.shape.num_elements(), p.trainable ? "yes" : "no (buffer)");
+  }
+  out += line('=');
+  return out;
+}
+
+}  // namespace
+
 std::string FormatModelSummary(const ModelGraph& graph) {
+  if (graph.layers.empty()) {
+    return FormatTensorSummary(graph) +
+           absl::StrCat("Total params: ", graph.trainable_params + graph.non_trainable_params,
+                        "\nTrainable params: ", graph.trainable_params,
+                        "\nNon-trainable params: ", graph.non_trainable_params, "\n");
+  }
   struct Row {
     std::string layer, shape, params, inputs;
   };

@@ -107,7 +107,8 @@ absl::StatusOr<ModelGraph> BuildExternalGraph(const v1::ExternalModel& model);
 absl::StatusOr<ModelGraph> BuildJobGraph(const v1::JobSpec& job);
 
 // Keras-style table: layer (type), output shape, parameter count, inputs,
-// then the totals.
+// then the totals. An external model's (no layers): tensor, shape,
+// parameter count and whether it is trained, then the totals.
 std::string FormatModelSummary(const ModelGraph& graph);
 
 // The initial value of every parameter (ModelGraph::params order): Glorot-

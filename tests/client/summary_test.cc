@@ -42,6 +42,26 @@ TEST(SummaryTest, ABareModelNamedModelIsStillABareModel) {
   std::remove(path.c_str());
 }
 
+TEST(SummaryTest, AnExternalModelIsListedTensorByTensor) {
+  std::string path = ::testing::TempDir() + "/external_model.json";
+  std::ofstream(path) << R"({"external_model": {"framework": "torch", "tensors": [
+      {"name": "rnn.weight_ih_l0", "shape": [512, 28], "trainable": true},
+      {"name": "bn.running_mean", "shape": [128]}]},
+      "dataset": {"format": "DATASET_FORMAT_SYNTHETIC"}, "epochs": 1, "batch_size": 8})";
+  auto table = SummarizeJobFile(path);
+  ASSERT_OK(table);
+  EXPECT_THAT(*table, HasSubstr("External model: \"torch\" (2 tensors)"));
+  EXPECT_THAT(*table, HasSubstr("rnn.weight_ih_l0  [512, 28]"));
+  EXPECT_THAT(*table, HasSubstr("no (buffer)"));
+  EXPECT_THAT(*table, HasSubstr("Total params: 14464"));
+  EXPECT_THAT(*table, HasSubstr("Non-trainable params: 128"));
+  std::ofstream(path) << R"({"external_model": {"tensors": [{"name": "w", "shape": [0]}]}})";
+  table = SummarizeJobFile(path);
+  EXPECT_THAT(table.status(), pstrain::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                                         HasSubstr("tensor 'w': dimensions")));
+  std::remove(path.c_str());
+}
+
 TEST(SummaryTest, InvalidModelNamesFileAndLayer) {
   std::string path = ::testing::TempDir() + "/bad_model.json";
   std::ofstream(path) << R"({"model": {"input_shape": [1, 8, 8], "num_classes": 10, "layers": [
