@@ -99,8 +99,9 @@ absl::StatusOr<ChunkPlan> PlanChunks(const ModelGraph& graph, int num_shards,
 // is the layers last to first, each layer's trainable parameters in its
 // order (an external model, which has no layers: its trainable tensors last
 // to first, the order in which autograd finishes them); then the running
-// statistics (and any parameter no layer lists) in parameter order. A sync pull asks for its chunks
-// in this order too, since a shard answers them in request order, each once its push is complete.
+// statistics (and any parameter no layer lists) in parameter order. A sync
+// pull asks for its chunks in this order too, since a shard answers them in
+// request order, each once its push is complete.
 std::vector<int> ParamsInPushOrder(const ModelGraph& graph);
 
 }  // namespace pstrain

@@ -514,9 +514,9 @@ std::vector<std::vector<float>> InitialParameterValues(const ModelGraph& graph) 
 
 namespace {
 
-// FormatModelSummary of an external model: its tensors, as the servers hold
-// them.
-std::string FormatTensorSummary(const ModelGraph& graph) {
+// FormatModelSummary's table of an external model: its tensors, as the
+// servers hold them.
+std::string TensorTable(const ModelGraph& graph) {
   size_t w0 = 18, w1 = 14;
   for (const ParamInfo& p : graph.params) {
     w0 = std::max(w0, p.name.size() + 2);
@@ -537,15 +537,8 @@ std::string FormatTensorSummary(const ModelGraph& graph) {
   return out;
 }
 
-}  // namespace
-
-std::string FormatModelSummary(const ModelGraph& graph) {
-  if (graph.layers.empty()) {
-    return FormatTensorSummary(graph) +
-           absl::StrCat("Total params: ", graph.trainable_params + graph.non_trainable_params,
-                        "\nTrainable params: ", graph.trainable_params,
-                        "\nNon-trainable params: ", graph.non_trainable_params, "\n");
-  }
+// FormatModelSummary's table of a ModelSpec's graph: its layers.
+std::string LayerTable(const ModelGraph& graph) {
   struct Row {
     std::string layer, shape, params, inputs;
   };
@@ -582,6 +575,13 @@ std::string FormatModelSummary(const ModelGraph& graph) {
                            rows[i].params, rows[i].inputs);
     out += line(i + 1 == rows.size() ? '=' : '_');
   }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatModelSummary(const ModelGraph& graph) {
+  std::string out = graph.layers.empty() ? TensorTable(graph) : LayerTable(graph);
   out += absl::StrCat("Total params: ", graph.trainable_params + graph.non_trainable_params, "\n");
   out += absl::StrCat("Trainable params: ", graph.trainable_params, "\n");
   out += absl::StrCat("Non-trainable params: ", graph.non_trainable_params, "\n");
