@@ -63,6 +63,8 @@ constexpr char kCommands[] =
     "  export CKPT|JOB -o FILE.onnx  write the trained inference graph as ONNX\n"
     "  prepare JOB.json -o DIR       pack the job's dataset once into checksummed shards\n"
     "                                of decoded images (dataset format DATASET_FORMAT_PACKED)\n"
+    "  run -n N [options] -- COMMAND  train a pstrain.torch script with N worker processes\n"
+    "                                (a local server unless --server is given)\n"
     "  workers [--json]              list the registered workers\n"
     "  summary JOB.json              print the model's layers and parameter counts\n"
     "  health [ADDRESS] [--service S] ask a daemon's grpc.health.v1.Health (exit 0 if SERVING)\n"
@@ -135,7 +137,8 @@ int Cli::Run(const std::vector<std::string>& args) {
       {"submit", &Cli::Submit},     {"status", &Cli::Status},   {"report", &Cli::Report},
       {"list", &Cli::List},         {"watch", &Cli::Watch},     {"cancel", &Cli::Cancel},
       {"download", &Cli::Download}, {"export", &Cli::Export},   {"prepare", &Cli::Prepare},
-      {"workers", &Cli::Workers},   {"summary", &Cli::Summary}, {"health", &Cli::Health}};
+      {"workers", &Cli::Workers},   {"summary", &Cli::Summary}, {"health", &Cli::Health},
+      {"run", &Cli::RunWorkers}};
   auto it = kMethods->find(command);
   if (it == kMethods->end()) {
     err_ << "pstrain: unknown command '" << command << "'\n\n" << TopUsage();

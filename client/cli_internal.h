@@ -99,6 +99,18 @@ struct Command {
   bool dials_server = true;
 };
 
+// --- Job specs ------------------------------------------------------------------------
+
+// submit's and run's overrides of a job spec, as given on the command line.
+struct SubmitOverrides {
+  std::optional<int> workers, staleness, averaging_frequency, epochs;
+  std::string mode, compression, pull_compression, precision;
+  std::optional<int64_t> min_compress_bytes;
+};
+
+// Applies `o` to `job`; INVALID_ARGUMENT names the bad option (cli_jobs.cc).
+absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job);
+
 // --- JSON ---------------------------------------------------------------------------
 
 // `message` in the proto3 JSON mapping on one line: field names as in the
@@ -142,6 +154,9 @@ class Cli {
   // verified, renamed) and parses it into `ckpt`; reports errors as `what`.
   int FetchCheckpoint(const std::string& what, const std::string& job_id, const std::string& path,
                       v1::Checkpoint* ckpt, int64_t* bytes);
+
+  // cli_run.cc
+  int RunWorkers(const std::vector<std::string>& args);
 
   // cli_cluster.cc
   int Workers(const std::vector<std::string>& args);

@@ -82,14 +82,15 @@ absl::StatusOr<v1::CompressionSpec> ParseCompression(const std::string& value,
   return spec;
 }
 
-// submit's overrides of the job file, as given on the command line.
-struct SubmitOverrides {
-  std::optional<int> workers, staleness, averaging_frequency, epochs;
-  std::string mode, compression, pull_compression, precision;
-  std::optional<int64_t> min_compress_bytes;
-};
+// What a progress line reports, without the rates that change with every
+// status: the state, the position and who is waited for.
+std::string ProgressKey(const v1::JobStatus& s) {
+  return absl::StrCat(s.state(), "/", s.epoch(), "/", s.step(), "/", s.reason(), "/",
+                      absl::StrJoin(s.stragglers(), ","));
+}
 
-// Applies `o` to `job`; INVALID_ARGUMENT names the bad option.
+}  // namespace
+
 absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
   auto check = [](const char* flag, const std::optional<int>& value, int min_value) {
     if (!value || *value >= min_value) return absl::OkStatus();
@@ -153,15 +154,6 @@ absl::Status ApplyOverrides(const SubmitOverrides& o, v1::JobSpec& job) {
   if (o.epochs) job.set_epochs(*o.epochs);
   return absl::OkStatus();
 }
-
-// What a progress line reports, without the rates that change with every
-// status: the state, the position and who is waited for.
-std::string ProgressKey(const v1::JobStatus& s) {
-  return absl::StrCat(s.state(), "/", s.epoch(), "/", s.step(), "/", s.reason(), "/",
-                      absl::StrJoin(s.stragglers(), ","));
-}
-
-}  // namespace
 
 // submit ------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/model_graph.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
@@ -30,6 +31,45 @@ absl::Status ParseJson(std::string_view json, const std::string& source, Message
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid ",
                                                    Message::descriptor()->full_name(),
                                                    " JSON: ", std::string(status.message())));
+  }
+  return absl::OkStatus();
+}
+
+// The dataset fields of a job whose model is a ModelSpec.
+absl::Status ValidateDataset(const v1::DatasetSpec& data) {
+  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED ||
+      !v1::DatasetFormat_IsValid(data.format())) {
+    return absl::InvalidArgumentError(
+        "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
+        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC, DATASET_FORMAT_PACKED");
+  }
+  if (!v1::Balance_IsValid(data.balance())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.balance ", static_cast<int>(data.balance()),
+                     " is not a known Balance (BALANCE_NONE, BALANCE_OVERSAMPLE)"));
+  }
+  if (data.path().empty() && data.format() != v1::DATASET_FORMAT_SYNTHETIC) {
+    return absl::InvalidArgumentError("dataset.path is empty");
+  }
+  if (data.train_limit() < 0 || data.test_limit() < 0) {
+    return absl::InvalidArgumentError("dataset.train_limit and test_limit must be >= 0");
+  }
+  if (data.prefetch_batches() < 0 || data.prefetch_batches() > 64) {
+    return absl::InvalidArgumentError("dataset.prefetch_batches must be in [0, 64]");
+  }
+  if (data.loader_threads() < 0 || data.loader_threads() > 64) {
+    return absl::InvalidArgumentError("dataset.loader_threads must be in [0, 64]");
+  }
+  if (data.augmentation().crop_padding() < 0) {
+    return absl::InvalidArgumentError("dataset.augmentation.crop_padding must be >= 0");
+  }
+  for (float s : data.std()) {
+    if (!(s > 0)) return absl::InvalidArgumentError("dataset.std entries must be > 0");
+  }
+  if (data.format() == v1::DATASET_FORMAT_IMAGE_FOLDER &&
+      (data.image_height() <= 0 || data.image_width() <= 0)) {
+    return absl::InvalidArgumentError(
+        "dataset.image_height and image_width must be > 0 for image folders");
   }
   return absl::OkStatus();
 }
@@ -86,13 +126,47 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   return ParseJobSpec(text, base_dir, path);
 }
 
+bool ExternalModelDeclared(const v1::JobSpec& job) {
+  return job.has_external_model() && job.external_model().tensors_size() > 0;
+}
+
+absl::Status CheckSameExternalModel(const v1::ExternalModel& declared,
+                                    const v1::ExternalModel& offered) {
+  if (declared.tensors_size() != offered.tensors_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job's model has ", declared.tensors_size(), " tensors; this one has ",
+                     offered.tensors_size(), " (every worker must build the same model)"));
+  }
+  for (int i = 0; i < declared.tensors_size(); ++i) {
+    const v1::ExternalTensor& a = declared.tensors(i);
+    const v1::ExternalTensor& b = offered.tensors(i);
+    const bool same_shape =
+        std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(), b.shape().end());
+    if (a.name() != b.name() || !same_shape || a.trainable() != b.trainable()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " of the job's model is '", a.name(), "' [", absl::StrJoin(a.shape(), ", "),
+          "]", a.trainable() ? "" : " (buffer)", "; this one declares '", b.name(), "' [",
+          absl::StrJoin(b.shape(), ", "), "]", b.trainable() ? "" : " (buffer)",
+          " (every worker must build the same model)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (job.has_external_model()) {
     if (job.has_model() || !job.model_file().empty()) {
       return absl::InvalidArgumentError(
           "set one of model, model_file and external_model, not several");
     }
-    PSTRAIN_RETURN_IF_ERROR(BuildExternalGraph(job.external_model()).status());
+    if (ExternalModelDeclared(job)) {
+      PSTRAIN_RETURN_IF_ERROR(BuildExternalGraph(job.external_model()).status());
+    }
+    if (job.has_dataset()) {
+      return absl::InvalidArgumentError(
+          "a job whose model is external has no dataset: its workers read their own data "
+          "(pstrain.torch's DistributedSampler); remove `dataset`");
+    }
   } else {
     if (!job.has_model()) {
       return absl::InvalidArgumentError("job has no model (set model or model_file)");
@@ -120,40 +194,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
         " is not a known ConsistencyMode (CONSISTENCY_SYNC, CONSISTENCY_ASYNC, CONSISTENCY_SSP, "
         "CONSISTENCY_AVERAGE)"));
   }
-  const v1::DatasetSpec& data = job.dataset();
-  if (data.format() == v1::DATASET_FORMAT_UNSPECIFIED ||
-      !v1::DatasetFormat_IsValid(data.format())) {
+  if (!job.has_external_model()) PSTRAIN_RETURN_IF_ERROR(ValidateDataset(job.dataset()));
+  if (job.has_external_model() && job.precision() != v1::PRECISION_FP32) {
     return absl::InvalidArgumentError(
-        "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
-        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC, DATASET_FORMAT_PACKED");
-  }
-  if (!v1::Balance_IsValid(data.balance())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.balance ", static_cast<int>(data.balance()),
-                     " is not a known Balance (BALANCE_NONE, BALANCE_OVERSAMPLE)"));
-  }
-  if (data.path().empty() && data.format() != v1::DATASET_FORMAT_SYNTHETIC) {
-    return absl::InvalidArgumentError("dataset.path is empty");
-  }
-  if (data.train_limit() < 0 || data.test_limit() < 0) {
-    return absl::InvalidArgumentError("dataset.train_limit and test_limit must be >= 0");
-  }
-  if (data.prefetch_batches() < 0 || data.prefetch_batches() > 64) {
-    return absl::InvalidArgumentError("dataset.prefetch_batches must be in [0, 64]");
-  }
-  if (data.loader_threads() < 0 || data.loader_threads() > 64) {
-    return absl::InvalidArgumentError("dataset.loader_threads must be in [0, 64]");
-  }
-  if (data.augmentation().crop_padding() < 0) {
-    return absl::InvalidArgumentError("dataset.augmentation.crop_padding must be >= 0");
-  }
-  for (float s : data.std()) {
-    if (!(s > 0)) return absl::InvalidArgumentError("dataset.std entries must be > 0");
-  }
-  if (data.format() == v1::DATASET_FORMAT_IMAGE_FOLDER &&
-      (data.image_height() <= 0 || data.image_width() <= 0)) {
-    return absl::InvalidArgumentError(
-        "dataset.image_height and image_width must be > 0 for image folders");
+        "precision is the pstrain engine's; a job whose model is external computes in the "
+        "user's framework (e.g. torch.autocast there): leave precision unset");
   }
   if (job.workers() < 0) return absl::InvalidArgumentError("workers must be >= 0");
   if (job.staleness() < 0) return absl::InvalidArgumentError("staleness must be >= 0");

@@ -40,7 +40,20 @@ absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 // call as well. INVALID_ARGUMENT with a message naming the field; enum
 // fields holding a value this build does not know (proto3 keeps them) are
 // INVALID_ARGUMENT too, never a silent default.
+// An external model's job (JobSpec.external_model) needs no dataset (its
+// workers read their own data; a dataset is INVALID_ARGUMENT) and may leave
+// the tensors out: its workers declare them before it starts.
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
+
+// The job's model is external and its tensors are known (declared by a
+// worker, or in the submitted spec).
+bool ExternalModelDeclared(const v1::JobSpec& job);
+
+// OK when `offered` names the same tensors as `declared`, in the same order,
+// with the same shapes and trainable flags (the framework string may
+// differ); else INVALID_ARGUMENT naming the first difference.
+absl::Status CheckSameExternalModel(const v1::ExternalModel& declared,
+                                    const v1::ExternalModel& offered);
 
 // The default TOPK ratio (CompressionSpec.topk_ratio 0).
 inline constexpr float kDefaultTopKRatio = 0.01f;

@@ -588,4 +588,26 @@ std::string FormatModelSummary(const ModelGraph& graph) {
   return out;
 }
 
+absl::Status CheckParameterValues(const ModelGraph& graph,
+                                  const std::vector<std::vector<float>>& values) {
+  if (values.size() != graph.params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", graph.params.size(), " tensors; values were sent for ", values.size()));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const ParamInfo& p = graph.params[i];
+    if (static_cast<int64_t>(values[i].size()) != p.shape.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", p.name, "' has ", p.shape.num_elements(),
+                                                     " values; ", values[i].size(), " were sent"));
+    }
+    for (size_t j = 0; j < values[i].size(); ++j) {
+      if (!std::isfinite(values[i][j])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", p.name, "' value ", j, " is ", values[i][j], ", not finite"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pstrain

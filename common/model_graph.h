@@ -117,6 +117,13 @@ std::string FormatModelSummary(const ModelGraph& graph);
 // running variances. Bit-identical wherever it runs (worker or server).
 std::vector<std::vector<float>> InitialParameterValues(const ModelGraph& graph);
 
+// Initial values that a client sent for `graph` (an external model's, as
+// its worker declared them): one vector per parameter, each of its
+// parameter's size, every value finite. INVALID_ARGUMENT naming the first
+// parameter that is not.
+absl::Status CheckParameterValues(const ModelGraph& graph,
+                                  const std::vector<std::vector<float>>& values);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_MODEL_GRAPH_H_

@@ -1,7 +1,7 @@
 // The Coordinator (server/coordinator.h says what it does), in order:
 //   Construction and restore   Create, LoadState
 //   Jobs                       SubmitJob ... CheckpointPath
-//   Workers                    RegisterWorker, Heartbeat, ReportProgress, EpochPlan
+//   Workers                    in coordinator_workers.cc
 //   Job changes (mu_ held)     Finish, RemoveMember, RequeueRun, ReformIfWorkersWait
 //   Background work (Tick)     one function per phase, in Tick's order
 // Its parts: server/job_registry.h (the jobs), server/job_record.h (one
@@ -31,13 +31,6 @@
 
 namespace pstrain {
 namespace {
-
-// `text` cut to at most `max_bytes` (a note says so).
-std::string Truncated(const std::string& text, int max_bytes) {
-  if (static_cast<int64_t>(text.size()) <= max_bytes) return text;
-  return absl::StrCat(text.substr(0, static_cast<size_t>(max_bytes)), "... (",
-                      text.size() - static_cast<size_t>(max_bytes), " more bytes cut)");
-}
 
 uint64_t RandomIncarnation() {
   absl::BitGen bits;
@@ -149,16 +142,11 @@ absl::StatusOr<ModelGraph> Coordinator::ValidateJob(const v1::JobSpec& spec) con
     return absl::InvalidArgumentError(absl::StrCat(
         "workers must be in [1, ", options_.max_workers_per_job, "], got ", spec.workers()));
   }
-  if (spec.has_external_model()) {
-    // The shards hold such models (BuildJobGraph); the run that starts one,
-    // with its first worker's declaration and initial values, is not built.
-    // Refused here, so that neither a submission nor a stored job starts one.
-    return absl::UnimplementedError(
-        "this server cannot start a job with an external_model (a model written in PyTorch, "
-        "declared by the job's workers); submit a model or model_file");
-  }
   PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   PSTRAIN_RETURN_IF_ERROR(ValidateOptimizerSpec(spec.optimizer()));
+  // An external model's workers declare its tensors (DeclareModel), which
+  // are checked then: until then the job has no graph.
+  if (spec.has_external_model() && !ExternalModelDeclared(spec)) return ModelGraph();
   PSTRAIN_ASSIGN_OR_RETURN(ModelGraph graph, BuildJobGraph(spec));
   PSTRAIN_RETURN_IF_ERROR(CheckJobLimits(spec, graph, options_.job_limits));
   PSTRAIN_RETURN_IF_ERROR(PlanChunks(graph, num_shards_, chunk_bytes_).status());
@@ -265,164 +253,30 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 }
 
 // ---------------------------------------------------------------------------
-// Workers
-// ---------------------------------------------------------------------------
-
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::WorkerInfo& info, const std::string& previous_worker_id) {
-  PSTRAIN_RETURN_IF_ERROR(CheckId("previous_worker_id", previous_worker_id));
-  absl::MutexLock lock(&mu_);
-  PSTRAIN_ASSIGN_OR_RETURN(RegisteredWorker * worker,
-                           workers_.Register(info, previous_worker_id, Now()));
-  v1::RegisterWorkerResponse response;
-  response.set_worker_id(worker->id);
-  response.set_heartbeat_interval_ms(
-      static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
-  for (const std::string& a : shard_addresses_) response.add_shards(a);
-  Log(absl::StrCat(worker->id,
-                   worker->id == previous_worker_id ? ": registered again (" : ": registered (",
-                   info.hostname(), ", ", info.backend(), ")"));
-  RefreshQueueReasons();
-  Wake();
-  return response;
-}
-
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& worker_id,
-                                                             const std::string& job_id,
-                                                             const std::string& run_id,
-                                                             int64_t run_steps) {
-  PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", run_id));
-  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", worker_id));
-  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
-  absl::MutexLock lock(&mu_);
-  v1::HeartbeatResponse response;
-  RegisteredWorker* found = workers_.Find(worker_id);
-  if (found == nullptr) {
-    response.set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
-    return response;
-  }
-  RegisteredWorker& worker = *found;
-  if (workers_.Heard(worker, Now())) {
-    Log(absl::StrCat(worker_id, ": heartbeats again; back in the pool"));
-    RefreshQueueReasons();
-    Wake();
-  }
-  // The run whose assignment is published for this worker, if any.
-  const JobRecord* current = jobs_.Find(worker.job_id);
-  RunMember* member = current == nullptr ? nullptr : current->PublishedMember(worker_id);
-  if (member == nullptr) current = nullptr;
-  if (!job_id.empty() && (current == nullptr || job_id != worker.job_id) &&
-      job_id != worker.finished_job) {
-    response.set_action(v1::HeartbeatResponse::ACTION_STOP);
-    return response;
-  }
-  if (current == nullptr) {
-    response.set_action(v1::HeartbeatResponse::ACTION_IDLE);
-    return response;
-  }
-  if (run_steps >= 0 && run_id == current->run->run_id()) {
-    current->run->RecordRunSteps(*member, run_steps, Now());
-  }
-  response.set_action(v1::HeartbeatResponse::ACTION_RUN);
-  *response.mutable_assignment() = current->AssignmentOf(*member, run_id);
-  return response;
-}
-
-absl::StatusOr<bool> Coordinator::ReportProgress(const v1::ReportProgressRequest& report) {
-  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", report.worker_id()));
-  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", report.job_id()));
-  absl::MutexLock lock(&mu_);
-  RegisteredWorker* worker = workers_.Find(report.worker_id());
-  if (worker == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown worker '", report.worker_id(), "'; register again"));
-  }
-  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(report.job_id()));
-  worker->last_heartbeat = Now();
-  RunMember* member = job->run == nullptr ? nullptr : job->run->FindMember(report.worker_id());
-  if (std::optional<bool> stop = job->AnswerWithoutRecording(report, member)) return *stop;
-  PSTRAIN_RETURN_IF_ERROR(ApplyProgress(*job, *worker, *member, report));
-  job->Touch();
-  return job->phase == JobPhase::kDone;
-}
-
-absl::Status Coordinator::ApplyProgress(JobRecord& job, RegisteredWorker& worker, RunMember& member,
-                                        const v1::ReportProgressRequest& report) {
-  const int epochs = job.status.spec().epochs();
-  if (!report.error().empty()) {
-    Finish(job, v1::JOB_STATE_FAILED,
-           absl::StrCat(report.worker_id(), " (rank ", member.rank,
-                        ") failed: ", Truncated(report.error(), options_.max_reason_bytes)));
-    Wake();
-    return absl::OkStatus();
-  }
-  if (!report.finished() && (report.epoch() < 0 || report.epoch() > epochs || report.step() < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("progress of ", report.worker_id(), ": epoch ",
-                                                   report.epoch(), " is outside [0, ", epochs,
-                                                   "] or step ", report.step(), " is negative"));
-  }
-  if (report.finished()) {
-    PSTRAIN_RETURN_IF_ERROR(job.CheckEvalShard(report, options_.max_eval_samples));
-  }
-  const int old_epoch = job.status.epoch();
-  job.RecordProgress(member, report, options_.max_history_points, Now());
-  if (report.finished()) {
-    worker.job_id.clear();
-    worker.finished_job = job.status.job_id();
-    Log(absl::StrCat(job.status.job_id(), ": ", report.worker_id(), " finished (",
-                     report.eval_shard().samples(), " test samples)"));
-    RefreshQueueReasons();
-  }
-  if (report.finished() || job.status.epoch() != old_epoch) Wake();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<v1::EpochPlanResponse> Coordinator::EpochPlan(const v1::EpochPlanRequest& request) {
-  PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", request.worker_id()));
-  PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", request.job_id()));
-  PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", request.run_id()));
-  absl::MutexLock lock(&mu_);
-  RegisteredWorker* worker = workers_.Find(request.worker_id());
-  if (worker == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown worker '", request.worker_id(), "'; register again"));
-  }
-  PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(request.job_id()));
-  if (job->phase != JobPhase::kRunning || !job->run->launched()) {
-    return absl::FailedPreconditionError(absl::StrCat(request.job_id(), " is not running"));
-  }
-  PSTRAIN_RETURN_IF_ERROR(job->run->CheckPlanRequest(request));
-  worker->last_heartbeat = Now();
-  PSTRAIN_ASSIGN_OR_RETURN(v1::EpochPlanResponse response, job->run->Plan(request));
-  job->run->CountEpochSamples(&job->status);
-  job->Touch();
-  return response;
-}
-
-std::vector<v1::WorkerStatus> Coordinator::ListWorkers() const {
-  absl::MutexLock lock(&mu_);
-  return workers_.List();
-}
-
-CoordinatorStats Coordinator::Stats() const {
-  absl::MutexLock lock(&mu_);
-  CoordinatorStats stats;
-  jobs_.Count(&stats.jobs_by_state, &stats.stragglers);
-  stats.workers_registered = workers_.size();
-  stats.workers_alive = workers_.AliveCount();
-  stats.max_model_version = max_model_version_;
-  return stats;
-}
-
-// ---------------------------------------------------------------------------
 // Job changes that reach beyond the job (mu_ held)
 // ---------------------------------------------------------------------------
 
 void Coordinator::RefreshQueueReasons() {
-  const int idle = workers_.IdleCount();
+  const IdleWorkers idle = IdleWorkersByJob();
   for (JobRecord* job : jobs_.jobs()) {
-    if (job->phase == JobPhase::kQueued) job->SetQueueReason(idle);
+    if (job->phase != JobPhase::kQueued) continue;
+    const auto bound = idle.bound.find(job->status.job_id());
+    job->SetQueueReason(static_cast<int>(!job->status.spec().has_external_model() ? idle.pool.size()
+                                         : bound == idle.bound.end()              ? 0
+                                                                     : bound->second.size()));
   }
+}
+
+Coordinator::IdleWorkers Coordinator::IdleWorkersByJob() const {
+  IdleWorkers idle;
+  for (RegisteredWorker* w : workers_.IdleByNumber()) {
+    if (w->info.job_id().empty()) {
+      idle.pool.push_back(w);
+    } else {
+      idle.bound[w->info.job_id()].push_back(w);
+    }
+  }
+  return idle;
 }
 
 void Coordinator::Finish(JobRecord& job, v1::JobState state, const std::string& reason) {
@@ -628,19 +482,26 @@ void Coordinator::StartQueuedJobs() {
 }
 
 std::vector<RunReservation> Coordinator::ReserveWorkers() {
-  const std::vector<RegisteredWorker*> idle = workers_.IdleByNumber();
-  size_t next_idle = 0;
+  // Pool workers go to the queue in order; a job whose model is external
+  // takes only the workers bound to it.
+  IdleWorkers idle = IdleWorkersByJob();
+  size_t next_pool = 0;
   std::vector<RunReservation> starts;
   for (JobRecord* job : jobs_.jobs()) {
-    if (job->phase != JobPhase::kQueued) continue;
+    if (job->phase != JobPhase::kQueued || !job->ReadyToStart()) continue;
+    const bool bound = job->status.spec().has_external_model();
+    std::vector<RegisteredWorker*>& candidates =
+        bound ? idle.bound[job->status.job_id()] : idle.pool;
+    const size_t first = bound ? 0 : next_pool;
     const size_t wanted = static_cast<size_t>(job->status.spec().workers());
-    if (idle.size() - next_idle < wanted) continue;
+    if (candidates.size() - first < wanted) continue;
     std::vector<std::string> members;
     for (size_t r = 0; r < wanted; ++r) {
-      RegisteredWorker* w = idle[next_idle++];
+      RegisteredWorker* w = candidates[first + r];
       w->job_id = job->status.job_id();
       members.push_back(w->id);
     }
+    if (!bound) next_pool += wanted;
     starts.push_back(job->Reserve(members, Now()));
   }
   return starts;
@@ -741,9 +602,12 @@ void Coordinator::FinishEvaluated(JobRecord& job, const absl::Status& final_chec
     return;
   }
   const v1::EvalMetrics test = job.Evaluated();
+  const int epochs = job.status.spec().epochs();
   Finish(job, v1::JOB_STATE_SUCCEEDED,
-         absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples",
-                         job.status.spec().epochs(), test.accuracy(), test.samples()));
+         test.samples() > 0
+             ? absl::StrFormat("finished %d epochs; test accuracy %.4f on %d samples", epochs,
+                               test.accuracy(), test.samples())
+             : absl::StrFormat("finished %d epochs (no test set was evaluated)", epochs));
 }
 
 void Coordinator::DropFinishedJobs() {

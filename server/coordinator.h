@@ -37,6 +37,13 @@
 // A worker dead and idle for Options::forget_dead_workers_after is forgotten
 // (its next heartbeat gets ACTION_REREGISTER).
 //
+// External models (a PyTorch module: JobSpec.external_model): the job is
+// submitted with its framework only and starts on workers bound to it
+// (WorkerInfo.job_id; pool workers never take it, bound workers take
+// nothing else) once one of them declared the tensors and initial values
+// (DeclareModel); the values start its first run, and any run that starts
+// before a checkpoint is on disk.
+//
 // Limits (each an Options field; INVALID_ARGUMENT for a request beyond a
 // size limit, RESOURCE_EXHAUSTED for a full registry; nothing changes): the
 // model's parameters and bytes and the names of a job (job_limits), ids in
@@ -80,7 +87,8 @@
 // aggregates, the checkpoint codec) server/job_run.h, the workers
 // server/worker_registry.h; writing a checkpoint is
 // server/checkpoint_writer.h; files are server/job_store.h and
-// server/checkpointer.h; test shards server/eval_merge.h.
+// server/checkpointer.h; test shards server/eval_merge.h. The workers'
+// calls are implemented in server/coordinator_workers.cc.
 //
 // Threads: thread-safe. The public calls only touch memory (and write small
 // status files) and return promptly; everything that talks to shards or
@@ -244,7 +252,8 @@ class Coordinator {
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::WorkerInfo& info, const std::string& previous_worker_id = "");
   // Records the heartbeat and says what the worker must do. An unknown
-  // worker id gets ACTION_REREGISTER (not an error).
+  // worker id gets ACTION_REREGISTER (not an error); a worker bound to a
+  // job that ended (WorkerInfo.job_id) gets ACTION_STOP.
   // `run_id` and `run_steps` (HeartbeatRequest): the run the worker trains
   // and the steps it completed in it, for straggler detection.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
@@ -258,6 +267,19 @@ class Coordinator {
   // the test set holds, counting the other members' shards).
   absl::StatusOr<bool> ReportProgress(const v1::ReportProgressRequest& report);
   std::vector<v1::WorkerStatus> ListWorkers() const;
+  // A job's external model, declared by `worker_id`, a worker bound to the
+  // job (WorkerInfo.job_id): its tensors and their initial values (one
+  // vector per tensor, in order). The job can start once it has them. True
+  // when this call's model and values became the job's; false when the job
+  // had them and `model` names the same tensors. NOT_FOUND for an unknown
+  // worker or job; FAILED_PRECONDITION for a worker not bound to the job, a
+  // job without an external model, or one that ended; INVALID_ARGUMENT for
+  // a model SubmitJob would refuse (bad tensors, the job limits, the chunk
+  // plan), values that do not match the shapes or are not finite, or
+  // tensors other than the ones declared before.
+  absl::StatusOr<bool> DeclareModel(const std::string& worker_id, const std::string& job_id,
+                                    const v1::ExternalModel& model,
+                                    std::vector<std::vector<float>> values);
   // A member's work in one epoch of its run (server/epoch_planner.h), and
   // its samples trained so far. `wait` while a lost member's work is being
   // redistributed. NOT_FOUND for an unknown worker or job;
@@ -299,6 +321,13 @@ class Coordinator {
                              const v1::ReportProgressRequest& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshQueueReasons() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Idle live workers: the pool's, and those bound to a job (by job id),
+  // each by id number.
+  struct IdleWorkers {
+    std::vector<RegisteredWorker*> pool;
+    std::map<std::string, std::vector<RegisteredWorker*>> bound;
+  };
+  IdleWorkers IdleWorkersByJob() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(JobRecord& job, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveMember(JobRecord& job, const std::string& worker_id, const std::string& why)

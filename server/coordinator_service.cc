@@ -1,6 +1,7 @@
 #include "server/coordinator_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -245,6 +246,38 @@ grpc::Status CoordinatorService::EpochPlan(grpc::ServerContext* context,
   absl::StatusOr<v1::EpochPlanResponse> r = coordinator_->EpochPlan(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::DeclareModel(grpc::ServerContext* context,
+                                              const v1::DeclareModelRequest* request,
+                                              v1::DeclareModelResponse* response) {
+  if (grpc::Status s = Admit(*context, Role::kWorker, "DeclareModel", *request); !s.ok()) {
+    return s;
+  }
+  if (request->worker_id().empty() || request->job_id().empty()) {
+    return Invalid("DeclareModel needs a worker_id and a job_id");
+  }
+  if (grpc::Status s = authorizer_->CheckWorkerCredential(*context, request->worker_id());
+      !s.ok()) {
+    return s;
+  }
+  // Raw little-endian fp32, one entry per tensor; the coordinator checks the
+  // counts against the tensors' shapes.
+  std::vector<std::vector<float>> values(request->values_size());
+  for (int i = 0; i < request->values_size(); ++i) {
+    const std::string& bytes = request->values(i);
+    if (bytes.size() % sizeof(float) != 0) {
+      return Invalid(absl::StrCat("DeclareModel: values[", i, "] has ", bytes.size(),
+                                  " bytes, not a whole number of fp32 values"));
+    }
+    values[i].resize(bytes.size() / sizeof(float));
+    if (!bytes.empty()) std::memcpy(values[i].data(), bytes.data(), bytes.size());
+  }
+  absl::StatusOr<bool> declared = coordinator_->DeclareModel(
+      request->worker_id(), request->job_id(), request->model(), std::move(values));
+  if (!declared.ok()) return ToGrpcStatus(declared.status());
+  response->set_declared(*declared);
   return grpc::Status::OK;
 }
 

@@ -50,8 +50,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
     // Who may call what (null: everyone, as with Authorizer::Disabled()):
     // SubmitJob, GetJob, GetJobHistory, ListJobs, CancelJob, WatchJob,
     // DownloadModel and ListWorkers need the admin role; RegisterWorker, Heartbeat,
-    // ReportProgress and EpochPlan the worker role, and the last three also
-    // the worker credential of the worker id they name.
+    // ReportProgress, EpochPlan and DeclareModel the worker role, and all
+    // but RegisterWorker also the worker credential of the worker id they
+    // name.
     std::shared_ptr<const Authorizer> authorizer;
   };
   explicit CoordinatorService(Coordinator* coordinator)
@@ -88,6 +89,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                            v1::ListWorkersResponse* response) override;
   grpc::Status EpochPlan(grpc::ServerContext* context, const v1::EpochPlanRequest* request,
                          v1::EpochPlanResponse* response) override;
+  grpc::Status DeclareModel(grpc::ServerContext* context, const v1::DeclareModelRequest* request,
+                            v1::DeclareModelResponse* response) override;
 
  private:
   // Authorization, then the size limit: the first failure, or OK.

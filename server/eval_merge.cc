@@ -11,6 +11,9 @@ namespace pstrain {
 absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& worker_id,
                             const EvalShardBudget& budget) {
   const int n = eval.num_classes();
+  // A worker that evaluated nothing (an external model's, whose framework
+  // evaluates on its own) sends an empty shard.
+  if (n == 0 && eval.confusion_size() == 0 && eval.samples() == 0) return absl::OkStatus();
   if (n <= 0 || n > budget.num_classes || eval.confusion_size() != static_cast<int64_t>(n) * n) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eval_shard of ", worker_id, ": num_classes ", n, " and ", eval.confusion_size(),

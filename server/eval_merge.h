@@ -34,7 +34,8 @@ struct EvalShardBudget {
 
 // INVALID_ARGUMENT naming `worker_id` when `eval` does not fit the model
 // (num_classes, confusion size), has a negative count, counts that do not add
-// up to `samples`, or more samples than the budget leaves.
+// up to `samples`, or more samples than the budget leaves. An empty shard
+// (no classes, no counts, no samples: a worker that evaluated nothing) is OK.
 absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& worker_id,
                             const EvalShardBudget& budget);
 

@@ -39,7 +39,9 @@ absl::StatusOr<RunLaunch> PrepareLaunch(const RunReservation& reservation,
   launch.shards.members = reservation.members;
   launch.shards.generation = reservation.generation;
   if (!reservation.resume) {
-    launch.shards.params = InitialParameterValues(reservation.graph);
+    launch.shards.params = reservation.initial_values != nullptr
+                               ? *reservation.initial_values
+                               : InitialParameterValues(reservation.graph);
     return launch;
   }
   PSTRAIN_ASSIGN_OR_RETURN(const v1::Checkpoint checkpoint,
@@ -90,8 +92,14 @@ JobRecord::JobRecord(v1::JobStatus saved, absl::StatusOr<ModelGraph> graph_in,
 
 bool JobRecord::SetQueueReason(int idle) {
   const int wanted = status.spec().workers();
-  std::string reason = absl::StrCat("waiting for ", wanted, " idle worker", wanted == 1 ? "" : "s",
-                                    ", ", idle, " available");
+  const bool external = status.spec().has_external_model();
+  std::string reason =
+      external && !ReadyToStart()
+          ? absl::StrCat("waiting for a worker to declare the model; ", idle, " of ", wanted,
+                         " bound to the job registered")
+          : absl::StrCat("waiting for ", wanted, external ? " worker" : " idle worker",
+                         wanted == 1 ? "" : "s", external ? " bound to the job, " : ", ", idle,
+                         external ? " registered" : " available");
   if (has_checkpoint) {
     absl::StrAppend(&reason, "; resumes from the checkpoint of epoch ", status.epoch());
   }
@@ -99,6 +107,36 @@ bool JobRecord::SetQueueReason(int idle) {
   status.set_reason(reason);
   Touch();
   return true;
+}
+
+absl::StatusOr<bool> JobRecord::DeclareModel(const v1::ExternalModel& model, ModelGraph graph_in,
+                                             std::vector<std::vector<float>> values) {
+  const std::string& id = status.job_id();
+  if (!status.spec().has_external_model()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " trains a model written as a ModelSpec; it takes no declared model"));
+  }
+  if (phase == JobPhase::kDone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended (", v1::JobState_Name(status.state()), ")"));
+  }
+  if (ExternalModelDeclared(status.spec())) {
+    PSTRAIN_RETURN_IF_ERROR(CheckSameExternalModel(status.spec().external_model(), model));
+    if (ReadyToStart()) return false;
+    // Loaded after a restart without a checkpoint: the same model again,
+    // with values to start from.
+  } else {
+    *status.mutable_spec()->mutable_external_model() = model;
+    graph = std::move(graph_in);
+  }
+  initial_values = std::make_shared<const std::vector<std::vector<float>>>(std::move(values));
+  Touch();
+  return true;
+}
+
+bool JobRecord::ReadyToStart() const {
+  if (!status.spec().has_external_model()) return true;
+  return ExternalModelDeclared(status.spec()) && (has_checkpoint || initial_values != nullptr);
 }
 
 RunReservation JobRecord::Reserve(const std::vector<std::string>& workers, absl::Time now) {
@@ -110,6 +148,7 @@ RunReservation JobRecord::Reserve(const std::vector<std::string>& workers, absl:
   r.generation = run == nullptr ? 1 : run->generation() + 1;
   r.resume = has_checkpoint;
   r.step_before = status.step();
+  r.initial_values = initial_values;
   run = std::make_unique<JobRun>(r.spec, r.members, r.generation, now);
   phase = JobPhase::kStarting;
   return r;
@@ -249,7 +288,10 @@ std::optional<bool> JobRecord::AnswerWithoutRecording(const v1::ReportProgressRe
 
 void JobRecord::CheckpointWritten(const CheckpointWork& work, const absl::Status& written,
                                   bool kept, absl::Time now) {
-  if (written.ok() && kept) has_checkpoint = true;
+  if (written.ok() && kept) {
+    has_checkpoint = true;
+    initial_values = nullptr;  // A run that starts again resumes from the checkpoint.
+  }
   if (written.ok()) run->CheckpointWritten(now);
   if (work.kind == CheckpointWork::kStop) save_on_stop = false;
   if (work.kind == CheckpointWork::kEpoch && written.ok()) {

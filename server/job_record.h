@@ -57,6 +57,9 @@ struct RunReservation {
   int64_t generation = 0;
   bool resume = false;      // From the job's latest checkpoint.
   int64_t step_before = 0;  // The job's step when it was interrupted.
+  // An external model's initial values, as its worker declared them (null:
+  // the graph's InitialParameterValues). Used when the run does not resume.
+  std::shared_ptr<const std::vector<std::vector<float>>> initial_values;
 };
 
 // The shards' start of a reserved run, and the data position it trains from.
@@ -83,8 +86,22 @@ struct JobRecord {
   void Touch() { revision++; }
   bool running() const { return phase == JobPhase::kRunning; }
 
-  // kQueued: the status reason for `idle` idle workers. True when it changed.
+  // kQueued: the status reason for `idle` idle workers it may take (pool
+  // workers, or for an external model the workers bound to it). True when
+  // it changed.
   bool SetQueueReason(int idle);
+  // --- An external model (JobSpec.external_model) ---
+  // The workers declare it (Coordinator::DeclareModel). `graph` is that of
+  // the job's spec with `model`, checked, and `values` match its params.
+  // True: `model` and `values` are the job's now; false: the job had them,
+  // and `model` names the same tensors. INVALID_ARGUMENT when it names
+  // others; FAILED_PRECONDITION for a job without an external model or one
+  // that ended.
+  absl::StatusOr<bool> DeclareModel(const v1::ExternalModel& model, ModelGraph graph,
+                                    std::vector<std::vector<float>> values);
+  // Whether the job can start: a ModelSpec always; an external model once
+  // declared, with its initial values or a checkpoint.
+  bool ReadyToStart() const;
   // kQueued -> kStarting with `workers` reserved (a new run).
   RunReservation Reserve(const std::vector<std::string>& workers, absl::Time now);
   // kStarting -> kRunning: the run `run_id` trains from `start` (the
@@ -151,6 +168,10 @@ struct JobRecord {
   bool shards_configured = false;  // The shards hold the job (DropJob when done).
   bool save_on_stop = false;       // Save the model before dropping it (cancel).
   bool has_checkpoint = false;
+  // An external model's declared initial values (null: none), kept until a
+  // checkpoint is on disk: a run that starts again without one starts from
+  // them. A job loaded without a checkpoint waits for a new declaration.
+  std::shared_ptr<const std::vector<std::vector<float>>> initial_values;
   int64_t revision = 1;  // Bumped with every change to `status` (WaitForJobUpdate).
   int64_t persisted_revision = 0;
   v1::JobHistory history;

@@ -24,6 +24,10 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf python3-numpy
   # python3-onnx: the Python client's Checkpoint.export_onnx().
   python3-onnx
+  # pstrain.torch: the user's PyTorch models (CPU builds of Debian's torch
+  # and torchvision), through pstrain._native, the C++ worker protocol
+  # built as a Python extension with pybind11 against Debian's python3.
+  python3-torch python3-torchvision pybind11-dev python3-dev
   dataset-fashion-mnist
 )
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
@@ -48,9 +52,6 @@ if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then
   # tests/tsan_suppressions.txt matches nothing (seen on a fresh machine:
   # every gRPC test reported races in unnamed frames).
   PACKAGES+=(libomp-dev dpkg-dev llvm)
-fi
-if [[ "${PSTRAIN_WITH_TORCH:-0}" == 1 ]]; then
-  PACKAGES+=(python3-torch)  # the reference in bench/
 fi
 
 missing=()

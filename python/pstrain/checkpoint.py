@@ -98,6 +98,31 @@ class Checkpoint:
         from pstrain.onnx_export import export_onnx
         return export_onnx(self, path)
 
+    def load_into(self, module, strict=True):
+        """Copies the weights into a PyTorch module trained through
+        pstrain.torch: each tensor to the parameter or buffer of its name.
+        strict: every float tensor of the module must be in the checkpoint
+        with its shape (KeyError / ValueError name the first that is not).
+        Returns the module."""
+        import torch
+        state = module.state_dict()
+        loaded = {}
+        for name, tensor in state.items():
+            if not tensor.is_floating_point():
+                continue  # num_batches_tracked and the like stay the module's own.
+            if name not in self.weights:
+                if strict:
+                    raise KeyError(f"the checkpoint has no tensor '{name}' (its tensors: "
+                                   f"{', '.join(list(self.weights)[:8])}...)")
+                continue
+            value = self.weights[name]
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"'{name}' is {tuple(value.shape)} in the checkpoint and "
+                                 f"{tuple(tensor.shape)} in the module")
+            loaded[name] = torch.from_numpy(value.copy()).to(tensor.dtype)
+        module.load_state_dict(loaded, strict=False)
+        return module
+
     @classmethod
     def from_bytes(cls, data, source="<bytes>"):
         """Parses a checkpoint file's bytes (either format); `source` names it in errors."""

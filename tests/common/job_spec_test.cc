@@ -315,12 +315,33 @@ TEST(JobSpecTest, AnExternalModelStandsInForTheModelAndIsChecked) {
       "external_model": {"framework": "torch",
                          "tensors": [{"name": "fc.weight", "shape": ["10", "784"], "trainable": true},
                                      {"name": "fc.bias", "shape": [10], "trainable": true}]},
-      "dataset": {"format": "DATASET_FORMAT_SYNTHETIC"},
       "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.1},
       "epochs": 1, "batch_size": 32})",
                           "", "torch.json");
   ASSERT_OK(job);
   EXPECT_OK(ValidateJobSpec(*job));
+  // Its workers read their own data, and declare the tensors when a
+  // submitted spec leaves them out; the engine's precision is not theirs.
+  v1::JobSpec with_data = *job;
+  with_data.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
+  EXPECT_THAT(ValidateJobSpec(with_data),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has no dataset")));
+  v1::JobSpec undeclared = *job;
+  undeclared.mutable_external_model()->clear_tensors();
+  EXPECT_OK(ValidateJobSpec(undeclared));
+  EXPECT_FALSE(ExternalModelDeclared(undeclared));
+  EXPECT_TRUE(ExternalModelDeclared(*job));
+  v1::JobSpec bf16 = *job;
+  bf16.set_precision(v1::PRECISION_BF16);
+  EXPECT_THAT(ValidateJobSpec(bf16),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("leave precision unset")));
+  v1::ExternalModel other = job->external_model();
+  EXPECT_OK(CheckSameExternalModel(job->external_model(), other));
+  other.mutable_tensors(1)->set_shape(0, 11);
+  EXPECT_THAT(CheckSameExternalModel(job->external_model(), other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor 1 of the job's model is 'fc.bias' [10]; this one "
+                                 "declares 'fc.bias' [11]")));
   v1::JobSpec both = *job;
   both.mutable_model()->set_name("m");
   EXPECT_THAT(ValidateJobSpec(both),

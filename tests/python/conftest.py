@@ -32,6 +32,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: starts a real server and CPU workers")
+    config.addinivalue_line("markers", "torch: trains PyTorch models through a real server "
+                                       "(pstrain.torch; ctest python_torch)")
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -326,18 +328,122 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsWithTheValidationMessage) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("inline"));
 
-  // The shards hold external models; no run starts one from a submission.
+  // An external model's workers read their own data.
   v1::JobSpec external = TinyJob(1);
   external.clear_model();
-  v1::ExternalTensor* tensor = external.mutable_external_model()->add_tensors();
-  tensor->set_name("fc.weight");
-  tensor->add_shape(4);
+  external.mutable_external_model()->set_framework("torch");
   r = coordinator_->SubmitJob(external);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("cannot start a job with an external_model"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("has no dataset"));
 
   EXPECT_TRUE(coordinator_->ListJobs().empty());
+}
+
+// A job whose model is external (a PyTorch module): submitted with its
+// framework only; the workers bound to it declare the tensors and initial
+// values; it starts on those workers only, with those values.
+v1::JobSpec ExternalJob(int workers) {
+  v1::JobSpec job = TinyJob(workers);
+  job.clear_model();
+  job.clear_dataset();
+  job.mutable_external_model()->set_framework("torch");
+  return job;
+}
+
+v1::ExternalModel TwoTensors(int64_t weight_rows) {
+  v1::ExternalModel model;
+  model.set_framework("torch 2.5.1");
+  v1::ExternalTensor* w = model.add_tensors();
+  w->set_name("fc.weight");
+  w->add_shape(weight_rows);
+  w->add_shape(2);
+  w->set_trainable(true);
+  v1::ExternalTensor* mean = model.add_tensors();
+  mean->set_name("bn.running_mean");
+  mean->add_shape(2);
+  return model;
+}
+
+TEST_F(CoordinatorTest, AnExternalModelStartsOnItsBoundWorkersWithTheDeclaredValues) {
+  auto job = coordinator_->SubmitJob(ExternalJob(2));
+  ASSERT_OK(job);
+  auto modelspec_job = coordinator_->SubmitJob(TinyJob(5));
+  ASSERT_OK(modelspec_job);
+  const std::string pool = Register("pool");
+  v1::WorkerInfo bound_info;
+  bound_info.set_hostname("torch");
+  bound_info.set_job_id(*job);
+  auto a = coordinator_->RegisterWorker(bound_info);
+  ASSERT_OK(a);
+
+  // Binding is to an external model's live job.
+  v1::WorkerInfo elsewhere = bound_info;
+  elsewhere.set_job_id("job-404");
+  EXPECT_EQ(coordinator_->RegisterWorker(elsewhere).status().code(), absl::StatusCode::kNotFound);
+  elsewhere.set_job_id(*modelspec_job);
+  EXPECT_THAT(coordinator_->RegisterWorker(elsewhere).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pool")));
+
+  // Nothing starts before a declaration.
+  coordinator_->Tick();
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Status(*job).reason(), HasSubstr("declare the model; 1 of 2"));
+
+  const std::vector<std::vector<float>> values = {{1, 2, 3, 4, 5, 6}, {0.5f, -0.5f}};
+  EXPECT_THAT(coordinator_->DeclareModel(pool, *job, TwoTensors(3), values).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not bound")));
+  EXPECT_THAT(
+      coordinator_->DeclareModel(a->worker_id(), *job, TwoTensors(3), {{1, 2, 3}, {0, 0}}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'fc.weight' has 6 values; 3")));
+  EXPECT_THAT(
+      coordinator_
+          ->DeclareModel(a->worker_id(), *job, TwoTensors(3), {{1, 2, 3, 4, 5, NAN}, {0, 0}})
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not finite")));
+  auto declared = coordinator_->DeclareModel(a->worker_id(), *job, TwoTensors(3), values);
+  ASSERT_OK(declared);
+  EXPECT_TRUE(*declared);
+  coordinator_->Tick();
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_QUEUED);  // One of two bound workers.
+  EXPECT_THAT(Status(*job).reason(), HasSubstr("waiting for 2 workers bound to the job, 1"));
+
+  // The second worker declares the same model (kept), or another (refused).
+  bound_info.set_hostname("torch-2");
+  auto b = coordinator_->RegisterWorker(bound_info);
+  ASSERT_OK(b);
+  EXPECT_THAT(coordinator_->DeclareModel(b->worker_id(), *job, TwoTensors(4), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 2]")));
+  auto again =
+      coordinator_->DeclareModel(b->worker_id(), *job, TwoTensors(3), {{9, 9, 9, 9, 9, 9}, {9, 9}});
+  ASSERT_OK(again);
+  EXPECT_FALSE(*again);
+
+  coordinator_->Tick();
+  const v1::JobStatus running = Status(*job);
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(running.workers(), ElementsAre(a->worker_id(), b->worker_id()));
+  EXPECT_EQ(running.spec().external_model().tensors_size(), 2);
+  EXPECT_EQ(Beat(pool).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  const v1::HeartbeatResponse hb = Beat(a->worker_id());
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_EQ(hb.assignment().spec().external_model().tensors(0).name(), "fc.weight");
+  // The shards start from the first declaration's values.
+  std::vector<float> configured;
+  {
+    absl::MutexLock lock(&fakes_[0]->mu);
+    for (const v1::ChunkValues& c : fakes_[0]->jobs[*job].config.chunks()) {
+      configured.insert(configured.end(), c.values().begin(), c.values().end());
+    }
+  }
+  std::sort(configured.begin(), configured.end());
+  EXPECT_THAT(configured, ElementsAre(-0.5f, 0.5f, 1, 2, 3, 4, 5, 6));
+
+  // Once the job ended, its bound workers are told to stop; the pool's idle.
+  ASSERT_OK(coordinator_->CancelJob(*job));
+  EXPECT_EQ(Beat(a->worker_id()).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(pool).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  EXPECT_THAT(coordinator_->RegisterWorker(bound_info).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
 }
 
 TEST_F(CoordinatorTest, JobWaitsInTheQueueUntilEnoughWorkersRegister) {

@@ -1958,7 +1958,6 @@ TestJob MakeExternalJob(v1::ConsistencyMode mode, const v1::OptimizerSpec& optim
   add("head.weight", {10, 8}, true);
   add("norm.running_mean", {8}, false);
   add("norm.num_batches_tracked", {}, false);
-  spec.mutable_dataset()->set_format(v1::DATASET_FORMAT_SYNTHETIC);
   *spec.mutable_optimizer() = optimizer;
   spec.set_epochs(1);
   spec.set_batch_size(8);

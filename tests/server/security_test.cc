@@ -93,7 +93,7 @@ Role RequiredRole(const std::string& service, const std::string& method) {
   if (service == "pstrain.v1.ShardControl") return Role::kPeer;
   if (service == "pstrain.v1.ParameterService") return Role::kWorker;
   if (method == "RegisterWorker" || method == "Heartbeat" || method == "ReportProgress" ||
-      method == "EpochPlan") {
+      method == "EpochPlan" || method == "DeclareModel") {
     return Role::kWorker;
   }
   return Role::kAdmin;
@@ -275,7 +275,7 @@ std::string* SecurityTest::other_certs_ = nullptr;
 TEST_F(SecurityTest, EveryRpcWithoutATokenIsUnauthenticated) {
   auto channel = Channel("");
   const std::vector<Method> methods = EveryMethod();
-  ASSERT_EQ(methods.size(), 19u);  // 12 Coordinator, 2 ParameterService, 5 ShardControl.
+  ASSERT_EQ(methods.size(), 20u);  // 13 Coordinator, 2 ParameterService, 5 ShardControl.
   for (const Method& m : methods) {
     grpc::Status status = Call(channel, m);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)

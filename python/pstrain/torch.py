@@ -1,0 +1,366 @@
+"""Train your own PyTorch model through pstrain's parameter servers.
+
+A training loop changes in a few lines (Horovod's and BytePS's conventions)::
+
+    import pstrain.torch as pst
+    pst.init()                          # joins the job named by the launcher
+    model = MyNet()
+    opt = pst.DistributedOptimizer(model)          # the job's server-side optimizer
+    loader = DataLoader(train_set, batch_sampler=pst.DistributedSampler(train_set))
+    for epoch in pst.epochs():
+        for x, y in loader:
+            opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
+        pst.report(loss=loss.item())
+
+What each part does:
+
+* ``init()`` reads the launcher's environment (PSTRAIN_SERVER, PSTRAIN_JOB and
+  PSTRAIN_CREDENTIALS, a JSON file of TLS and token file paths) and registers
+  this process with the coordinator as a worker bound to that job.
+* ``DistributedOptimizer(model)`` declares the module's named parameters (the
+  trained tensors) and floating-point buffers (batch norm's running
+  statistics) as the job's model, with this process's values as the initial
+  ones when it declares first; waits for the job to start; and puts the
+  servers' values into the module. In sync, async and ssp mode each
+  gradient is pushed as soon as autograd has it (a hook per parameter) and
+  ``step()`` applies the job's server-side optimizer: it waits for the
+  pushes and pulls the new values. In average mode, pass your own
+  ``optimizer`` (a torch optimizer): ``step()`` runs it and every K steps
+  replaces the parameters with their mean over the workers. Buffers take
+  the workers' mean in sync and average mode, rank 0's in async and ssp.
+  Integer buffers (``num_batches_tracked``) stay local.
+* ``DistributedSampler(dataset)`` is a batch sampler: this worker's batches of
+  the job's epoch plan (the server's shuffle and split, the same as the C++
+  workers'), and after them any samples a lost worker left. The batch size is
+  the job's; every member of a sync job runs the same number of steps, the
+  last one taking the remainder, which is why it is a batch sampler.
+* ``epochs()`` yields the job's epochs; ``report(loss=..., accuracy=...)``
+  shows in ``pstrain status``, ``watch``, the history and the report. When the
+  last epoch ends the worker reports that it finished and the job, once
+  every worker has, SUCCEEDED.
+
+Tensors must be CPU float32 in this version (CUDA modules: move them to the
+CPU, or wait for the pinned-buffer path). The transport is pstrain's C++
+client (pstrain._native): chunking, codecs, exactly-once pushes, deadlines.
+"""
+
+import json
+import os
+import socket
+
+import torch
+
+try:
+    from pstrain import _native
+except ImportError as error:  # pragma: no cover - depends on how it was installed
+    raise ImportError(
+        f"pstrain.torch needs pstrain._native, pstrain's C++ worker protocol ({error}). It is "
+        "built by the CMake build into <build>/python/pstrain (PYTHONPATH=build/python); a "
+        "package installed with pip from python/ alone does not have it.") from error
+from pstrain._proto import job_pb2, service_pb2
+
+__all__ = ["init", "Worker", "DistributedOptimizer", "DistributedSampler", "epochs", "report",
+           "rank", "world_size", "batch_size", "Error"]
+
+Error = _native.Error
+
+_MODES = {"sync": job_pb2.CONSISTENCY_SYNC, "async": job_pb2.CONSISTENCY_ASYNC,
+          "ssp": job_pb2.CONSISTENCY_SSP, "average": job_pb2.CONSISTENCY_AVERAGE}
+
+
+def _read_credentials(path):
+    """The launcher's credentials file: {"tls_ca", "tls_cert", "tls_key",
+    "tls_server_name", "token_file"}, every entry optional."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        creds = json.load(f)
+    if not isinstance(creds, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    token = ""
+    if creds.get("token_file"):
+        from pstrain.client import read_token_file
+        token = read_token_file(creds["token_file"])
+    return {"tls_ca": creds.get("tls_ca", ""), "tls_cert": creds.get("tls_cert", ""),
+            "tls_key": creds.get("tls_key", ""),
+            "tls_server_name": creds.get("tls_server_name", ""), "token": token}
+
+
+class Worker:
+    """This process as a worker of one job: the context every other call uses.
+
+    server, job: the coordinator's "host:port" and the job id (default:
+    PSTRAIN_SERVER and PSTRAIN_JOB); credentials: the launcher's credentials
+    file (default PSTRAIN_CREDENTIALS; none: plaintext, no token).
+    start_timeout: seconds to wait for the job to start once the model is
+    declared (its other workers must join).
+    """
+
+    def __init__(self, server=None, job=None, credentials=None, start_timeout=600.0):
+        server = server or os.environ.get("PSTRAIN_SERVER")
+        job = job or os.environ.get("PSTRAIN_JOB")
+        if not server or not job:
+            raise RuntimeError("pstrain.torch: no job to join: start this script with "
+                               "`pstrain run -n N -- python3 script.py`, or set PSTRAIN_SERVER "
+                               "and PSTRAIN_JOB")
+        creds = _read_credentials(credentials or os.environ.get("PSTRAIN_CREDENTIALS"))
+        self.job_id = job
+        self.start_timeout = float(start_timeout)
+        self._native = _native.JobWorker(
+            server, job, hostname=socket.gethostname(),
+            device_info=f"torch {torch.__version__} (CPU)", **creds)
+        self.assignment = None
+        self.spec = None
+        self.epoch = 0
+        self.step = 0
+        self._trained = {}  # epoch -> samples trained in this run
+        self._batch_samples = 0  # The sampler's latest batch.
+        self._updater = None
+        self._last = {}
+
+    # --- The job, once started ---
+
+    @property
+    def rank(self):
+        return self.assignment.rank if self.assignment else 0
+
+    @property
+    def world_size(self):
+        return self.assignment.world_size if self.assignment else 1
+
+    @property
+    def batch_size(self):
+        self._require_start()
+        return self.spec.batch_size
+
+    def _require_start(self):
+        if self.assignment is None:
+            raise RuntimeError("pstrain.torch: the job has not started: make the "
+                               "DistributedOptimizer first")
+
+    def _start(self, tensors, framework):
+        model = job_pb2.ExternalModel(framework=framework)
+        for name, tensor, trainable in tensors:
+            model.tensors.add(name=name, shape=list(tensor.shape), trainable=trainable)
+        self._native.declare_model(model.SerializeToString(),
+                                   [t.data_ptr() for _, t, _ in tensors])
+        self.assignment = service_pb2.Assignment.FromString(
+            self._native.await_start(self.start_timeout))
+        self.spec = self.assignment.spec
+        self.epoch = self.assignment.start_epoch
+        self._updater = _native.Updater(self._native)
+        self._updater.start([t.data_ptr() for _, t, _ in tensors])
+        return self._updater
+
+    # --- Epochs and reports ---
+
+    def epochs(self):
+        """The job's epochs, from where the run starts; reports each one's end
+        and, after the last, that this worker finished."""
+        self._require_start()
+        for epoch in range(self.assignment.start_epoch, self.spec.epochs):
+            self.epoch = epoch
+            yield epoch
+            self._send(epoch=epoch + 1)
+        self._updater.finish()
+        self._send(epoch=self.spec.epochs, finished=True)
+        self._native.shutdown()
+
+    def report(self, loss=None, accuracy=None, samples_per_sec=None):
+        """Figures for status, watch, the history and the report."""
+        if loss is not None:
+            self._last["loss"] = float(loss)
+        if accuracy is not None:
+            self._last["train_accuracy"] = float(accuracy)
+        if samples_per_sec is not None:
+            self._last["samples_per_sec"] = float(samples_per_sec)
+        self._send(epoch=self.epoch)
+
+    def _send(self, epoch, finished=False):
+        request = service_pb2.ReportProgressRequest(epoch=epoch, step=self.step,
+                                                    finished=finished, **self._last)
+        if self._native.report_progress(request.SerializeToString()) and not finished:
+            raise Error(f"pstrain.torch: the job was stopped: {self._native.stop_reason}")
+
+    def _plan(self, epoch, length, share_done, tails_done):
+        request = service_pb2.EpochPlanRequest(epoch=epoch, epoch_length=length,
+                                               share_done=share_done, tails_done=tails_done,
+                                               batch_size=self.spec.batch_size)
+        for e, samples in sorted(self._trained.items()):
+            request.trained.add(epoch=e, samples=samples)
+        return service_pb2.EpochPlanResponse.FromString(
+            self._native.epoch_plan(request.SerializeToString()))
+
+    def _stepped(self, samples, epoch):
+        self.step += 1
+        self._trained[epoch] = self._trained.get(epoch, 0) + samples
+        self._native.set_run_steps(self.step)
+
+    def close(self):
+        if self._updater is not None:
+            self._updater.cancel()
+        self._native.shutdown()
+
+
+_default = None
+
+
+def init(server=None, job=None, credentials=None, start_timeout=600.0):
+    """Joins the job (see Worker) and makes it the module's default context."""
+    global _default
+    _default = Worker(server, job, credentials, start_timeout)
+    return _default
+
+
+def _worker(worker):
+    if worker is not None:
+        return worker
+    if _default is None:
+        raise RuntimeError("pstrain.torch: call pst.init() first")
+    return _default
+
+
+def epochs(worker=None):
+    return _worker(worker).epochs()
+
+
+def report(loss=None, accuracy=None, samples_per_sec=None, worker=None):
+    _worker(worker).report(loss=loss, accuracy=accuracy, samples_per_sec=samples_per_sec)
+
+
+def rank(worker=None):
+    return _worker(worker).rank
+
+
+def world_size(worker=None):
+    return _worker(worker).world_size
+
+
+def batch_size(worker=None):
+    return _worker(worker).batch_size
+
+
+def _model_tensors(module):
+    """(name, tensor, trainable): the parameters, then the float buffers."""
+    tensors = []
+    for name, p in module.named_parameters():
+        tensors.append((name, p, p.requires_grad))
+    for name, b in module.named_buffers():
+        if b.is_floating_point():
+            tensors.append((name, b, False))
+    for name, t, _ in tensors:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise TypeError(f"pstrain.torch: '{name}' is {t.dtype} on {t.device}"
+                            f"{'' if t.is_contiguous() else ', not contiguous'}; this version "
+                            "trains contiguous float32 CPU tensors")
+    return tensors
+
+
+class DistributedOptimizer:
+    """The job's optimizer over `model`'s parameters (see the module's doc).
+
+    optimizer: average mode only, a torch optimizer over the model's
+    parameters that runs every step between the averagings. In sync, async
+    and ssp mode the servers' optimizer (the job's) applies the gradients and
+    `optimizer` must be None.
+    """
+
+    def __init__(self, model, optimizer=None, worker=None):
+        self.worker = _worker(worker)
+        self.model = model
+        self._tensors = _model_tensors(model)
+        self._updater = self.worker._start(self._tensors, f"torch {torch.__version__}")
+        self.mode = self.worker.spec.mode
+        average = self.mode == job_pb2.CONSISTENCY_AVERAGE
+        if average and optimizer is None:
+            raise ValueError("pstrain.torch: an average-mode job runs your optimizer between "
+                             "averagings: pass optimizer=torch.optim.SGD(...) (or another)")
+        if not average and optimizer is not None:
+            raise ValueError("pstrain.torch: in sync, async and ssp mode the servers apply the "
+                             "job's optimizer; pass no optimizer (it is the job's)")
+        self.optimizer = optimizer
+        self._hooks = []
+        if not average:
+            self._hook_gradients()
+
+    def _hook_gradients(self):
+        # A hook on each parameter's gradient accumulator fires once autograd
+        # has accumulated its .grad (Horovod's way, from torch 1.x on).
+        for index, (name, p, trainable) in enumerate(self._tensors):
+            if not trainable:
+                continue
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._make_hook(index, p))
+            self._hooks.append(accumulator)  # Keeps the accumulator (and its hook) alive.
+
+    def _make_hook(self, index, p):
+        def hook(*_):
+            grad = p.grad
+            if grad is not None and grad.is_contiguous() and grad.dtype == torch.float32:
+                self._updater.gradient_ready(index, grad.data_ptr())
+        return hook
+
+    def zero_grad(self, set_to_none=True):
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+        else:
+            self.model.zero_grad(set_to_none=set_to_none)
+
+    def step(self, samples=None):
+        """Ends the step: the job's update (see the class doc). `samples`: the
+        batch's size, for the job's counts (default: the DistributedSampler's
+        latest batch, else the job's batch size)."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+        with torch.no_grad():
+            self._updater.step()
+        epoch = self.worker.epoch
+        if samples is None:
+            samples = self.worker._batch_samples or self.worker.batch_size
+        self.worker._stepped(int(samples), epoch)
+
+    @property
+    def version(self):
+        """The model version the parameters hold."""
+        return self._updater.version
+
+
+class DistributedSampler(torch.utils.data.Sampler):
+    """This worker's batches of the job's current epoch (see the module's
+    doc): pass it as a DataLoader's batch_sampler."""
+
+    def __init__(self, dataset, worker=None):
+        self.worker = _worker(worker)
+        self.length = len(dataset)
+
+    def __iter__(self):
+        w = self.worker
+        w._require_start()
+        epoch, batch = w.epoch, w.spec.batch_size
+        plan = w._plan(epoch, self.length, share_done=False, tails_done=0)
+        yield from self._batches(epoch, *_native.base_range(self.length, epoch, plan.rank,
+                                                            plan.world_size), plan.base_steps,
+                                 batch)
+        tails_done = 0
+        while True:  # The samples lost workers left, until none is handed out.
+            plan = w._plan(epoch, self.length, share_done=True, tails_done=tails_done)
+            if len(plan.tails) <= tails_done:
+                return
+            for tail in plan.tails[tails_done:]:
+                yield from self._batches(tail.epoch, tail.begin, tail.end, tail.steps, batch)
+                tails_done += 1
+
+    def _batches(self, epoch, begin, end, steps, batch):
+        if end <= begin or steps <= 0:
+            return
+        order = _native.epoch_order(self.length, self.worker.spec.seed, epoch)
+        start = 0
+        for stop in _native.batch_ends(end - begin, steps, batch):
+            self.worker._batch_samples = stop - start
+            yield order[begin + start:begin + stop]
+            start = stop
+
+    def __len__(self):
+        w = self.worker
+        w._require_start()
+        return max(1, self.length // max(1, w.world_size) // w.spec.batch_size)
