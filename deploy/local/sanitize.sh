@@ -144,10 +144,12 @@ if [[ "$WHAT" == all || "$WHAT" == tsan ]]; then
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g -DNDEBUG -Wno-error=pass-failed" \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g -DNDEBUG -Wno-error=pass-failed" \
     -DPSTRAIN_SANITIZE=thread -DPSTRAIN_TSAN_ABSL_LIBDIR="$ABSL_LIBDIR" \
-    -DPSTRAIN_THREAD_SAFETY_ANALYSIS=ON -DPSTRAIN_WERROR=ON >/dev/null ||
+    -DPSTRAIN_THREAD_SAFETY_ANALYSIS=ON -DPSTRAIN_WERROR=ON \
+    -DPSTRAIN_BUILD_BENCH=OFF -DPSTRAIN_BUILD_PYTHON=OFF >/dev/null ||
     fail "configuring $TSAN_DIR"
-  # Every target, so that every file's lock annotations are checked; only
-  # the unit and loopback tests run below.
+  # Every C++ target but the benchmarks and the Python extension (no lock of
+  # their own; their tests do not run under TSan), so that every file's lock
+  # annotations are checked; only the unit and loopback tests run below.
   "${NICE[@]}" cmake --build "$TSAN_DIR" -j "$JOBS" ||
     fail "the TSan build: a lock annotation is not satisfied, or it does not compile (see above)"
   took "the TSan build"
