@@ -1,0 +1,166 @@
+"""pstrain.torch against torch.nn.parallel.DistributedDataParallel (gloo).
+
+The same model, data, batch, optimizer and machine, the two alternating in
+one run; every figure is the workers' samples per second together over the
+steps after a warm-up, and the table gives the median over the rounds and
+pstrain's ratio to DDP.
+
+    PYTHONPATH=build/python python3 bench/torch_ddp_bench.py --pstrain build/bin/pstrain \
+        --model cnn --workers 2 --steps 60 --rounds 3
+
+--model cnn: examples/torch/train_fmnist.py's CNN on Fashion-MNIST images;
+resnet18: torchvision's ResNet-18 on synthetic 3x64x64 images (10 classes).
+pstrain runs sync mode with SGD (momentum 0.9) on its local server on
+127.0.0.1 (`pstrain run`); DDP runs the same SGD in each process, gradients
+all-reduced by gloo over 127.0.0.1. Each worker process uses
+--threads-per-worker threads (default: cores / workers).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def make_model(name):
+    if name == "cnn":
+        sys.path.insert(0, os.path.join(REPO, "examples", "torch"))
+        import train_fmnist
+        return train_fmnist.CNN()
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def make_data(name, samples, data_dir):
+    import torch
+    if name == "cnn":
+        sys.path.insert(0, os.path.join(REPO, "examples", "torch"))
+        import train_fmnist
+        return train_fmnist.load(data_dir, "train", samples)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 3, 64, 64, generator=g)
+    y = torch.randint(0, 10, (samples,), generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def worker_main(args):
+    """One worker process of either side; writes its figures to --out."""
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(args.threads_per_worker)
+    torch.manual_seed(1)
+    model = make_model(args.model)
+    samples = args.steps * args.batch * args.workers
+    data = make_data(args.model, samples, args.data)
+    times = []
+    if args.side == "ddp":
+        import torch.distributed as dist
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("gloo", rank=rank, world_size=args.workers)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=args.workers, rank=rank,
+                                                      shuffle=True, seed=0)
+        loader = torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler,
+                                             drop_last=True)
+        for x, y in loader:
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter())
+        dist.destroy_process_group()
+    else:
+        import pstrain.torch as pst
+        worker = pst.init()
+        opt = pst.DistributedOptimizer(model)
+        rank = worker.rank
+        loader = torch.utils.data.DataLoader(data, batch_sampler=pst.DistributedSampler(data))
+        for _ in pst.epochs():
+            for x, y in loader:
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                times.append(time.perf_counter())
+    warm = args.warmup
+    steps = len(times) - 1 - warm
+    rate = steps * args.batch / (times[-1] - times[warm]) if steps > 0 else 0.0
+    with open(f"{args.out}.{args.side}.{rank}", "w") as f:
+        json.dump({"samples_per_sec": rate, "steps": len(times)}, f)
+
+
+def run_side(args, side, tmp):
+    out = os.path.join(tmp, "fig")
+    for name in os.listdir(tmp):
+        if name.startswith("fig."):
+            os.remove(os.path.join(tmp, name))
+    worker = [sys.executable, os.path.abspath(__file__), "--as-worker", "--side", side,
+              "--model", args.model, "--workers", str(args.workers), "--steps", str(args.steps),
+              "--batch", str(args.batch), "--warmup", str(args.warmup), "--data", args.data,
+              "--threads-per-worker", str(args.threads_per_worker), "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_worker))
+    if side == "ddp":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+        procs = [subprocess.Popen(worker, env=dict(env, RANK=str(r))) for r in range(args.workers)]
+        codes = [p.wait(timeout=args.timeout) for p in procs]
+    else:
+        cmd = [args.pstrain, "run", "-n", str(args.workers), "--mode", "sync", "--epochs", "1",
+               "--batch-size", str(args.batch), "--optimizer", "sgd", "--lr", "0.01",
+               "--momentum", "0.9", "--state-dir", os.path.join(tmp, "state"), "--"] + worker
+        codes = [subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
+                                timeout=args.timeout).returncode]
+    if any(codes):
+        raise RuntimeError(f"{side}: exit codes {codes}")
+    rates = []
+    for name in os.listdir(tmp):
+        if name.startswith(f"fig.{side}."):
+            with open(os.path.join(tmp, name)) as f:
+                rates.append(json.load(f)["samples_per_sec"])
+    return sum(rates)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--side", default="")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--pstrain", default=os.path.join(REPO, "build", "bin", "pstrain"))
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60, help="steps per worker")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--threads-per-worker", type=int,
+                        default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    if args.as_worker:
+        return worker_main(args)
+    figures = {"ddp": [], "pstrain": []}
+    with tempfile.TemporaryDirectory(prefix="torch-ddp-bench-") as tmp:
+        for r in range(args.rounds):
+            for side in ("ddp", "pstrain") if r % 2 == 0 else ("pstrain", "ddp"):
+                rate = run_side(args, side, tmp)
+                figures[side].append(rate)
+                print(f"round {r + 1} {side}: {rate:.1f} samples/s", flush=True)
+    ddp, ps = statistics.median(figures["ddp"]), statistics.median(figures["pstrain"])
+    print(f"\n{args.model}, {args.workers} workers x {args.threads_per_worker} threads, batch "
+          f"{args.batch}, {args.steps} steps per worker ({args.warmup} warm-up), "
+          f"{args.rounds} rounds")
+    print(f"| side | samples/s (median) | rounds |\n| --- | --- | --- |")
+    print(f"| DDP (gloo) | {ddp:.1f} | {', '.join(f'{v:.1f}' for v in figures['ddp'])} |")
+    print(f"| pstrain sync | {ps:.1f} | {', '.join(f'{v:.1f}' for v in figures['pstrain'])} |")
+    print(f"pstrain / DDP: {ps / ddp:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
