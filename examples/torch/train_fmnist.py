@@ -121,6 +121,8 @@ def main():
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--record", default="")
+    parser.add_argument("--mark-step", type=int, default=0,
+                        help="touch RECORD/step-N.<pid> after step N (tests kill a worker there)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -132,8 +134,7 @@ def main():
     model = MODELS[args.model]()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     local = None
-    mode_average = os.environ.get("PSTRAIN_MODE") == "average"
-    if mode_average:
+    if pst.mode() == "average":
         local = (torch.optim.SGD(model.parameters(), lr=args.lr) if args.optimizer == "sgd"
                  else torch.optim.Adam(model.parameters(), lr=args.lr))
     opt = pst.DistributedOptimizer(model, optimizer=local)
@@ -150,6 +151,9 @@ def main():
             loss.backward()
             opt.step()
             total, steps = total + loss.item(), steps + 1
+            if args.mark_step and steps == args.mark_step:
+                os.makedirs(args.record, exist_ok=True)
+                open(os.path.join(args.record, f"step-{steps}.{os.getpid()}"), "w").close()
         pst.report(loss=total / max(1, steps))
         print(f"rank {pst.rank()}: epoch {epoch + 1}: loss {total / max(1, steps):.4f}",
               flush=True)

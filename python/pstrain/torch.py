@@ -60,7 +60,7 @@ except ImportError as error:  # pragma: no cover - depends on how it was install
 from pstrain._proto import job_pb2, service_pb2
 
 __all__ = ["init", "Worker", "DistributedOptimizer", "DistributedSampler", "epochs", "report",
-           "rank", "world_size", "batch_size", "Error"]
+           "rank", "world_size", "batch_size", "mode", "Error"]
 
 Error = _native.Error
 
@@ -238,6 +238,21 @@ def world_size(worker=None):
 
 def batch_size(worker=None):
     return _worker(worker).batch_size
+
+
+def mode(worker=None):
+    """The job's mode ("sync", "async", "ssp" or "average"), known before the
+    job starts from the launcher's PSTRAIN_MODE, else from the job once
+    started: a script picks its own optimizer for average mode with it."""
+    w = _worker(worker)
+    if w.spec is not None:
+        names = {v: k for k, v in _MODES.items()}
+        return names.get(w.spec.mode, "sync")
+    launched = os.environ.get("PSTRAIN_MODE", "")
+    if launched not in _MODES:
+        raise RuntimeError("pstrain.torch: the job's mode is known once it started (make the "
+                           "DistributedOptimizer first), or from PSTRAIN_MODE (pstrain run)")
+    return launched
 
 
 def _model_tensors(module):

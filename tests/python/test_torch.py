@@ -10,8 +10,10 @@ job to start, and trains its batches of the server's epoch plan.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,6 +96,13 @@ def test_one_worker_sync_equals_single_process_pytorch(bin_dir, source_dir, fash
         status = job.wait(timeout=60)
         assert status.succeeded, f"{status!r}\n{logs}\n{cluster.logs()}"
         checkpoint = job.download(str(tmp_path / "model.ckpt"))
+        # The CLI shows and reports it like any other job.
+        for args in (["status", job.id], ["list"], ["report", job.id, "-o",
+                                                     str(tmp_path / "report.html")]):
+            r = cluster.cli(*args)
+            assert r.returncode == 0, f"pstrain {args}: {r.stdout}{r.stderr}"
+        assert "SUCCEEDED" in cluster.cli("status", job.id).stdout
+        assert "fc1.weight" in (tmp_path / "report.html").read_text()
 
     # The downloaded checkpoint loads into the user's module, by name.
     downloaded = checkpoint.load_into(train_fmnist.MLP())
@@ -256,3 +265,36 @@ pst.DistributedOptimizer(torch.nn.Linear(4, 2))
     assert "CANCELLED" in r.stdout, r.stdout + r.stderr
     assert "exited with 3" in r.stderr, r.stderr
     assert "the coordinator said stop" in r.stderr, r.stderr
+
+
+def test_kill_nine_of_one_torch_worker_in_sync_still_succeeds(bin_dir, source_dir,
+                                                              fashion_mnist, tmp_path):
+    """Two PyTorch workers in sync; one is killed with SIGKILL after its 20th
+    step. The coordinator drops it (missed heartbeats), the survivor's step
+    completes in the smaller group, it trains the samples the lost worker
+    left, and the job SUCCEEDED with every one of the 4,000 samples counted
+    once in its epoch."""
+    record = tmp_path / "record"
+    with LocalCluster(bin_dir, source_dir, str(tmp_path), workers=0) as cluster:
+        client, job = submit_external(cluster, workers=2, lr=0.05, momentum=0.9)
+        procs = start_workers(cluster, job, str(tmp_path), 2,
+                              ["--model", "mlp", "--limit", "4000", "--test-limit", "500",
+                               "--record", str(record), "--mark-step", "20"])
+        victim = None
+        deadline = time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:
+            marks = list(record.glob("step-20.*")) if record.exists() else []
+            for p in procs:
+                if any(m.name == f"step-20.{p.pid}" for m in marks):
+                    victim = p
+                    break
+            time.sleep(0.05)
+        assert victim is not None, "no worker reached step 20"
+        victim.send_signal(signal.SIGKILL)
+        codes, logs = wait_all(procs, str(tmp_path), 300)
+        assert sorted(codes) == [-signal.SIGKILL, 0], logs + cluster.logs()
+        status = job.wait(timeout=60)
+        assert status.succeeded, f"{status!r}\n{logs}\n{cluster.logs()}"
+        assert status.workers_lost == 1, status.proto
+        samples = {e.epoch: (e.samples, e.expected) for e in status.proto.epoch_samples}
+        assert samples.get(0) == (4000, 4000), status.proto.epoch_samples
