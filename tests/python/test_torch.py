@@ -77,6 +77,18 @@ def wait_all(procs, workdir, timeout):
         f"---- torch worker {i} ----\n{log}" for i, log in enumerate(logs))
 
 
+def read_records(record, ranks):
+    """What train_fmnist.py --record wrote: every sample index trained (over
+    the ranks, in order) and each rank's test accuracy."""
+    seen, accuracies = [], []
+    for rank in range(ranks):
+        with open(record / f"batches-{rank}.json") as f:
+            data = json.load(f)
+        seen += [i for b in data["batches"] for i in b]
+        accuracies.append(data["accuracy"])
+    return seen, accuracies
+
+
 def test_one_worker_sync_equals_single_process_pytorch(bin_dir, source_dir, fashion_mnist,
                                                         tmp_path):
     """One worker in sync mode with SGD and momentum: after every step the
@@ -149,13 +161,7 @@ def test_two_workers_train_a_cnn_in_each_mode(bin_dir, source_dir, fashion_mnist
         assert codes == [0, 0], logs + cluster.logs()
         status = job.wait(timeout=60)
         assert status.succeeded, f"{status!r}\n{logs}\n{cluster.logs()}"
-    seen = []
-    accuracies = []
-    for rank in (0, 1):
-        with open(record / f"batches-{rank}.json") as f:
-            data = json.load(f)
-        seen += [i for b in data["batches"] for i in b]
-        accuracies.append(data["accuracy"])
+    seen, accuracies = read_records(record, ranks=2)
     print(f"{mode}: test accuracies {accuracies}")
     assert sorted(seen) == list(range(6000)), "every sample once"
     assert min(accuracies) > 0.60, f"test accuracies {accuracies}\n{logs}"
@@ -205,12 +211,7 @@ def test_pstrain_run_trains_what_the_json_engine_cannot_express(bin_dir, source_
         "--record", str(record)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCEEDED" in r.stdout, r.stdout + r.stderr
-    seen, accuracies = [], []
-    for rank in (0, 1):
-        with open(record / f"batches-{rank}.json") as f:
-            data = json.load(f)
-        seen += [i for b in data["batches"] for i in b]
-        accuracies.append(data["accuracy"])
+    seen, accuracies = read_records(record, ranks=2)
     print(f"{model} ({mode}): test accuracies {accuracies}")
     assert sorted(seen) == list(range(4000)), "every sample once"
     assert min(accuracies) > floor, f"test accuracies {accuracies}\n{r.stdout}{r.stderr}"
