@@ -10,7 +10,8 @@
 //   StartWorkers    N processes of COMMAND, each with PSTRAIN_SERVER,
 //                   PSTRAIN_JOB, PSTRAIN_CREDENTIALS (a JSON file naming
 //                   the CA, the worker certificate and key and the worker
-//                   token file: --worker-*) and PSTRAIN_MODE.
+//                   token file: --worker-*) and PSTRAIN_MODE; a build
+//                   tree's Python package first on PYTHONPATH.
 //   Follow          the job to its end, as `pstrain watch`; a job whose
 //                   workers all exited before it ended is cancelled.
 // Exits 0 when the job SUCCEEDED, 1 when it did not, 2 for a usage error.
@@ -362,12 +363,26 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
       << ", \"token_file\": " << JsonString(o.worker_token_file) << "}\n";
     if (!f) return fail(absl::StrCat("cannot write ", credentials));
   }
-  const std::map<std::string, std::string> env = {
+  std::map<std::string, std::string> env = {
       {"PSTRAIN_SERVER", server_},
       {"PSTRAIN_JOB", job_id},
       {"PSTRAIN_CREDENTIALS", credentials},
       {"PSTRAIN_MODE", absl::AsciiStrToLower(absl::StripPrefix(
                            v1::ConsistencyMode_Name(spec->mode()), "CONSISTENCY_"))}};
+  // A build tree's Python package (<build>/bin/pstrain beside
+  // <build>/python/pstrain, with pstrain._native) goes first on the
+  // processes' PYTHONPATH, so that `import pstrain.torch` finds this build's.
+  {
+    std::error_code ec;
+    const fs::path package =
+        fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "python";
+    if (!ec && fs::exists(package / "pstrain" / "torch.py", ec)) {
+      const char* old_path = std::getenv("PYTHONPATH");
+      env["PYTHONPATH"] = old_path != nullptr && *old_path != '\0'
+                              ? absl::StrCat(package.string(), ":", old_path)
+                              : package.string();
+    }
+  }
   std::vector<pid_t> workers;
   for (int i = 0; i < o.n; ++i) {
     const pid_t pid = Spawn(command, env, "");

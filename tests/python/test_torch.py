@@ -167,12 +167,14 @@ def test_two_workers_train_a_cnn_in_each_mode(bin_dir, source_dir, fashion_mnist
     assert min(accuracies) > 0.60, f"test accuracies {accuracies}\n{logs}"
 
 
-def run_cli(cluster_bin, args, env=None, timeout=300):
-    """`pstrain run ARGS`; a run past `timeout` fails the test with its output."""
+def run_cli(cluster_bin, args, env=None, timeout=300, drop=()):
+    """`pstrain run ARGS` (environment variables in `drop` unset); a run past
+    `timeout` fails the test with its output."""
+    environ = {k: v for k, v in os.environ.items() if k not in drop}
     try:
         return subprocess.run([os.path.join(cluster_bin, "pstrain"), "run"] + args,
                               capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+                              env=dict(environ, OMP_NUM_THREADS="1", **(env or {})))
     except subprocess.TimeoutExpired as e:
         def text(b):
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
@@ -299,3 +301,16 @@ def test_kill_nine_of_one_torch_worker_in_sync_still_succeeds(bin_dir, source_di
         assert status.workers_lost == 1, status.proto
         samples = {e.epoch: (e.samples, e.expected) for e in status.proto.epoch_samples}
         assert samples.get(0) == (4000, 4000), status.proto.epoch_samples
+
+
+def test_pstrain_run_gives_its_processes_this_builds_package(bin_dir, tmp_path):
+    """Without PYTHONPATH, a process that `pstrain run` starts imports the
+    pstrain package (and pstrain._native) of the build the CLI belongs to."""
+    package = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "python", "pstrain")
+    check = (f"import sys, pstrain.torch, pstrain._native; "
+             f"sys.exit(0 if pstrain.torch.__file__.startswith({package!r}) else 4)")
+    r = run_cli(bin_dir, ["-n", "1", "--state-dir", str(tmp_path / "state"), "--",
+                          sys.executable, "-c", check], timeout=120, drop=("PYTHONPATH",))
+    # It exits without joining, so the job is cancelled; the process itself succeeded.
+    assert "worker process 0" not in r.stderr, r.stdout + r.stderr
+    assert "CANCELLED" in r.stdout, r.stdout + r.stderr
