@@ -201,7 +201,9 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
       "  starts a pstrain-server on 127.0.0.1 for the run and stops it afterwards.\n"
       "  Each process gets PSTRAIN_SERVER, PSTRAIN_JOB, PSTRAIN_MODE and\n"
       "  PSTRAIN_CREDENTIALS (a JSON file naming --tls-ca, --worker-tls-cert,\n"
-      "  --worker-tls-key and --worker-token-file).\n",
+      "  --worker-tls-key and --worker-token-file). Stop a run with Ctrl-C, which\n"
+      "  reaches its server and processes too (one process group); killing only\n"
+      "  `pstrain run` leaves them running.\n",
       {&absl::GetFlagReflectionHandle(FLAGS_n),
        &absl::GetFlagReflectionHandle(FLAGS_job),
        &absl::GetFlagReflectionHandle(FLAGS_mode),

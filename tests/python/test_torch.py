@@ -171,15 +171,19 @@ def run_cli(cluster_bin, args, env=None, timeout=300, drop=()):
     """`pstrain run ARGS` (environment variables in `drop` unset); a run past
     `timeout` fails the test with its output."""
     environ = {k: v for k, v in os.environ.items() if k not in drop}
+    # Its own process group: a run past the timeout is killed with its local
+    # server and worker processes, leaving nothing behind.
+    proc = subprocess.Popen([os.path.join(cluster_bin, "pstrain"), "run"] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            env=dict(environ, OMP_NUM_THREADS="1", **(env or {})))
     try:
-        return subprocess.run([os.path.join(cluster_bin, "pstrain"), "run"] + args,
-                              capture_output=True, text=True, timeout=timeout,
-                              env=dict(environ, OMP_NUM_THREADS="1", **(env or {})))
-    except subprocess.TimeoutExpired as e:
-        def text(b):
-            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        pytest.fail(f"pstrain run did not end within {timeout} s:\n{text(e.stdout)}"
-                    f"{text(e.stderr)}")
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"pstrain run did not end within {timeout} s:\n{out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize("model,mode,floor", [("lstm", "sync", 0.40),
