@@ -30,7 +30,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,13 +162,6 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     return -1;
   }
   return pid;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Escapes `s` for a JSON string.
@@ -314,7 +306,7 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
       return fail(absl::StrCat("cannot start ", binary, ": ", std::strerror(errno)));
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     for (;;) {
-      const std::string text = ReadFile(log);
+      const std::string text = ReadFileToString(log).value_or("");
       const size_t at = text.find("listening on ");
       if (at != std::string::npos && text.find(' ', at + 13) != std::string::npos) {
         server_ = text.substr(at + 13, text.find(' ', at + 13) - at - 13);

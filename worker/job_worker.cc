@@ -53,21 +53,13 @@ absl::Status JobWorker::Register(const std::string& previous_id) {
   v1::RegisterWorkerRequest request;
   *request.mutable_info() = options_.info;
   request.set_previous_worker_id(previous_id);
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
   v1::RegisterWorkerResponse response;
-  for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
-    absl::Status status = ToAbslStatus(stub_->RegisterWorker(&ctx, request, &response));
-    if (status.ok()) break;
-    if (!Unreachable(status) || absl::Now() + backoff > deadline || stopped()) {
-      return absl::Status(status.code(), absl::StrCat("cannot register with the coordinator at ",
-                                                      options_.coordinator_address, " for ",
-                                                      options_.job_id, ": ", status.message()));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+  if (absl::Status status = CallWithRetries(
+          [&](grpc::ClientContext* ctx) { return stub_->RegisterWorker(ctx, request, &response); });
+      !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("cannot register with the coordinator at ",
+                                                    options_.coordinator_address, " for ",
+                                                    options_.job_id, ": ", status.message()));
   }
   // From now on every call carries the credential of this registration.
   if (options_.identity != nullptr) {
