@@ -168,12 +168,23 @@ absl::StatusOr<std::shared_ptr<PsClient>> JobWorker::ConnectShards() {
   return client;
 }
 
+absl::Status JobWorker::FillRun(std::string* run_id) const {
+  absl::MutexLock lock(&mu_);
+  if (run_id->empty()) {
+    *run_id = assignment_.run_id();
+  } else if (*run_id != assignment_.run_id()) {
+    return absl::AbortedError(absl::StrCat("run ", *run_id, " of ", options_.job_id,
+                                           " was replaced by run ", assignment_.run_id()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::EpochPlanResponse> JobWorker::EpochPlan(v1::EpochPlanRequest request) {
+  PSTRAIN_RETURN_IF_ERROR(FillRun(request.mutable_run_id()));
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
     request.set_job_id(options_.job_id);
-    request.set_run_id(assignment_.run_id());
   }
   const absl::Time deadline = absl::Now() + options_.ps_rpc_timeout;
   for (;;) {
@@ -195,18 +206,33 @@ absl::StatusOr<v1::EpochPlanResponse> JobWorker::EpochPlan(v1::EpochPlanRequest 
 }
 
 absl::StatusOr<bool> JobWorker::ReportProgress(v1::ReportProgressRequest request) {
+  PSTRAIN_RETURN_IF_ERROR(FillRun(request.mutable_run_id()));
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
     request.set_job_id(options_.job_id);
-    request.set_run_id(assignment_.run_id());
     request.set_generation(assignment_.generation());
   }
   v1::ReportProgressResponse response;
   PSTRAIN_RETURN_IF_ERROR(CallWithRetries(
       [&](grpc::ClientContext* ctx) { return stub_->ReportProgress(ctx, request, &response); }));
-  if (response.stop()) Stop("the coordinator said stop (the job was cancelled or failed)");
+  // Not a stop by itself: a run replaced by a resume hears the same answer.
+  // The heartbeats bring the stop (a job that ended) or the new run.
   return response.stop();
+}
+
+int64_t JobWorker::run_number() const {
+  absl::MutexLock lock(&mu_);
+  return run_number_;
+}
+
+bool JobWorker::AwaitNewRun(int64_t from, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (run_number_ <= from && !stopped() && absl::Now() < deadline) {
+    changed_.WaitWithDeadline(&mu_, deadline);
+  }
+  return run_number_ > from;
 }
 
 void JobWorker::HeartbeatLoop() {
@@ -228,7 +254,7 @@ bool JobWorker::Beat() {
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
-    if (!assignment_.run_id().empty()) {
+    if (in_run_) {
       request.set_job_id(options_.job_id);
       request.set_run_id(assignment_.run_id());
       request.set_run_steps(run_steps_.load());
@@ -242,32 +268,35 @@ bool JobWorker::Beat() {
   switch (response.action()) {
     case v1::HeartbeatResponse::ACTION_RUN: {
       const v1::Assignment& a = response.assignment();
-      std::string new_run;
+      std::shared_ptr<PsClient> old_run_client;
       {
         absl::MutexLock lock(&mu_);
-        const bool first = assignment_.run_id().empty();
-        if (!first && a.run_id() != assignment_.run_id()) {
-          new_run = a.run_id();
-        } else {
-          v1::JobSpec spec = first ? a.spec() : assignment_.spec();
-          assignment_ = a;
-          *assignment_.mutable_spec() = std::move(spec);
-          if (std::shared_ptr<PsClient> client = client_.lock()) {
-            client->SetGeneration(assignment_.generation());
-          }
-          if (first) {
-            Log(absl::StrCat("started: rank ", a.rank(), " of ", a.world_size(), " (run ",
-                             a.run_id(), ")"));
-          }
-          changed_.SignalAll();
+        const bool first = run_number_ == 0;
+        const bool new_run = !first && a.run_id() != assignment_.run_id();
+        v1::JobSpec spec = (first || new_run) && a.has_spec() ? a.spec() : assignment_.spec();
+        assignment_ = a;
+        *assignment_.mutable_spec() = std::move(spec);
+        in_run_ = true;
+        if (first || new_run) ++run_number_;
+        if (new_run) {
+          // The job resumed from its checkpoint: the old run's shard calls
+          // end, and the training loop rewinds to this run's start.
+          old_run_client = client_.lock();
+          client_.reset();
+          Log(absl::StrCat("the job resumed as run ", a.run_id(), " from epoch ",
+                           a.start_epoch() + 1, " (step ", a.start_step(), "): rank ", a.rank(),
+                           " of ", a.world_size()));
+        } else if (std::shared_ptr<PsClient> client = client_.lock()) {
+          client->SetGeneration(assignment_.generation());
         }
+        if (first) {
+          Log(absl::StrCat("started: rank ", a.rank(), " of ", a.world_size(), " (run ", a.run_id(),
+                           ")"));
+        }
+        changed_.SignalAll();
       }
-      if (new_run.empty()) return true;
-      // A new run (the job resumed from its checkpoint): this process's
-      // training state belongs to the old one.
-      Stop(absl::StrCat("the job restarted as run ", new_run,
-                        "; start this worker again to join it"));
-      return false;
+      if (old_run_client != nullptr) old_run_client->CancelAll();
+      return true;
     }
     case v1::HeartbeatResponse::ACTION_STOP:
       Stop(
@@ -275,6 +304,17 @@ bool JobWorker::Beat() {
           "dropped from it)");
       return false;
     case v1::HeartbeatResponse::ACTION_REREGISTER: {
+      // The coordinator restarted: the run this worker was in is over. Its
+      // shard calls end before this worker can be a member of a new run
+      // (whose shards would otherwise take the old run's pushes).
+      std::shared_ptr<PsClient> old_run_client;
+      {
+        absl::MutexLock lock(&mu_);
+        in_run_ = false;
+        old_run_client = client_.lock();
+        client_.reset();
+      }
+      if (old_run_client != nullptr) old_run_client->CancelAll();
       if (absl::Status s = Register(worker_id()); !s.ok()) {
         Stop(std::string(s.message()));
         return false;

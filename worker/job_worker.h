@@ -22,9 +22,18 @@
 // says stop (the job was cancelled or failed, or this worker was dropped)
 // ends every shard call in flight and makes stopped() true; so does
 // Shutdown(). A coordinator that restarted asks the worker to register
-// again: it does, asking for its id back, and declares the model again when
+// again: it ends the old run's shard calls (its PsClient is cancelled; the
+// run is over), registers asking for its id back, declares the model again when
 // the coordinator lost it (a restart before the first checkpoint), from
 // the values that DeclareModel's source holds then.
+//
+// A new run: when the job resumes from its checkpoint as a new run (server
+// 0 restarted, or every member was lost) with this worker as a member, the
+// worker takes the new assignment (run_number() counts the runs), and ends
+// the old run's shard calls (its PsClient is cancelled; ConnectShards makes
+// the new run's). EpochPlan and ReportProgress requests that name the old
+// run_id are refused with ABORTED. The training loop rewinds to the new
+// run's start: AwaitNewRun tells it when.
 //
 // Threads: thread-safe. Create starts the heartbeat thread, which the
 // destructor (or Shutdown) joins.
@@ -98,11 +107,14 @@ class JobWorker {
   // this worker's id, generation and credentials). Needs AwaitStart.
   absl::StatusOr<std::shared_ptr<PsClient>> ConnectShards();
 
-  // The coordinator calls of a member (worker_id, job_id and run_id are
-  // filled in). EpochPlan asks again while the answer is `wait`, within
-  // ps_rpc_timeout. ReportProgress: true when the coordinator says stop.
-  // Both (and DeclareModel) are made again while the coordinator is
-  // unreachable, within connect_timeout.
+  // The coordinator calls of a member (worker_id and job_id are filled in,
+  // and run_id when the request leaves it empty; a request for a run that
+  // was replaced is refused with ABORTED). EpochPlan asks again while the
+  // answer is `wait`, within ps_rpc_timeout. ReportProgress: true when the
+  // coordinator says stop (the job ended, or this run was replaced: the
+  // heartbeats then bring the stop or the new run). Both (and DeclareModel)
+  // are made again while the coordinator is unreachable, within
+  // connect_timeout.
   absl::StatusOr<v1::EpochPlanResponse> EpochPlan(v1::EpochPlanRequest request);
   absl::StatusOr<bool> ReportProgress(v1::ReportProgressRequest request);
   // The steps this worker completed in the run, sent with every heartbeat
@@ -116,6 +128,12 @@ class JobWorker {
   // The latest assignment (empty before the start).
   v1::Assignment assignment() const ABSL_LOCKS_EXCLUDED(mu_);
   bool stopped() const { return stopped_.load(); }
+  // 1 once the job started with this worker, one more for every new run it
+  // took since (0 before the start).
+  int64_t run_number() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until run_number() exceeds `from` (true), or the worker stops or
+  // `timeout` passes (false).
+  bool AwaitNewRun(int64_t from, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Why it stopped ("" while running).
   std::string stop_reason() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -131,6 +149,8 @@ class JobWorker {
   // One heartbeat and what it says; false when the loop should end.
   bool Beat();
   void Stop(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fills an empty `run_id` with the current run's; ABORTED for another run.
+  absl::Status FillRun(std::string* run_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const Options options_;
@@ -145,7 +165,11 @@ class JobWorker {
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> shards_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
-  v1::Assignment assignment_ ABSL_GUARDED_BY(mu_);  // Latest; its spec kept from the first.
+  v1::Assignment assignment_ ABSL_GUARDED_BY(mu_);  // Latest; its spec kept from its run's first.
+  int64_t run_number_ ABSL_GUARDED_BY(mu_) = 0;
+  // False from a re-registration until the heartbeats bring a run: they
+  // then name no run (the coordinator that restarted knows none of them).
+  bool in_run_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // The declaration to repeat after a re-registration (empty model: none).

@@ -20,6 +20,7 @@ import gzip
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -122,7 +123,10 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--record", default="")
     parser.add_argument("--mark-step", type=int, default=0,
-                        help="touch RECORD/step-N.<pid> after step N (tests kill a worker there)")
+                        help="touch RECORD/step-N.<pid> after this process's step N (tests "
+                        "kill a worker there)")
+    parser.add_argument("--hold", action="store_true",
+                        help="after --mark-step, wait (at most 120 s) for RECORD/go")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -143,6 +147,7 @@ def main():
     if args.record:
         sampler = Recording(sampler, batches)
     loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler)
+    trained = 0
     for epoch in pst.epochs():
         total, steps = 0.0, 0
         for x, y in loader:
@@ -150,10 +155,9 @@ def main():
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            total, steps = total + loss.item(), steps + 1
-            if args.mark_step and steps == args.mark_step:
-                os.makedirs(args.record, exist_ok=True)
-                open(os.path.join(args.record, f"step-{steps}.{os.getpid()}"), "w").close()
+            total, steps, trained = total + loss.item(), steps + 1, trained + 1
+            if args.mark_step and trained == args.mark_step:
+                mark(args.record, trained, args.hold)
         pst.report(loss=total / max(1, steps))
         print(f"rank {pst.rank()}: epoch {epoch + 1}: loss {total / max(1, steps):.4f}",
               flush=True)
@@ -166,6 +170,18 @@ def main():
         with open(os.path.join(args.record, f"batches-{worker.rank}.json"), "w") as f:
             json.dump({"batches": batches, "accuracy": accuracy}, f)
     return 0
+
+
+def mark(record, step, hold):
+    """Tells a test that this process reached `step`; with `hold`, waits for
+    its go (the worker's heartbeats go on meanwhile)."""
+    os.makedirs(record, exist_ok=True)
+    open(os.path.join(record, f"step-{step}.{os.getpid()}"), "w").close()
+    deadline = time.monotonic() + 120
+    while hold and not os.path.exists(os.path.join(record, "go")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("--hold: no go within 120 s")
+        time.sleep(0.05)
 
 
 class Recording(torch.utils.data.Sampler):

@@ -253,6 +253,12 @@ PYBIND11_MODULE(_native, m) {
            })
       .def_property_readonly("worker_id", [](PyJobWorker& w) { return w.worker().worker_id(); })
       .def_property_readonly("stopped", [](PyJobWorker& w) { return w.worker().stopped(); })
+      .def_property_readonly("run_number", [](PyJobWorker& w) { return w.worker().run_number(); })
+      .def("await_new_run",
+           [](PyJobWorker& w, int64_t from, double timeout_s) {
+             py::gil_scoped_release release;
+             return w.worker().AwaitNewRun(from, absl::Seconds(timeout_s));
+           })
       .def_property_readonly("stop_reason",
                              [](PyJobWorker& w) { return w.worker().stop_reason(); });
 

@@ -39,6 +39,14 @@ What each part does:
   last epoch ends the worker reports that it finished and the job, once
   every worker has, SUCCEEDED.
 
+When server 0 restarts (kill -9, a node lost) the job resumes from its last
+checkpoint as a new run, and this process follows it without a restart: the
+step that failed is dropped, the DistributedSampler's iteration ends, and
+``epochs()`` yields again from the checkpoint's epoch, with the module's
+tensors set to the checkpoint's values; the first epoch starts at the
+checkpoint's step. A local optimizer's state (average mode) is kept. While
+the coordinator is away the worker waits up to ``rejoin_timeout`` seconds.
+
 Tensors must be CPU float32 in this version (CUDA modules: move them to the
 CPU, or wait for the pinned-buffer path). The transport is pstrain's C++
 client (pstrain._native): chunking, codecs, exactly-once pushes, deadlines.
@@ -63,6 +71,14 @@ __all__ = ["init", "Worker", "DistributedOptimizer", "DistributedSampler", "epoc
            "rank", "world_size", "batch_size", "mode", "Error"]
 
 Error = _native.Error
+
+# Errors that a restarting server 0 or a replaced run cause: the worker waits
+# for the job's new run before it gives up on them.
+# Steps between progress reports within an epoch (the C++ workers' default).
+_PROGRESS_EVERY = 20
+
+_RESUMABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_FOUND", "ABORTED", "CANCELLED",
+              "FAILED_PRECONDITION"}
 
 _MODES = {"sync": job_pb2.CONSISTENCY_SYNC, "async": job_pb2.CONSISTENCY_ASYNC,
           "ssp": job_pb2.CONSISTENCY_SSP, "average": job_pb2.CONSISTENCY_AVERAGE}
@@ -93,10 +109,12 @@ class Worker:
     PSTRAIN_SERVER and PSTRAIN_JOB); credentials: the launcher's credentials
     file (default PSTRAIN_CREDENTIALS; none: plaintext, no token).
     start_timeout: seconds to wait for the job to start once the model is
-    declared (its other workers must join).
+    declared (its other workers must join). rejoin_timeout: seconds to wait
+    for the job's new run after the coordinator or a shard went away.
     """
 
-    def __init__(self, server=None, job=None, credentials=None, start_timeout=600.0):
+    def __init__(self, server=None, job=None, credentials=None, start_timeout=600.0,
+                 rejoin_timeout=300.0):
         server = server or os.environ.get("PSTRAIN_SERVER")
         job = job or os.environ.get("PSTRAIN_JOB")
         if not server or not job:
@@ -106,6 +124,7 @@ class Worker:
         creds = _read_credentials(credentials or os.environ.get("PSTRAIN_CREDENTIALS"))
         self.job_id = job
         self.start_timeout = float(start_timeout)
+        self.rejoin_timeout = float(rejoin_timeout)
         self._native = _native.JobWorker(
             server, job, hostname=socket.gethostname(),
             device_info=f"torch {torch.__version__} (CPU)", **creds)
@@ -117,6 +136,13 @@ class Worker:
         self._batch_samples = 0  # The sampler's latest batch.
         self._updater = None
         self._last = {}
+        self._pointers = []  # The declared tensors' memory.
+        self._run_number = 0  # The run this process trains (JobWorker.run_number).
+        self._run_steps = 0
+        self._global_step = 0  # The job's: epoch * steps per epoch + steps into it.
+        self._steps_per_epoch = 0
+        self._resume_pending = False  # The run's first epoch starts at its start_step.
+        self._rejoining = False  # The job resumed as a new run: the loop rewinds.
 
     # --- The job, once started ---
 
@@ -142,28 +168,77 @@ class Worker:
         model = job_pb2.ExternalModel(framework=framework)
         for name, tensor, trainable in tensors:
             model.tensors.add(name=name, shape=list(tensor.shape), trainable=trainable)
-        self._native.declare_model(model.SerializeToString(),
-                                   [t.data_ptr() for _, t, _ in tensors])
-        self.assignment = service_pb2.Assignment.FromString(
-            self._native.await_start(self.start_timeout))
-        self.spec = self.assignment.spec
-        self.epoch = self.assignment.start_epoch
-        self._updater = _native.Updater(self._native)
-        self._updater.start([t.data_ptr() for _, t, _ in tensors])
-        return self._updater
+        self._pointers = [t.data_ptr() for _, t, _ in tensors]
+        self._native.declare_model(model.SerializeToString(), self._pointers)
+        self._native.await_start(self.start_timeout)
+        self._join_run()
+
+    def _join_run(self):
+        """Takes the job's current run: its assignment, and the servers'
+        values in the module's tensors."""
+        while True:
+            self._run_number = self._native.run_number
+            self.assignment = service_pb2.Assignment.FromString(self._native.assignment())
+            self.spec = self.assignment.spec
+            self.epoch = self.assignment.start_epoch
+            self._trained = {}
+            self._run_steps = 0
+            self._native.set_run_steps(0)
+            self._resume_pending = self.assignment.start_step > 0
+            self._rejoining = False
+            if self._updater is not None:
+                self._updater.cancel()
+            self._updater = None
+            try:
+                updater = _native.Updater(self._native)
+                updater.start(self._pointers)
+            except Error as error:
+                self._await_rejoin(error)
+                continue
+            self._updater = updater
+            return
+
+    def _await_rejoin(self, error=None):
+        """After `error` (or a stop answer when None): waits for the job's
+        new run and marks the loop for rewinding; raises when none comes."""
+        if error is not None and getattr(error, "code", "") not in _RESUMABLE:
+            raise error
+        if self._native.await_new_run(self._run_number, self.rejoin_timeout):
+            self._rejoining = True
+            return
+        if self._native.stopped:
+            raise Error(f"pstrain.torch: the job was stopped: {self._native.stop_reason}")
+        if error is not None:
+            raise error
+        raise Error(f"pstrain.torch: the coordinator said stop, and {self.job_id} did not "
+                    f"resume within {self.rejoin_timeout:g} s")
 
     # --- Epochs and reports ---
 
     def epochs(self):
         """The job's epochs, from where the run starts; reports each one's end
-        and, after the last, that this worker finished."""
+        and, after the last, that this worker finished. After the job resumed
+        as a new run it yields again from that run's first epoch."""
         self._require_start()
-        for epoch in range(self.assignment.start_epoch, self.spec.epochs):
-            self.epoch = epoch
-            yield epoch
-            self._send(epoch=epoch + 1)
-        self._updater.finish()
-        self._send(epoch=self.spec.epochs, finished=True)
+        epoch = self.assignment.start_epoch
+        while True:
+            if self._rejoining:
+                self._join_run()
+                epoch = self.assignment.start_epoch
+            if epoch < self.spec.epochs:
+                self.epoch = epoch
+                yield epoch
+                if not self._rejoining:
+                    self._send(epoch=epoch + 1)
+                epoch += 1
+                continue
+            try:
+                self._updater.finish()
+            except Error as error:
+                self._await_rejoin(error)
+                continue
+            if self._send(epoch=self.spec.epochs, finished=True):
+                break
         self._native.shutdown()
 
     def report(self, loss=None, accuracy=None, samples_per_sec=None):
@@ -174,27 +249,68 @@ class Worker:
             self._last["train_accuracy"] = float(accuracy)
         if samples_per_sec is not None:
             self._last["samples_per_sec"] = float(samples_per_sec)
-        self._send(epoch=self.epoch)
+        if not self._rejoining:
+            self._send(epoch=self.epoch)
 
     def _send(self, epoch, finished=False):
-        request = service_pb2.ReportProgressRequest(epoch=epoch, step=self.step,
-                                                    finished=finished, **self._last)
-        if self._native.report_progress(request.SerializeToString()) and not finished:
-            raise Error(f"pstrain.torch: the job was stopped: {self._native.stop_reason}")
+        """Reports; False when the job resumed as a new run instead."""
+        request = service_pb2.ReportProgressRequest(epoch=epoch, step=self._global_step,
+                                                    steps_per_epoch=self._steps_per_epoch,
+                                                    finished=finished,
+                                                    run_id=self.assignment.run_id, **self._last)
+        try:
+            stop = self._native.report_progress(request.SerializeToString())
+        except Error as error:
+            self._await_rejoin(error)
+            return False
+        if not stop:
+            return True
+        if finished:
+            # The job ended (this report may have ended it), or this run was
+            # replaced: the heartbeats say which.
+            if self._native.await_new_run(self._run_number, self.rejoin_timeout):
+                self._rejoining = True
+                return False
+            return True
+        self._await_rejoin()
+        return False
 
     def _plan(self, epoch, length, share_done, tails_done):
+        """This worker's plan, or None when the job resumed as a new run."""
         request = service_pb2.EpochPlanRequest(epoch=epoch, epoch_length=length,
                                                share_done=share_done, tails_done=tails_done,
-                                               batch_size=self.spec.batch_size)
+                                               batch_size=self.spec.batch_size,
+                                               run_id=self.assignment.run_id)
         for e, samples in sorted(self._trained.items()):
             request.trained.add(epoch=e, samples=samples)
-        return service_pb2.EpochPlanResponse.FromString(
-            self._native.epoch_plan(request.SerializeToString()))
+        try:
+            return service_pb2.EpochPlanResponse.FromString(
+                self._native.epoch_plan(request.SerializeToString()))
+        except Error as error:
+            self._await_rejoin(error)
+            return None
+
+    def _epoch_started(self, epoch, base_steps):
+        """The steps of `epoch` to skip: those the run already holds (a
+        resume mid-epoch)."""
+        into = 0
+        if self._resume_pending:
+            self._resume_pending = False
+            into = self.assignment.start_step - epoch * base_steps
+            if epoch != self.assignment.start_epoch or not 0 < into < base_steps:
+                into = 0
+        self._steps_per_epoch = base_steps
+        self._global_step = epoch * base_steps + into
+        return into
 
     def _stepped(self, samples, epoch):
         self.step += 1
+        self._run_steps += 1
+        self._global_step += 1
         self._trained[epoch] = self._trained.get(epoch, 0) + samples
-        self._native.set_run_steps(self.step)
+        self._native.set_run_steps(self._run_steps)
+        if self._run_steps % _PROGRESS_EVERY == 0:
+            self._send(epoch=self.epoch)  # Status and watch move within an epoch.
 
     def close(self):
         if self._updater is not None:
@@ -205,10 +321,10 @@ class Worker:
 _default = None
 
 
-def init(server=None, job=None, credentials=None, start_timeout=600.0):
+def init(server=None, job=None, credentials=None, start_timeout=600.0, rejoin_timeout=300.0):
     """Joins the job (see Worker) and makes it the module's default context."""
     global _default
-    _default = Worker(server, job, credentials, start_timeout)
+    _default = Worker(server, job, credentials, start_timeout, rejoin_timeout)
     return _default
 
 
@@ -284,7 +400,7 @@ class DistributedOptimizer:
         self.worker = _worker(worker)
         self.model = model
         self._tensors = _model_tensors(model)
-        self._updater = self.worker._start(self._tensors, f"torch {torch.__version__}")
+        self.worker._start(self._tensors, f"torch {torch.__version__}")
         self.mode = self.worker.spec.mode
         average = self.mode == job_pb2.CONSISTENCY_AVERAGE
         if average and optimizer is None:
@@ -308,10 +424,16 @@ class DistributedOptimizer:
             accumulator.register_hook(self._make_hook(index, p))
             self._hooks.append(accumulator)  # Keeps the accumulator (and its hook) alive.
 
+    @property
+    def _updater(self):
+        return self.worker._updater  # The current run's.
+
     def _make_hook(self, index, p):
         def hook(*_):
             grad = p.grad
-            if grad is not None and grad.is_contiguous() and grad.dtype == torch.float32:
+            if self.worker._rejoining or grad is None:
+                return
+            if grad.is_contiguous() and grad.dtype == torch.float32:
                 self._updater.gradient_ready(index, grad.data_ptr())
         return hook
 
@@ -325,10 +447,16 @@ class DistributedOptimizer:
         """Ends the step: the job's update (see the class doc). `samples`: the
         batch's size, for the job's counts (default: the DistributedSampler's
         latest batch, else the job's batch size)."""
+        if self.worker._rejoining:
+            return  # The job resumed as a new run: the loop rewinds.
         if self.optimizer is not None:
             self.optimizer.step()
-        with torch.no_grad():
-            self._updater.step()
+        try:
+            with torch.no_grad():
+                self._updater.step()
+        except Error as error:
+            self.worker._await_rejoin(error)
+            return  # This step's contribution is dropped.
         epoch = self.worker.epoch
         if samples is None:
             samples = self.worker._batch_samples or self.worker.batch_size
@@ -353,24 +481,35 @@ class DistributedSampler(torch.utils.data.Sampler):
         w._require_start()
         epoch, batch = w.epoch, w.spec.batch_size
         plan = w._plan(epoch, self.length, share_done=False, tails_done=0)
+        if plan is None:
+            return
+        skip = w._epoch_started(epoch, plan.base_steps)
         yield from self._batches(epoch, *_native.base_range(self.length, epoch, plan.rank,
                                                             plan.world_size), plan.base_steps,
-                                 batch)
+                                 batch, skip)
         tails_done = 0
-        while True:  # The samples lost workers left, until none is handed out.
+        while not w._rejoining:  # The samples lost workers left, until none is handed out.
             plan = w._plan(epoch, self.length, share_done=True, tails_done=tails_done)
-            if len(plan.tails) <= tails_done:
+            if plan is None or len(plan.tails) <= tails_done:
                 return
             for tail in plan.tails[tails_done:]:
                 yield from self._batches(tail.epoch, tail.begin, tail.end, tail.steps, batch)
                 tails_done += 1
 
-    def _batches(self, epoch, begin, end, steps, batch):
+    def _batches(self, epoch, begin, end, steps, batch, skip=0):
+        """The batches of positions [begin, end) of `epoch`'s order, from
+        batch `skip` on; ends early when the job resumed as a new run."""
         if end <= begin or steps <= 0:
             return
         order = _native.epoch_order(self.length, self.worker.spec.seed, epoch)
-        start = 0
-        for stop in _native.batch_ends(end - begin, steps, batch):
+        ends = _native.batch_ends(end - begin, steps, batch)
+        start = ends[skip - 1] if skip > 0 else 0
+        if start:  # The resumed run holds them: they count as trained.
+            trained = self.worker._trained
+            trained[epoch] = trained.get(epoch, 0) + start
+        for stop in ends[skip:]:
+            if self.worker._rejoining:
+                return
             self.worker._batch_samples = stop - start
             yield order[begin + start:begin + stop]
             start = stop

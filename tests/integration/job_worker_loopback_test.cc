@@ -186,6 +186,14 @@ TEST(JobWorkerLoopbackTest, TwoBoundWorkersDeclareStartAndAverageOneSyncStep) {
   EXPECT_THAT(a.mean, ElementsAre(1.0f, 0.0f));  // ({1.5, 0.5} + {0.5, -0.5}) / 2
   EXPECT_EQ(a.mean, b.mean);
 
+  // One run so far; a call that names another run is refused.
+  EXPECT_EQ(wa->run_number(), 1);
+  EXPECT_FALSE(wa->AwaitNewRun(1, absl::Milliseconds(50)));
+  v1::ReportProgressRequest stale;
+  stale.set_run_id("not-this-run");
+  EXPECT_THAT(wa->ReportProgress(stale).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("was replaced by")));
+
   // A cancelled job: its bound workers are told to stop.
   ASSERT_OK(cluster.coordinator().CancelJob(*job).status());
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -195,6 +203,7 @@ TEST(JobWorkerLoopbackTest, TwoBoundWorkersDeclareStartAndAverageOneSyncStep) {
   EXPECT_TRUE(wa->stopped());
   EXPECT_TRUE(wb->stopped());
   EXPECT_THAT(wa->stop_reason(), HasSubstr("said stop"));
+  EXPECT_FALSE(wa->AwaitNewRun(1, absl::Seconds(30)));  // At once: it stopped.
 }
 
 TEST(JobWorkerLoopbackTest, ARegistrationTheCoordinatorCannotTakeIsRefused) {

@@ -24,9 +24,10 @@ def free_port():
 
 
 class LocalCluster:
-    def __init__(self, bin_dir, source_dir, workdir, workers=2):
+    def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=()):
         self.bin_dir, self.source_dir, self.workdir = bin_dir, source_dir, workdir
         self.num_workers = workers
+        self.server_args = list(server_args)  # More pstrain-server flags.
         self.certs = os.path.join(workdir, "certs")
         self.address = f"127.0.0.1:{free_port()}"
         self.procs = []  # (name, Popen)
@@ -37,12 +38,13 @@ class LocalCluster:
         subprocess.run([os.path.join(self.source_dir, "deploy/local/make-certs.sh"), self.certs],
                        check=True, stdout=subprocess.DEVNULL)
         c = self.certs
-        self._spawn("server", [
+        self._server_argv = [
             self._bin("pstrain-server"), "--listen", self.address,
             "--metrics-port", str(free_port()), "--state-dir", os.path.join(self.workdir, "state"),
             "--heartbeat-timeout-ms", "2000", "--heartbeat-interval-ms", "250",
             "--tls-cert", f"{c}/server.pem", "--tls-key", f"{c}/server-key.pem",
-            "--tls-ca", f"{c}/ca.pem", "--require-client-cert", "--token-file", f"{c}/tokens"])
+            "--tls-ca", f"{c}/ca.pem", "--require-client-cert", "--token-file", f"{c}/tokens"] + self.server_args
+        self._spawn("server", self._server_argv)
         self.wait_for_log("server", "listening on", 60)
         for w in range(self.num_workers):
             name = f"worker{w}"
@@ -68,6 +70,20 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=30)
+
+    def restart_server(self):
+        """kill -9 of the server, then the same server again (same port and
+        state directory, its log appended)."""
+        procs = dict(self.procs)
+        procs["server"].kill()
+        procs["server"].wait(timeout=30)
+        before = len(self.log("server"))
+        self._spawn("server", self._server_argv, append=True)
+        deadline = time.monotonic() + 60
+        while "listening on" not in self.log("server")[before:]:
+            if time.monotonic() > deadline or dict(self.procs)["server"].poll() is not None:
+                raise RuntimeError(f"the restarted server is not listening:\n{self.logs()}")
+            time.sleep(0.1)
 
     def __enter__(self):
         try:
@@ -119,15 +135,18 @@ class LocalCluster:
                 return
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited ({proc.returncode}) before printing "
-                                   f"{pattern!r}:\n{self.log(name)}")
+                                   f"{pattern!r}:\n{self.logs()}")
             time.sleep(0.1)
         raise RuntimeError(f"{name} did not print {pattern!r} within {timeout_s} s:\n"
-                           f"{self.log(name)}")
+                           f"{self.logs()}")
 
     def _bin(self, name):
         return os.path.join(self.bin_dir, name)
 
-    def _spawn(self, name, argv):
-        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
-        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)))
+    def _spawn(self, name, argv, append=False):
+        log = open(os.path.join(self.workdir, f"{name}.log"), "ab" if append else "wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+        # A name started again replaces its dead process (stop() and logs()
+        # see each name once).
+        self.procs = [(n, p) for n, p in self.procs if n != name] + [(name, proc)]

@@ -307,6 +307,51 @@ def test_kill_nine_of_one_torch_worker_in_sync_still_succeeds(bin_dir, source_di
         assert samples.get(0) == (4000, 4000), status.proto.epoch_samples
 
 
+def test_kill_nine_of_server_zero_the_torch_workers_follow_the_resumed_job(
+        bin_dir, source_dir, fashion_mnist, tmp_path):
+    """Two PyTorch workers in sync, two epochs; server 0 is killed with
+    SIGKILL in the middle of the second epoch and started again on the same
+    state directory. The job resumes from its checkpoint (mid-epoch) as a
+    second run, and the same worker processes (not restarted) register
+    again, rewind to the checkpoint and finish it: SUCCEEDED, both ranks on
+    the same weights, every sample of the second epoch counted once."""
+    record = tmp_path / "record"
+    with LocalCluster(bin_dir, source_dir, str(tmp_path), workers=0,
+                      server_args=["--checkpoint-interval-s", "1"]) as cluster:
+        client, job = submit_external(cluster, workers=2, epochs=2, lr=0.05, momentum=0.9)
+        # 4000 samples, batch 32, 2 workers: 62 steps an epoch. Both workers
+        # hold after step 80 (heartbeating) until the server was killed and
+        # is back; meanwhile a checkpoint is cut at step 80.
+        procs = start_workers(cluster, job, str(tmp_path), 2,
+                              ["--model", "mlp", "--limit", "4000", "--test-limit", "500",
+                               "--record", str(record), "--mark-step", "80", "--hold"])
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (
+                len(list(record.glob("step-80.*"))) == 2 and
+                "(epoch 1, step 80, interval," in cluster.log("server")):
+            assert all(p.poll() is None for p in procs), cluster.logs()
+            time.sleep(0.05)
+        assert len(list(record.glob("step-80.*"))) == 2, cluster.logs()
+        cluster.restart_server()
+        (record / "go").touch()
+        codes, logs = wait_all(procs, str(tmp_path), 300)
+        assert codes == [0, 0], logs + cluster.logs()
+        status = job.wait(timeout=60)
+        assert status.succeeded, f"{status!r}\n{logs}\n{cluster.logs()}"
+        assert status.proto.runs == 2, status.proto
+        assert status.proto.steps_lost < 62, status.proto  # Since the epoch's checkpoint.
+        assert logs.count("from epoch 2 (step 80)") == 2, logs
+        # The resumed run counts its epochs afresh: the checkpoint's 80 - 62
+        # steps of epoch 2, then the rest, trained by the rewound workers.
+        samples = {e.epoch: (e.samples, e.expected) for e in status.proto.epoch_samples}
+        assert samples.get(1) == (4000, 4000), status.proto.epoch_samples
+    final = [torch.load(record / f"final-{rank}.pt") for rank in range(2)]
+    for name, value in final[0].items():
+        assert torch.equal(value, final[1][name]), name
+    _, accuracies = read_records(record, 2)
+    assert min(accuracies) > 0.60, f"test accuracies {accuracies}\n{logs}"
+
+
 def test_pstrain_run_gives_its_processes_this_builds_package(bin_dir, tmp_path):
     """Without PYTHONPATH, a process that `pstrain run` starts imports the
     pstrain package (and pstrain._native) of the build the CLI belongs to."""
