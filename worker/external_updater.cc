@@ -1,6 +1,7 @@
 #include "worker/external_updater.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -26,6 +27,10 @@ ExternalUpdater::ExternalUpdater(Options options, const ModelGraph& graph, PsCli
 
 ExternalUpdater::~ExternalUpdater() {
   for (auto& op : pushes_) op->Wait().IgnoreError();
+  for (PullOp& pull : inflight_) {  // They write into params: done before the caller frees them.
+    pull.op->Cancel();
+    pull.op->Wait().IgnoreError();
+  }
 }
 
 bool ExternalUpdater::Retryable(const absl::Status& status) {
@@ -65,6 +70,11 @@ absl::Status ExternalUpdater::Start(std::vector<float*> params) {
       if (!graph_.params[i].trainable) buffer_chunks_.push_back(c);
     }
   }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    forward_order_chunks_.insert(forward_order_chunks_.end(), plan_.by_param[i].begin(),
+                                 plan_.by_param[i].end());
+  }
+  param_pulls_.assign(params_.size(), {});
   for (int p : ParamsInPushOrder(graph_)) {
     push_order_chunks_.insert(push_order_chunks_.end(), plan_.by_param[p].begin(),
                               plan_.by_param[p].end());
@@ -88,6 +98,9 @@ absl::Status ExternalUpdater::GradientReady(int param, const float* grad) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", info.name, "''s gradient was given twice in one step"));
   }
+  // Pushes are tagged with the chunks' versions: the pulls come in first.
+  if (!inflight_.empty()) deferred_.Update(Settle());
+  if (!deferred_.ok()) return absl::OkStatus();  // Step returns it.
   grads_[param] = grad;
   for (int c : plan_.by_param[param]) {
     pending_grads_.push_back(c);
@@ -123,41 +136,78 @@ absl::Status ExternalUpdater::WaitPushes() {
   return status;
 }
 
-absl::Status ExternalUpdater::PullParams(int64_t version_delta, bool one_per_chunk) {
+std::vector<ExternalUpdater::PullOp> ExternalUpdater::IssuePulls(const std::vector<int>& chunks,
+                                                                 int64_t version_delta,
+                                                                 int64_t bucket_bytes) {
   const bool versioned =
       options_.mode == v1::CONSISTENCY_SYNC || options_.mode == v1::CONSISTENCY_AVERAGE;
-  std::map<int64_t, std::vector<int>> groups;  // min_version -> chunks, in push order.
-  for (int c : push_order_chunks_) {
-    groups[versioned ? chunk_version_[c] + version_delta : 0].push_back(c);
-  }
+  std::map<int64_t, std::vector<int>> groups;  // min_version -> chunks, in the given order.
+  for (int c : chunks) groups[versioned ? chunk_version_[c] + version_delta : 0].push_back(c);
   std::vector<PullOp> ops;
-  auto issue = [&](int64_t min_version, std::vector<int> group) {
-    std::vector<PsClient::ChunkDest> dests;
-    dests.reserve(group.size());
-    for (int c : group) {
-      const ChunkInfo& info = plan_.chunks[c];
-      dests.push_back({c, params_[info.param] + info.offset, nullptr});
-    }
-    ops.push_back(
-        {client_->Pull(v1::ChunkHeader::KIND_PARAMETERS, min_version, clock_, std::move(dests)),
-         std::move(group)});
-  };
   for (auto& [min_version, group] : groups) {
-    if (one_per_chunk) {
-      for (int c : group) issue(min_version, {c});
-    } else {
-      issue(min_version, std::move(group));
+    std::vector<int> bucket;
+    std::vector<PsClient::ChunkDest> dests;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const ChunkInfo& info = plan_.chunks[group[i]];
+      bucket.push_back(group[i]);
+      dests.push_back({group[i], params_[info.param] + info.offset, nullptr});
+      bytes += info.count * static_cast<int64_t>(sizeof(float));
+      if (bytes >= bucket_bytes || i + 1 == group.size()) {
+        PullOp& op = ops.emplace_back();
+        op.op =
+            client_->Pull(v1::ChunkHeader::KIND_PARAMETERS, min_version, clock_, std::move(dests));
+        op.chunks = std::move(bucket);
+        bucket = {};
+        dests = {};
+        bytes = 0;
+      }
     }
   }
+  return ops;
+}
+
+absl::Status ExternalUpdater::Collect(PullOp& pull) {
+  if (!pull.waited) {
+    pull.waited = true;
+    pull.status = pull.op->Wait();
+    if (pull.status.ok()) {
+      for (int c : pull.chunks) chunk_version_[c] = pull.op->version();
+    }
+  }
+  return pull.status;
+}
+
+absl::Status ExternalUpdater::WaitParams(const std::vector<int>& params) {
+  for (int p : params) {
+    if (p < 0 || p >= static_cast<int>(param_pulls_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("no tensor ", p));
+    }
+    for (int op : param_pulls_[p]) {
+      if (!Collect(inflight_[op]).ok()) return Settle();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExternalUpdater::Settle() {
+  if (inflight_.empty()) return absl::OkStatus();
   absl::Status first;
-  for (PullOp& pull : ops) {
-    absl::Status status = pull.op->Wait();
-    if (!status.ok()) {
-      first.Update(status);
-      continue;
-    }
-    for (int c : pull.chunks) chunk_version_[c] = pull.op->version();
+  for (PullOp& pull : inflight_) first.Update(Collect(pull));
+  inflight_.clear();
+  for (std::vector<int>& ops : param_pulls_) ops.clear();
+  if (Retryable(first)) {
+    ++resyncs_;  // As Step: what the step pushed stays pushed; every chunk again.
+    return Resync();
   }
+  return first;
+}
+
+absl::Status ExternalUpdater::PullParams(int64_t version_delta, bool one_per_chunk) {
+  std::vector<PullOp> ops = IssuePulls(push_order_chunks_, version_delta,
+                                       one_per_chunk ? 0 : std::numeric_limits<int64_t>::max());
+  absl::Status first;
+  for (PullOp& pull : ops) first.Update(Collect(pull));
   return first;
 }
 
@@ -191,6 +241,18 @@ absl::Status ExternalUpdater::Step() {
     if (++local_steps_ >= options_.averaging_frequency) return AverageRound();
     return absl::OkStatus();
   }
+  absl::Status settled = Settle();  // Overlapped pulls a step used no tensor of.
+  if (!deferred_.ok()) {
+    settled = deferred_;
+    deferred_ = absl::OkStatus();
+  }
+  if (!settled.ok()) {
+    std::fill(grads_.begin(), grads_.end(), nullptr);
+    pending_grads_.clear();
+    pending_bytes_ = 0;
+    WaitPushes().IgnoreError();
+    return settled;
+  }
   // PushGradients: what backward has not sent (zeros for tensors this step
   // did not use), then the buffers.
   for (size_t p = 0; p < params_.size(); ++p) {
@@ -208,6 +270,16 @@ absl::Status ExternalUpdater::Step() {
   ++clock_;
   // PullNext: sync waits for version v+1 of every chunk (the barrier);
   // async and ssp take what the shards hold.
+  if (status.ok() && options_.overlap_pulls && options_.mode == v1::CONSISTENCY_SYNC) {
+    inflight_ = IssuePulls(forward_order_chunks_, 1, options_.pull_bucket_bytes);
+    for (size_t i = 0; i < inflight_.size(); ++i) {
+      for (int c : inflight_[i].chunks) {
+        std::vector<int>& ops = param_pulls_[plan_.chunks[c].param];
+        if (ops.empty() || ops.back() != static_cast<int>(i)) ops.push_back(static_cast<int>(i));
+      }
+    }
+    return absl::OkStatus();  // WaitParams and Settle wait for them.
+  }
   if (status.ok()) status = PullParams(options_.mode == v1::CONSISTENCY_SYNC ? 1 : 0, false);
   if (Retryable(status)) {
     ++resyncs_;  // This step's contribution is dropped.
@@ -231,6 +303,7 @@ absl::Status ExternalUpdater::AverageRound() {
 
 absl::Status ExternalUpdater::Finish() {
   if (!started_) return absl::FailedPreconditionError("Start() first");
+  PSTRAIN_RETURN_IF_ERROR(Settle());
   if (options_.mode == v1::CONSISTENCY_AVERAGE) {
     return local_steps_ > 0 ? AverageRound() : absl::OkStatus();
   }

@@ -25,6 +25,16 @@
 //          Every K steps (JobSpec.averaging_frequency) the params are
 //          pushed as round r and round r+1, the mean over the members,
 //          replaces them. Finish runs a last round when steps are left over.
+// Overlapped pulls (sync, Options.overlap_pulls): Step returns once the
+// pushes are done and the pulls of version v+1 are issued, in buckets of
+// consecutive tensors (graph order, which is the module's forward order)
+// of at least pull_bucket_bytes. WaitParams(tensors) waits for the buckets
+// that hold them (a forward pre-hook per module: a layer's forward waits
+// only for its own weights, while the later ones are still arriving);
+// Settle() waits for all of them. GradientReady, Step, Finish and
+// version() settle first, so nothing reads a chunk's version, or pushes,
+// before its pull is in. Until then the caller must not read a tensor it
+// has not waited for.
 // Finish: average mode's last round; async and ssp pull the servers' model
 // (the others' last pushes came after this member's last pull); sync holds
 // it already.
@@ -34,9 +44,11 @@
 // backoff, for at most resync_timeout; resyncs() counts them.
 //
 // Memory: params and gradients are read and written in place (no staging
-// copy): params must stay valid from Start to Finish, and a gradient given
-// to GradientReady until the next Step returns. Nothing may write params
-// while Step or Finish runs.
+// copy): params must stay valid from Start to Finish (or the destructor,
+// which cancels and waits for pulls in flight), and a gradient given to
+// GradientReady until the next Step returns. Nothing may write params
+// while Step or Finish runs, nor a tensor whose overlapped pull is in
+// flight.
 //
 // Threads: one thread at a time (the training loop's); Cancel() from any.
 #ifndef PSTRAIN_WORKER_EXTERNAL_UPDATER_H_
@@ -66,6 +78,10 @@ class ExternalUpdater {
     // Gradients GradientReady collects before it pushes them (one push
     // per call would cost a round trip per small tensor).
     int64_t min_push_bytes = int64_t{256} << 10;
+    // Sync only: Step issues the next version's pulls and returns (see
+    // "Overlapped pulls" above), in buckets of at least this many bytes.
+    bool overlap_pulls = false;
+    int64_t pull_bucket_bytes = int64_t{1} << 20;
   };
   // Options for `spec`'s mode as member `rank`.
   static Options OptionsFromJob(const v1::JobSpec& spec, int rank);
@@ -88,6 +104,12 @@ class ExternalUpdater {
   // gradient never came (unused in this step's graph) pushes zeros.
   absl::Status Step();
   absl::Status Finish();
+  // Overlapped pulls: waits until tensors `params` hold the new version
+  // (OK at once without pulls in flight). A pull that fails settles all of
+  // them, resynchronising as Step does, and returns what that returned.
+  absl::Status WaitParams(const std::vector<int>& params);
+  // Waits for every pull in flight (as WaitParams).
+  absl::Status Settle();
   // Ends every call in flight; later calls return CANCELLED.
   void Cancel();
   // After a membership change (new rank: async and ssp buffers).
@@ -101,7 +123,15 @@ class ExternalUpdater {
   struct PullOp {
     std::unique_ptr<PendingOp> op;
     std::vector<int> chunks;
+    bool waited = false;
+    absl::Status status;  // Once waited.
   };
+  // Issues pulls of `chunks` (in this order) at chunk_version_ +
+  // version_delta, one op per group of `bucket_bytes` (0: one per chunk).
+  std::vector<PullOp> IssuePulls(const std::vector<int>& chunks, int64_t version_delta,
+                                 int64_t bucket_bytes);
+  // Waits for `pull` once, taking its chunks' version; its status.
+  absl::Status Collect(PullOp& pull);
   void PushChunks(v1::ChunkHeader::Kind kind, const std::vector<int>& chunks,
                   const std::vector<const float*>& sources);
   void FlushGradients();
@@ -127,6 +157,10 @@ class ExternalUpdater {
   std::vector<int> pending_grads_;  // Chunks queued, not yet pushed.
   int64_t pending_bytes_ = 0;
   std::vector<std::unique_ptr<PendingOp>> pushes_;
+  std::vector<int> forward_order_chunks_;      // Graph order: the overlapped pulls'.
+  std::vector<PullOp> inflight_;               // Overlapped pulls not settled yet.
+  std::vector<std::vector<int>> param_pulls_;  // Param -> its ops in inflight_.
+  absl::Status deferred_;                      // A failed settle in GradientReady, for Step.
   int clock_ = 0;
   int64_t steps_ = 0;
   int64_t local_steps_ = 0;

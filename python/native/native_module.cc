@@ -9,7 +9,7 @@
 //   w = _native.JobWorker("127.0.0.1:7070", "job-3", token="...")
 //   w.declare_model(model_bytes, [p.data_ptr() for p in tensors])
 //   assignment = v1.Assignment.FromString(w.await_start(300.0))
-//   u = _native.Updater(w)
+//   u = _native.Updater(w, overlap_pulls=True)
 //   u.start([p.data_ptr() for p in tensors])
 //   u.gradient_ready(i, grad.data_ptr()); u.step(); u.finish()
 #include <pybind11/pybind11.h>
@@ -176,7 +176,7 @@ class PyJobWorker {
 // The job's mode over the declared tensors, through this worker's shards.
 class PyUpdater {
  public:
-  explicit PyUpdater(PyJobWorker& worker) {
+  PyUpdater(PyJobWorker& worker, bool overlap_pulls) {
     const v1::Assignment assignment = worker.worker().assignment();
     absl::StatusOr<std::shared_ptr<PsClient>> client;
     {
@@ -185,9 +185,10 @@ class PyUpdater {
     }
     client_ = Value(std::move(client));
     graph_ = Value(BuildJobGraph(assignment.spec()));
-    updater_ = std::make_unique<ExternalUpdater>(
-        ExternalUpdater::OptionsFromJob(assignment.spec(), assignment.rank()), graph_,
-        client_.get());
+    ExternalUpdater::Options options =
+        ExternalUpdater::OptionsFromJob(assignment.spec(), assignment.rank());
+    options.overlap_pulls = overlap_pulls;
+    updater_ = std::make_unique<ExternalUpdater>(options, graph_, client_.get());
   }
   ~PyUpdater() {
     py::gil_scoped_release release;
@@ -208,6 +209,12 @@ class PyUpdater {
   }
   void Finish() {
     Check(Released([&] { return updater_->Finish(); }));
+  }
+  void WaitParams(const std::vector<int>& params) {
+    Check(Released([&] { return updater_->WaitParams(params); }));
+  }
+  void Settle() {
+    Check(Released([&] { return updater_->Settle(); }));
   }
   void Cancel() { updater_->Cancel(); }
   void SetRank(int rank) { updater_->SetRank(rank); }
@@ -263,11 +270,14 @@ PYBIND11_MODULE(_native, m) {
                              [](PyJobWorker& w) { return w.worker().stop_reason(); });
 
   py::class_<PyUpdater>(m, "Updater")
-      .def(py::init<PyJobWorker&>(), py::keep_alive<1, 2>())
+      .def(py::init<PyJobWorker&, bool>(), py::arg("worker"), py::arg("overlap_pulls") = false,
+           py::keep_alive<1, 2>())
       .def("start", &PyUpdater::Start)
       .def("gradient_ready", &PyUpdater::GradientReady)
       .def("step", &PyUpdater::Step)
       .def("finish", &PyUpdater::Finish)
+      .def("wait_params", &PyUpdater::WaitParams)
+      .def("settle", &PyUpdater::Settle)
       .def("cancel", &PyUpdater::Cancel)
       .def("set_rank", &PyUpdater::SetRank)
       .def_property_readonly("version", &PyUpdater::version)

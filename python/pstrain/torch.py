@@ -143,6 +143,8 @@ class Worker:
         self._steps_per_epoch = 0
         self._resume_pending = False  # The run's first epoch starts at its start_step.
         self._rejoining = False  # The job resumed as a new run: the loop rewinds.
+        self._overlap_pulls = False  # Sync: the next version's pulls overlap the forward.
+        self._failure = None  # An error a forward pre-hook met, for the next step.
 
     # --- The job, once started ---
 
@@ -164,7 +166,8 @@ class Worker:
             raise RuntimeError("pstrain.torch: the job has not started: make the "
                                "DistributedOptimizer first")
 
-    def _start(self, tensors, framework):
+    def _start(self, tensors, framework, overlap_pulls=False):
+        self._overlap_pulls = overlap_pulls
         model = job_pb2.ExternalModel(framework=framework)
         for name, tensor, trainable in tensors:
             model.tensors.add(name=name, shape=list(tensor.shape), trainable=trainable)
@@ -186,17 +189,27 @@ class Worker:
             self._native.set_run_steps(0)
             self._resume_pending = self.assignment.start_step > 0
             self._rejoining = False
+            self._failure = None
             if self._updater is not None:
                 self._updater.cancel()
             self._updater = None
             try:
-                updater = _native.Updater(self._native)
+                updater = _native.Updater(self._native, self._overlap_pulls)
                 updater.start(self._pointers)
             except Error as error:
                 self._await_rejoin(error)
                 continue
             self._updater = updater
             return
+
+    def _settle(self):
+        """Waits for the overlapped pulls: every tensor holds the new values."""
+        if self._updater is None or self._rejoining:
+            return
+        try:
+            self._updater.settle()
+        except Error as error:
+            self._await_rejoin(error)
 
     def _await_rejoin(self, error=None):
         """After `error` (or a stop answer when None): waits for the job's
@@ -228,6 +241,7 @@ class Worker:
             if epoch < self.spec.epochs:
                 self.epoch = epoch
                 yield epoch
+                self._settle()
                 if not self._rejoining:
                     self._send(epoch=epoch + 1)
                 epoch += 1
@@ -394,13 +408,24 @@ class DistributedOptimizer:
     parameters that runs every step between the averagings. In sync, async
     and ssp mode the servers' optimizer (the job's) applies the gradients and
     `optimizer` must be None.
+
+    overlap_pulls (sync mode): step() returns once the gradients are pushed
+    and the next version's pulls are issued; each module's forward waits
+    (a forward pre-hook) only for its own parameters and buffers, so the
+    first layers compute while the later ones arrive. Code that reads
+    parameters outside a forward before the next step (a regulariser over
+    every parameter, a print) calls synchronize() first; the sampler's end,
+    each epoch's end and the run's end do so themselves.
     """
 
-    def __init__(self, model, optimizer=None, worker=None):
+    def __init__(self, model, optimizer=None, worker=None, overlap_pulls=True):
         self.worker = _worker(worker)
         self.model = model
         self._tensors = _model_tensors(model)
-        self.worker._start(self._tensors, f"torch {torch.__version__}")
+        # The updater overlaps only in sync mode (known once the job started).
+        self._overlap = overlap_pulls and optimizer is None
+        self.worker._start(self._tensors, f"torch {torch.__version__}",
+                           overlap_pulls=self._overlap)
         self.mode = self.worker.spec.mode
         average = self.mode == job_pb2.CONSISTENCY_AVERAGE
         if average and optimizer is None:
@@ -413,6 +438,55 @@ class DistributedOptimizer:
         self._hooks = []
         if not average:
             self._hook_gradients()
+        if self._overlap and self.mode == job_pb2.CONSISTENCY_SYNC:
+            self._hook_forwards()
+
+    def _hook_forwards(self):
+        # A forward pre-hook on every module waits for the tensors it holds
+        # itself and for every tensor under a child whose own forward has
+        # never run: a module that reads a child's weight without calling
+        # it (MultiheadAttention's out_proj) waits for that weight. Until a
+        # module has run, its parent waits for it all, so the first step
+        # waits for everything at the root. Tied weights are found by
+        # identity.
+        self._index = {id(t): i for i, (_, t, _) in enumerate(self._tensors)}
+        self._called = set()  # ids of the modules whose forward ran
+        self._wait_sets = {}  # module id -> indices, valid for this _called
+        for module in self.model.modules():
+            self._hooks.append(module.register_forward_pre_hook(self._wait_before_forward))
+
+    def _tensor_indices(self, tensors):
+        return {self._index[id(t)] for t in tensors if t is not None and id(t) in self._index}
+
+    def _wait_set(self, module):
+        indices = self._tensor_indices(list(module._parameters.values()) +
+                                       list(module._buffers.values()))
+        for child in module.children():
+            if id(child) not in self._called:
+                indices |= self._tensor_indices(list(child.parameters()) + list(child.buffers()))
+        return sorted(indices)
+
+    def _wait_before_forward(self, module, _inputs):
+        w = self.worker
+        if id(module) not in self._called:
+            self._called.add(id(module))
+            self._wait_sets.clear()  # A module ran for the first time: its parent waits less.
+        if w._rejoining or w._failure is not None:
+            return
+        indices = self._wait_sets.get(id(module))
+        if indices is None:
+            indices = self._wait_sets[id(module)] = self._wait_set(module)
+        if not indices:
+            return
+        try:
+            self._updater.wait_params(indices)
+        except Error as error:
+            w._failure = error  # The next step() handles it, out of the forward.
+
+    def synchronize(self):
+        """Waits until every parameter holds the latest pulled values (see
+        overlap_pulls)."""
+        self.worker._settle()
 
     def _hook_gradients(self):
         # A hook on each parameter's gradient accumulator fires once autograd
@@ -449,6 +523,10 @@ class DistributedOptimizer:
         latest batch, else the job's batch size)."""
         if self.worker._rejoining:
             return  # The job resumed as a new run: the loop rewinds.
+        if self.worker._failure is not None:
+            error, self.worker._failure = self.worker._failure, None
+            self.worker._await_rejoin(error)
+            return
         if self.optimizer is not None:
             self.optimizer.step()
         try:
@@ -513,6 +591,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             self.worker._batch_samples = stop - start
             yield order[begin + start:begin + stop]
             start = stop
+        self.worker._settle()
 
     def __len__(self):
         w = self.worker

@@ -158,7 +158,9 @@ TEST(JobWorkerLoopbackTest, TwoBoundWorkersDeclareStartAndAverageOneSyncStep) {
 
   // Both start from the first declaration's values; one sync step applies
   // the mean gradient (2) at learning rate 0.5 and takes the buffers' mean.
-  auto step = [](JobWorker* worker, Tensors* t, bool move_mean, absl::Status* result) {
+  // Worker a overlaps its pulls (Step returns with them in flight; a
+  // forward would wait per tensor), worker b waits for them in Step.
+  auto step = [](JobWorker* worker, Tensors* t, bool overlap, absl::Status* result) {
     const v1::Assignment assignment = worker->assignment();
     absl::StatusOr<std::shared_ptr<PsClient>> client = worker->ConnectShards();
     if (!client.ok()) {
@@ -166,13 +168,22 @@ TEST(JobWorkerLoopbackTest, TwoBoundWorkersDeclareStartAndAverageOneSyncStep) {
       return;
     }
     const ModelGraph graph = *BuildJobGraph(assignment.spec());
-    ExternalUpdater updater(ExternalUpdater::OptionsFromJob(assignment.spec(), assignment.rank()),
-                            graph, client->get());
+    ExternalUpdater::Options options =
+        ExternalUpdater::OptionsFromJob(assignment.spec(), assignment.rank());
+    options.overlap_pulls = overlap;
+    ExternalUpdater updater(options, graph, client->get());
     *result = updater.Start(t->pointers());
     if (!result->ok()) return;
-    if (move_mean) t->mean = {1.5f, 0.5f};  // Worker a's running mean moved.
+    if (overlap) t->mean = {1.5f, 0.5f};  // Worker a's running mean moved.
     *result = updater.GradientReady(0, t->grad.data());
     if (result->ok()) *result = updater.Step();
+    if (overlap && result->ok()) {
+      if (absl::Status bad = updater.WaitParams({2}); !absl::IsInvalidArgument(bad)) {
+        *result = absl::InternalError(absl::StrCat("WaitParams({2}): ", bad.ToString()));
+        return;
+      }
+      *result = updater.WaitParams({0, 1});  // What a forward's pre-hooks do.
+    }
     if (result->ok()) *result = updater.Finish();
   };
   absl::Status status_a, status_b;
