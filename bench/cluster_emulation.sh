@@ -47,7 +47,7 @@
 # /metrics, pstrain_server_barrier_wait_seconds: what the slowest worker of
 # each chunk costs the others).
 #
-# Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|all
+# Usage: bench/cluster_emulation.sh smoke|sweep|tls|fmnist|torch|all
 #   smoke   N=2, S=2, no compression, a few steps (< 60 s); run by ctest
 #   sweep   N = 1 2 4 8 (NS_LIST), S = 1 2 4 (SS_LIST), codecs none and onebit
 #           (CODECS: push codecs, PUSH/PULL adds --pull-compression, e.g.
@@ -62,6 +62,24 @@
 #           shards at 1gbit, real training, each codec: test accuracy after
 #           each epoch (epoch checkpoints evaluated afterwards) and the time
 #           to 0.90
+#   torch   pstrain.torch against DDP (gloo) with torchvision's ResNet-18
+#           (synthetic 3x64x64, TORCH_BATCH=16 per worker, sync SGD with
+#           momentum), real compute: each worker process in a namespace of
+#           its own (one thread), pstrain's servers in others; N =
+#           TORCH_NS ("2 4"), sides TORCH_SIDES ("ddp:none ddp:fp16
+#           pstrain:none pstrain:fp16/fp16 pstrain:topk:0.01
+#           pstrain:topk:0.01/fp16"; ddp:fp16 is DDP's
+#           fp16_compress_hook, pstrain's codec PUSH[/PULL] as for submit),
+#           each pstrain side with S servers for S in TORCH_SERVERS ("1 N":
+#           one, and one per worker as BytePS places them), TORCH_ROUNDS (2)
+#           rounds alternating the order, TORCH_STEPS (12) steps per worker
+#           after TORCH_WARM (3); the median step time over the workers'
+#           medians, each worker's CPU per step (its process, every thread)
+#           and the servers' CPU per step (all of them, the whole job over
+#           its steps): on a host with fewer cores than processes, the CPU a
+#           step costs outside the training thread is on the step's path.
+#           Side pstrain-serial: pstrain without overlapped pulls.
+#           TORCH_PYTHON: the python3 to run them with.
 # RATE=100mbit FIXED_MS=100 is the same cluster slowed ten times (a tenth
 # of the work per second for the daemons, veths and tbf on this host).
 # Environment (defaults): RATE=1gbit DELAY_MS=0.1 FIXED_MS=10 CODECS="none
@@ -115,7 +133,7 @@ PORT=7070
 
 skip() { echo "cluster_emulation: SKIP: $*" >&2; exit 77; }
 die() { echo "cluster_emulation: error: $*" >&2; exit 1; }
-case $WHAT in smoke | sweep | tls | fmnist | all) ;; *) die "unknown mode '$WHAT' (smoke|sweep|tls|fmnist|all)" ;; esac
+case $WHAT in smoke | sweep | tls | fmnist | torch | all) ;; *) die "unknown mode '$WHAT' (smoke|sweep|tls|fmnist|torch|all)" ;; esac
 
 # --- Can this machine do it? (else exit 77) -----------------------------------
 [[ $(id -u) == 0 ]] || skip "needs root for network namespaces (uid $(id -u))"
@@ -588,5 +606,117 @@ PY
     done
     note "$codec: final test_accuracy $final, wall $(python3 -c "print(round($t1 - $t0, 1))") s, time to 0.90: $tta"
   done
+fi
+if [[ $WHAT == torch ]]; then
+  FIXED_MS=0
+  TORCH_STEPS=${TORCH_STEPS:-12} TORCH_WARM=${TORCH_WARM:-3} TORCH_BATCH=${TORCH_BATCH:-16}
+  PY=${TORCH_PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}  # Debian's: its torch
+  TORCH_ENV=(OMP_NUM_THREADS=1 PYTHONPATH="${BIN%/bin}/python")
+  # torch_point N SIDE CODEC ROUND S: one measurement (S servers for
+  # pstrain), one line of $RESULTS.
+  torch_point() {
+    local n=$1 side=$2 codec=$3 round=$4 s=$5 i job pids=() p deadline shards="" server_pids=()
+    local server_ticks=0
+    stop_processes
+    STATE=$(mktemp -d "$RUN_DIR/torch.XXXXXX")
+    local worker=("$PY" "$ROOT/bench/torch_ddp_bench.py" --as-worker --side "$side"
+      --model resnet18 --workers "$n" --steps "$TORCH_STEPS" --warmup "$TORCH_WARM"
+      --batch "$TORCH_BATCH" --threads-per-worker 1 --out "$STATE/fig")
+    if [[ $side == ddp ]]; then
+      for ((i = 0; i < n; i++)); do
+        ip netns exec "${WORKER_NS[$i]}" env "${TORCH_ENV[@]}" RANK="$i" \
+          MASTER_ADDR="${WORKER_IP[0]}" MASTER_PORT=29500 GLOO_SOCKET_IFNAME=eth0 \
+          "${worker[@]}" --ddp-hook "$codec" >"$STATE/w$i.log" 2>&1 &
+        PIDS+=($!) pids+=($!)
+      done
+    else
+      SERVER="${SERVER_IP[0]}:$PORT"
+      for ((i = 0; i < s; i++)); do shards+="${shards:+,}${SERVER_IP[$i]}:$PORT"; done
+      for ((i = 0; i < s; i++)); do
+        ip netns exec "${SERVER_NS[$i]}" "$BIN/pstrain-server" --listen "${SERVER_IP[$i]}:$PORT" \
+          --shards "$shards" --shard-index "$i" --insecure --metrics-port "$METRICS_PORT" \
+          --state-dir "$STATE/state$i" ${SERVER_ARGS:-} >"$STATE/server$i.log" 2>&1 &
+        PIDS+=($!) server_pids+=($!)
+      done
+      for ((i = 0; i < s; i++)); do
+        wait_for "server $i listening" 30 port_open "${SERVER_NS[$i]}" "${SERVER_IP[$i]}"
+      done
+      job=$(ip netns exec "${SERVER_NS[0]}" env "${TORCH_ENV[@]}" "$PY" \
+        "$ROOT/bench/torch_ddp_bench.py" --submit "$SERVER" --model resnet18 --workers "$n" \
+        --batch "$TORCH_BATCH" --compression "$codec") || die "submit failed"
+      for ((i = 0; i < n; i++)); do
+        ip netns exec "${WORKER_NS[$i]}" env "${TORCH_ENV[@]}" PSTRAIN_SERVER="$SERVER" \
+          PSTRAIN_JOB="$job" PSTRAIN_MODE=sync "${worker[@]}" >"$STATE/w$i.log" 2>&1 &
+        PIDS+=($!) pids+=($!)
+      done
+    fi
+    deadline=$(($(date +%s) + ${TORCH_TIMEOUT_S:-900}))
+    for p in "${pids[@]}"; do
+      while kill -0 "$p" 2>/dev/null; do
+        (($(date +%s) < deadline)) || die "$side $codec N=$n did not finish (logs: $STATE)"
+        sleep 0.2
+      done
+      wait "$p" || die "$side $codec N=$n: a worker failed: $(tail -3 "$STATE"/w*.log)"
+    done
+    # The servers' CPU (user + system, every thread) over the whole job.
+    for p in "${server_pids[@]}"; do
+      server_ticks=$((server_ticks + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    stop_processes
+    python3 - "$STATE" "$side" "$n" "$codec" "$round" "$s" "$server_ticks" "$(getconf CLK_TCK)" \
+      "$TORCH_STEPS" <<'PY' | tee -a "$RESULTS"
+import glob, json, statistics, sys
+state, side, n, codec, rnd, servers, ticks, hz, steps = sys.argv[1:]
+figs = [json.load(open(f)) for f in glob.glob(f"{state}/fig.{side}.*")]
+step = statistics.median(f["step_ms"] for f in figs)
+rate = sum(f["samples_per_sec"] for f in figs)
+worker_cpu = statistics.mean(f.get("cpu_ms_per_step", 0.0) for f in figs)
+server_cpu = 1000 * int(ticks) / int(hz) / int(steps)
+label = side if side == "ddp" else f"{side}-S{servers}"
+print(f"bench_only_fixed_compute_ms=0\t{n}\t{label}\t{codec}\t{rnd}\t{step:.1f}\t{rate:.2f}"
+      f"\t{worker_cpu:.0f}\t{server_cpu:.0f}")
+PY
+  }
+  note "== torch: ResNet-18 (torchvision, synthetic 3x64x64, batch $TORCH_BATCH per worker, 1 thread each), sync SGD, pstrain.torch vs DDP (gloo), $RATE links (+${DELAY_MS} ms netem where available), servers per pstrain point: ${TORCH_SERVERS:-1 N}, $("$PY" -c 'import torch; print("torch", torch.__version__)'), $(when)"
+  printf 'bench_only_fixed_compute_ms=0\tN\tside\tcodec\tround\tstep_ms\tsamples_per_s\tworker_cpu_ms_per_step\tservers_cpu_ms_per_step\n' |
+    tee -a "$RESULTS"
+  for n in ${TORCH_NS:-2 4}; do
+    net_up "$n" "$n" "$RATE"
+    points=()  # SIDE:CODEC@S
+    for sc in ${TORCH_SIDES:-ddp:none ddp:fp16 pstrain:none pstrain:fp16/fp16 pstrain:topk:0.01 pstrain:topk:0.01/fp16}; do
+      if [[ ${sc%%:*} == ddp ]]; then
+        points+=("$sc@0")
+      else
+        for s in ${TORCH_SERVERS:-1 N}; do points+=("$sc@${s/N/$n}"); done
+      fi
+    done
+    for ((round = 1; round <= ${TORCH_ROUNDS:-2}; round++)); do
+      order=("${points[@]}")
+      if ((round % 2 == 0)); then
+        order=()
+        for ((i = ${#points[@]} - 1; i >= 0; i--)); do order+=("${points[$i]}"); done
+      fi
+      for p in "${order[@]}"; do
+        sc=${p%@*}
+        torch_point "$n" "${sc%%:*}" "${sc#*:}" "$round" "${p##*@}"
+      done
+    done
+  done
+  # Per N and side: the median step over the rounds, and DDP's best against pstrain's.
+  python3 - "$RESULTS" <<'PY' | tee -a "$RUN_DIR/torch-summary.tsv"
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+steps = {}
+for r in rows:
+    if len(r) >= 7 and r[1].isdigit():
+        steps.setdefault(r[1], {}).setdefault(f"{r[2]}:{r[3]}", []).append(float(r[5]))
+print("bench_only_fixed_compute_ms=0\tN\tside\tstep_ms_median\tDDP_best_step/step")
+for n, by in steps.items():
+    ddp = [statistics.median(v) for k, v in by.items() if k.startswith("ddp:")]
+    for k, v in by.items():
+        m = statistics.median(v)
+        ratio = f"{min(ddp) / m:.2f}x" if ddp else "(no DDP point)"
+        print(f"bench_only_fixed_compute_ms=0\t{n}\t{k}\t{m:.1f}\t{ratio}")
+PY
 fi
 note "results in $RUN_DIR"

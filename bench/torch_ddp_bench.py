@@ -14,6 +14,13 @@ pstrain runs sync mode with SGD (momentum 0.9) on its local server on
 127.0.0.1 (`pstrain run`); DDP runs the same SGD in each process, gradients
 all-reduced by gloo over 127.0.0.1. Each worker process uses
 --threads-per-worker threads (default: cores / workers).
+
+bench/cluster_emulation.sh torch runs the same workers (--as-worker) on
+emulated hosts and links instead: one process per network namespace, DDP
+with --ddp-hook none or fp16 (its fp16_compress_hook), pstrain against a
+server in a namespace of its own, the job submitted with --submit ADDR
+--compression none|fp16|topk:RATIO. Each worker writes its samples per
+second and its median step time after the warm-up.
 """
 
 import argparse
@@ -59,12 +66,15 @@ def worker_main(args):
     model = make_model(args.model)
     samples = args.steps * args.batch * args.workers
     data = make_data(args.model, samples, args.data)
-    times = []
+    times, cpu = [], []  # Wall and this process's CPU (all its threads) at each step's end.
     if args.side == "ddp":
         import torch.distributed as dist
         rank = int(os.environ["RANK"])
         dist.init_process_group("gloo", rank=rank, world_size=args.workers)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if args.ddp_hook == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         sampler = torch.utils.data.DistributedSampler(data, num_replicas=args.workers, rank=rank,
                                                       shuffle=True, seed=0)
@@ -75,11 +85,13 @@ def worker_main(args):
             F.cross_entropy(ddp(x), y).backward()
             opt.step()
             times.append(time.perf_counter())
+            cpu.append(time.process_time())
         dist.destroy_process_group()
-    else:
+    else:  # pstrain, or pstrain-serial: the pulls not overlapped with the next forward.
         import pstrain.torch as pst
         worker = pst.init()
-        opt = pst.DistributedOptimizer(model)
+        serial = {"overlap_pulls": False} if args.side == "pstrain-serial" else {}
+        opt = pst.DistributedOptimizer(model, **serial)
         rank = worker.rank
         loader = torch.utils.data.DataLoader(data, batch_sampler=pst.DistributedSampler(data))
         for _ in pst.epochs():
@@ -88,11 +100,46 @@ def worker_main(args):
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
                 times.append(time.perf_counter())
+                cpu.append(time.process_time())
     warm = args.warmup
     steps = len(times) - 1 - warm
     rate = steps * args.batch / (times[-1] - times[warm]) if steps > 0 else 0.0
+    intervals = [b - a for a, b in zip(times[warm:], times[warm + 1:])]
+    step_ms = 1000 * statistics.median(intervals) if intervals else 0.0
+    cpu_ms = 1000 * (cpu[-1] - cpu[warm]) / steps if steps > 0 else 0.0
     with open(f"{args.out}.{args.side}.{rank}", "w") as f:
-        json.dump({"samples_per_sec": rate, "steps": len(times)}, f)
+        json.dump({"samples_per_sec": rate, "step_ms": step_ms, "cpu_ms_per_step": cpu_ms,
+                   "steps": len(times)}, f)
+
+
+def submit(args):
+    """Submits the pstrain side's job to the server at args.submit (plaintext)
+    and prints its id: sync SGD as DDP's, the push compression asked."""
+    import pstrain
+    from pstrain._proto import job_pb2
+    methods = {"none": job_pb2.CompressionSpec.COMPRESSION_NONE,
+               "fp16": job_pb2.CompressionSpec.COMPRESSION_FP16,
+               "bf16": job_pb2.CompressionSpec.COMPRESSION_BF16,
+               "topk": job_pb2.CompressionSpec.COMPRESSION_TOPK,
+               "onebit": job_pb2.CompressionSpec.COMPRESSION_ONEBIT}
+
+    def codec(text):
+        method, _, ratio = text.partition(":")
+        return job_pb2.CompressionSpec(method=methods[method],
+                                       topk_ratio=float(ratio) if ratio else 0.0)
+
+    push, _, pull = args.compression.partition("/")
+    spec = job_pb2.JobSpec(
+        name=f"bench-{args.model}-{args.compression}",
+        external_model=job_pb2.ExternalModel(framework="torch"),
+        optimizer=job_pb2.OptimizerSpec(type=job_pb2.OPTIMIZER_SGD, learning_rate=0.01,
+                                        momentum=0.9),
+        epochs=1, batch_size=args.batch, seed=0, workers=args.workers,
+        mode=job_pb2.CONSISTENCY_SYNC, compression=codec(push))
+    if pull:
+        spec.pull_compression.CopyFrom(codec(pull))
+    with pstrain.Client(args.submit) as client:
+        print(client.submit_spec(spec).id)
 
 
 def run_side(args, side, tmp):
@@ -141,24 +188,38 @@ def main():
     parser.add_argument("--threads-per-worker", type=int,
                         default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--ddp-hook", choices=["none", "fp16"], default="none")
+    parser.add_argument("--sides", default="ddp,pstrain",
+                        help="comma-separated: ddp, pstrain, pstrain-serial (no overlapped pulls)")
+    parser.add_argument("--submit", default="", metavar="ADDR",
+                        help="submit the pstrain side's job to ADDR and print its id")
+    parser.add_argument("--compression", default="none",
+                        help="PUSH[/PULL]: none, fp16, bf16, topk:RATIO or onebit")
     args = parser.parse_args()
+    if args.submit:
+        return submit(args)
     if args.as_worker:
         return worker_main(args)
-    figures = {"ddp": [], "pstrain": []}
+    sides = args.sides.split(",")
+    figures = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="torch-ddp-bench-") as tmp:
         for r in range(args.rounds):
-            for side in ("ddp", "pstrain") if r % 2 == 0 else ("pstrain", "ddp"):
+            for side in sides if r % 2 == 0 else reversed(sides):
                 rate = run_side(args, side, tmp)
                 figures[side].append(rate)
                 print(f"round {r + 1} {side}: {rate:.1f} samples/s", flush=True)
-    ddp, ps = statistics.median(figures["ddp"]), statistics.median(figures["pstrain"])
+    names = {"ddp": "DDP (gloo)", "pstrain": "pstrain sync",
+             "pstrain-serial": "pstrain sync, pulls not overlapped"}
     print(f"\n{args.model}, {args.workers} workers x {args.threads_per_worker} threads, batch "
           f"{args.batch}, {args.steps} steps per worker ({args.warmup} warm-up), "
           f"{args.rounds} rounds")
-    print(f"| side | samples/s (median) | rounds |\n| --- | --- | --- |")
-    print(f"| DDP (gloo) | {ddp:.1f} | {', '.join(f'{v:.1f}' for v in figures['ddp'])} |")
-    print(f"| pstrain sync | {ps:.1f} | {', '.join(f'{v:.1f}' for v in figures['pstrain'])} |")
-    print(f"pstrain / DDP: {ps / ddp:.2f}x")
+    print("| side | samples/s (median) | rounds |\n| --- | --- | --- |")
+    medians = {side: statistics.median(v) for side, v in figures.items()}
+    for side, values in figures.items():
+        print(f"| {names[side]} | {medians[side]:.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
+    for side in sides:
+        if side != "ddp" and "ddp" in medians:
+            print(f"{side} / DDP: {medians[side] / medians['ddp']:.2f}x")
     return 0
 
 

@@ -72,11 +72,11 @@ __all__ = ["init", "Worker", "DistributedOptimizer", "DistributedSampler", "epoc
 
 Error = _native.Error
 
-# Errors that a restarting server 0 or a replaced run cause: the worker waits
-# for the job's new run before it gives up on them.
 # Steps between progress reports within an epoch (the C++ workers' default).
 _PROGRESS_EVERY = 20
 
+# Errors that a restarting server 0 or a replaced run cause: the worker waits
+# for the job's new run before it gives up on them.
 _RESUMABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "NOT_FOUND", "ABORTED", "CANCELLED",
               "FAILED_PRECONDITION"}
 
