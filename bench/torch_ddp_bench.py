@@ -142,6 +142,24 @@ def submit(args):
         print(client.submit_spec(spec).id)
 
 
+def launch(side, worker, workers, threads, pstrain, job, state_dir, timeout):
+    """Runs `workers` processes of `worker` (an argv) on one side and waits:
+    DDP's ranks with gloo on 127.0.0.1, or `pstrain run` (sync SGD with
+    momentum 0.9, the `job` options, a local server in `state_dir`)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if side == "ddp":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+        procs = [subprocess.Popen(worker, env=dict(env, RANK=str(r))) for r in range(workers)]
+        codes = [p.wait(timeout=timeout) for p in procs]
+    else:
+        cmd = [pstrain, "run", "-n", str(workers), "--mode", "sync", "--optimizer", "sgd",
+               "--momentum", "0.9", "--state-dir", state_dir] + job + ["--"] + worker
+        codes = [subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
+                                timeout=timeout).returncode]
+    if any(codes):
+        raise RuntimeError(f"{side}: exit codes {codes}")
+
+
 def run_side(args, side, tmp):
     out = os.path.join(tmp, "fig")
     for name in os.listdir(tmp):
@@ -151,19 +169,9 @@ def run_side(args, side, tmp):
               "--model", args.model, "--workers", str(args.workers), "--steps", str(args.steps),
               "--batch", str(args.batch), "--warmup", str(args.warmup), "--data", args.data,
               "--threads-per-worker", str(args.threads_per_worker), "--out", out]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_worker))
-    if side == "ddp":
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
-        procs = [subprocess.Popen(worker, env=dict(env, RANK=str(r))) for r in range(args.workers)]
-        codes = [p.wait(timeout=args.timeout) for p in procs]
-    else:
-        cmd = [args.pstrain, "run", "-n", str(args.workers), "--mode", "sync", "--epochs", "1",
-               "--batch-size", str(args.batch), "--optimizer", "sgd", "--lr", "0.01",
-               "--momentum", "0.9", "--state-dir", os.path.join(tmp, "state"), "--"] + worker
-        codes = [subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
-                                timeout=args.timeout).returncode]
-    if any(codes):
-        raise RuntimeError(f"{side}: exit codes {codes}")
+    launch(side, worker, args.workers, args.threads_per_worker, args.pstrain,
+           ["--epochs", "1", "--batch-size", str(args.batch), "--lr", "0.01"],
+           os.path.join(tmp, "state"), args.timeout)
     rates = []
     for name in os.listdir(tmp):
         if name.startswith(f"fig.{side}."):
@@ -172,19 +180,26 @@ def run_side(args, side, tmp):
     return sum(rates)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_parser(description):
+    """The options every torch-against-DDP script shares (the worker's own
+    --as-worker, --side and --out among them)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="")
     parser.add_argument("--out", default="")
     parser.add_argument("--pstrain", default=os.path.join(REPO, "build", "bin", "pstrain"))
-    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    return parser
+
+
+def main():
+    parser = common_parser(__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
     parser.add_argument("--steps", type=int, default=60, help="steps per worker")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--threads-per-worker", type=int,
                         default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=1800)

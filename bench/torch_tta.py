@@ -13,10 +13,8 @@ and the ratio DDP's time over pstrain's.
         --target 0.90 --epochs 6
 """
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "examples", "torch"))
+sys.path.insert(0, HERE)
+import torch_ddp_bench  # noqa: E402  (launch: the two sides' processes)
 
 
 def worker_main(args):
@@ -85,20 +85,9 @@ def run_side(args, side, tmp):
     worker = [sys.executable, os.path.abspath(__file__), "--as-worker", "--side", side,
               "--workers", str(args.workers), "--epochs", str(args.epochs), "--batch",
               str(args.batch), "--lr", str(args.lr), "--data", args.data, "--out", out]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if side == "ddp":
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
-        procs = [subprocess.Popen(worker, env=dict(env, RANK=str(r))) for r in range(args.workers)]
-        codes = [p.wait(timeout=args.timeout) for p in procs]
-    else:
-        cmd = [args.pstrain, "run", "-n", str(args.workers), "--mode", "sync", "--epochs",
-               str(args.epochs), "--batch-size", str(args.batch), "--optimizer", "sgd", "--lr",
-               str(args.lr), "--momentum", "0.9", "--state-dir", os.path.join(tmp, "state"),
-               "--"] + worker
-        codes = [subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
-                                timeout=args.timeout).returncode]
-    if any(codes):
-        raise RuntimeError(f"{side}: exit codes {codes}")
+    torch_ddp_bench.launch(side, worker, args.workers, 1, args.pstrain,
+                           ["--epochs", str(args.epochs), "--batch-size", str(args.batch),
+                            "--lr", str(args.lr)], os.path.join(tmp, "state"), args.timeout)
     with open(f"{out}.{side}") as f:
         return json.load(f)
 
@@ -111,17 +100,11 @@ def time_to(record, target):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--side", default="")
-    parser.add_argument("--out", default="")
-    parser.add_argument("--pstrain", default=os.path.join(REPO, "build", "bin", "pstrain"))
-    parser.add_argument("--workers", type=int, default=2)
+    parser = torch_ddp_bench.common_parser(__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--target", type=float, default=0.90)
-    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
     if args.as_worker:
