@@ -223,6 +223,32 @@ def test_pstrain_run_trains_what_the_json_engine_cannot_express(bin_dir, source_
     assert min(accuracies) > floor, f"test accuracies {accuracies}\n{r.stdout}{r.stderr}"
 
 
+def test_pstrain_run_against_an_existing_server(bin_dir, source_dir, tmp_path, fashion_mnist):
+    """`pstrain run --server ADDR` trains on a running cluster's server (TLS,
+    mTLS, tokens: the admin's for the job, the worker's for the processes)
+    and leaves that server running: the job SUCCEEDED there, with every
+    sample once, and the server still answers afterwards."""
+    record = tmp_path / "record"
+    with LocalCluster(bin_dir, source_dir, str(tmp_path), workers=0) as cluster:
+        c = cluster.certs
+        r = run_cli(bin_dir, [
+            "-n", "2", "--server", cluster.address, "--mode", "sync", "--epochs", "1",
+            "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9",
+            "--tls-ca", f"{c}/ca.pem", "--tls-cert", f"{c}/admin.pem",
+            "--tls-key", f"{c}/admin-key.pem", "--token-file", f"{c}/admin.token",
+            "--worker-tls-cert", f"{c}/worker.pem", "--worker-tls-key", f"{c}/worker-key.pem",
+            "--worker-token-file", f"{c}/worker.token",
+            "--", sys.executable, os.path.join(source_dir, "examples/torch/train_fmnist.py"),
+            "--model", "mlp", "--limit", "2000", "--test-limit", "500", "--record", str(record)])
+        assert r.returncode == 0, r.stdout + r.stderr + cluster.logs()
+        assert "SUCCEEDED" in r.stdout, r.stdout + r.stderr
+        seen, _ = read_records(record, ranks=2)
+        assert sorted(seen) == list(range(2000)), "every sample once"
+        listed = cluster.cli("list")
+        assert listed.returncode == 0 and "SUCCEEDED" in listed.stdout, listed.stdout + listed.stderr
+        assert "declared the model" in cluster.log("server"), cluster.logs()
+
+
 def test_pstrain_run_refuses_bad_usage(bin_dir):
     r = run_cli(bin_dir, ["-n", "2"])
     assert r.returncode == 2 and "no command: put it after --" in r.stderr, r.stderr
