@@ -123,9 +123,9 @@ def main():
                  else "" for s in ("ddp", "pstrain")]
         print(f"| {e + 1} | {cells[0]} | {cells[1]} |")
     ddp, ps = time_to(records["ddp"], args.target), time_to(records["pstrain"], args.target)
-    say = {None: "not reached"}
-    print(f"time to {args.target}: DDP {say.get(ddp, f'{ddp:.1f} s')}, pstrain "
-          f"{say.get(ps, f'{ps:.1f} s')}" +
+    def say(seconds):
+        return "not reached" if seconds is None else f"{seconds:.1f} s"
+    print(f"time to {args.target}: DDP {say(ddp)}, pstrain {say(ps)}" +
           (f"; DDP / pstrain: {ddp / ps:.2f}x" if ddp and ps else ""))
     return 0
 
