@@ -42,7 +42,7 @@ def worker_main(args):
     def after_epoch(started):
         nonlocal trained_s
         trained_s += time.perf_counter() - started
-        record.append((trained_s, train_fmnist.evaluate(model, test)))
+        record.append((trained_s, train_fmnist.evaluate(model, test, "cpu")))
 
     if args.side == "ddp":
         import torch.distributed as dist

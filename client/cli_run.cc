@@ -17,7 +17,6 @@
 // Exits 0 when the job SUCCEEDED, 1 when it did not, 2 for a usage error.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +26,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -43,6 +41,7 @@
 #include "client/cli_internal.h"
 #include "common/job_spec.h"
 #include "common/job_state.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 
 ABSL_DECLARE_FLAG(std::string, server);
@@ -129,56 +128,6 @@ absl::StatusOr<v1::JobSpec> MakeSpec(const RunOptions& o, const std::vector<std:
   PSTRAIN_RETURN_IF_ERROR(ApplyOverrides(o.overrides, spec));
   PSTRAIN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;
-}
-
-// posix_spawnp with `env` added to this process's environment; -1 and
-// errno on failure.
-pid_t Spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-            const std::string& log_path) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (env.count(entry.substr(0, entry.find('='))) == 0) env_strings.push_back(entry);
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> envp, args;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (std::string& s : argv_copy) args.push_back(s.data());
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  }
-  pid_t pid = -1;
-  const int error = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
-    errno = error;
-    return -1;
-  }
-  return pid;
-}
-
-// Escapes `s` for a JSON string.
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
-// The exit of `pid` as words.
-std::string ExitText(int wait_status) {
-  if (WIFEXITED(wait_status)) return absl::StrCat("exited with ", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) return absl::StrCat("was killed by signal ", WTERMSIG(wait_status));
-  return "ended";
 }
 
 }  // namespace
@@ -301,9 +250,11 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
       argv.emplace_back(a);
     }
     const std::string log = (dir / "server.log").string();
-    server_pid = Spawn(argv, {}, log);
-    if (server_pid < 0)
-      return fail(absl::StrCat("cannot start ", binary, ": ", std::strerror(errno)));
+    SpawnOptions to_log;
+    to_log.log_path = log;
+    absl::StatusOr<pid_t> started = SpawnProcess(argv, {}, to_log);
+    if (!started.ok()) return fail(std::string(started.status().message()));
+    server_pid = *started;
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     for (;;) {
       const std::string text = ReadFileToString(log).value_or("");
@@ -348,14 +299,13 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
 
   // StartWorkers.
   const std::string credentials = (dir / "credentials.json").string();
-  {
-    std::ofstream f(credentials);
-    f << "{\"tls_ca\": " << JsonString(tls_.ca_file)
-      << ", \"tls_cert\": " << JsonString(o.worker_cert)
-      << ", \"tls_key\": " << JsonString(o.worker_key)
-      << ", \"tls_server_name\": " << JsonString(tls_.server_name)
-      << ", \"token_file\": " << JsonString(o.worker_token_file) << "}\n";
-    if (!f) return fail(absl::StrCat("cannot write ", credentials));
+  if (absl::Status s = WriteLauncherCredentials(credentials, {.tls_ca = tls_.ca_file,
+                                                              .tls_cert = o.worker_cert,
+                                                              .tls_key = o.worker_key,
+                                                              .tls_server_name = tls_.server_name,
+                                                              .token_file = o.worker_token_file});
+      !s.ok()) {
+    return fail(std::string(s.message()));
   }
   std::map<std::string, std::string> env = {
       {"PSTRAIN_SERVER", server_},
@@ -363,28 +313,17 @@ int Cli::RunWorkers(const std::vector<std::string>& all_args) {
       {"PSTRAIN_CREDENTIALS", credentials},
       {"PSTRAIN_MODE", absl::AsciiStrToLower(absl::StripPrefix(
                            v1::ConsistencyMode_Name(spec->mode()), "CONSISTENCY_"))}};
-  // A build tree's Python package (<build>/bin/pstrain beside
-  // <build>/python/pstrain, with pstrain._native) goes first on the
-  // processes' PYTHONPATH, so that `import pstrain.torch` finds this build's.
-  {
-    std::error_code ec;
-    const fs::path package =
-        fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "python";
-    if (!ec && fs::exists(package / "pstrain" / "torch.py", ec)) {
-      const char* old_path = std::getenv("PYTHONPATH");
-      env["PYTHONPATH"] = old_path != nullptr && *old_path != '\0'
-                              ? absl::StrCat(package.string(), ":", old_path)
-                              : package.string();
-    }
-  }
+  // A build tree's Python package goes first on the processes' PYTHONPATH,
+  // so that `import pstrain.torch` finds this build's.
+  if (std::string path = BuildTreePythonPath(); !path.empty()) env["PYTHONPATH"] = path;
   std::vector<pid_t> workers;
   for (int i = 0; i < o.n; ++i) {
-    const pid_t pid = Spawn(command, env, "");
-    if (pid < 0) {
+    absl::StatusOr<pid_t> pid = SpawnProcess(command, env, {});
+    if (!pid.ok()) {
       for (pid_t w : workers) kill(w, SIGTERM);
-      return fail(absl::StrCat("cannot start ", command[0], ": ", std::strerror(errno)));
+      return fail(std::string(pid.status().message()));
     }
-    workers.push_back(pid);
+    workers.push_back(*pid);
   }
 
   // Follow, while a thread reaps the workers: when every one has exited and

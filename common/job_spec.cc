@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model_graph.h"
@@ -117,6 +119,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, const std::strin
   if (job.has_dataset() && !job.dataset().path().empty()) {
     job.mutable_dataset()->set_path(Resolve(base_dir, job.dataset().path()));
   }
+  ImplyCommandModel(&job);
   return job;
 }
 
@@ -153,7 +156,64 @@ absl::Status CheckSameExternalModel(const v1::ExternalModel& declared,
   return absl::OkStatus();
 }
 
+void ImplyCommandModel(v1::JobSpec* job) {
+  if (job->has_command() && !job->has_external_model() && !job->has_model() &&
+      job->model_file().empty()) {
+    job->mutable_external_model();
+  }
+}
+
+absl::Status ValidateCommandSpec(const v1::CommandSpec& command) {
+  constexpr size_t kMaxValue = 4096;
+  constexpr int kMaxEntries = 64;
+  auto has_nul = [](const std::string& s) { return s.find('\0') != std::string::npos; };
+  if (command.argv_size() < 1 || command.argv_size() > kMaxEntries || command.argv(0).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "command.argv must hold 1 to ", kMaxEntries,
+        " arguments with a non-empty program first, got ", command.argv_size(), " argument(s)"));
+  }
+  for (int i = 0; i < command.argv_size(); ++i) {
+    if (command.argv(i).size() > kMaxValue || has_nul(command.argv(i))) {
+      return absl::InvalidArgumentError(absl::StrCat("command.argv[", i, "] is over ", kMaxValue,
+                                                     " bytes or holds a NUL byte"));
+    }
+  }
+  if (command.env_size() > kMaxEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("command.env holds ", command.env_size(),
+                                                   " variables; at most ", kMaxEntries));
+  }
+  for (const auto& [name, value] : command.env()) {
+    const bool valid_name =
+        !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0])) &&
+        std::all_of(name.begin(), name.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
+        });
+    if (!valid_name || name.size() > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("command.env: '", name.substr(0, 64), "' is not a variable name"));
+    }
+    if (absl::StartsWith(name, "PSTRAIN_")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "command.env: ", name, " is set by the daemon that runs the command; remove it"));
+    }
+    if (value.size() > kMaxValue || has_nul(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("command.env: the value of ", name,
+                                                     " is over ", kMaxValue,
+                                                     " bytes or holds a NUL byte"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
+  if (job.has_command()) {
+    if (!job.has_external_model()) {
+      return absl::InvalidArgumentError(
+          "a job that names a command trains the model its processes declare: remove `model` "
+          "and `model_file`");
+    }
+    PSTRAIN_RETURN_IF_ERROR(ValidateCommandSpec(job.command()));
+  }
   if (job.has_external_model()) {
     if (job.has_model() || !job.model_file().empty()) {
       return absl::InvalidArgumentError(
@@ -329,6 +389,7 @@ v1::ConsistencyMode ConsistencyModeOf(const v1::JobSpec& job) {
 }
 
 void ApplyJobDefaults(v1::JobSpec* job) {
+  ImplyCommandModel(job);
   if (job->workers() == 0) job->set_workers(1);
   job->set_mode(ConsistencyModeOf(*job));
   if (job->mode() == v1::CONSISTENCY_AVERAGE && job->averaging_frequency() == 0) {

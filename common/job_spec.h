@@ -43,7 +43,19 @@ absl::StatusOr<v1::ModelSpec> LoadModelSpec(const std::string& path);
 // An external model's job (JobSpec.external_model) needs no dataset (its
 // workers read their own data; a dataset is INVALID_ARGUMENT) and may leave
 // the tensors out: its workers declare them before it starts.
+// A job that names a command (JobSpec.command) has an external model, and
+// its command is checked by ValidateCommandSpec.
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
+
+// JobSpec.command's limits (job.proto, CommandSpec): INVALID_ARGUMENT naming
+// the argument or variable. Whether a daemon runs it is the daemon's call
+// (worker/command_run.h).
+absl::Status ValidateCommandSpec(const v1::CommandSpec& command);
+
+// A job that names a command and no model gets an (empty) external model:
+// its processes declare the tensors. ParseJobSpec and ApplyJobDefaults call
+// it.
+void ImplyCommandModel(v1::JobSpec* job);
 
 // The job's model is external and its tensors are known (declared by a
 // worker, or in the submitted spec).
@@ -116,7 +128,7 @@ v1::ConsistencyMode ConsistencyModeOf(const v1::JobSpec& job);
 // (ConsistencyModeOf), in average mode averaging_frequency
 // (kDefaultAveragingFrequency), and with TOPK or ONEBIT gradient compression
 // an unset min_compress_bytes (kDefaultMinCompressBytes; an explicit 0 stays
-// 0). The coordinator applies it to every submitted job and to every job it
+// 0), and a command job's external model (ImplyCommandModel). The coordinator applies it to every submitted job and to every job it
 // loads, so the stored spec says what runs and the shards and workers never
 // guess.
 void ApplyJobDefaults(v1::JobSpec* job);

@@ -69,6 +69,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
   const bool start_thread = options.start_background_thread;
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), shards));
   PSTRAIN_RETURN_IF_ERROR(c->LoadState());
+  {
+    // Jobs it resumes may have daemons running their commands: they come
+    // back within a heartbeat timeout.
+    absl::MutexLock lock(&c->mu_);
+    if (c->jobs_.CountIn(JobPhase::kQueued) > 0) {
+      c->launch_grace_until_ = c->Now() + c->options_.heartbeat_timeout;
+    }
+  }
   c->PersistChangedJobs();
   if (start_thread) c->background_ = std::thread([raw = c.get()] { raw->BackgroundLoop(); });
   return c;
@@ -158,6 +166,7 @@ absl::Status Coordinator::CheckId(const char* what, const std::string& id) const
 }
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(v1::JobSpec spec) {
+  ImplyCommandModel(&spec);
   if (!spec.has_external_model() && spec.model().layers_size() == 0) {
     return absl::InvalidArgumentError(
         spec.model_file().empty()
@@ -258,12 +267,19 @@ absl::StatusOr<std::string> Coordinator::CheckpointPath(const std::string& job_i
 
 void Coordinator::RefreshQueueReasons() {
   const IdleWorkers idle = IdleWorkersByJob();
+  const int command_daemons = static_cast<int>(
+      std::count_if(idle.pool.begin(), idle.pool.end(),
+                    [](const RegisteredWorker* w) { return w->info.runs_commands(); }));
   for (JobRecord* job : jobs_.jobs()) {
     if (job->phase != JobPhase::kQueued) continue;
     const auto bound = idle.bound.find(job->status.job_id());
+    const int launched = job->status.spec().has_command()
+                             ? static_cast<int>(Launchers(job->status.job_id()).size())
+                             : 0;
     job->SetQueueReason(static_cast<int>(!job->status.spec().has_external_model() ? idle.pool.size()
                                          : bound == idle.bound.end()              ? 0
-                                                                     : bound->second.size()));
+                                                                     : bound->second.size()),
+                        launched, command_daemons);
   }
 }
 
@@ -356,6 +372,7 @@ void Coordinator::DropDeadWorkers() {
   const absl::Time now = Now();
   for (RegisteredWorker* w : workers_.Overdue(now)) {
     workers_.MarkDead(*w, now);
+    w->launching.clear();  // Its command died with it (it gets SIGKILL).
     if (JobRecord* job = jobs_.Find(w->job_id);
         job != nullptr && job->phase == JobPhase::kRunning) {
       RemoveMember(*job, w->id, "missed heartbeats");
@@ -466,6 +483,7 @@ void Coordinator::StartQueuedJobs() {
   std::vector<RunReservation> starts;
   {
     absl::MutexLock lock(&mu_);
+    LaunchCommands();
     starts = ReserveWorkers();
   }
   for (const RunReservation& work : starts) {

@@ -44,6 +44,24 @@
 // (DeclareModel); the values start its first run, and any run that starts
 // before a checkpoint is on disk.
 //
+// Command jobs (JobSpec.command; server/coordinator_workers.cc): while
+// such a job is queued with fewer launched processes than its `workers`,
+// idle daemons that run commands (WorkerInfo.runs_commands) are told to run
+// it (ACTION_LAUNCH), one process each; such a daemon is busy until it
+// reports the process's end. The processes register as workers bound to the
+// job (WorkerInfo.launched_by names the daemon) and the job starts as any
+// external-model job. The end a daemon reports (HeartbeatRequest.
+// command_end) is taken only from the daemon told to run that job: a
+// refusal, or a status other than 0 from a process that was a member or
+// before the job started, fails the job with the daemon's words and the
+// process's last output; a signal (kill -9) drops its process from the run
+// as a lost worker (a queued job launches again); status 0 from a member
+// that had not finished drops it too. A daemon that says it runs a job's
+// command (after this server restarted) is counted for that job, or told to
+// stop it when the job ended; a server that loaded queued jobs at its start
+// launches nothing for one heartbeat timeout, so that their daemons and
+// processes are back first.
+//
 // Limits (each an Options field; INVALID_ARGUMENT for a request beyond a
 // size limit, RESOURCE_EXHAUSTED for a full registry; nothing changes): the
 // model's parameters and bytes and the names of a job (job_limits), ids in
@@ -104,6 +122,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -260,6 +279,9 @@ class Coordinator {
                                                   const std::string& job_id,
                                                   const std::string& run_id = "",
                                                   int64_t run_steps = -1);
+  // The same, with a daemon's command fields (command_job_id, command_end;
+  // see "Command jobs" above).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // Records a worker's progress, test shard or error. Returns true when the
   // worker must stop (job cancelled, failed or the worker is no longer a
   // member). NOT_FOUND for an unknown worker or job; INVALID_ARGUMENT for
@@ -335,6 +357,20 @@ class Coordinator {
   // Ends the job's current run: back to the queue, to resume from its latest
   // checkpoint as a new run (its members are idle again and take it first).
   void RequeueRun(JobRecord& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Command jobs (server/coordinator_workers.cc).
+  // Tells idle daemons that run commands to run the commands of queued
+  // command jobs short of launched processes.
+  void LaunchCommands() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The daemons running (or told to run) the job's command: those launching
+  // it and those that launched a live worker bound to it.
+  std::set<std::string> Launchers(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat of a daemon that runs, or was told to run, a command.
+  v1::HeartbeatResponse AnswerLauncher(RegisteredWorker& daemon, const std::string& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A daemon's report that its command ended (or was refused).
+  void CommandEnded(RegisteredWorker& daemon, const v1::CommandEnd& end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic scale-up: a running job with fewer members than it wants,
   // whose epoch-`epoch` checkpoint was just written, goes back to the queue
   // when enough workers are idle (a dropped worker that came back, a new
@@ -405,6 +441,8 @@ class Coordinator {
   absl::Time last_shard_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_stray_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Until then, command jobs resumed after a restart launch nothing.
+  absl::Time launch_grace_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::thread background_;
 };

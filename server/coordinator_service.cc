@@ -207,8 +207,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
     response->set_action(v1::HeartbeatResponse::ACTION_REREGISTER);
     return grpc::Status::OK;
   }
-  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(
-      request->worker_id(), request->job_id(), request->run_id(), request->run_steps());
+  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *std::move(r);
   return grpc::Status::OK;

@@ -3,6 +3,7 @@
 // rest of the class is in coordinator.cc.
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::WorkerInfo& info, const std::string& previous_worker_id) {
   PSTRAIN_RETURN_IF_ERROR(CheckId("previous_worker_id", previous_worker_id));
   PSTRAIN_RETURN_IF_ERROR(CheckId("info.job_id", info.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("info.launched_by", info.launched_by()));
   absl::MutexLock lock(&mu_);
   if (!info.job_id().empty()) {  // Bound to one job: one whose model is external.
     PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(info.job_id()));
@@ -61,9 +63,24 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
                                                              const std::string& job_id,
                                                              const std::string& run_id,
                                                              int64_t run_steps) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  request.set_job_id(job_id);
+  request.set_run_id(run_id);
+  request.set_run_steps(run_steps);
+  return Heartbeat(request);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  const std::string& worker_id = request.worker_id();
+  const std::string& job_id = request.job_id();
+  const std::string& run_id = request.run_id();
+  const int64_t run_steps = request.run_steps();
   PSTRAIN_RETURN_IF_ERROR(CheckId("run_id", run_id));
   PSTRAIN_RETURN_IF_ERROR(CheckId("worker_id", worker_id));
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("command_job_id", request.command_job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckId("command_end.job_id", request.command_end().job_id()));
   absl::MutexLock lock(&mu_);
   v1::HeartbeatResponse response;
   RegisteredWorker* found = workers_.Find(worker_id);
@@ -76,6 +93,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const std::string& 
     Log(absl::StrCat(worker_id, ": heartbeats again; back in the pool"));
     RefreshQueueReasons();
     Wake();
+  }
+  if (request.has_command_end()) CommandEnded(worker, request.command_end());
+  if (!request.command_job_id().empty() || !worker.launching.empty()) {
+    return AnswerLauncher(worker, request.command_job_id());
   }
   // The run whose assignment is published for this worker, if any.
   const JobRecord* current = jobs_.Find(worker.job_id);
@@ -241,6 +262,146 @@ CoordinatorStats Coordinator::Stats() const {
   stats.workers_alive = workers_.AliveCount();
   stats.max_model_version = max_model_version_;
   return stats;
+}
+
+// ---------------------------------------------------------------------------
+// Command jobs: daemons that run a job's command (see coordinator.h)
+// ---------------------------------------------------------------------------
+
+std::set<std::string> Coordinator::Launchers(const std::string& job_id) const {
+  std::set<std::string> launchers;
+  for (const RegisteredWorker* w : workers_.All()) {
+    if (w->launching == job_id) launchers.insert(w->id);
+    if (w->alive && w->info.job_id() == job_id && !w->info.launched_by().empty()) {
+      launchers.insert(w->info.launched_by());
+    }
+  }
+  return launchers;
+}
+
+void Coordinator::LaunchCommands() {
+  std::vector<RegisteredWorker*> daemons;
+  for (RegisteredWorker* w : workers_.IdleByNumber()) {
+    if (w->info.job_id().empty() && w->info.runs_commands()) daemons.push_back(w);
+  }
+  size_t next = 0;
+  for (JobRecord* job : jobs_.jobs()) {
+    if (next == daemons.size()) break;
+    if (job->phase != JobPhase::kQueued || !job->status.spec().has_command()) continue;
+    // Loaded after a restart: its daemons and processes come back first.
+    if (Now() < launch_grace_until_) continue;
+    const std::string& id = job->status.job_id();
+    size_t have = Launchers(id).size();
+    const size_t wanted = static_cast<size_t>(job->status.spec().workers());
+    while (have < wanted && next < daemons.size()) {
+      RegisteredWorker* d = daemons[next++];
+      d->launching = id;
+      ++have;
+      Log(absl::StrCat(id, ": ", d->id, " (", d->info.hostname(), ") runs its command (", have,
+                       " of ", wanted, ")"));
+    }
+  }
+  if (next > 0) RefreshQueueReasons();
+}
+
+v1::HeartbeatResponse Coordinator::AnswerLauncher(RegisteredWorker& daemon,
+                                                  const std::string& running) {
+  v1::HeartbeatResponse response;
+  const std::string job_id = running.empty() ? daemon.launching : running;
+  const JobRecord* job = jobs_.Find(job_id);
+  const bool live =
+      job != nullptr && job->phase != JobPhase::kDone && job->status.spec().has_command();
+  if (!running.empty()) {
+    if (!live || !daemon.info.runs_commands()) {
+      if (daemon.launching == running) daemon.launching.clear();
+      response.set_action(v1::HeartbeatResponse::ACTION_STOP);
+      return response;
+    }
+    if (daemon.launching != running) {  // This server restarted: the daemon's word.
+      Log(absl::StrCat(running, ": ", daemon.id, " runs its command"));
+      daemon.launching = running;
+      RefreshQueueReasons();
+    }
+    response.set_action(v1::HeartbeatResponse::ACTION_LAUNCH);
+  } else if (live && job->phase == JobPhase::kQueued) {
+    response.set_action(v1::HeartbeatResponse::ACTION_LAUNCH);
+  } else {
+    // Told to launch, and the job started or ended without it: nothing runs.
+    daemon.launching.clear();
+    RefreshQueueReasons();
+    response.set_action(v1::HeartbeatResponse::ACTION_IDLE);
+    return response;
+  }
+  response.mutable_assignment()->set_job_id(job_id);
+  *response.mutable_assignment()->mutable_spec() = job->status.spec();
+  return response;
+}
+
+void Coordinator::CommandEnded(RegisteredWorker& daemon, const v1::CommandEnd& end) {
+  JobRecord* job = jobs_.Find(end.job_id());
+  std::vector<RegisteredWorker*> processes;  // The workers its command made.
+  for (RegisteredWorker* w : workers_.All()) {
+    if (w->info.job_id() == end.job_id() && w->info.launched_by() == daemon.id) {
+      processes.push_back(w);
+    }
+  }
+  // Only the daemon told to run the command speaks for it.
+  if (daemon.launching != end.job_id() && processes.empty()) return;
+  if (daemon.launching == end.job_id()) daemon.launching.clear();
+  Wake();
+  if (job == nullptr || job->phase == JobPhase::kDone) return;
+  const std::string on = absl::StrCat("the command on ", daemon.id, " (", daemon.info.hostname(), ")");
+  if (!end.refused().empty()) {
+    Finish(*job, v1::JOB_STATE_FAILED,
+           absl::StrCat(daemon.id, " refused to run the command: ",
+                        Truncated(end.refused(), options_.max_reason_bytes)));
+    return;
+  }
+  const std::string how = end.signal() != 0
+                              ? absl::StrCat("was killed by signal ", end.signal())
+                              : absl::StrCat("exited with status ", end.exit_code());
+  const std::string output =
+      end.output_tail().empty()
+          ? std::string()
+          : absl::StrCat("; its last output:\n", Truncated(end.output_tail(), options_.max_reason_bytes));
+  // A member it made that had not finished.
+  RegisteredWorker* member = nullptr;
+  for (RegisteredWorker* w : processes) {
+    const RunMember* m = job->run == nullptr ? nullptr : job->run->FindMember(w->id);
+    if (m != nullptr && !m->finished) member = w;
+  }
+  const bool before_start = job->phase == JobPhase::kQueued && member == nullptr;
+  if (end.signal() != 0) {
+    for (RegisteredWorker* w : processes) {
+      if (w->alive) workers_.MarkDead(*w, Now());
+    }
+    if (member != nullptr) {
+      member->job_id.clear();
+      RemoveMember(*job, member->id, absl::StrCat("its process: ", on, " ", how));
+    } else {
+      Log(absl::StrCat(job->status.job_id(), ": ", on, " ", how,
+                       before_start ? "; launched again" : ""));
+      RefreshQueueReasons();
+    }
+    return;
+  }
+  if (end.exit_code() == 0) {
+    if (member != nullptr) {
+      member->job_id.clear();
+      RemoveMember(*job, member->id, absl::StrCat("its process ended before it finished: ", on,
+                                                   " ", how));
+    } else if (before_start) {
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat(on, " ", how,
+                          " before it joined the job (does it call pstrain.torch.init()?)", output));
+    }
+    return;
+  }
+  if (member != nullptr || before_start) {
+    Finish(*job, v1::JOB_STATE_FAILED,
+           absl::StrCat(on, member != nullptr ? absl::StrCat(" (", member->id, ")") : "", " ", how,
+                        output));
+  }
 }
 
 }  // namespace pstrain

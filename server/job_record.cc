@@ -90,7 +90,7 @@ JobRecord::JobRecord(v1::JobStatus saved, absl::StatusOr<ModelGraph> graph_in,
   }
 }
 
-bool JobRecord::SetQueueReason(int idle) {
+bool JobRecord::SetQueueReason(int idle, int launched, int command_daemons) {
   const int wanted = status.spec().workers();
   const bool external = status.spec().has_external_model();
   std::string reason =
@@ -100,6 +100,11 @@ bool JobRecord::SetQueueReason(int idle) {
           : absl::StrCat("waiting for ", wanted, external ? " worker" : " idle worker",
                          wanted == 1 ? "" : "s", external ? " bound to the job, " : ", ", idle,
                          external ? " registered" : " available");
+  if (status.spec().has_command() && launched < wanted) {
+    absl::StrAppend(&reason, "; its command runs on ", launched, " of ", wanted,
+                    " pstrain-worker daemons (", command_daemons,
+                    " idle daemons run commands: --command-root)");
+  }
   if (has_checkpoint) {
     absl::StrAppend(&reason, "; resumes from the checkpoint of epoch ", status.epoch());
   }

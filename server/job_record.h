@@ -88,8 +88,9 @@ struct JobRecord {
 
   // kQueued: the status reason for `idle` idle workers it may take (pool
   // workers, or for an external model the workers bound to it). True when
-  // it changed.
-  bool SetQueueReason(int idle);
+  // it changed. `launched`: a command job's processes launched so far (its
+  // daemons), of `command_daemons` idle daemons that run commands.
+  bool SetQueueReason(int idle, int launched = 0, int command_daemons = 0);
   // --- An external model (JobSpec.external_model) ---
   // The workers declare it (Coordinator::DeclareModel). `graph` is that of
   // the job's spec with `model`, checked, and `values` match its params.

@@ -111,7 +111,9 @@ std::set<std::string> WorkerRegistry::Silent(absl::Duration silence, absl::Time 
 std::vector<RegisteredWorker*> WorkerRegistry::IdleByNumber() const {
   std::vector<std::pair<int64_t, RegisteredWorker*>> idle;
   for (const auto& [id, w] : workers_) {
-    if (w->alive && w->job_id.empty()) idle.emplace_back(IdNumber(id, "worker-"), w.get());
+    if (w->alive && w->job_id.empty() && w->launching.empty()) {
+      idle.emplace_back(IdNumber(id, "worker-"), w.get());
+    }
   }
   std::sort(idle.begin(), idle.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -122,8 +124,16 @@ std::vector<RegisteredWorker*> WorkerRegistry::IdleByNumber() const {
 
 int WorkerRegistry::IdleCount() const {
   int n = 0;
-  for (const auto& [id, w] : workers_) n += w->alive && w->job_id.empty() ? 1 : 0;
+  for (const auto& [id, w] : workers_) {
+    n += w->alive && w->job_id.empty() && w->launching.empty() ? 1 : 0;
+  }
   return n;
+}
+
+std::vector<RegisteredWorker*> WorkerRegistry::All() const {
+  std::vector<RegisteredWorker*> all;
+  for (const auto& [id, w] : workers_) all.push_back(w.get());
+  return all;
 }
 
 int WorkerRegistry::AliveCount() const {
@@ -145,7 +155,7 @@ std::vector<v1::WorkerStatus> WorkerRegistry::List() const {
     v1::WorkerStatus s;
     s.set_worker_id(id);
     *s.mutable_info() = w->info;
-    s.set_job_id(w->job_id);
+    s.set_job_id(w->job_id.empty() ? w->launching : w->job_id);
     s.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w->last_heartbeat));
     s.set_alive(w->alive);
     rows.emplace_back(IdNumber(id, "worker-"), std::move(s));

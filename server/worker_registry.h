@@ -37,6 +37,9 @@ struct RegisteredWorker {
   v1::WorkerInfo info;
   std::string job_id;        // The job it trains (an unfinished member), or "".
   std::string finished_job;  // The last job it finished training.
+  // A daemon that runs commands: the job whose command it was told to run,
+  // or runs (HeartbeatResponse.ACTION_LAUNCH); such a daemon is not idle.
+  std::string launching;
   absl::Time last_heartbeat;
   bool alive = true;
 };
@@ -80,8 +83,10 @@ class WorkerRegistry {
   // Ids of the workers, alive or not, silent for longer than `silence`.
   std::set<std::string> Silent(absl::Duration silence, absl::Time now) const;
 
-  // Alive workers that train nothing, by id number ("worker-2" before
-  // "worker-10").
+  // Every worker, alive or not, by id.
+  std::vector<RegisteredWorker*> All() const;
+  // Alive workers that train nothing and run no command, by id number
+  // ("worker-2" before "worker-10").
   std::vector<RegisteredWorker*> IdleByNumber() const;
   int IdleCount() const;
   // The workers among `ids` that train `job_id` train nothing now.

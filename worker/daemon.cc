@@ -3,10 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
@@ -15,6 +21,8 @@
 
 namespace pstrain {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string Hostname() {
   char buffer[256] = {};
@@ -54,6 +62,15 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
   PSTRAIN_RETURN_IF_ERROR(ParseDeviceSpec(options.device).status());
   PSTRAIN_ASSIGN_OR_RETURN(data::DataPathPolicy policy,
                            data::DataPathPolicy::Create(options.data_roots));
+  for (std::string& root : options.command_roots) {
+    std::error_code ec;
+    const fs::path real = fs::canonical(root, ec);
+    if (ec || !fs::is_directory(real, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--command-root ", root, " is not a directory"));
+    }
+    root = real.string();
+  }
   std::unique_ptr<WorkerDaemon> daemon(new WorkerDaemon(std::move(options)));
   daemon->data_policy_ = std::move(policy);
   // Describe this machine once (the backend is opened again per job).
@@ -65,6 +82,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
   daemon->info_.set_device_info(backend->Describe());
   daemon->info_.set_gpus(CudaDeviceCount());
   daemon->info_.set_metrics_address(daemon->options_.metrics_address);
+  daemon->info_.set_runs_commands(!daemon->options_.command_roots.empty());
   return daemon;
 }
 
@@ -96,6 +114,11 @@ void WorkerDaemon::Log(const std::string& line) const { log_(line); }
 std::string WorkerDaemon::worker_id() const {
   absl::MutexLock lock(&mu_);
   return worker_id_;
+}
+
+std::string WorkerDaemon::command_job() const {
+  absl::MutexLock lock(&mu_);
+  return command_ != nullptr ? command_->job_id() : "";
 }
 
 std::string WorkerDaemon::current_job() const {
@@ -172,6 +195,9 @@ absl::Status WorkerDaemon::Register() {
 
 absl::Status WorkerDaemon::Run() {
   Log(absl::StrCat("coordinator ", options_.coordinator_address, ", device ", info_.device_info()));
+  if (!options_.command_roots.empty()) {
+    Log(absl::StrCat("runs job commands under ", absl::StrJoin(options_.command_roots, ", ")));
+  }
   if (info_.backend() == "cpu" && options_.device == "auto") {
     Log(absl::StrCat("training on the CPU: ", CudaModule().Summary()));
   }
@@ -192,8 +218,10 @@ absl::Status WorkerDaemon::Run() {
       }
       continue;
     }
+    PollCommand();
     v1::HeartbeatResponse response;
     grpc::Status status = SendHeartbeat(worker_id, &response);
+    if (status.ok()) command_end_.reset();  // Told.
     if (!status.ok()) {
       LostContact(contact, "heartbeat to", static_cast<absl::StatusCode>(status.error_code()),
                   status.error_message());
@@ -204,6 +232,7 @@ absl::Status WorkerDaemon::Run() {
     SleepFor(interval);
   }
   StopRun("shutting down");
+  StopCommand("shutting down");
   Log("stopped");
   return absl::OkStatus();
 }
@@ -219,7 +248,9 @@ grpc::Status WorkerDaemon::SendHeartbeat(const std::string& worker_id,
       request.set_run_id(run_->run_id());
       request.set_run_steps(run_->steps());
     }
+    if (command_ != nullptr) request.set_command_job_id(command_->job_id());
   }
+  if (command_end_) *request.mutable_command_end() = *command_end_;
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineFromNow(options_.rpc_timeout));
   return CoordinatorCall(&ctx, [&] { return stub_->Heartbeat(&ctx, request, response); });
@@ -263,6 +294,16 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
     }
     case v1::HeartbeatResponse::ACTION_STOP:
       StopRun("the coordinator asked to stop");
+      // The process learns that its job ended too, and may still be saving
+      // what it trained: it has the grace to exit before it is stopped.
+      if (command_stop_at_ == absl::InfiniteFuture() && !command_job().empty()) {
+        command_stop_at_ = absl::Now() + options_.command_stop_grace;
+        Log(absl::StrCat(command_job(), ": the job ended; its command has ",
+                         absl::FormatDuration(options_.command_stop_grace), " to exit"));
+      }
+      return;
+    case v1::HeartbeatResponse::ACTION_LAUNCH:
+      LaunchCommand(response.assignment());
       return;
     case v1::HeartbeatResponse::ACTION_RUN:
       FollowAssignment(response.assignment());
@@ -375,6 +416,100 @@ void WorkerDaemon::OnRunEnd(AssignmentRun& run, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     done_run_ = run.run_id();
   }
+}
+
+// --- Commands ----------------------------------------------------------------------
+
+void WorkerDaemon::LaunchCommand(const v1::Assignment& a) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (command_ != nullptr && command_->job_id() == a.job_id()) return;  // Running.
+  }
+  StopCommand(absl::StrCat("launching the command of ", a.job_id()));
+  if (!a.spec().has_command() || command_end_) return;  // The last end goes first.
+  auto refuse = [&](const std::string& why) {
+    Log(absl::StrCat(a.job_id(), ": refusing its command: ", why));
+    v1::CommandEnd end;
+    end.set_job_id(a.job_id());
+    end.set_refused(why);
+    command_end_ = end;
+  };
+  absl::StatusOr<std::string> program =
+      ResolveCommand(a.spec().command().argv(0), options_.command_roots);
+  if (!program.ok()) return refuse(std::string(program.status().message()));
+  std::string dir = (fs::temp_directory_path() / "pstrain-command-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) {
+    return refuse(absl::StrCat("cannot make a temporary directory: ", std::strerror(errno)));
+  }
+  const std::string credentials = (fs::path(dir) / "credentials.json").string();
+  if (absl::Status s = WriteLauncherCredentials(credentials, options_.launcher_credentials);
+      !s.ok()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return refuse(std::string(s.message()));
+  }
+  CommandRun::Options run;
+  run.env = {{"PSTRAIN_SERVER", options_.coordinator_address},
+             {"PSTRAIN_JOB", a.job_id()},
+             {"PSTRAIN_CREDENTIALS", credentials},
+             {"PSTRAIN_LAUNCHER", worker_id()},
+             {"PSTRAIN_DEVICE", options_.device},
+             {"PSTRAIN_MODE", absl::AsciiStrToLower(absl::StripPrefix(
+                                  v1::ConsistencyMode_Name(a.spec().mode()), "CONSISTENCY_"))}};
+  if (std::string path = BuildTreePythonPath(); !path.empty()) run.env["PYTHONPATH"] = path;
+  run.stop_grace = options_.command_stop_grace;
+  run.log = log_;
+  absl::StatusOr<std::unique_ptr<CommandRun>> started =
+      CommandRun::Start(a.job_id(), *program, a.spec().command(), std::move(run));
+  if (!started.ok()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return refuse(absl::StrCat("cannot start it: ", started.status().message()));
+  }
+  Log(absl::StrCat(a.job_id(), ": running its command ", *program, " (pid ", (*started)->pid(),
+                   ")"));
+  command_dir_ = dir;
+  absl::MutexLock lock(&mu_);
+  command_ = *std::move(started);
+}
+
+void WorkerDaemon::PollCommand() {
+  std::optional<v1::CommandEnd> end;
+  {
+    absl::MutexLock lock(&mu_);
+    if (command_ == nullptr) return;
+    end = command_->Poll();
+  }
+  if (end) {
+    CommandEnded(*std::move(end));
+  } else if (absl::Now() >= command_stop_at_) {
+    StopCommand("its job ended and it did not exit");
+  }
+}
+
+void WorkerDaemon::StopCommand(const std::string& why) {
+  std::unique_ptr<CommandRun> command;
+  {
+    absl::MutexLock lock(&mu_);
+    if (command_ == nullptr) return;
+    command = std::move(command_);
+  }
+  Log(absl::StrCat(command->job_id(), ": stopping its command (", why, ")"));
+  v1::CommandEnd end = command->Stop();
+  command.reset();
+  CommandEnded(std::move(end));
+}
+
+void WorkerDaemon::CommandEnded(v1::CommandEnd end) {
+  {
+    absl::MutexLock lock(&mu_);
+    command_.reset();  // Joins its output reader.
+  }
+  std::error_code ec;
+  if (!command_dir_.empty()) fs::remove_all(command_dir_, ec);
+  command_dir_.clear();
+  command_stop_at_ = absl::InfiniteFuture();
+  command_end_ = std::move(end);
 }
 
 }  // namespace pstrain

@@ -24,7 +24,18 @@
 // checkpoint, e.g. after server 0 restarted) replaces the old run, even for a
 // job this worker finished or failed before.
 // ACTION_STOP, a progress answer `stop`, or Shutdown() stop the run within
-// one step. ACTION_REREGISTER (the coordinator restarted) stops the run and
+// one step.
+// Command jobs (JobSpec.command), with Options::command_roots only:
+// ACTION_LAUNCH starts the job's command (worker/command_run.h) once the
+// program resolves under a root, else the refusal is reported; the process
+// joins the job as a worker of its own (pstrain.torch). Every heartbeat
+// names the job whose command runs (the coordinator counts this daemon busy
+// and adopts the command after it restarted) and, once, how it ended
+// (HeartbeatRequest.command_end). ACTION_STOP (its job ended) gives it
+// Options::command_stop_grace to exit by itself, then stops it (SIGTERM,
+// SIGKILL after the same grace); Shutdown() stops it at once. Its
+// credentials file (the daemon's TLS and token file paths) lives in a
+// private temporary directory removed with it. ACTION_REREGISTER (the coordinator restarted) stops the run and
 // registers again, asking for the same worker id back. A coordinator that
 // does not answer is retried with exponential backoff (capped at 5 s)
 // forever, with one log line per change of state.
@@ -49,10 +60,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data/path_policy.h"
+#include "common/process.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
 #include "pstrain/v1/service.grpc.pb.h"
 #include "worker/assignment_run.h"
+#include "worker/command_run.h"
 #include "worker/training_metrics.h"
 
 namespace prometheus {
@@ -107,6 +120,15 @@ class WorkerDaemon {
     // path_policy.h); a dataset path elsewhere fails the job with the rule
     // before any file is opened. Empty: none (synthetic data only).
     std::vector<std::string> data_roots;
+    // Directories whose programs a job's command may name (--command-root;
+    // docs/SECURITY.md). Empty: this daemon runs no commands.
+    std::vector<std::string> command_roots;
+    // The files a command's process reads to join its job (the daemon's TLS
+    // files and worker token file; PSTRAIN_CREDENTIALS).
+    LauncherCredentials launcher_credentials;
+    // How long a command has to exit after its job ended, and after SIGTERM
+    // before SIGKILL.
+    absl::Duration command_stop_grace = absl::Seconds(10);
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);
@@ -121,6 +143,8 @@ class WorkerDaemon {
 
   // For tests and logs.
   std::string worker_id() const;
+  // The job whose command runs here ("" when none).
+  std::string command_job() const;
   std::string current_job() const;
   int jobs_finished() const;
 
@@ -149,6 +173,11 @@ class WorkerDaemon {
   void OnRunEnd(AssignmentRun& run, const absl::Status& status);
   AssignmentRun::Options RunOptions() const ABSL_LOCKS_EXCLUDED(mu_);
   void SleepFor(absl::Duration d);
+  // Commands (Run()'s thread): start one, take its end when it exited, end it.
+  void LaunchCommand(const v1::Assignment& assignment);
+  void PollCommand();
+  void StopCommand(const std::string& why);
+  void CommandEnded(v1::CommandEnd end);
   grpc::Status CoordinatorCall(grpc::ClientContext* ctx, const std::function<grpc::Status()>& call)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -177,6 +206,14 @@ class WorkerDaemon {
   // run of the same job (resumed after a restart) is run.
   std::string done_run_ ABSL_GUARDED_BY(mu_);
   int jobs_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  // The command running here (Run()'s thread starts, polls and stops it),
+  // the private directory of its credentials file, and an end not yet told
+  // to the coordinator.
+  std::unique_ptr<CommandRun> command_ ABSL_GUARDED_BY(mu_);
+  std::string command_dir_;
+  std::optional<v1::CommandEnd> command_end_;
+  // When the command is stopped if it has not exited (its job ended).
+  absl::Time command_stop_at_ = absl::InfiniteFuture();
 };
 
 }  // namespace pstrain

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,9 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -41,6 +44,8 @@
 #include "worker/gpu_monitor.h"
 #include "worker/ps_client.h"
 #include "worker/standalone.h"
+
+ABSL_DECLARE_FLAG(std::string, token_file);  // common/rpc/security_flags.cc
 
 ABSL_FLAG(std::string, standalone, "",
           "Train the job in this JSON file on this machine, no server");
@@ -118,6 +123,11 @@ ABSL_FLAG(std::vector<std::string>, data_root, {},
           "Daemon mode: directories jobs may read datasets from, comma-separated; may be given "
           "more than once. A job whose dataset resolves elsewhere fails before any file is read. "
           "Default: /usr/share/datasets when it exists. --data-root=/ allows every path");
+ABSL_FLAG(std::vector<std::string>, command_root, {},
+          "Daemon mode: directories whose programs a submitted job's command may run "
+          "(JobSpec.command), comma-separated; may be given more than once. A command whose "
+          "program is not an executable file under one of them is refused and its job fails "
+          "(docs/SECURITY.md). Default: none, and this worker runs no commands");
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
@@ -145,31 +155,33 @@ int Fail(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-// Every --data-root given (absl keeps only the last of a repeated flag), or
-// the default.
-std::vector<std::string> g_data_roots;
-bool g_data_root_given = false;
-void CollectDataRoots(int argc, char** argv) {
+// Every value of a list flag given more than once (absl keeps only the last
+// of a repeated flag), by its name with dashes: nullopt when never given.
+std::map<std::string, std::vector<std::string>> g_repeated;
+void CollectRepeated(int argc, char** argv, const std::string& name) {
+  std::string underscored = name;
+  std::replace(underscored.begin(), underscored.end(), '-', '_');
   for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
     std::string value;
-    if (std::strncmp(argv[i], "--data-root=", 12) == 0 ||
-        std::strncmp(argv[i], "--data_root=", 12) == 0) {
-      value = argv[i] + 12;
-    } else if ((std::strcmp(argv[i], "--data-root") == 0 ||
-                std::strcmp(argv[i], "--data_root") == 0) &&
-               i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      continue;
+    bool found = false;
+    for (const std::string& n : {name, underscored}) {
+      if (absl::StartsWith(arg, absl::StrCat("--", n, "="))) {
+        value = arg.substr(n.size() + 3);
+        found = true;
+      } else if (arg == absl::StrCat("--", n) && i + 1 < argc) {
+        value = argv[++i];
+        found = true;
+      }
+      if (found) break;
     }
-    g_data_root_given = true;
-    for (absl::string_view root : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-      g_data_roots.emplace_back(root);
-    }
+    if (!found) continue;
+    std::vector<std::string>& values = g_repeated[name];
+    for (absl::string_view v : absl::StrSplit(value, ',', absl::SkipEmpty())) values.emplace_back(v);
   }
 }
 std::vector<std::string> DataRoots() {
-  if (g_data_root_given) return g_data_roots;
+  if (auto it = g_repeated.find("data-root"); it != g_repeated.end()) return it->second;
   std::error_code error;
   if (std::filesystem::is_directory("/usr/share/datasets", error)) return {"/usr/share/datasets"};
   return {};
@@ -294,6 +306,14 @@ int RunDaemon() {
   options.channel = security->channel;
   options.identity = security->identity;
   options.data_roots = DataRoots();
+  if (auto it = g_repeated.find("command-root"); it != g_repeated.end()) {
+    options.command_roots = it->second;
+  }
+  options.launcher_credentials = {.tls_ca = security->tls.ca_file,
+                                  .tls_cert = security->tls.cert_file,
+                                  .tls_key = security->tls.key_file,
+                                  .tls_server_name = security->tls.server_name,
+                                  .token_file = absl::GetFlag(FLAGS_token_file)};
   if (security->channel.credentials == nullptr &&
       !pstrain::IsLoopbackAddress(options.coordinator_address)) {
     std::cerr << "pstrain-worker: WARNING: calls to " << options.coordinator_address
@@ -383,7 +403,8 @@ int main(int argc, char** argv) {
   });
   std::vector<std::string> storage;
   std::vector<char*> args = pstrain::NormalizeFlagSpelling(argc, argv, &storage);
-  CollectDataRoots(argc, args.data());
+  CollectRepeated(argc, args.data(), "data-root");
+  CollectRepeated(argc, args.data(), "command-root");
   SeedCudaFlagsFromEnvironment();
   absl::ParseCommandLine(argc, args.data());
   if (absl::Status configured = ConfigureCudaFromFlags(); !configured.ok()) {

@@ -1,7 +1,10 @@
+#!/usr/bin/env python3
 """Fashion-MNIST with your own PyTorch model, trained through pstrain.
 
 Started by a launcher that names the job (PSTRAIN_SERVER, PSTRAIN_JOB,
-PSTRAIN_CREDENTIALS): `pstrain run -n 2 -- python3 train_fmnist.py --model cnn`.
+PSTRAIN_CREDENTIALS): `pstrain run -n 2 -- python3 train_fmnist.py --model cnn`,
+or pstrain-worker daemons running job-daemons.json (copy this file into their
+--command-root).
 The changes from a plain PyTorch loop are the five `pst.` lines.
 
     --model mlp|cnn|lstm|transformer   what to train (the LSTM reads the 28
@@ -103,12 +106,12 @@ class PatchTransformer(nn.Module):
 MODELS = {"mlp": MLP, "cnn": CNN, "lstm": RowLSTM, "transformer": PatchTransformer}
 
 
-def evaluate(model, test_set):
+def evaluate(model, test_set, device):
     model.eval()
     correct = 0
     with torch.no_grad():
         for x, y in torch.utils.data.DataLoader(test_set, batch_size=1000):
-            correct += (model(x).argmax(1) == y).sum().item()
+            correct += (model(x.to(device)).argmax(1).cpu() == y).sum().item()
     model.train()
     return correct / len(test_set)
 
@@ -128,6 +131,9 @@ def main():
     parser.add_argument("--hold", action="store_true",
                         help="after --mark-step, wait (at most 120 s) for RECORD/go")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu",
+                        help="where the model trains: cpu, cuda or cuda:N (its tensors then go "
+                        "through pinned host buffers)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -135,8 +141,9 @@ def main():
     train_set = load(args.data, "train", args.limit)
     test_set = load(args.data, "test", args.test_limit)
     worker = pst.init()
-    model = MODELS[args.model]()
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    device = torch.device(args.device)
+    model = MODELS[args.model]().to(device)
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     local = None
     if pst.mode() == "average":
         local = (torch.optim.SGD(model.parameters(), lr=args.lr) if args.optimizer == "sgd"
@@ -151,6 +158,7 @@ def main():
     for epoch in pst.epochs():
         total, steps = 0.0, 0
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -161,12 +169,13 @@ def main():
         pst.report(loss=total / max(1, steps))
         print(f"rank {pst.rank()}: epoch {epoch + 1}: loss {total / max(1, steps):.4f}",
               flush=True)
-    accuracy = evaluate(model, test_set)
+    accuracy = evaluate(model, test_set, device)
     print(f"rank {worker.rank}: test accuracy {accuracy:.4f}", flush=True)
     if args.record:
         os.makedirs(args.record, exist_ok=True)
         torch.save(initial, os.path.join(args.record, f"initial-{worker.rank}.pt"))
-        torch.save(model.state_dict(), os.path.join(args.record, f"final-{worker.rank}.pt"))
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()},
+                   os.path.join(args.record, f"final-{worker.rank}.pt"))
         with open(os.path.join(args.record, f"batches-{worker.rank}.json"), "w") as f:
             json.dump({"batches": batches, "accuracy": accuracy}, f)
     return 0

@@ -74,9 +74,9 @@ class PyJobWorker {
  public:
   PyJobWorker(const std::string& coordinator, const std::string& job_id, const std::string& tls_ca,
               const std::string& tls_cert, const std::string& tls_key,
-              const std::string& tls_server_name, const std::string& token,
+              const std::string& tls_server_name, const std::string& token_file,
               const std::string& hostname, const std::string& device_info, double rpc_timeout_s,
-              double ps_rpc_timeout_s, double connect_timeout_s) {
+              double ps_rpc_timeout_s, double connect_timeout_s, const std::string& launched_by) {
     JobWorker::Options options;
     options.coordinator_address = coordinator;
     options.job_id = job_id;
@@ -90,11 +90,14 @@ class PyJobWorker {
       options.channel.tls_server_name = tls_server_name;
     }
     options.identity = std::make_shared<CallIdentity>();
-    options.identity->token = token;
+    // The token is read here from its file: it never passes through Python,
+    // where an error message could show it.
+    if (!token_file.empty()) options.identity->token = Value(ReadTokenFile(token_file));
     options.channel.identity = options.identity;
     options.info.set_hostname(hostname);
     options.info.set_backend("cpu");
     options.info.set_device_info(device_info);
+    options.info.set_launched_by(launched_by);
     options.rpc_timeout = absl::Seconds(rpc_timeout_s);
     options.ps_rpc_timeout = absl::Seconds(ps_rpc_timeout_s);
     options.connect_timeout = absl::Seconds(connect_timeout_s);
@@ -241,12 +244,12 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyJobWorker>(m, "JobWorker")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
                     const std::string&, const std::string&, const std::string&, const std::string&,
-                    const std::string&, double, double, double>(),
+                    const std::string&, double, double, double, const std::string&>(),
            py::arg("coordinator"), py::arg("job_id"), py::arg("tls_ca") = "",
            py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_server_name") = "",
-           py::arg("token") = "", py::arg("hostname") = "", py::arg("device_info") = "",
+           py::arg("token_file") = "", py::arg("hostname") = "", py::arg("device_info") = "",
            py::arg("rpc_timeout_s") = 10.0, py::arg("ps_rpc_timeout_s") = 120.0,
-           py::arg("connect_timeout_s") = 60.0)
+           py::arg("connect_timeout_s") = 60.0, py::arg("launched_by") = "")
       .def("declare_model", &PyJobWorker::DeclareModel)
       .def("await_start", &PyJobWorker::AwaitStart)
       .def("assignment", &PyJobWorker::Assignment)

@@ -47,9 +47,16 @@ tensors set to the checkpoint's values; the first epoch starts at the
 checkpoint's step. A local optimizer's state (average mode) is kept. While
 the coordinator is away the worker waits up to ``rejoin_timeout`` seconds.
 
-Tensors must be CPU float32 in this version (CUDA modules: move them to the
-CPU, or wait for the pinned-buffer path). The transport is pstrain's C++
-client (pstrain._native): chunking, codecs, exactly-once pushes, deadlines.
+Tensors are float32 and contiguous, on the CPU or on a CUDA device. The C++
+client reads and writes a CPU tensor's own memory (no copy). A CUDA tensor
+goes through a pinned host buffer of its own (``_Staging``), with this stream
+ordering: values are copied to the device on the current stream (so every
+kernel queued after them sees them) before the forward that reads them, a
+gradient is copied to the host on the current stream and that stream is
+synchronised before the C++ client reads it (in the gradient's hook), and
+step() synchronises the stream before the next pulls may write the host
+buffers. The transport is pstrain's C++ client (pstrain._native): chunking,
+codecs, exactly-once pushes, deadlines.
 """
 
 import json
@@ -93,13 +100,71 @@ def _read_credentials(path):
         creds = json.load(f)
     if not isinstance(creds, dict):
         raise ValueError(f"{path}: expected a JSON object")
-    token = ""
-    if creds.get("token_file"):
-        from pstrain.client import read_token_file
-        token = read_token_file(creds["token_file"])
     return {"tls_ca": creds.get("tls_ca", ""), "tls_cert": creds.get("tls_cert", ""),
             "tls_key": creds.get("tls_key", ""),
-            "tls_server_name": creds.get("tls_server_name", ""), "token": token}
+            "tls_server_name": creds.get("tls_server_name", ""),
+            "token_file": creds.get("token_file", "")}
+
+
+
+class _Staging:
+    """The host memory the C++ client reads and writes for each declared
+    tensor, in order: a contiguous float32 CPU tensor's own, or for a tensor
+    on another device (CUDA) a pinned host buffer of its shape (see the
+    module's doc for the stream ordering). PSTRAIN_TORCH_STAGING=always stages
+    CPU tensors too (the CUDA path's copies, testable on a CPU)."""
+
+    def __init__(self, tensors):
+        self.tensors = [t for _, t, _ in tensors]
+        always = os.environ.get("PSTRAIN_TORCH_STAGING", "") == "always"
+        self.staged = [always or t.device.type != "cpu" for t in self.tensors]
+        self.cuda = any(t.device.type == "cuda" for t in self.tensors)
+        self.host = [self._buffer(t) if staged else t
+                     for t, staged in zip(self.tensors, self.staged)]
+        self.grads = {}  # index -> the host buffer of its gradient
+        self.any = any(self.staged)
+
+    def _buffer(self, t):
+        return torch.empty(tuple(t.shape), dtype=torch.float32,
+                           pin_memory=t.device.type == "cuda")
+
+    def pointers(self):
+        return [h.data_ptr() for h in self.host]
+
+    def wait(self):
+        """Every copy queued on the current stream has run."""
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def to_host(self, indices=None):
+        """The tensors' values into their host memory; returns when copied."""
+        if not self.any:
+            return
+        with torch.no_grad():
+            for i in range(len(self.tensors)) if indices is None else indices:
+                if self.staged[i]:
+                    self.host[i].copy_(self.tensors[i], non_blocking=True)
+        self.wait()
+
+    def to_device(self, indices=None):
+        """The host values into the tensors, queued on the current stream."""
+        if not self.any:
+            return
+        with torch.no_grad():
+            for i in range(len(self.tensors)) if indices is None else indices:
+                if self.staged[i]:
+                    self.tensors[i].copy_(self.host[i], non_blocking=True)
+
+    def gradient(self, index, grad):
+        """The address of `grad`'s values in host memory, once they are there."""
+        if not self.staged[index]:
+            return grad.data_ptr()
+        buffer = self.grads.get(index)
+        if buffer is None:
+            buffer = self.grads[index] = self._buffer(grad)
+        buffer.copy_(grad, non_blocking=True)
+        self.wait()
+        return buffer.data_ptr()
 
 
 class Worker:
@@ -127,7 +192,8 @@ class Worker:
         self.rejoin_timeout = float(rejoin_timeout)
         self._native = _native.JobWorker(
             server, job, hostname=socket.gethostname(),
-            device_info=f"torch {torch.__version__} (CPU)", **creds)
+            device_info=f"torch {torch.__version__} (CPU)",
+            launched_by=os.environ.get("PSTRAIN_LAUNCHER", ""), **creds)
         self.assignment = None
         self.spec = None
         self.epoch = 0
@@ -136,7 +202,7 @@ class Worker:
         self._batch_samples = 0  # The sampler's latest batch.
         self._updater = None
         self._last = {}
-        self._pointers = []  # The declared tensors' memory.
+        self._staging = None  # The declared tensors' host memory (_Staging).
         self._run_number = 0  # The run this process trains (JobWorker.run_number).
         self._run_steps = 0
         self._global_step = 0  # The job's: epoch * steps per epoch + steps into it.
@@ -171,8 +237,9 @@ class Worker:
         model = job_pb2.ExternalModel(framework=framework)
         for name, tensor, trainable in tensors:
             model.tensors.add(name=name, shape=list(tensor.shape), trainable=trainable)
-        self._pointers = [t.data_ptr() for _, t, _ in tensors]
-        self._native.declare_model(model.SerializeToString(), self._pointers)
+        self._staging = _Staging(tensors)
+        self._staging.to_host()
+        self._native.declare_model(model.SerializeToString(), self._staging.pointers())
         self._native.await_start(self.start_timeout)
         self._join_run()
 
@@ -195,11 +262,12 @@ class Worker:
             self._updater = None
             try:
                 updater = _native.Updater(self._native, self._overlap_pulls)
-                updater.start(self._pointers)
+                updater.start(self._staging.pointers())
             except Error as error:
                 self._await_rejoin(error)
                 continue
             self._updater = updater
+            self._staging.to_device()
             return
 
     def _settle(self):
@@ -210,6 +278,8 @@ class Worker:
             self._updater.settle()
         except Error as error:
             self._await_rejoin(error)
+            return
+        self._staging.to_device()
 
     def _await_rejoin(self, error=None):
         """After `error` (or a stop answer when None): waits for the job's
@@ -247,10 +317,12 @@ class Worker:
                 epoch += 1
                 continue
             try:
+                self._staging.to_host()
                 self._updater.finish()
             except Error as error:
                 self._await_rejoin(error)
                 continue
+            self._staging.to_device()
             if self._send(epoch=self.spec.epochs, finished=True):
                 break
         self._native.shutdown()
@@ -394,10 +466,11 @@ def _model_tensors(module):
         if b.is_floating_point():
             tensors.append((name, b, False))
     for name, t, _ in tensors:
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+        if (t.device.type not in ("cpu", "cuda") or t.dtype != torch.float32 or
+                not t.is_contiguous()):
             raise TypeError(f"pstrain.torch: '{name}' is {t.dtype} on {t.device}"
                             f"{'' if t.is_contiguous() else ', not contiguous'}; this version "
-                            "trains contiguous float32 CPU tensors")
+                            "trains contiguous float32 tensors on the CPU or a CUDA device")
     return tensors
 
 
@@ -435,6 +508,8 @@ class DistributedOptimizer:
             raise ValueError("pstrain.torch: in sync, async and ssp mode the servers apply the "
                              "job's optimizer; pass no optimizer (it is the job's)")
         self.optimizer = optimizer
+        self._buffer_indices = [i for i, (_, _, trainable) in enumerate(self._tensors)
+                                if not trainable]
         self._hooks = []
         if not average:
             self._hook_gradients()
@@ -482,6 +557,8 @@ class DistributedOptimizer:
             self._updater.wait_params(indices)
         except Error as error:
             w._failure = error  # The next step() handles it, out of the forward.
+            return
+        w._staging.to_device(indices)
 
     def synchronize(self):
         """Waits until every parameter holds the latest pulled values (see
@@ -507,8 +584,9 @@ class DistributedOptimizer:
             grad = p.grad
             if self.worker._rejoining or grad is None:
                 return
-            if grad.is_contiguous() and grad.dtype == torch.float32:
-                self._updater.gradient_ready(index, grad.data_ptr())
+            staging = self.worker._staging
+            if staging.staged[index] or (grad.is_contiguous() and grad.dtype == torch.float32):
+                self._updater.gradient_ready(index, staging.gradient(index, grad))
         return hook
 
     def zero_grad(self, set_to_none=True):
@@ -529,12 +607,18 @@ class DistributedOptimizer:
             return
         if self.optimizer is not None:
             self.optimizer.step()
+        staging = self.worker._staging
         try:
+            # The values the step sends (the buffers; average mode: all), and
+            # the stream done before the next pulls may write host memory.
+            staging.to_host(None if self.optimizer is not None else self._buffer_indices)
             with torch.no_grad():
                 self._updater.step()
         except Error as error:
             self.worker._await_rejoin(error)
             return  # This step's contribution is dropped.
+        if not (self._overlap and self.mode == job_pb2.CONSISTENCY_SYNC):
+            staging.to_device()
         epoch = self.worker.epoch
         if samples is None:
             samples = self.worker._batch_samples or self.worker.batch_size

@@ -1,11 +1,13 @@
 #include "common/job_spec.h"
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model_graph.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +30,36 @@ TEST(JobSpecTest, LoadsTheShippedFashionMnistJobAndResolvesItsModelFile) {
   EXPECT_EQ(job->model().layers_size(), 12);
   EXPECT_EQ(job->dataset().format(), v1::DATASET_FORMAT_IDX);
   EXPECT_OK(ValidateJobSpec(*job));
+}
+
+TEST(JobSpecTest, TheShippedCommandJobImpliesAnExternalModelAndCommandsAreBounded) {
+  auto job = LoadJobSpec(kSource + "/examples/torch/job-daemons.json");
+  ASSERT_OK(job);
+  EXPECT_TRUE(job->has_external_model());
+  EXPECT_EQ(job->command().argv(0), "train_fmnist.py");
+  EXPECT_OK(ValidateJobSpec(*job));
+
+  auto refused = [&](const std::function<void(v1::CommandSpec&)>& edit) {
+    v1::JobSpec bad = *job;
+    edit(*bad.mutable_command());
+    return ValidateJobSpec(bad);
+  };
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.clear_argv(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 64 arguments")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.mutable_argv(0)->clear(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-empty program")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.add_argv(std::string(5000, 'x')); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("command.argv[3] is over")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.add_argv(std::string("a\0b", 3)); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.mutable_env()->insert({std::string("1BAD"), std::string("x")}); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a variable name")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) { c.mutable_env()->insert({std::string("PSTRAIN_SERVER"), std::string("x")}); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("set by the daemon")));
+  EXPECT_THAT(refused([](v1::CommandSpec& c) {
+                for (int i = 0; i < 65; ++i) c.mutable_env()->insert({absl::StrCat("V", i), std::string("x")});
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 64")));
 }
 
 TEST(JobSpecTest, UnknownFieldIsAnErrorNamingTheFile) {

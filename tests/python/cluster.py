@@ -24,10 +24,11 @@ def free_port():
 
 
 class LocalCluster:
-    def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=()):
+    def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=(), worker_args=()):
         self.bin_dir, self.source_dir, self.workdir = bin_dir, source_dir, workdir
         self.num_workers = workers
         self.server_args = list(server_args)  # More pstrain-server flags.
+        self.worker_args = list(worker_args)  # More pstrain-worker flags.
         self.certs = os.path.join(workdir, "certs")
         self.address = f"127.0.0.1:{free_port()}"
         self.procs = []  # (name, Popen)
@@ -53,7 +54,7 @@ class LocalCluster:
                 "--metrics-port", str(free_port()), "--device", "cpu", "--threads", "1",
                 "--tls-ca", f"{c}/ca.pem", "--tls-cert", f"{c}/worker.pem",
                 "--tls-key", f"{c}/worker-key.pem", "--require-client-cert",
-                "--token-file", f"{c}/worker.token"])
+                "--token-file", f"{c}/worker.token"] + self.worker_args)
         for w in range(self.num_workers):
             self.wait_for_log(f"worker{w}", "registered", 60)
         return self

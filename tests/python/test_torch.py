@@ -49,11 +49,11 @@ def credentials_file(cluster, workdir):
     return path
 
 
-def start_workers(cluster, job, workdir, n, args, mode="sync"):
+def start_workers(cluster, job, workdir, n, args, mode="sync", env=None):
     script = os.path.join(cluster.source_dir, "examples/torch/train_fmnist.py")
     env = dict(os.environ, PSTRAIN_SERVER=cluster.address, PSTRAIN_JOB=job.id,
                PSTRAIN_CREDENTIALS=credentials_file(cluster, workdir), PSTRAIN_MODE=mode,
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", **(env or {}))
     procs = []
     for i in range(n):
         log = open(os.path.join(workdir, f"torch-{i}.log"), "wb")
@@ -89,12 +89,15 @@ def read_records(record, ranks):
     return seen, accuracies
 
 
+@pytest.mark.parametrize("staging", ["", "always"])
 def test_one_worker_sync_equals_single_process_pytorch(bin_dir, source_dir, fashion_mnist,
-                                                        tmp_path):
+                                                        tmp_path, staging):
     """One worker in sync mode with SGD and momentum: after every step the
     server applies the gradient, so the final weights are those of plain
     PyTorch (torch.optim.SGD, same momentum) from the same initial weights
-    over the same batches, to 1e-6 relative."""
+    over the same batches, to 1e-6 relative. With PSTRAIN_TORCH_STAGING=always
+    every tensor goes through its own host buffer, as a CUDA tensor does (the
+    copies and their order; no GPU here)."""
     sys.path.insert(0, os.path.join(source_dir, "examples/torch"))
     import train_fmnist
     record = tmp_path / "record"
@@ -102,7 +105,8 @@ def test_one_worker_sync_equals_single_process_pytorch(bin_dir, source_dir, fash
         client, job = submit_external(cluster, workers=1, lr=0.05, momentum=0.9)
         procs = start_workers(cluster, job, str(tmp_path), 1,
                               ["--model", "mlp", "--limit", "480", "--test-limit", "1000",
-                               "--record", str(record)])
+                               "--record", str(record)],
+                              env={"PSTRAIN_TORCH_STAGING": staging})
         codes, logs = wait_all(procs, str(tmp_path), 300)
         assert codes == [0], logs + cluster.logs()
         status = job.wait(timeout=60)
@@ -147,7 +151,9 @@ def test_two_workers_train_a_cnn_in_each_mode(bin_dir, source_dir, fashion_mnist
     """Two worker processes train a PyTorch CNN (batch norm included) on
     6,000 Fashion-MNIST images for one epoch; every sample once across the
     two, the job SUCCEEDED, and each worker's final model beats 0.60 on
-    1,000 test images."""
+    1,000 test images. Sync and average run with every tensor staged through
+    host buffers (PSTRAIN_TORCH_STAGING=always: a CUDA tensor's path, its
+    batch-norm buffers and average mode's local optimizer included)."""
     record = tmp_path / "record"
     # Async and ssp apply each worker's gradient on its own: half the
     # learning rate of sync, which applies the two workers' mean.
@@ -156,7 +162,9 @@ def test_two_workers_train_a_cnn_in_each_mode(bin_dir, source_dir, fashion_mnist
         client, job = submit_external(cluster, workers=2, mode=mode, lr=lr, momentum=0.9)
         procs = start_workers(cluster, job, str(tmp_path), 2,
                               ["--model", "cnn", "--limit", "6000", "--test-limit", "1000",
-                               "--record", str(record), "--lr", "0.05"], mode=mode)
+                               "--record", str(record), "--lr", "0.05"], mode=mode,
+                              env={"PSTRAIN_TORCH_STAGING":
+                                   "always" if mode in ("sync", "average") else ""})
         codes, logs = wait_all(procs, str(tmp_path), 600)
         assert codes == [0, 0], logs + cluster.logs()
         status = job.wait(timeout=60)
@@ -265,7 +273,7 @@ def test_a_job_whose_workers_all_exit_early_is_cancelled(bin_dir, tmp_path):
                           sys.executable, "-c", "import sys; sys.exit(3)"], timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "CANCELLED" in r.stdout, r.stdout + r.stderr
-    assert "worker process 0" in r.stderr and "exited with 3" in r.stderr, r.stderr
+    assert "worker process 0" in r.stderr and "exited with status 3" in r.stderr, r.stderr
 
 
 def test_a_worker_that_dies_before_the_start_stops_the_run(bin_dir, tmp_path):
@@ -296,7 +304,7 @@ pst.DistributedOptimizer(torch.nn.Linear(4, 2))
                           sys.executable, str(script)], timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "CANCELLED" in r.stdout, r.stdout + r.stderr
-    assert "exited with 3" in r.stderr, r.stderr
+    assert "exited with status 3" in r.stderr, r.stderr
     assert "the coordinator said stop" in r.stderr, r.stderr
 
 
@@ -389,3 +397,87 @@ def test_pstrain_run_gives_its_processes_this_builds_package(bin_dir, tmp_path):
     # It exits without joining, so the job is cancelled; the process itself succeeded.
     assert "worker process 0" not in r.stderr, r.stdout + r.stderr
     assert "CANCELLED" in r.stdout, r.stdout + r.stderr
+
+
+def command_root(tmp_path, source_dir):
+    """The directory an operator allows (--command-root), holding the one
+    program jobs may name: a wrapper that runs the example with this
+    Python."""
+    root = tmp_path / "jobs"
+    root.mkdir()
+    wrapper = root / "train-fmnist"
+    script = os.path.join(source_dir, "examples/torch/train_fmnist.py")
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return root
+
+
+def test_daemons_run_a_submitted_torch_command_and_a_killed_one_is_a_lost_worker(
+        bin_dir, source_dir, fashion_mnist, tmp_path):
+    """Two pstrain-worker daemons with --command-root, TLS, mTLS and tokens.
+    A job file naming a command is submitted with `pstrain submit`; each
+    daemon runs it (one process each, bound to the job through the daemon's
+    credentials) and `pstrain workers` shows them busy. The process of one
+    is killed with SIGKILL after its 20th step: its daemon reports it, the
+    coordinator drops it as a lost worker at once, and the job SUCCEEDED
+    with every sample once. A job naming a program outside the root fails
+    with the daemon's refusal; the daemons are idle again."""
+    root = command_root(tmp_path, source_dir)
+    record = tmp_path / "record"
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps({
+        "name": "torch-daemons",
+        "command": {"argv": ["train-fmnist", "--model", "mlp", "--limit", "4000",
+                             "--test-limit", "500", "--record", str(record),
+                             "--mark-step", "20"],
+                    "env": {"OMP_NUM_THREADS": "1"}},
+        "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.05, "momentum": 0.9},
+        "epochs": 1, "batch_size": 32, "seed": 7, "workers": 2, "mode": "CONSISTENCY_SYNC"}))
+    with LocalCluster(bin_dir, source_dir, str(tmp_path), workers=2,
+                      worker_args=["--command-root", str(root)]) as cluster:
+        import pstrain
+        client = pstrain.Client(cluster.address, **cluster.admin_credentials())
+        r = cluster.cli("submit", str(job_file))
+        assert r.returncode == 0, r.stdout + r.stderr
+        job = client.job(r.stdout.split()[-1])
+        deadline = time.monotonic() + 180
+        marks = []
+        while len(marks) < 2 and time.monotonic() < deadline:
+            assert not job.status().done, f"{job.status()!r}\n{cluster.logs()}"
+            marks = list(record.glob("step-20.*")) if record.exists() else []
+            time.sleep(0.05)
+        assert marks, f"no process reached step 20\n{cluster.logs()}"
+        busy = cluster.cli("workers")
+        assert busy.stdout.count(job.id) >= 4, busy.stdout  # 2 daemons, 2 processes.
+        victim = int(marks[0].name.split(".")[1])
+        os.kill(victim, signal.SIGKILL)
+        status = job.wait(timeout=300)
+        assert status.succeeded, f"{status!r}\n{cluster.logs()}"
+        assert status.workers_lost == 1, status.proto
+        samples = {e.epoch: (e.samples, e.expected) for e in status.proto.epoch_samples}
+        assert samples.get(0) == (4000, 4000), status.proto.epoch_samples
+        server_log = cluster.log("server")
+        assert "was killed by signal 9" in server_log, server_log
+        assert "missed heartbeats" not in server_log, server_log  # Reported, not timed out.
+        # The survivor's process exits by itself once its job ended.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                "exited with status 0" in cluster.log(f"worker{i}") for i in range(2)):
+            time.sleep(0.1)
+        assert "stopping its command" not in cluster.logs(), cluster.logs()
+        assert any("exited with status 0" in cluster.log(f"worker{i}") for i in range(2)), \
+            cluster.logs()
+
+        # A program outside the root: refused, and the job says so.
+        job_file.write_text(json.dumps({
+            "name": "escape", "command": {"argv": ["/bin/sh", "-c", "id"]},
+            "optimizer": {"type": "OPTIMIZER_SGD", "learning_rate": 0.05},
+            "epochs": 1, "batch_size": 32, "workers": 1}))
+        r = cluster.cli("submit", str(job_file))
+        assert r.returncode == 0, r.stdout + r.stderr
+        refused = client.job(r.stdout.split()[-1]).wait(timeout=60)
+        assert refused.state == "FAILED", f"{refused!r}\n{cluster.logs()}"
+        assert "refused to run the command: '/bin/sh' is not an executable file under this " \
+               f"worker's --command-root ({root})" in refused.reason, refused.reason
+        idle = cluster.cli("workers").stdout
+        assert job.id not in idle and refused.proto.job_id not in idle, idle

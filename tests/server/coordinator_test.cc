@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -45,6 +46,7 @@ namespace fs = std::filesystem;
 using ::pstrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A shard that stores what it is configured with. ReadChunks returns the
 // stored values; when `add_momentum` it also returns a "momentum" slot
@@ -444,6 +446,175 @@ TEST_F(CoordinatorTest, AnExternalModelStartsOnItsBoundWorkersWithTheDeclaredVal
   EXPECT_EQ(Beat(pool).action(), v1::HeartbeatResponse::ACTION_IDLE);
   EXPECT_THAT(coordinator_->RegisterWorker(bound_info).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
+}
+
+v1::JobSpec CommandJob(int workers) {
+  v1::JobSpec job = TinyJob(workers);
+  job.clear_model();
+  job.clear_dataset();
+  job.mutable_command()->add_argv("train.py");
+  return job;
+}
+
+TEST_F(CoordinatorTest, ACommandJobRunsOnDaemonsThatRunCommandsAndTheirEndsDecide) {
+  v1::WorkerInfo daemon_info;
+  daemon_info.set_hostname("gpu-node");
+  daemon_info.set_runs_commands(true);
+  const std::string plain = Register("plain");  // Runs no commands.
+  const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
+  const std::string d2 = coordinator_->RegisterWorker(daemon_info)->worker_id();
+  v1::JobSpec with_model = CommandJob(2);
+  *with_model.mutable_model() = TinyJob(1).model();
+  with_model.clear_external_model();
+  EXPECT_THAT(coordinator_->SubmitJob(with_model).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("remove `model`")));
+  v1::JobSpec bad_env = CommandJob(1);
+  (*bad_env.mutable_command()->mutable_env())["PSTRAIN_JOB"] = "job-9";
+  EXPECT_THAT(coordinator_->SubmitJob(bad_env).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("set by the daemon")));
+
+  auto job = coordinator_->SubmitJob(CommandJob(2));
+  ASSERT_OK(job);
+  EXPECT_TRUE(Status(*job).spec().has_external_model());  // Implied.
+  coordinator_->Tick();
+  // Both daemons are told to run it, the other worker is not; they are busy.
+  EXPECT_EQ(Beat(plain).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  v1::HeartbeatResponse launch = Beat(d1);
+  ASSERT_EQ(launch.action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  EXPECT_EQ(launch.assignment().job_id(), *job);
+  EXPECT_EQ(launch.assignment().spec().command().argv(0), "train.py");
+  ASSERT_EQ(Beat(d2).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  EXPECT_EQ(coordinator_->Stats().workers_registered, 3);
+
+  // The daemons' processes register bound to the job, naming their daemon.
+  v1::HeartbeatRequest running;
+  running.set_worker_id(d1);
+  running.set_command_job_id(*job);
+  EXPECT_EQ(coordinator_->Heartbeat(running)->action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  std::vector<std::string> procs;
+  for (const std::string& d : {d1, d2}) {
+    v1::WorkerInfo p;
+    p.set_hostname("gpu-node");
+    p.set_job_id(*job);
+    p.set_launched_by(d);
+    procs.push_back(coordinator_->RegisterWorker(p)->worker_id());
+    ASSERT_OK(coordinator_->DeclareModel(procs.back(), *job, TwoTensors(3),
+                                         {{1, 2, 3, 4, 5, 6}, {0, 0}}));
+  }
+  coordinator_->Tick();
+  ASSERT_EQ(Status(*job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Status(*job).workers(), ElementsAre(procs[0], procs[1]));
+
+  // Another daemon cannot speak for d1's command.
+  v1::HeartbeatRequest forged;
+  forged.set_worker_id(plain);
+  forged.mutable_command_end()->set_job_id(*job);
+  forged.mutable_command_end()->set_exit_code(1);
+  ASSERT_OK(coordinator_->Heartbeat(forged));
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_RUNNING);
+
+  // kill -9 of d1's process: a lost worker, the job goes on with d2's.
+  v1::HeartbeatRequest killed;
+  killed.set_worker_id(d1);
+  killed.mutable_command_end()->set_job_id(*job);
+  killed.mutable_command_end()->set_signal(9);
+  EXPECT_EQ(coordinator_->Heartbeat(killed)->action(), v1::HeartbeatResponse::ACTION_IDLE);
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Status(*job).workers(), ElementsAre(procs[1]));
+  EXPECT_EQ(Status(*job).workers_lost(), 1);
+  EXPECT_TRUE(std::any_of(log_.begin(), log_.end(), [](const std::string& l) {
+    return absl::StrContains(l, "was killed by signal 9");
+  }));
+
+  // Status 1 from the other one's process fails the job with its output.
+  v1::HeartbeatRequest failed;
+  failed.set_worker_id(d2);
+  failed.mutable_command_end()->set_job_id(*job);
+  failed.mutable_command_end()->set_exit_code(1);
+  failed.mutable_command_end()->set_output_tail("Traceback ...\nValueError: bad batch\n");
+  ASSERT_OK(coordinator_->Heartbeat(failed));
+  const v1::JobStatus ended = Status(*job);
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended.reason(), HasSubstr("exited with status 1"));
+  EXPECT_THAT(ended.reason(), HasSubstr("ValueError: bad batch"));
+
+  // A refusal fails its job with the daemon's words; a daemon that still
+  // runs the command of a job that ended is told to stop.
+  auto refused = coordinator_->SubmitJob(CommandJob(1));
+  ASSERT_OK(refused);
+  coordinator_->Tick();
+  ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  v1::HeartbeatRequest no;
+  no.set_worker_id(d1);
+  no.mutable_command_end()->set_job_id(*refused);
+  no.mutable_command_end()->set_refused("'train.py' is not an executable file under this worker's --command-root (/opt/jobs)");
+  ASSERT_OK(coordinator_->Heartbeat(no));
+  EXPECT_THAT(Status(*refused).reason(), HasSubstr("refused to run the command: 'train.py'"));
+  v1::HeartbeatRequest stale;
+  stale.set_worker_id(d2);
+  stale.set_command_job_id(*job);
+  EXPECT_EQ(coordinator_->Heartbeat(stale)->action(), v1::HeartbeatResponse::ACTION_STOP);
+}
+
+TEST_F(CoordinatorTest, ACommandThatExitsBeforeItsJobStartsFailsItAndAKilledOneIsLaunchedAgain) {
+  v1::WorkerInfo daemon_info;
+  daemon_info.set_hostname("node");
+  daemon_info.set_runs_commands(true);
+  const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
+  auto job = coordinator_->SubmitJob(CommandJob(1));
+  ASSERT_OK(job);
+  coordinator_->Tick();
+  ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  EXPECT_THAT(Status(*job).reason(), Not(HasSubstr("its command runs on")));
+  // Killed before it joined: launched again on the next pass.
+  v1::HeartbeatRequest killed;
+  killed.set_worker_id(d1);
+  killed.mutable_command_end()->set_job_id(*job);
+  killed.mutable_command_end()->set_signal(9);
+  ASSERT_OK(coordinator_->Heartbeat(killed));
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Status(*job).reason(), HasSubstr("its command runs on 0 of 1"));
+  coordinator_->Tick();
+  ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  // Status 2 before it joined: the job fails with its output.
+  v1::HeartbeatRequest exited;
+  exited.set_worker_id(d1);
+  exited.mutable_command_end()->set_job_id(*job);
+  exited.mutable_command_end()->set_exit_code(2);
+  exited.mutable_command_end()->set_output_tail("python3: can't open file 'train.py'");
+  ASSERT_OK(coordinator_->Heartbeat(exited));
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Status(*job).reason(), HasSubstr("exited with status 2; its last output:\npython3"));
+  EXPECT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_IDLE);
+}
+
+TEST_F(CoordinatorTest, AfterARestartADaemonsRunningCommandIsCountedNotLaunchedTwice) {
+  v1::WorkerInfo daemon_info;
+  daemon_info.set_hostname("node");
+  daemon_info.set_runs_commands(true);
+  const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
+  auto job = coordinator_->SubmitJob(CommandJob(1));
+  ASSERT_OK(job);
+  coordinator_->Tick();
+  ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  Restart();
+  // Another daemon registers first: nothing is launched on it within one
+  // heartbeat timeout, while the job's own daemon (busy with it) comes back
+  // and says so; then it counts.
+  const std::string d2 = coordinator_->RegisterWorker(daemon_info)->worker_id();
+  coordinator_->Tick();
+  EXPECT_EQ(Beat(d2).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  auto again = coordinator_->RegisterWorker(daemon_info, d1);
+  ASSERT_OK(again);
+  ASSERT_EQ(again->worker_id(), d1);
+  v1::HeartbeatRequest running;
+  running.set_worker_id(d1);
+  running.set_command_job_id(*job);
+  EXPECT_EQ(coordinator_->Heartbeat(running)->action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  now_ += absl::Seconds(3);
+  ASSERT_EQ(coordinator_->Heartbeat(running)->action(), v1::HeartbeatResponse::ACTION_LAUNCH);
+  coordinator_->Tick();
+  EXPECT_EQ(Beat(d2).action(), v1::HeartbeatResponse::ACTION_IDLE);
 }
 
 TEST_F(CoordinatorTest, JobWaitsInTheQueueUntilEnoughWorkersRegister) {
