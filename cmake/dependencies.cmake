@@ -45,6 +45,9 @@ endif()
 pstrain_find_package(ZLIB zlib1g-dev)
 pstrain_find_package(PNG libpng-dev)
 pstrain_find_package(JPEG libjpeg62-turbo-dev)
+# The BSON product dump (DATASET_FORMAT_BSON, common/data/bson_dataset):
+# libbson parses and iterates the documents.
+pstrain_find_package(bson-1.0 libbson-dev CONFIG)
 pstrain_find_package(prometheus-cpp prometheus-cpp-dev CONFIG)
 # ONNX's protobuf schema (onnx/onnx_pb.h, target onnx_proto) for `pstrain
 # export`, and its checker (target onnx) for the export's tests; the

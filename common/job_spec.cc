@@ -43,7 +43,8 @@ absl::Status ValidateDataset(const v1::DatasetSpec& data) {
       !v1::DatasetFormat_IsValid(data.format())) {
     return absl::InvalidArgumentError(
         "dataset.format must be one of DATASET_FORMAT_IDX, DATASET_FORMAT_CIFAR10, "
-        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC, DATASET_FORMAT_PACKED");
+        "DATASET_FORMAT_IMAGE_FOLDER, DATASET_FORMAT_SYNTHETIC, DATASET_FORMAT_PACKED, "
+        "DATASET_FORMAT_BSON");
   }
   if (!v1::Balance_IsValid(data.balance())) {
     return absl::InvalidArgumentError(
@@ -68,10 +69,19 @@ absl::Status ValidateDataset(const v1::DatasetSpec& data) {
   for (float s : data.std()) {
     if (!(s > 0)) return absl::InvalidArgumentError("dataset.std entries must be > 0");
   }
-  if (data.format() == v1::DATASET_FORMAT_IMAGE_FOLDER &&
-      (data.image_height() <= 0 || data.image_width() <= 0)) {
+  if ((data.format() == v1::DATASET_FORMAT_IMAGE_FOLDER ||
+       data.format() == v1::DATASET_FORMAT_BSON) &&
+      (data.image_height() <= 0 || data.image_width() <= 0 || data.image_height() > 4096 ||
+       data.image_width() > 4096)) {
     return absl::InvalidArgumentError(
-        "dataset.image_height and image_width must be > 0 for image folders");
+        "dataset.image_height and image_width must be in [1, 4096] for image folders and BSON");
+  }
+  if (data.image_channels() != 0 && data.image_channels() != 1 && data.image_channels() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.image_channels must be 0 (3), 1 or 3, got ",
+                                                   data.image_channels()));
+  }
+  if (data.max_bad_records() < 0) {
+    return absl::InvalidArgumentError("dataset.max_bad_records must be >= 0");
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/data/bson_dataset.h"
 #include "common/data/cifar_reader.h"
 #include "common/data/dataset.h"
 #include "common/data/idx_reader.h"
@@ -80,7 +81,7 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
       ImageFolderOptions options;
       options.height = spec.image_height();
       options.width = spec.image_width();
-      options.channels = 3;
+      options.channels = spec.image_channels() > 0 ? spec.image_channels() : 3;
       options.threads = spec.loader_threads() > 0 ? spec.loader_threads() : 1;
       PSTRAIN_ASSIGN_OR_RETURN(splits, LoadImageFolderDataset(spec.path(), options));
       break;
@@ -91,6 +92,25 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
     }
     case pstrain::v1::DATASET_FORMAT_PACKED: {
       PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path()));
+      break;
+    }
+    case pstrain::v1::DATASET_FORMAT_BSON: {
+      if (spec.image_height() <= 0 || spec.image_width() <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "BSON dataset ", spec.path(), " needs image_height and image_width > 0, got ",
+            spec.image_height(), "x", spec.image_width()));
+      }
+      if (spec.max_bad_records() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dataset max_bad_records must be >= 0, got ", spec.max_bad_records()));
+      }
+      BsonDecodeOptions options;
+      options.channels = spec.image_channels() > 0 ? spec.image_channels() : 3;
+      options.height = spec.image_height();
+      options.width = spec.image_width();
+      options.max_bad_records = spec.max_bad_records();
+      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadBsonDataset(spec.path(), options, spec.train_limit(),
+                                                       spec.test_limit()));
       break;
     }
     default:

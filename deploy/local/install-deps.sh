@@ -12,6 +12,8 @@ PACKAGES=(
   # of libdnnl-dev, which --no-install-recommends skips).
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
+  # libbson-dev: the Cdiscount BSON product dump (DATASET_FORMAT_BSON).
+  libbson-dev
   # libssl-dev: token digests and worker credentials; openssl: the local
   # cluster's CA, certificates and tokens (deploy/local/make-certs.sh).
   libssl-dev openssl

@@ -95,6 +95,28 @@ class ImageFolder(Dataset):
         spec.image_width = self.image_width
 
 
+class BSON(Dataset):
+    """The Cdiscount product dump's layout (docs/DATA.md): <path>/train.bson and
+    test.bson, every picture a sample labelled with its product's category,
+    decoded and resized to image_size (height, width) with `channels` (1 or
+    3). max_bad_records: damaged records skipped and counted per split (0:
+    the first stops the job with its offset)."""
+
+    format = job_pb2.DATASET_FORMAT_BSON
+
+    def __init__(self, path, image_size, channels=3, max_bad_records=0, **kwargs):
+        super().__init__(path, **kwargs)
+        self.image_height, self.image_width = (int(d) for d in image_size)
+        self.channels = int(channels)
+        self.max_bad_records = int(max_bad_records)
+
+    def _fill(self, spec):
+        spec.image_height = self.image_height
+        spec.image_width = self.image_width
+        spec.image_channels = self.channels
+        spec.max_bad_records = self.max_bad_records
+
+
 class Packed(Dataset):
     """Shards written by `pstrain prepare` (train-*-of-*.pspack, test-*): decoded,
     checksummed records read with a copy. Give the source's mean and std."""

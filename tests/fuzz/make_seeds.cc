@@ -19,6 +19,7 @@
 #include "common/checkpoint.h"
 #include "common/data/image_codec.h"
 #include "common/data/packed_format.h"
+#include "tests/testing/bson_dump.h"
 #include "common/rpc/gradient_codec.h"
 #include "common/rpc/wire.h"
 
@@ -188,6 +189,20 @@ int main(int argc, char** argv) {
             std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
     }
     fs::remove_all(dir);
+  }
+
+  // bson: two products in the dump's layout (one and two pictures), and one
+  // without a category_id, written by libbson.
+  {
+    pstrain::data::DecodedImage image;
+    image.width = image.height = 4;
+    image.channels = 1;
+    for (int i = 0; i < 16; ++i) image.pixels.push_back(static_cast<uint8_t>(i * 15));
+    const std::string jpeg = *pstrain::data::EncodeJpeg(image, 90);
+    Write(root / "bson" / "two_products",
+          pstrain::testing::ProductDocument(1, 1000010653, {jpeg}) +
+              pstrain::testing::ProductDocument(2, 1000010661, {jpeg, jpeg}));
+    Write(root / "bson" / "no_category", pstrain::testing::ProductDocument(3, std::nullopt, {jpeg}));
   }
 
   // png, jpeg: a gray and an RGB image each.

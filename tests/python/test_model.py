@@ -205,3 +205,14 @@ def test_python_only_mistakes_are_value_errors():
         layer(pstrain.Input((3,)))
     with pytest.raises(ValueError, match="num_classes is needed"):
         pstrain.Sequential([layers.Dense(4), layers.ReLU()], (3,))
+
+
+def test_bson_dataset_spec_names_the_dumps_fields():
+    """pstrain.datasets.BSON fills the DatasetSpec fields a BSON job needs."""
+    from pstrain import datasets
+    from pstrain._proto import job_pb2
+    spec = datasets.BSON("/data/cdiscount", image_size=(90, 90), channels=3,
+                         max_bad_records=100).to_spec()
+    assert spec.format == job_pb2.DATASET_FORMAT_BSON
+    assert (spec.image_height, spec.image_width, spec.image_channels) == (90, 90, 3)
+    assert spec.max_bad_records == 100
