@@ -136,24 +136,27 @@ class _Staging:
         if self.cuda:
             torch.cuda.current_stream().synchronize()
 
-    def to_host(self, indices=None):
-        """The tensors' values into their host memory; returns when copied."""
+    def _copy(self, indices, to_host):
+        """Queues the staged tensors' copies (all, or `indices`) on the current
+        stream; False when nothing is staged."""
         if not self.any:
-            return
+            return False
         with torch.no_grad():
             for i in range(len(self.tensors)) if indices is None else indices:
                 if self.staged[i]:
-                    self.host[i].copy_(self.tensors[i], non_blocking=True)
-        self.wait()
+                    pair = (self.host[i], self.tensors[i]) if to_host else (self.tensors[i],
+                                                                           self.host[i])
+                    pair[0].copy_(pair[1], non_blocking=True)
+        return True
+
+    def to_host(self, indices=None):
+        """The tensors' values into their host memory; returns when copied."""
+        if self._copy(indices, to_host=True):
+            self.wait()
 
     def to_device(self, indices=None):
         """The host values into the tensors, queued on the current stream."""
-        if not self.any:
-            return
-        with torch.no_grad():
-            for i in range(len(self.tensors)) if indices is None else indices:
-                if self.staged[i]:
-                    self.tensors[i].copy_(self.host[i], non_blocking=True)
+        self._copy(indices, to_host=False)
 
     def gradient(self, index, grad):
         """The address of `grad`'s values in host memory, once they are there."""

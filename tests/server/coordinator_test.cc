@@ -456,10 +456,27 @@ v1::JobSpec CommandJob(int workers) {
   return job;
 }
 
+// A daemon's heartbeat telling how its command for `job` ended.
+v1::HeartbeatRequest CommandEnded(const std::string& daemon, const std::string& job,
+                                  int exit_code, int signal, const std::string& tail = "") {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(daemon);
+  request.mutable_command_end()->set_job_id(job);
+  request.mutable_command_end()->set_exit_code(exit_code);
+  request.mutable_command_end()->set_signal(signal);
+  request.mutable_command_end()->set_output_tail(tail);
+  return request;
+}
+
+v1::WorkerInfo DaemonInfo(const std::string& host) {
+  v1::WorkerInfo info;
+  info.set_hostname(host);
+  info.set_runs_commands(true);
+  return info;
+}
+
 TEST_F(CoordinatorTest, ACommandJobRunsOnDaemonsThatRunCommandsAndTheirEndsDecide) {
-  v1::WorkerInfo daemon_info;
-  daemon_info.set_hostname("gpu-node");
-  daemon_info.set_runs_commands(true);
+  const v1::WorkerInfo daemon_info = DaemonInfo("gpu-node");
   const std::string plain = Register("plain");  // Runs no commands.
   const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
   const std::string d2 = coordinator_->RegisterWorker(daemon_info)->worker_id();
@@ -506,19 +523,12 @@ TEST_F(CoordinatorTest, ACommandJobRunsOnDaemonsThatRunCommandsAndTheirEndsDecid
   EXPECT_THAT(Status(*job).workers(), ElementsAre(procs[0], procs[1]));
 
   // Another daemon cannot speak for d1's command.
-  v1::HeartbeatRequest forged;
-  forged.set_worker_id(plain);
-  forged.mutable_command_end()->set_job_id(*job);
-  forged.mutable_command_end()->set_exit_code(1);
-  ASSERT_OK(coordinator_->Heartbeat(forged));
+  ASSERT_OK(coordinator_->Heartbeat(CommandEnded(plain, *job, 1, 0)));
   EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_RUNNING);
 
   // kill -9 of d1's process: a lost worker, the job goes on with d2's.
-  v1::HeartbeatRequest killed;
-  killed.set_worker_id(d1);
-  killed.mutable_command_end()->set_job_id(*job);
-  killed.mutable_command_end()->set_signal(9);
-  EXPECT_EQ(coordinator_->Heartbeat(killed)->action(), v1::HeartbeatResponse::ACTION_IDLE);
+  EXPECT_EQ(coordinator_->Heartbeat(CommandEnded(d1, *job, 0, 9))->action(),
+            v1::HeartbeatResponse::ACTION_IDLE);
   EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_RUNNING);
   EXPECT_THAT(Status(*job).workers(), ElementsAre(procs[1]));
   EXPECT_EQ(Status(*job).workers_lost(), 1);
@@ -527,12 +537,8 @@ TEST_F(CoordinatorTest, ACommandJobRunsOnDaemonsThatRunCommandsAndTheirEndsDecid
   }));
 
   // Status 1 from the other one's process fails the job with its output.
-  v1::HeartbeatRequest failed;
-  failed.set_worker_id(d2);
-  failed.mutable_command_end()->set_job_id(*job);
-  failed.mutable_command_end()->set_exit_code(1);
-  failed.mutable_command_end()->set_output_tail("Traceback ...\nValueError: bad batch\n");
-  ASSERT_OK(coordinator_->Heartbeat(failed));
+  ASSERT_OK(coordinator_->Heartbeat(
+      CommandEnded(d2, *job, 1, 0, "Traceback ...\nValueError: bad batch\n")));
   const v1::JobStatus ended = Status(*job);
   EXPECT_EQ(ended.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(ended.reason(), HasSubstr("exited with status 1"));
@@ -557,9 +563,7 @@ TEST_F(CoordinatorTest, ACommandJobRunsOnDaemonsThatRunCommandsAndTheirEndsDecid
 }
 
 TEST_F(CoordinatorTest, ACommandThatExitsBeforeItsJobStartsFailsItAndAKilledOneIsLaunchedAgain) {
-  v1::WorkerInfo daemon_info;
-  daemon_info.set_hostname("node");
-  daemon_info.set_runs_commands(true);
+  const v1::WorkerInfo daemon_info = DaemonInfo("node");
   const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
   auto job = coordinator_->SubmitJob(CommandJob(1));
   ASSERT_OK(job);
@@ -567,31 +571,21 @@ TEST_F(CoordinatorTest, ACommandThatExitsBeforeItsJobStartsFailsItAndAKilledOneI
   ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
   EXPECT_THAT(Status(*job).reason(), Not(HasSubstr("its command runs on")));
   // Killed before it joined: launched again on the next pass.
-  v1::HeartbeatRequest killed;
-  killed.set_worker_id(d1);
-  killed.mutable_command_end()->set_job_id(*job);
-  killed.mutable_command_end()->set_signal(9);
-  ASSERT_OK(coordinator_->Heartbeat(killed));
+  ASSERT_OK(coordinator_->Heartbeat(CommandEnded(d1, *job, 0, 9)));
   EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_QUEUED);
   EXPECT_THAT(Status(*job).reason(), HasSubstr("its command runs on 0 of 1"));
   coordinator_->Tick();
   ASSERT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_LAUNCH);
   // Status 2 before it joined: the job fails with its output.
-  v1::HeartbeatRequest exited;
-  exited.set_worker_id(d1);
-  exited.mutable_command_end()->set_job_id(*job);
-  exited.mutable_command_end()->set_exit_code(2);
-  exited.mutable_command_end()->set_output_tail("python3: can't open file 'train.py'");
-  ASSERT_OK(coordinator_->Heartbeat(exited));
+  ASSERT_OK(coordinator_->Heartbeat(
+      CommandEnded(d1, *job, 2, 0, "python3: can't open file 'train.py'")));
   EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(Status(*job).reason(), HasSubstr("exited with status 2; its last output:\npython3"));
   EXPECT_EQ(Beat(d1).action(), v1::HeartbeatResponse::ACTION_IDLE);
 }
 
 TEST_F(CoordinatorTest, AfterARestartADaemonsRunningCommandIsCountedNotLaunchedTwice) {
-  v1::WorkerInfo daemon_info;
-  daemon_info.set_hostname("node");
-  daemon_info.set_runs_commands(true);
+  const v1::WorkerInfo daemon_info = DaemonInfo("node");
   const std::string d1 = coordinator_->RegisterWorker(daemon_info)->worker_id();
   auto job = coordinator_->SubmitJob(CommandJob(1));
   ASSERT_OK(job);
