@@ -63,8 +63,12 @@ struct BsonDump {
 // 90) as products of 1 to 4 pictures of one class (consecutive in source
 // order), the products shuffled; skewed counts: class c keeps about
 // 1 / (1 + c / 3) of its images, so class 0 has about 4x class 9's.
+//
+// in_order: every image, in source order, as products of the runs of
+// consecutive images of one class (at most 4): the dump's samples are the
+// source's, sample for sample (for comparing training on both).
 inline BsonDump MakeBsonDump(const data::ImageDataset& source, int64_t max_images,
-                             uint64_t seed) {
+                             uint64_t seed, bool in_order = false) {
   BsonDump dump;
   uint64_t draws = 0;
   auto next = [&] { return MixBits(seed, draws++); };
@@ -87,6 +91,16 @@ inline BsonDump MakeBsonDump(const data::ImageDataset& source, int64_t max_image
     }
   }
   for (size_t i = products.size(); i > 1; --i) std::swap(products[i - 1], products[next() % i]);
+  if (in_order) {
+    products.clear();
+    for (int64_t i = 0; i < source.size(); ++i) {
+      const int c = source.labels[static_cast<size_t>(i)];
+      if (products.empty() || products.back().first != c || products.back().second.size() == 4) {
+        products.emplace_back(c, std::vector<int64_t>());
+      }
+      products.back().second.push_back(i);
+    }
+  }
   for (const auto& [c, images] : products) {
     if (static_cast<int64_t>(dump.sources.size()) >= max_images) break;
     std::vector<std::string> pictures;
