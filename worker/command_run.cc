@@ -170,6 +170,10 @@ std::optional<v1::CommandEnd> CommandRun::Poll() {
   return end_;
 }
 
+void CommandRun::Signal(int sig) {
+  if (!end_) kill(-pid_, sig);
+}
+
 v1::CommandEnd CommandRun::Stop() {
   if (end_) return *end_;
   int status = 0;

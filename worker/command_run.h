@@ -70,8 +70,12 @@ class CommandRun {
   // Its end once it exited (without waiting), else nullopt.
   std::optional<v1::CommandEnd> Poll();
   // Ends it (SIGTERM to its group, SIGKILL after stop_grace) and returns its
-  // end; the end it had when it exited already.
+  // end; the end it had when it exited already. Blocks up to twice
+  // stop_grace.
   v1::CommandEnd Stop();
+  // Sends `sig` to its process group (nothing once it ended); Poll() then
+  // reaps it. For a caller that must not block while it waits.
+  void Signal(int sig);
 
  private:
   CommandRun(std::string job_id, Options options) : job_id_(std::move(job_id)), options_(std::move(options)) {}

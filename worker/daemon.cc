@@ -1,5 +1,6 @@
 #include "worker/daemon.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -296,7 +297,8 @@ void WorkerDaemon::HandleHeartbeat(const v1::HeartbeatResponse& response) {
       StopRun("the coordinator asked to stop");
       // The process learns that its job ended too, and may still be saving
       // what it trained: it has the grace to exit before it is stopped.
-      if (command_stop_at_ == absl::InfiniteFuture() && !command_job().empty()) {
+      if (!command_ending_ && !command_job().empty()) {
+        command_ending_ = true;
         command_stop_at_ = absl::Now() + options_.command_stop_grace;
         Log(absl::StrCat(command_job(), ": the job ended; its command has ",
                          absl::FormatDuration(options_.command_stop_grace), " to exit"));
@@ -482,8 +484,24 @@ void WorkerDaemon::PollCommand() {
   }
   if (end) {
     CommandEnded(*std::move(end));
-  } else if (absl::Now() >= command_stop_at_) {
-    StopCommand("its job ended and it did not exit");
+    return;
+  }
+  // Its job ended: SIGTERM once the grace is over, SIGKILL one grace later,
+  // without blocking the heartbeats.
+  const absl::Time now = absl::Now();
+  const int sig = now >= command_kill_at_ ? SIGKILL : now >= command_stop_at_ ? SIGTERM : 0;
+  if (sig == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (command_ == nullptr) return;
+  Log(absl::StrCat(command_->job_id(), ": its command did not exit ",
+                   sig == SIGKILL ? "after SIGTERM; SIGKILL" : "after its job ended; SIGTERM",
+                   " to its process group"));
+  command_->Signal(sig);
+  if (sig == SIGTERM) {
+    command_stop_at_ = absl::InfiniteFuture();
+    command_kill_at_ = now + options_.command_stop_grace;
+  } else {
+    command_kill_at_ = absl::InfiniteFuture();
   }
 }
 
@@ -508,7 +526,9 @@ void WorkerDaemon::CommandEnded(v1::CommandEnd end) {
   std::error_code ec;
   if (!command_dir_.empty()) fs::remove_all(command_dir_, ec);
   command_dir_.clear();
+  command_ending_ = false;
   command_stop_at_ = absl::InfiniteFuture();
+  command_kill_at_ = absl::InfiniteFuture();
   command_end_ = std::move(end);
 }
 

@@ -32,8 +32,9 @@
 // names the job whose command runs (the coordinator counts this daemon busy
 // and adopts the command after it restarted) and, once, how it ended
 // (HeartbeatRequest.command_end). ACTION_STOP (its job ended) gives it
-// Options::command_stop_grace to exit by itself, then stops it (SIGTERM,
-// SIGKILL after the same grace); Shutdown() stops it at once. Its
+// Options::command_stop_grace to exit by itself, then sends its process
+// group SIGTERM and, one grace later, SIGKILL, while the heartbeats go on;
+// Shutdown() stops it at once. Its
 // credentials file (the daemon's TLS and token file paths) lives in a
 // private temporary directory removed with it. ACTION_REREGISTER (the coordinator restarted) stops the run and
 // registers again, asking for the same worker id back. A coordinator that
@@ -212,8 +213,11 @@ class WorkerDaemon {
   std::unique_ptr<CommandRun> command_ ABSL_GUARDED_BY(mu_);
   std::string command_dir_;
   std::optional<v1::CommandEnd> command_end_;
-  // When the command is stopped if it has not exited (its job ended).
+  // Its job ended: when the command gets SIGTERM, then SIGKILL, if it has
+  // not exited.
+  bool command_ending_ = false;
   absl::Time command_stop_at_ = absl::InfiniteFuture();
+  absl::Time command_kill_at_ = absl::InfiniteFuture();
 };
 
 }  // namespace pstrain

@@ -128,6 +128,9 @@ ABSL_FLAG(std::vector<std::string>, command_root, {},
           "(JobSpec.command), comma-separated; may be given more than once. A command whose "
           "program is not an executable file under one of them is refused and its job fails "
           "(docs/SECURITY.md). Default: none, and this worker runs no commands");
+ABSL_FLAG(double, command_stop_grace_s, 10,
+          "Daemon mode: seconds a job's command has to exit after its job ended before its "
+          "process group gets SIGTERM, and again before SIGKILL");
 ABSL_FLAG(int, threads, 0,
           "CPU backend: OpenMP threads for compute (0 = all cores); leave a core to the "
           "network and data threads on small machines");
@@ -309,6 +312,11 @@ int RunDaemon() {
   if (auto it = g_repeated.find("command-root"); it != g_repeated.end()) {
     options.command_roots = it->second;
   }
+  if (!(absl::GetFlag(FLAGS_command_stop_grace_s) >= 0 &&
+        absl::GetFlag(FLAGS_command_stop_grace_s) <= 3600)) {
+    return Fail(absl::InvalidArgumentError("--command-stop-grace-s must be in [0, 3600]"));
+  }
+  options.command_stop_grace = absl::Seconds(absl::GetFlag(FLAGS_command_stop_grace_s));
   options.launcher_credentials = {.tls_ca = security->tls.ca_file,
                                   .tls_cert = security->tls.cert_file,
                                   .tls_key = security->tls.key_file,

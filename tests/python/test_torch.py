@@ -481,3 +481,40 @@ def test_daemons_run_a_submitted_torch_command_and_a_killed_one_is_a_lost_worker
                f"worker's --command-root ({root})" in refused.reason, refused.reason
         idle = cluster.cli("workers").stdout
         assert job.id not in idle and refused.proto.job_id not in idle, idle
+
+
+def test_a_cancelled_command_job_ends_a_command_that_ignores_sigterm(bin_dir, source_dir,
+                                                                     tmp_path):
+    """A job's command that never joins and ignores SIGTERM: the job is
+    cancelled while it waits; the daemon gives the command its grace
+    (--command-stop-grace-s 1), then SIGTERM to its process group, then
+    SIGKILL, while its heartbeats go on (the server never marks it dead),
+    and it is idle again."""
+    root = tmp_path / "jobs"
+    root.mkdir()
+    stubborn = root / "stubborn"
+    stubborn.write_text("#!/bin/sh\ntrap '' TERM\necho waiting\nsleep 600 &\nwait\nwait\n")
+    stubborn.chmod(0o755)
+    with LocalCluster(bin_dir, source_dir, str(tmp_path), workers=1,
+                      worker_args=["--command-root", str(root),
+                                   "--command-stop-grace-s", "1"]) as cluster:
+        import pstrain
+        from pstrain._proto import job_pb2
+        client = pstrain.Client(cluster.address, **cluster.admin_credentials())
+        job = client.submit_spec(job_pb2.JobSpec(
+            name="stubborn", command=job_pb2.CommandSpec(argv=["stubborn"]),
+            optimizer=job_pb2.OptimizerSpec(type=job_pb2.OPTIMIZER_SGD, learning_rate=0.1),
+            epochs=1, batch_size=32, workers=1))
+        cluster.wait_for_log("worker0", "job-1 command: waiting", 60)
+        r = cluster.cli("cancel", job.id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        cluster.wait_for_log("worker0", "was killed by signal 9", 60)
+        log = cluster.log("worker0")
+        assert log.index("its command has 1s to exit") < log.index("SIGTERM") < \
+            log.index("SIGKILL"), log
+        assert log.count("; SIGTERM to its") == 1 and log.count("to exit") == 1, log
+        assert "marked dead" not in cluster.log("server"), cluster.logs()
+        deadline = time.monotonic() + 30
+        while job.id in cluster.cli("workers").stdout and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job.id not in cluster.cli("workers").stdout, cluster.cli("workers").stdout
