@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,6 +26,8 @@
 #include "common/data/packed_format.h"
 #include "common/job_spec.h"
 #include "common/status_macros.h"
+#include "common/storage/s3_flags.h"
+#include "common/storage/storage.h"
 
 ABSL_FLAG(std::string, format, "",
           "The source's format: idx, cifar10 or image_folder (instead of JOB.json)");
@@ -45,11 +49,12 @@ absl::StatusOr<v1::DatasetSpec> DatasetFromOptions(const std::string& format,
       {"idx", v1::DATASET_FORMAT_IDX},
       {"cifar10", v1::DATASET_FORMAT_CIFAR10},
       {"image_folder", v1::DATASET_FORMAT_IMAGE_FOLDER},
-      {"image-folder", v1::DATASET_FORMAT_IMAGE_FOLDER}};
+      {"image-folder", v1::DATASET_FORMAT_IMAGE_FOLDER},
+      {"bson", v1::DATASET_FORMAT_BSON}};
   auto it = kFormats->find(format);
   if (it == kFormats->end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--format must be idx, cifar10 or image_folder, got '", format, "'"));
+        absl::StrCat("--format must be idx, cifar10, image_folder or bson, got '", format, "'"));
   }
   v1::DatasetSpec spec;
   spec.set_format(it->second);
@@ -67,6 +72,16 @@ absl::StatusOr<v1::DatasetSpec> DatasetFromOptions(const std::string& format,
     spec.set_image_width(w);
   }
   return spec;
+}
+
+// Storage for s3:// paths, from the --s3-* flags and the AWS environment;
+// retries are told on stderr.
+absl::StatusOr<std::unique_ptr<storage::Storage>> OpenCliStorage() {
+  PSTRAIN_ASSIGN_OR_RETURN(storage::StorageOptions options,
+                           storage::StorageOptionsFromFlags([](const std::string& line) {
+                             std::cerr << "pstrain: " << line << std::endl;
+                           }));
+  return storage::OpenStorage(options);
 }
 
 // `text` as a JSON string literal.
@@ -257,17 +272,25 @@ int Cli::Prepare(const std::vector<std::string>& args) {
   static const Command kPrepare = {
       "prepare",
       "usage: pstrain prepare JOB.json -o DIR [--records-per-shard N]\n"
-      "       pstrain prepare --format idx|cifar10|image_folder --path SRC\n"
+      "       pstrain prepare --format idx|cifar10|image_folder|bson --path SRC\n"
       "                       [--image-size HxW] -o DIR [--records-per-shard N]\n"
       "  Reads a dataset once (the job file's, or SRC in the given format; image\n"
-      "  folders are decoded and resized to HxW) and writes both splits to DIR as\n"
-      "  shards of fixed-shape, decoded uint8 records with a CRC-32 each. A job then\n"
-      "  reads them with a copy, without decoding: \"dataset\": {\"format\":\n"
-      "  \"DATASET_FORMAT_PACKED\", \"path\": \"DIR\", ...} (mean, std, augmentation and\n"
-      "  balance as before).\n",
+      "  folders and BSON dumps are decoded and resized to HxW) and writes both\n"
+      "  splits to DIR as shards of fixed-shape, decoded uint8 records with a\n"
+      "  CRC-32 each. A job then reads them with a copy, without decoding:\n"
+      "  \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", \"path\": \"DIR\", ...}\n"
+      "  (mean, std, augmentation and balance as before). DIR may be an object-store\n"
+      "  prefix, s3://bucket/prefix (--s3-endpoint, --s3-region, --s3-credentials,\n"
+      "  --s3-ca-file and the AWS_* environment say how to reach it).\n",
       {&absl::GetFlagReflectionHandle(FLAGS_output), &absl::GetFlagReflectionHandle(FLAGS_format),
        &absl::GetFlagReflectionHandle(FLAGS_path), &absl::GetFlagReflectionHandle(FLAGS_image_size),
-       &absl::GetFlagReflectionHandle(FLAGS_records_per_shard)},
+       &absl::GetFlagReflectionHandle(FLAGS_records_per_shard),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_endpoint),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_region),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_credentials),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_ca_file),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_path_style),
+       &absl::GetFlagReflectionHandle(FLAGS_s3_no_verify_tls)},
       /*dials_server=*/false};
   std::string dir, format, path, image_size;
   std::optional<int64_t> records_per_shard;
@@ -317,7 +340,17 @@ int Cli::Prepare(const std::vector<std::string>& args) {
     return kExitFailed;
   }
   const absl::Time loaded = absl::Now();
-  absl::StatusOr<data::PackSummary> summary = data::WritePackedDataset(*splits, dir, options);
+  absl::StatusOr<data::PackSummary> summary;
+  if (storage::IsS3Uri(dir)) {
+    absl::StatusOr<std::unique_ptr<storage::Storage>> store = OpenCliStorage();
+    if (!store.ok()) {
+      err_ << "pstrain prepare: error: " << store.status().message() << std::endl;
+      return kExitFailed;
+    }
+    summary = data::WritePackedDataset(*splits, dir, options, **store);
+  } else {
+    summary = data::WritePackedDataset(*splits, dir, options);
+  }
   if (!summary.ok()) {
     err_ << "pstrain prepare: error: " << summary.status().message() << std::endl;
     return kExitFailed;

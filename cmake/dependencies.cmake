@@ -48,6 +48,12 @@ pstrain_find_package(JPEG libjpeg62-turbo-dev)
 # The BSON product dump (DATASET_FORMAT_BSON, common/data/bson_dataset):
 # libbson parses and iterates the documents.
 pstrain_find_package(bson-1.0 libbson-dev CONFIG)
+# s3:// datasets (common/storage/s3_client): libcurl's HTTP and its AWS
+# SigV4 signing (CURLOPT_AWS_SIGV4, libcurl >= 7.75; Debian 12 has 7.88).
+pstrain_find_package(CURL libcurl4-openssl-dev)
+if(CURL_VERSION_STRING VERSION_LESS 7.75)
+  message(FATAL_ERROR "pstrain: libcurl ${CURL_VERSION_STRING} lacks CURLOPT_AWS_SIGV4 (7.75 or newer)")
+endif()
 pstrain_find_package(prometheus-cpp prometheus-cpp-dev CONFIG)
 # ONNX's protobuf schema (onnx/onnx_pb.h, target onnx_proto) for `pstrain
 # export`, and its checker (target onnx) for the export's tests; the

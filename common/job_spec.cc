@@ -18,8 +18,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// `path` relative to the job file's directory; absolute paths and URIs
+// (s3://bucket/prefix, file:///x) as they are.
 std::string Resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || base_dir.empty() || fs::path(path).is_absolute()) return path;
+  if (path.empty() || base_dir.empty() || fs::path(path).is_absolute() ||
+      path.find("://") != std::string::npos) {
+    return path;
+  }
   return (fs::path(base_dir) / path).lexically_normal().string();
 }
 

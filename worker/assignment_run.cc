@@ -130,7 +130,7 @@ absl::Status AssignmentRun::BuildModel() {
   if (job_.dataset().format() != v1::DATASET_FORMAT_SYNTHETIC) {
     PSTRAIN_RETURN_IF_ERROR(options_.data_policy->Check(job_.dataset().path()));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(setup_, LoadDataAndBuildModel(job_, backend_.get()));
+  PSTRAIN_ASSIGN_OR_RETURN(setup_, LoadDataAndBuildModel(job_, backend_.get(), options_.storage));
   return absl::OkStatus();
 }
 

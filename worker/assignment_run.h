@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data/path_policy.h"
+#include "common/storage/storage.h"
 #include "common/rpc/channel.h"
 #include "common/tfevents.h"
 #include "kernels/backend.h"
@@ -80,6 +81,8 @@ class AssignmentRun : public std::enable_shared_from_this<AssignmentRun> {
     int num_threads = 0;          // CPU backend OpenMP threads; 0 = its default.
     // The datasets a job may read (non-null; synthetic data needs none).
     const data::DataPathPolicy* data_policy = nullptr;
+    // Where datasets are read from (local paths and s3://); null: local only.
+    storage::Storage* storage = nullptr;
     std::string worker_id;                         // This worker's id at the coordinator.
     std::string hostname;                          // Names this worker in a failure report.
     std::vector<std::string> shards;               // The parameter shards' addresses.

@@ -72,8 +72,11 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
     }
     root = real.string();
   }
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<storage::Storage> store,
+                           storage::OpenStorage(options.storage));
   std::unique_ptr<WorkerDaemon> daemon(new WorkerDaemon(std::move(options)));
   daemon->data_policy_ = std::move(policy);
+  daemon->storage_ = std::move(store);
   // Describe this machine once (the backend is opened again per job).
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            OpenBackend(daemon->options_.device, daemon->options_.num_threads));
@@ -363,6 +366,7 @@ AssignmentRun::Options WorkerDaemon::RunOptions() const {
   run.device = options_.device;
   run.num_threads = options_.num_threads;
   run.data_policy = &*data_policy_;
+  run.storage = storage_.get();
   run.hostname = info_.hostname();
   run.coordinator = stub_.get();
   run.channel = options_.channel;

@@ -61,6 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data/path_policy.h"
+#include "common/storage/storage.h"
 #include "common/process.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
@@ -121,6 +122,9 @@ class WorkerDaemon {
     // path_policy.h); a dataset path elsewhere fails the job with the rule
     // before any file is opened. Empty: none (synthetic data only).
     std::vector<std::string> data_roots;
+    // How s3:// dataset paths are reached (storage::StorageOptionsFromFlags);
+    // without S3 settings such a path fails the job with that reason.
+    storage::StorageOptions storage;
     // Directories whose programs a job's command may name (--command-root;
     // docs/SECURITY.md). Empty: this daemon runs no commands.
     std::vector<std::string> command_roots;
@@ -186,6 +190,7 @@ class WorkerDaemon {
   const Options options_;
   const std::function<void(const std::string&)> log_;  // options_.log, or stderr.
   std::optional<data::DataPathPolicy> data_policy_;    // Set by Create().
+  std::unique_ptr<storage::Storage> storage_;          // Set by Create(); runs share it.
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<TrainingMetrics> metrics_;
   v1::WorkerInfo info_;

@@ -19,9 +19,12 @@ absl::StatusOr<std::unique_ptr<Backend>> OpenBackend(const std::string& device, 
   return CreateBackend(spec);
 }
 
-absl::StatusOr<JobSetup> LoadDataAndBuildModel(const v1::JobSpec& job, Backend* backend) {
+absl::StatusOr<JobSetup> LoadDataAndBuildModel(const v1::JobSpec& job, Backend* backend,
+                                               storage::Storage* store) {
   // Phase: LoadData.
-  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
+  PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits,
+                           store != nullptr ? data::LoadDataset(job.dataset(), *store)
+                                            : data::LoadDataset(job.dataset()));
   PSTRAIN_ASSIGN_OR_RETURN(data::Preprocess preprocess,
                            data::Preprocess::FromSpec(job.dataset(), splits.train.channels));
   // Phase: BuildModel.

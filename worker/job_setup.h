@@ -20,6 +20,10 @@
 #include "pstrain/v1/job.pb.h"
 #include "worker/model.h"
 
+namespace pstrain::storage {
+class Storage;
+}  // namespace pstrain::storage
+
 namespace pstrain {
 
 // The backend for `device` (auto | cpu | cuda | cuda:N; auto: CUDA when a
@@ -39,8 +43,11 @@ struct JobSetup {
 // (the job's model on `backend`, which must outlive it, in the job's
 // precision, with initialised parameters). The dataset path is not checked
 // against any allow-list here: a caller that takes jobs from the network
-// checks it first (data::DataPathPolicy).
-absl::StatusOr<JobSetup> LoadDataAndBuildModel(const v1::JobSpec& job, Backend* backend);
+// checks it first (data::DataPathPolicy). The dataset is read through
+// `store` (local paths and, when it has S3 settings, s3://); null: local
+// paths only.
+absl::StatusOr<JobSetup> LoadDataAndBuildModel(const v1::JobSpec& job, Backend* backend,
+                                               storage::Storage* store = nullptr);
 
 }  // namespace pstrain
 

@@ -58,7 +58,7 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   // Phase: OpenBackend, LoadData, BuildModel.
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            OpenBackend(options.device, /*cpu_threads=*/0));
-  PSTRAIN_ASSIGN_OR_RETURN(JobSetup setup, LoadDataAndBuildModel(job, backend.get()));
+  PSTRAIN_ASSIGN_OR_RETURN(JobSetup setup, LoadDataAndBuildModel(job, backend.get(), options.storage));
   const data::DatasetSplits& splits = setup.splits;
   const data::Preprocess& preprocess = setup.preprocess;
   Model* const model = setup.model.get();

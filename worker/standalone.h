@@ -15,6 +15,10 @@
 #include "common/metrics.h"
 #include "pstrain/v1/job.pb.h"
 
+namespace pstrain::storage {
+class Storage;
+}  // namespace pstrain::storage
+
 namespace pstrain {
 
 struct StandaloneOptions {
@@ -28,6 +32,8 @@ struct StandaloneOptions {
   // train/accuracy and train/samples_per_sec at the global step, then
   // test/accuracy and test/loss at the last step (common/tfevents.h).
   std::string tensorboard_dir;
+  // Where the dataset is read from (local paths and s3://); null: local only.
+  storage::Storage* storage = nullptr;
 };
 
 struct StandaloneResult {

@@ -37,6 +37,7 @@
 #include "common/rpc/health.h"
 #include "common/rpc/security_flags.h"
 #include "common/status_macros.h"
+#include "common/storage/s3_flags.h"
 #include "kernels/backend_loader.h"
 #include "kernels/cuda_backend_options.h"
 #include "prometheus/registry.h"
@@ -152,6 +153,9 @@ namespace {
 
 // The worker's readiness service name in grpc.health.v1.Health.
 constexpr char kWorkerHealthService[] = "pstrain-worker";
+
+// A log line of the worker's own (S3 settings, S3 retries), on stderr.
+void WorkerLog(const std::string& line) { std::cerr << "pstrain-worker: " << line << std::endl; }
 
 int Fail(const absl::Status& status) {
   std::cerr << "pstrain-worker: error: " << status.message() << std::endl;
@@ -309,6 +313,10 @@ int RunDaemon() {
   options.channel = security->channel;
   options.identity = security->identity;
   options.data_roots = DataRoots();
+  absl::StatusOr<pstrain::storage::StorageOptions> storage =
+      pstrain::storage::StorageOptionsFromFlags(WorkerLog);
+  if (!storage.ok()) return Fail(storage.status());
+  options.storage = *std::move(storage);
   if (auto it = g_repeated.find("command-root"); it != g_repeated.end()) {
     options.command_roots = it->second;
   }
@@ -471,6 +479,17 @@ int main(int argc, char** argv) {
   options.limit = absl::GetFlag(FLAGS_limit);
   options.checkpoint_path = absl::GetFlag(FLAGS_checkpoint);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  std::unique_ptr<pstrain::storage::Storage> store;
+  if (absl::StartsWith(job->dataset().path(), "s3://")) {
+    absl::StatusOr<pstrain::storage::StorageOptions> storage_options =
+        pstrain::storage::StorageOptionsFromFlags(WorkerLog);
+    if (!storage_options.ok()) return Fail(storage_options.status());
+    absl::StatusOr<std::unique_ptr<pstrain::storage::Storage>> opened =
+        pstrain::storage::OpenStorage(*storage_options);
+    if (!opened.ok()) return Fail(opened.status());
+    store = *std::move(opened);
+    options.storage = store.get();
+  }
   if (options.checkpoint_path.empty()) {
     options.checkpoint_path = (job->name().empty() ? std::string("model") : job->name()) + ".ckpt";
   } else if (options.checkpoint_path == "none") {

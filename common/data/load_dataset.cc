@@ -1,6 +1,7 @@
 #include "common/data/load_dataset.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/data/bson_dataset.h"
@@ -10,6 +11,7 @@
 #include "common/data/image_folder_reader.h"
 #include "common/data/packed_format.h"
 #include "common/status_macros.h"
+#include "common/storage/storage.h"
 
 namespace pstrain::data {
 
@@ -54,6 +56,18 @@ absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticS
 // ---- LoadDataset ----------------------------------------------------------------
 
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) {
+  std::unique_ptr<storage::Storage> local = storage::NewLocalStorage();
+  return LoadDataset(spec, *local);
+}
+
+absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
+                                          storage::Storage& store) {
+  if (storage::IsS3Uri(spec.path()) && spec.format() != pstrain::v1::DATASET_FORMAT_PACKED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset ", spec.path(), ": ", pstrain::v1::DatasetFormat_Name(spec.format()),
+        " is read from local paths only; from an object store pstrain reads packed shards "
+        "(write them there with `pstrain prepare --out s3://...`)"));
+  }
   if (spec.path().empty() && spec.format() != pstrain::v1::DATASET_FORMAT_SYNTHETIC) {
     return absl::InvalidArgumentError("dataset path is empty");
   }
@@ -91,7 +105,7 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
       break;
     }
     case pstrain::v1::DATASET_FORMAT_PACKED: {
-      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path()));
+      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path(), store));
       break;
     }
     case pstrain::v1::DATASET_FORMAT_BSON: {

@@ -15,6 +15,10 @@
 #include "common/data/image_dataset.h"
 #include "pstrain/v1/job.pb.h"
 
+namespace pstrain::storage {
+class Storage;
+}  // namespace pstrain::storage
+
 namespace pstrain::data {
 
 // Random pixels and labels of the given shape (benchmarks only). Errors for
@@ -27,6 +31,12 @@ absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticS
 // the two), and that every label is below it. Errors name the file, and the
 // byte offset for corrupt or truncated data.
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec);
+
+// The same with paths read through `store`: packed shards may then be at an
+// s3:// prefix (other formats from an s3:// path are INVALID_ARGUMENT, with
+// the way to pack them).
+absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
+                                          storage::Storage& store);
 
 }  // namespace pstrain::data
 

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/data/file_io.h"
+#include "common/storage/storage.h"
 #include "common/status_macros.h"
 
 namespace pstrain::data {
@@ -63,9 +66,17 @@ std::string EncodeHeader(const Header& h) {
   return out;
 }
 
-// A read-only mapping of a whole file, unmapped on destruction.
+// A shard's bytes: a read-only mapping of a local file (unmapped on
+// destruction), or the bytes of an object read from a store.
 class MappedFile {
  public:
+  static MappedFile Own(std::string bytes) {
+    MappedFile file;
+    file.owned_ = std::move(bytes);
+    file.data_ = reinterpret_cast<const uint8_t*>(file.owned_.data());
+    file.size_ = file.owned_.size();
+    return file;
+  }
   static absl::StatusOr<MappedFile> Open(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -94,13 +105,15 @@ class MappedFile {
     return file;
   }
   MappedFile() = default;
-  MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_) {
+  MappedFile(MappedFile&& o) noexcept
+      : data_(o.data_), size_(o.size_), owned_(std::move(o.owned_)) {
+    if (!owned_.empty()) data_ = reinterpret_cast<const uint8_t*>(owned_.data());
     o.data_ = nullptr;
     o.size_ = 0;
   }
   MappedFile& operator=(MappedFile&&) = delete;
   ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr && owned_.empty()) ::munmap(const_cast<uint8_t*>(data_), size_);
   }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -108,6 +121,7 @@ class MappedFile {
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  std::string owned_;  // Non-empty: the bytes are here, not mapped.
 };
 
 absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& file) {
@@ -167,16 +181,18 @@ absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& f
 }
 
 // The shard files of `split` in `dir`, by index; NOT_FOUND when none.
-absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir,
+absl::StatusOr<std::vector<std::string>> ShardFiles(storage::Storage& store,
+                                                    const std::string& dir,
                                                     const std::string& split) {
-  absl::StatusOr<std::vector<std::filesystem::directory_entry>> entries = ListDirectory(dir);
+  absl::StatusOr<std::vector<storage::ObjectInfo>> entries = store.List(dir);
   if (!entries.ok()) {
-    return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": ", entries.status().message()));
+    return absl::Status(entries.status().code(),
+                        absl::StrCat("packed dataset ", dir, ": ", entries.status().message()));
   }
   std::map<int, std::string> by_index;
   int count = -1;
-  for (const std::filesystem::directory_entry& entry : *entries) {
-    const std::string name = entry.path().filename().string();
+  for (const storage::ObjectInfo& entry : *entries) {
+    const std::string& name = entry.key;
     const std::string prefix = split + "-";
     if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 5 + 4 + 5 + 7 ||
         name.substr(name.size() - 7) != kPackedSuffix) {
@@ -197,7 +213,7 @@ absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir,
                                               total, "); pack it again"));
     }
     count = total;
-    by_index[index] = JoinPath(dir, name);
+    by_index[index] = storage::JoinUri(dir, name);
   }
   if (count < 0) {
     return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": no ", split, "-*-of-*",
@@ -223,9 +239,18 @@ std::string PackedShardName(const std::string& split, int index, int count) {
 
 absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
                                                const PackOptions& options) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  std::unique_ptr<storage::Storage> local = storage::NewLocalStorage();
+  return WritePackedDataset(splits, dir, options, *local);
+}
+
+absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
+                                               const PackOptions& options,
+                                               storage::Storage& store) {
+  if (!storage::IsS3Uri(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  }
   PackSummary summary;
   for (const auto& [split, ds] :
        {std::pair<std::string, const ImageDataset*>{"train", &splits.train},
@@ -247,14 +272,13 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
           absl::StrCat(split, ": ", shards, " shards is above ", kPackedMaxShards));
     }
     // Shards of an older packing of this split with another count go first.
-    PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::filesystem::directory_entry> entries,
-                             ListDirectory(dir));
-    for (const std::filesystem::directory_entry& entry : entries) {
-      const std::string name = entry.path().filename().string();
+    PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
+    for (const storage::ObjectInfo& entry : entries) {
+      const std::string& name = entry.key;
       if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
           name.substr(name.size() - 7) == kPackedSuffix &&
           name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
-        std::filesystem::remove(entry.path(), ec);
+        PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
       }
     }
     for (int64_t s = 0; s < shards; ++s) {
@@ -278,8 +302,8 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
         std::memcpy(bytes.data() + at + 4, ds->image(first + r), sample);
         Put<uint32_t>(bytes, at + 4 + sample, Crc(bytes.data() + at, 4 + sample));
       }
-      const std::string path = JoinPath(dir, PackedShardName(split, s, shards));
-      PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+      const std::string path = storage::JoinUri(dir, PackedShardName(split, s, shards));
+      PSTRAIN_RETURN_IF_ERROR(store.Write(path, bytes));
       summary.bytes += static_cast<int64_t>(bytes.size());
     }
     (split == "train" ? summary.train_samples : summary.test_samples) = n;
@@ -288,62 +312,133 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
   return summary;
 }
 
+namespace {
+
+// Reads of a shard (or of one record) from a store before a checksum
+// failure is final.
+constexpr int kStoreShardReads = 3;
+
+// A shard's bytes: mapped when local; read whole from a store otherwise.
+absl::StatusOr<MappedFile> OpenShard(storage::Storage& store, const std::string& uri) {
+  if (!storage::IsS3Uri(uri)) return MappedFile::Open(uri);
+  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store.Read(uri));
+  return MappedFile::Own(std::move(bytes));
+}
+
+// Appends shard `f` of `shard_count` to `ds` (its header checked against the
+// split's first and against `next_sample`), every record's checksum and label
+// checked. On error `ds` may hold part of the shard.
+//
+// `refetch`, when set, reads bytes [offset, offset + length) of the shard
+// again: a record whose checksum fails is fetched again (up to
+// kStoreShardReads times) before its DATA_LOSS is final.
+using Refetch = std::function<absl::StatusOr<std::string>(int64_t offset, int64_t length)>;
+absl::Status AppendShard(const std::string& path, const MappedFile& file, size_t f,
+                         size_t shard_count, uint64_t next_sample, ImageDataset& ds,
+                         const Refetch& refetch) {
+  PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
+  if (h.shard_index != f || h.shard_count != shard_count) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": its header says shard ", h.shard_index, " of ", h.shard_count));
+  }
+  if (f == 0) {
+    ds.channels = static_cast<int>(h.channels);
+    ds.height = static_cast<int>(h.height);
+    ds.width = static_cast<int>(h.width);
+    ds.num_classes = static_cast<int>(h.num_classes);
+  } else if (static_cast<int>(h.channels) != ds.channels ||
+             static_cast<int>(h.height) != ds.height || static_cast<int>(h.width) != ds.width ||
+             static_cast<int>(h.num_classes) != ds.num_classes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", h.channels, "x", h.height, "x", h.width,
+                                            " images of ", h.num_classes,
+                                            " classes, unlike the split's first shard"));
+  }
+  if (h.first_sample != next_sample) {
+    return absl::DataLossError(absl::StrCat(path, ": starts at sample ", h.first_sample,
+                                            ", the shards before it end at ", next_sample));
+  }
+  const size_t sample = ds.sample_elements();
+  const size_t at_pixels = ds.pixels.size();
+  ds.pixels.resize(at_pixels + h.records * sample);
+  ds.labels.reserve(ds.labels.size() + h.records);
+  const uint8_t* p = file.data() + kPackedHeaderBytes;
+  std::string again;  // A record fetched again after its checksum failed.
+  for (uint64_t r = 0; r < h.records; ++r, p += h.record_bytes) {
+    const uint8_t* record = p;
+    for (int read = 1; Get<uint32_t>(record + 4 + sample) != Crc(record, 4 + sample); ++read) {
+      if (!refetch || read == kStoreShardReads) {
+        return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
+                                                h.first_sample + r, "): checksum mismatch"));
+      }
+      PSTRAIN_ASSIGN_OR_RETURN(again, refetch(kPackedHeaderBytes + r * h.record_bytes,
+                                              h.record_bytes));
+      if (again.size() != h.record_bytes) {
+        return absl::DataLossError(absl::StrCat(path, ": record ", r, " read again is ",
+                                                again.size(), " bytes"));
+      }
+      record = reinterpret_cast<const uint8_t*>(again.data());
+    }
+    const int32_t label = Get<int32_t>(record);
+    if (label < 0 || static_cast<uint32_t>(label) >= h.num_classes) {
+      return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
+                                              h.first_sample + r, "): label ", label,
+                                              " outside [0, ", h.num_classes, ")"));
+    }
+    ds.labels.push_back(label);
+    std::memcpy(ds.pixels.data() + at_pixels + r * sample, record + 4, sample);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> files, ShardFiles(dir, split));
+  std::unique_ptr<storage::Storage> local = storage::NewLocalStorage();
+  return LoadPackedSplit(dir, split, *local);
+}
+
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
+                                             storage::Storage& store) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> files, ShardFiles(store, dir, split));
   ImageDataset ds;
   uint64_t next_sample = 0;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string& path = files[f];
-    PSTRAIN_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-    PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
-    if (h.shard_index != f || h.shard_count != files.size()) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": its header says shard ", h.shard_index, " of ", h.shard_count));
+    const size_t pixels_before = ds.pixels.size(), labels_before = ds.labels.size();
+    // Bytes from a store can be damaged on the way: a record that fails its
+    // checksum is fetched again, and a shard whose header fails is read
+    // again whole (every record is checked, so no damaged byte reaches
+    // training). A local file is what it is.
+    const bool remote = storage::IsS3Uri(path);
+    Refetch refetch;
+    if (remote) {
+      refetch = [&store, &path](int64_t offset, int64_t length) {
+        return store.ReadRange(path, offset, length);
+      };
     }
-    if (f == 0) {
-      ds.channels = static_cast<int>(h.channels);
-      ds.height = static_cast<int>(h.height);
-      ds.width = static_cast<int>(h.width);
-      ds.num_classes = static_cast<int>(h.num_classes);
-    } else if (static_cast<int>(h.channels) != ds.channels ||
-               static_cast<int>(h.height) != ds.height || static_cast<int>(h.width) != ds.width ||
-               static_cast<int>(h.num_classes) != ds.num_classes) {
-      return absl::DataLossError(absl::StrCat(path, ": ", h.channels, "x", h.height, "x", h.width,
-                                              " images of ", h.num_classes,
-                                              " classes, unlike the split's first shard"));
+    absl::Status status;
+    for (int read = 1; read <= (remote ? kStoreShardReads : 1); ++read) {
+      ds.pixels.resize(pixels_before);
+      ds.labels.resize(labels_before);
+      PSTRAIN_ASSIGN_OR_RETURN(MappedFile file, OpenShard(store, path));
+      status = AppendShard(path, file, f, files.size(), next_sample, ds, refetch);
+      if (!absl::IsDataLoss(status)) break;
     }
-    if (h.first_sample != next_sample) {
-      return absl::DataLossError(absl::StrCat(path, ": starts at sample ", h.first_sample,
-                                              ", the shards before it end at ", next_sample));
-    }
-    const size_t sample = ds.sample_elements();
-    const size_t at_pixels = ds.pixels.size();
-    ds.pixels.resize(at_pixels + h.records * sample);
-    ds.labels.reserve(ds.labels.size() + h.records);
-    const uint8_t* p = file.data() + kPackedHeaderBytes;
-    for (uint64_t r = 0; r < h.records; ++r, p += h.record_bytes) {
-      if (Get<uint32_t>(p + 4 + sample) != Crc(p, 4 + sample)) {
-        return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
-                                                h.first_sample + r, "): checksum mismatch"));
-      }
-      const int32_t label = Get<int32_t>(p);
-      if (label < 0 || static_cast<uint32_t>(label) >= h.num_classes) {
-        return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
-                                                h.first_sample + r, "): label ", label,
-                                                " outside [0, ", h.num_classes, ")"));
-      }
-      ds.labels.push_back(label);
-      std::memcpy(ds.pixels.data() + at_pixels + r * sample, p + 4, sample);
-    }
-    next_sample += h.records;
+    PSTRAIN_RETURN_IF_ERROR(status);
+    next_sample += ds.labels.size() - labels_before;
   }
   return ds;
 }
 
 absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir) {
+  std::unique_ptr<storage::Storage> local = storage::NewLocalStorage();
+  return LoadPackedDataset(dir, *local);
+}
+
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store) {
   DatasetSplits splits;
-  PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train"));
-  PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test"));
+  PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train", store));
+  PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test", store));
   return splits;
 }
 

@@ -1,6 +1,7 @@
 // Packed datasets (DATASET_FORMAT_PACKED): what `pstrain prepare` writes once
 // so that every later job reads decoded pixels with a copy instead of
-// decoding JPEG/PNG or inflating gzip again.
+// decoding JPEG/PNG or inflating gzip again. The directory may be local or
+// an object-store prefix (s3://bucket/prefix, through storage::Storage).
 //
 //   PSTRAIN_ASSIGN_OR_RETURN(data::DatasetSplits splits, data::LoadDataset(job.dataset()));
 //   PSTRAIN_ASSIGN_OR_RETURN(data::PackSummary s,
@@ -42,6 +43,10 @@
 #include "absl/status/statusor.h"
 #include "common/data/image_dataset.h"
 
+namespace pstrain::storage {
+class Storage;
+}  // namespace pstrain::storage
+
 namespace pstrain::data {
 
 inline constexpr char kPackedMagic[8] = {'P', 'S', 'T', 'R', 'P', 'A', 'K', '1'};
@@ -72,15 +77,27 @@ std::string PackedShardName(const std::string& split, int index, int count);
 // packing with another count are removed). Each file is written atomically.
 absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
                                                const PackOptions& options);
+// The same into any URI `store` takes ("s3://bucket/prefix": each shard one
+// object, written whole or not at all).
+absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
+                                               const PackOptions& options,
+                                               storage::Storage& store);
 
 // Reads one split ("train" or "test") of a packed directory: every shard
 // present, headers that agree, each record's checksum and label checked.
 // Errors are DATA_LOSS (or NOT_FOUND for a missing directory or shard) and
 // name the file, and the record for a bad one.
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split);
+// The same from any URI `store` takes. From an object store, a record that
+// fails its checksum is fetched again (a ranged read, up to 3 reads), and a
+// shard whose header fails is read again whole (up to 3 times), before the
+// DATA_LOSS is final: no damaged byte reaches training.
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
+                                             storage::Storage& store);
 
 // Both splits; the test split gets the train split's num_classes when larger.
 absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir);
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store);
 
 }  // namespace pstrain::data
 

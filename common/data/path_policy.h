@@ -9,7 +9,10 @@
 //   PSTRAIN_RETURN_IF_ERROR(policy.Check(job.dataset().path()));  // before opening
 //
 // A path is allowed when, with symlinks and "." / ".." resolved, it is one
-// of the roots or below one. Check never opens a file and answers a path
+// of the roots or below one. Object-store roots ("s3://bucket" or
+// "s3://bucket/prefix") allow that bucket, or the keys below that prefix
+// (whole segments: s3://data/fmnist does not allow s3://data/fmnist-private);
+// the local root "/" allows no bucket. Check never opens a file and answers a path
 // outside the roots the same way whether it exists or not, naming the rule
 // and the roots, not the file.
 //
@@ -27,9 +30,9 @@ namespace pstrain::data {
 
 class DataPathPolicy {
  public:
-  // `roots` must be existing directories (resolved once, here). "/" allows
-  // every path; no roots allow none. INVALID_ARGUMENT names a root that is
-  // not a directory.
+  // `roots` must be existing directories (resolved once, here) or s3://
+  // URIs. "/" allows every local path; no roots allow none. INVALID_ARGUMENT
+  // names a root that is not a directory or not a valid s3:// URI.
   static absl::StatusOr<DataPathPolicy> Create(const std::vector<std::string>& roots);
 
   // OK when `path` resolves inside a root; PERMISSION_DENIED otherwise

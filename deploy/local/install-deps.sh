@@ -14,6 +14,8 @@ PACKAGES=(
   libjpeg62-turbo-dev libpng-dev zlib1g-dev
   # libbson-dev: the Cdiscount BSON product dump (DATASET_FORMAT_BSON).
   libbson-dev
+  # libcurl4-openssl-dev: s3:// datasets (HTTP and libcurl's AWS SigV4 signing).
+  libcurl4-openssl-dev
   # libssl-dev: token digests and worker credentials; openssl: the local
   # cluster's CA, certificates and tokens (deploy/local/make-certs.sh).
   libssl-dev openssl

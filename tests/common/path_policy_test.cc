@@ -17,6 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::pstrain::testing::StatusIs;
 
 class DataPathPolicyTest : public ::testing::Test {
  protected:
@@ -93,6 +94,35 @@ TEST_F(DataPathPolicyTest, RootsMustBeDirectoriesAndNoRootsAllowNothing) {
   absl::StatusOr<DataPathPolicy> all = DataPathPolicy::Create({"/"});
   ASSERT_OK(all);
   EXPECT_OK(all->Check("/etc/passwd"));
+}
+
+TEST_F(DataPathPolicyTest, BucketRootsAllowTheirPrefixByWholeSegments) {
+  ASSERT_OK_AND_ASSIGN(DataPathPolicy policy,
+                       DataPathPolicy::Create({base_ + "/data", "s3://train-data/fmnist/"}));
+  EXPECT_OK(policy.Check("s3://train-data/fmnist"));
+  EXPECT_OK(policy.Check("s3://train-data/fmnist/"));
+  EXPECT_OK(policy.Check("s3://train-data/fmnist/packed/train-00000-of-00001.pspack"));
+  EXPECT_OK(policy.Check(base_ + "/data/fmnist"));
+  // Another prefix that starts with the same letters, another bucket, the
+  // bucket's root: all outside.
+  EXPECT_THAT(policy.Check("s3://train-data/fmnist-private/x"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("allow-list")));
+  EXPECT_THAT(policy.Check("s3://train-data2/fmnist/x"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("allow-list")));
+  EXPECT_THAT(policy.Check("s3://train-data"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("allow-list")));
+  // ".." cannot climb out of the prefix: such keys are refused outright.
+  EXPECT_THAT(policy.Check("s3://train-data/fmnist/../secrets/key"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("segments")));
+  // The local root "/" does not open buckets.
+  ASSERT_OK_AND_ASSIGN(DataPathPolicy all, DataPathPolicy::Create({"/"}));
+  EXPECT_THAT(all.Check("s3://train-data/fmnist"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("allow-list")));
+  // A whole bucket.
+  ASSERT_OK_AND_ASSIGN(DataPathPolicy bucket, DataPathPolicy::Create({"s3://train-data"}));
+  EXPECT_OK(bucket.Check("s3://train-data/anything/below"));
+  EXPECT_THAT(DataPathPolicy::Create({"s3://Bad_Bucket"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bucket name")));
 }
 
 }  // namespace

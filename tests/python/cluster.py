@@ -24,11 +24,13 @@ def free_port():
 
 
 class LocalCluster:
-    def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=(), worker_args=()):
+    def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=(), worker_args=(),
+                 worker_env=None):
         self.bin_dir, self.source_dir, self.workdir = bin_dir, source_dir, workdir
         self.num_workers = workers
         self.server_args = list(server_args)  # More pstrain-server flags.
         self.worker_args = list(worker_args)  # More pstrain-worker flags.
+        self.worker_env = dict(worker_env or {})  # More variables for the workers.
         self.certs = os.path.join(workdir, "certs")
         self.address = f"127.0.0.1:{free_port()}"
         self.procs = []  # (name, Popen)
@@ -54,7 +56,8 @@ class LocalCluster:
                 "--metrics-port", str(free_port()), "--device", "cpu", "--threads", "1",
                 "--tls-ca", f"{c}/ca.pem", "--tls-cert", f"{c}/worker.pem",
                 "--tls-key", f"{c}/worker-key.pem", "--require-client-cert",
-                "--token-file", f"{c}/worker.token"] + self.worker_args)
+                "--token-file", f"{c}/worker.token"] + self.worker_args,
+                env=dict(os.environ, **self.worker_env))
         for w in range(self.num_workers):
             self.wait_for_log(f"worker{w}", "registered", 60)
         return self
@@ -144,9 +147,9 @@ class LocalCluster:
     def _bin(self, name):
         return os.path.join(self.bin_dir, name)
 
-    def _spawn(self, name, argv, append=False):
+    def _spawn(self, name, argv, append=False, env=None):
         log = open(os.path.join(self.workdir, f"{name}.log"), "ab" if append else "wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         # A name started again replaces its dead process (stop() and logs()
         # see each name once).
