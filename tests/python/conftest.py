@@ -34,6 +34,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: starts a real server and CPU workers")
     config.addinivalue_line("markers", "torch: trains PyTorch models through a real server "
                                        "(pstrain.torch; ctest python_torch)")
+    config.addinivalue_line("markers", "s3: datasets in moto's S3 behind a fault proxy "
+                                       "(ctest python_client_s3)")
 
 
 @pytest.fixture(scope="session")

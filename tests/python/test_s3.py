@@ -1,0 +1,221 @@
+"""Datasets in an S3 object store, against a real S3 server: moto's, started
+for these tests on 127.0.0.1 with IAM authentication on (every request's
+SigV4 signature is checked), behind the project's own fault-injecting proxy
+(tests/tools/s3_fault_proxy.py: connection resets, 503 SlowDown, truncated
+and corrupted bodies).
+
+Fashion-MNIST is packed by `pstrain prepare` twice, into a local directory
+and into s3://pstrain-data/fmnist (multipart uploads); a 2-worker sync job
+then trains from each, the workers reading the bucket through the proxy.
+Also: wrong credentials, a prefix the store forbids, a prefix the workers'
+--data-root forbids and a missing bucket each fail with the bucket and key
+named and no secret shown.
+
+moto and boto3 come from PyPI (deploy/local/test.sh puts them in
+<build>/venv-tools); the tests run them with that interpreter
+($PSTRAIN_TOOLS_PYTHON, else <repo>/build/venv-tools/bin/python3).
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+
+import pytest
+
+import pstrain
+from pstrain import layers
+
+pytestmark = pytest.mark.s3
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = os.path.join(REPO, "tests", "tools")
+BUCKET = "pstrain-data"
+# Bounded work: 20000 training samples, 1 epoch, the whole test split.
+TRAIN_LIMIT, EPOCHS = 20000, 1
+
+
+def tools_python():
+    path = os.environ.get("PSTRAIN_TOOLS_PYTHON") or os.path.join(
+        REPO, "build", "venv-tools", "bin", "python3")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"no Python with moto and boto3 at {path}: run deploy/local/test.sh (it "
+                    "installs them in <build>/venv-tools) or set PSTRAIN_TOOLS_PYTHON")
+    return path
+
+
+def read_env_file(path, timeout_s, proc):
+    deadline = time.monotonic() + timeout_s
+    while not (os.path.exists(path) and os.path.getsize(path) > 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the S3 harness did not start (exit {proc.poll()})")
+        time.sleep(0.1)
+    env = {}
+    for line in open(path):
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].strip().partition("=")
+            env[name] = shlex.split(value)[0] if value else ""
+    return env
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    """moto's S3 with auth on; its AWS_* variables, and a user allowed only
+    s3://pstrain-data/allowed/."""
+    work = tmp_path_factory.mktemp("moto")
+    env_file = str(work / "s3.env")
+    proc = subprocess.Popen(
+        [tools_python(), os.path.join(TOOLS, "s3_harness.py"), "serve", "--env-file", env_file,
+         "--log", str(work / "moto.log"), "--bucket", BUCKET,
+         "--restricted-bucket", BUCKET, "--restricted-prefix", "allowed/"],
+        stdout=subprocess.DEVNULL, stderr=open(work / "harness.log", "wb"))
+    try:
+        yield read_env_file(env_file, 60, proc)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def proxy(moto, tmp_path_factory):
+    """The fault proxy in front of moto: about 3% of GETs and HEADs each reset,
+    answered 503 SlowDown, truncated, or (ranged reads) corrupted."""
+    work = tmp_path_factory.mktemp("proxy")
+    port_file, stats = str(work / "port"), str(work / "stats.json")
+    proc = subprocess.Popen(
+        [tools_python(), os.path.join(TOOLS, "s3_fault_proxy.py"),
+         "--upstream", moto["AWS_ENDPOINT_URL"], "--port-file", port_file, "--stats", stats,
+         "--log", str(work / "proxy.log"), "--seed", "7", "--methods", "GET,HEAD",
+         "--reset-rate", "0.03", "--slowdown-rate", "0.03", "--truncate-rate", "0.03",
+         "--corrupt-rate", "0.03", "--first-n-faults", "4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
+            assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.05)
+        port = int(open(port_file).read())
+        yield {"endpoint": f"http://127.0.0.1:{port}",
+               "stats": lambda: json.load(open(stats)) if os.path.exists(stats) else {}}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def s3_env(moto, **overrides):
+    keep = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+    env = {k: moto[k] for k in keep}
+    env.update(overrides)
+    return env
+
+
+def prepare(bin_dir, out, env=None):
+    return subprocess.run(
+        [os.path.join(bin_dir, "pstrain"), "prepare", "--format", "idx",
+         "--path", "/usr/share/datasets/fashion-mnist", "-o", out, "--records-per-shard", "25000"],
+        env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def packed(bin_dir, fashion_mnist, moto, tmp_path_factory):
+    """Fashion-MNIST packed locally and into the bucket (3 train shards of
+    ~20 MB each: multipart uploads of 8 MiB parts)."""
+    local = str(tmp_path_factory.mktemp("packed") / "fmnist")
+    for out, env in ((local, None), (f"s3://{BUCKET}/fmnist", s3_env(moto))):
+        result = prepare(bin_dir, out, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "train 60000 samples in 3 shards, test 10000 samples in 1 shards" in result.stdout
+    listing = subprocess.run(
+        [tools_python(), os.path.join(TOOLS, "s3_harness.py"), "ls", f"s3://{BUCKET}/fmnist"],
+        env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True, timeout=60)
+    assert listing.stdout.split() == [
+        "fmnist/test-00000-of-00001.pspack", "fmnist/train-00000-of-00003.pspack",
+        "fmnist/train-00001-of-00003.pspack", "fmnist/train-00002-of-00003.pspack"], listing
+    return {"local": local, "s3": f"s3://{BUCKET}/fmnist"}
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(bin_dir, source_dir, moto, proxy, packed, tmp_path_factory):
+    """A server and two CPU workers that reach the bucket through the proxy,
+    allowed the local copy, s3://pstrain-data/fmnist and a missing bucket."""
+    from cluster import LocalCluster
+    workdir = str(tmp_path_factory.mktemp("s3cluster"))
+    roots = ["--data-root", os.path.dirname(packed["local"]), "--data-root", packed["s3"],
+             "--data-root", "s3://no-such-bucket-pstrain"]
+    env = s3_env(moto, AWS_ENDPOINT_URL=proxy["endpoint"])
+    with LocalCluster(bin_dir, source_dir, workdir, workers=2, worker_args=roots,
+                      worker_env=env) as running:
+        yield running
+
+
+def mlp():
+    return pstrain.Sequential([layers.Flatten(), layers.Dense(128, activation="relu"),
+                               layers.Dense(10)], input_shape=(1, 28, 28), name="fmnist-mlp")
+
+
+def train(cluster, path, timeout=600):
+    client = pstrain.Client(cluster.address, timeout=10.0, **cluster.admin_credentials())
+    job = client.submit(
+        mlp(), pstrain.datasets.Packed(path, mean=[0.2860], std=[0.3530], train_limit=TRAIN_LIMIT),
+        pstrain.optimizers.SGD(0.05, momentum=0.9), epochs=EPOCHS, batch_size=64, workers=2,
+        mode="sync", seed=1)
+    return job.wait(timeout=timeout)
+
+
+def test_a_job_from_the_bucket_matches_the_local_copy_through_store_faults(s3_cluster, packed, moto,
+                                                                           proxy):
+    before = proxy["stats"]()
+    from_s3 = train(s3_cluster, packed["s3"])
+    faults = {k: proxy["stats"]().get(k, 0) - before.get(k, 0)
+              for k in ("requests", "reset", "slowdown", "truncate", "corrupt")}
+    assert from_s3.state == "SUCCEEDED", f"{from_s3.reason}\n{s3_cluster.logs()}"
+    local = train(s3_cluster, packed["local"])
+    assert local.state == "SUCCEEDED", f"{local.reason}\n{s3_cluster.logs()}"
+    print(f"test accuracy after {EPOCHS} epoch(s) on {TRAIN_LIMIT} samples: s3:// "
+          f"{from_s3.test.accuracy:.4f}, local {local.test.accuracy:.4f}; proxy: {faults}")
+    # The same samples, as many steps, the whole test split.
+    assert from_s3.total_steps == local.total_steps
+    assert from_s3.test.samples == local.test.samples == 10000
+    assert abs(from_s3.test.accuracy - local.test.accuracy) <= 0.003
+    assert from_s3.test.accuracy > 0.75  # Chance is 0.10.
+    # The workers' reads met faults, and went on: every kind was injected at
+    # least once over the run, retried (the log says so) or, for damaged
+    # bytes, caught by the records' checksums and fetched again.
+    assert faults["reset"] + faults["slowdown"] + faults["truncate"] + faults["corrupt"] >= 4, \
+        faults
+    logs = s3_cluster.log("worker0") + s3_cluster.log("worker1")
+    assert re.search(r"S3 (GET|HEAD) s3://pstrain-data/fmnist/.*; retry 1 of 7", logs), logs
+    assert moto["AWS_SECRET_ACCESS_KEY"] not in logs
+
+
+def test_forbidden_and_missing_places_fail_the_job_naming_them(s3_cluster, moto):
+    outside = train(s3_cluster, f"s3://{BUCKET}/elsewhere", timeout=120)
+    assert outside.state == "FAILED"
+    assert "--data-root allow-list" in outside.reason, outside.reason
+    missing = train(s3_cluster, "s3://no-such-bucket-pstrain/fmnist", timeout=120)
+    assert missing.state == "FAILED"
+    assert "s3://no-such-bucket-pstrain/" in missing.reason, missing.reason
+    assert "404 NoSuchBucket" in missing.reason, missing.reason
+    print(f"outside: {outside.reason}\nmissing: {missing.reason}")
+    for status in (outside, missing):
+        assert moto["AWS_SECRET_ACCESS_KEY"] not in status.reason
+
+
+def test_wrong_keys_and_a_forbidden_prefix_are_refused_by_the_store(bin_dir, moto, packed):
+    wrong = prepare(bin_dir, f"s3://{BUCKET}/again",
+                    s3_env(moto, AWS_SECRET_ACCESS_KEY="wrong-secret-not-to-print"))
+    assert wrong.returncode != 0
+    assert f"s3://{BUCKET}/" in wrong.stderr and "403 SignatureDoesNotMatch" in wrong.stderr, \
+        wrong.stderr
+    assert "wrong-secret-not-to-print" not in wrong.stdout + wrong.stderr
+    # A user whose IAM policy allows only s3://pstrain-data/allowed/.
+    restricted = s3_env(moto, AWS_ACCESS_KEY_ID=moto["PSTRAIN_S3_RESTRICTED_ACCESS_KEY_ID"],
+                        AWS_SECRET_ACCESS_KEY=moto["PSTRAIN_S3_RESTRICTED_SECRET_ACCESS_KEY"])
+    denied = prepare(bin_dir, f"s3://{BUCKET}/not-allowed", restricted)
+    assert denied.returncode != 0
+    assert re.search(r"S3 (PUT|POST) s3://pstrain-data/not-allowed/\S+: 403 AccessDenied",
+                     denied.stderr), denied.stderr
+    allowed = prepare(bin_dir, f"s3://{BUCKET}/allowed/fmnist", restricted)
+    assert allowed.returncode == 0, allowed.stderr
