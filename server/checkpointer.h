@@ -23,6 +23,19 @@
 // Checkpoints are single files written in parts (common/checkpoint.h): no
 // size limit, one part in memory at a time beyond the checkpoint itself.
 //
+// With Options::remote_dir (an object-store prefix, s3://bucket/prefix), the
+// numbered checkpoints live there instead: <remote_dir>/<id>/ckpt-<n>.ckpt,
+// each committed by its manifest <remote_dir>/<id>/ckpt-<n>.manifest (its
+// size and SHA-256), written only after the checkpoint object is whole. A
+// reader takes only checkpoints whose manifest is there and whose bytes
+// match it, newest first; pruning deletes the manifest before the object.
+// A server killed mid-upload leaves an object without a manifest (or the
+// parts of a multipart upload), which RemoveOrphans deletes (aborts) at the
+// next start; the job resumes from the previous committed checkpoint.
+// <job dir>/model.ckpt stays on the local disk as the newest one's copy for
+// DownloadModel. Objects are written whole or not at all
+// (storage::Storage::Write), so there are no temporary objects.
+//
 // Threads: not thread-safe for one job; the coordinator writes from its
 // Tick thread only. Different jobs may be handled concurrently.
 #ifndef PSTRAIN_SERVER_CHECKPOINTER_H_
@@ -34,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/storage/storage.h"
 #include "pstrain/v1/checkpoint.pb.h"
 
 namespace pstrain {
@@ -45,6 +59,11 @@ class Checkpointer {
     int keep = 3;           // Newest checkpoints kept per job (>= 1).
     // Log lines ("job-1: checkpoint ... is corrupt; using ..."); default stderr.
     std::function<void(const std::string&)> log;
+    // Where the numbered checkpoints go when not under state_dir: an
+    // s3:// prefix (any URI `store` takes) read and written through `store`
+    // (both set, or neither).
+    std::string remote_dir;
+    storage::Storage* store = nullptr;
   };
 
   explicit Checkpointer(Options options);
@@ -68,11 +87,20 @@ class Checkpointer {
   // directories; returns how many.
   int RemoveOrphans(const std::string& job_id) const;
 
-  // The job's numbered checkpoint files, oldest first.
+  // The job's numbered checkpoint files (or, remote, committed checkpoint
+  // objects), oldest first.
   std::vector<std::string> List(const std::string& job_id) const;
 
  private:
   void Log(const std::string& line) const;
+  bool remote() const { return !options_.remote_dir.empty(); }
+  // <remote_dir>/<job_id>.
+  std::string RemoteJobDir(const std::string& job_id) const;
+  absl::Status WriteRemote(const std::string& job_id, const v1::Checkpoint& ckpt) const;
+  absl::StatusOr<v1::Checkpoint> LoadRemote(const std::string& job_id) const;
+  // The committed checkpoints' numbers, ascending; errors from the store.
+  absl::StatusOr<std::vector<int64_t>> RemoteNumbers(const std::string& job_id) const;
+  int RemoveRemoteOrphans(const std::string& job_id) const;
 
   const Options options_;
 };

@@ -175,6 +175,12 @@ class Coordinator {
     // epoch), so that a crash loses at most about this much training.
     absl::Duration checkpoint_interval = absl::Seconds(60);
     int keep_checkpoints = 3;  // Newest checkpoints kept per job.
+    // The numbered checkpoints go to this object-store prefix
+    // (s3://bucket/prefix, server/checkpointer.h) instead of under
+    // state_dir, through `storage` (non-null when set; owned by the caller).
+    // Empty: under state_dir.
+    std::string checkpoint_dir;
+    storage::Storage* storage = nullptr;
     // Longest wait for a consistent cut (sync and average mode: every chunk
     // at one version); a cut not reached in time is tried again later.
     absl::Duration cut_wait = absl::Seconds(5);

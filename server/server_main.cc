@@ -44,6 +44,8 @@
 #include "server/server_metrics.h"
 #include "server/shard_controller.h"
 #include "server/state_epoch.h"
+#include "common/storage/s3_flags.h"
+#include "common/storage/storage.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on (port 0 picks a free port). A non-loopback address needs TLS "
@@ -70,6 +72,10 @@ ABSL_FLAG(int, checkpoint_interval_s, 60,
           "Checkpoint every running job at least this often, besides after every epoch "
           "(0 = after epochs only): a crash of server 0 loses at most about this much training");
 ABSL_FLAG(int, keep_checkpoints, 3, "Newest checkpoints kept per job");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Object-store prefix for checkpoints (s3://bucket/prefix; --s3-* flags and AWS_* "
+          "variables say how to reach it): each committed by a manifest written last. "
+          "Default: under --state-dir");
 ABSL_FLAG(int, straggler_timeout_s, 60,
           "In sync mode, drop a member whose steps stay behind the others' this long, like a "
           "dead worker (0 = never); stragglers are listed in the job's status after 5 s");
@@ -243,6 +249,26 @@ int main(int argc, char** argv) {
   pstrain::ShardServices shard_services(&shard, service_options);
 
   // Server 0: the coordinator and its control path to every shard.
+  std::unique_ptr<pstrain::storage::Storage> checkpoint_store;
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (shard_index == 0 && !checkpoint_dir.empty()) {
+    if (!pstrain::storage::IsS3Uri(checkpoint_dir)) {
+      return Fail(absl::StrCat("--checkpoint-dir must be s3://bucket/prefix, got '",
+                               checkpoint_dir, "' (local checkpoints go under --state-dir)"));
+    }
+    if (absl::StatusOr<pstrain::storage::S3Uri> uri = pstrain::storage::ParseS3Uri(checkpoint_dir);
+        !uri.ok()) {
+      return Fail(absl::StrCat("--checkpoint-dir: ", uri.status().message()));
+    }
+    absl::StatusOr<pstrain::storage::StorageOptions> storage_options =
+        pstrain::storage::StorageOptionsFromFlags(
+            [](const std::string& line) { std::cerr << "pstrain-server: " << line << std::endl; });
+    if (!storage_options.ok()) return Fail(std::string(storage_options.status().message()));
+    absl::StatusOr<std::unique_ptr<pstrain::storage::Storage>> opened =
+        pstrain::storage::OpenStorage(*storage_options);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    checkpoint_store = *std::move(opened);
+  }
   std::unique_ptr<pstrain::ShardController> controller;
   std::unique_ptr<pstrain::Coordinator> coordinator;
   std::unique_ptr<pstrain::CoordinatorService> coordinator_service;
@@ -262,6 +288,8 @@ int main(int argc, char** argv) {
     options.state_dir = absl::GetFlag(FLAGS_state_dir);
     options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
     options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    options.checkpoint_dir = checkpoint_dir;
+    options.storage = checkpoint_store.get();
     options.straggler_timeout = absl::Seconds(absl::GetFlag(FLAGS_straggler_timeout_s));
     options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
     options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));

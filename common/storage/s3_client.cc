@@ -50,15 +50,6 @@ absl::once_flag curl_init_once;
 
 constexpr char kEmptySha256[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
-  return hex;
-}
-
 // RFC 3986 percent-encoding of everything but the unreserved characters (and
 // '/' in a key's path), as SigV4's canonical request spells it.
 std::string UriEncode(const std::string& text, bool keep_slash) {
@@ -251,6 +242,15 @@ S3Client::Request MakeRequest(std::string op, std::string bucket, std::string ke
 absl::Status Transient(std::string message) { return absl::UnavailableError(std::move(message)); }
 
 }  // namespace
+
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
 
 std::string S3Client::Uri(const std::string& bucket, const std::string& key) {
   return absl::StrCat("s3://", bucket, "/", key);
@@ -635,6 +635,25 @@ absl::StatusOr<std::vector<ObjectInfo>> S3Client::List(const std::string& bucket
   }
   return absl::ResourceExhaustedError(
       absl::StrCat("S3 LIST ", Uri(bucket, prefix), ": more than 100000 pages"));
+}
+
+absl::StatusOr<int> S3Client::AbortIncompleteUploads(const std::string& bucket,
+                                                     const std::string& prefix) {
+  Request request = MakeRequest("GET", bucket, "", Query({{"prefix", prefix}, {"uploads", ""}}));
+  request.max_body = options_.max_response_bytes;
+  PSTRAIN_ASSIGN_OR_RETURN(Response response, Call(request));
+  int aborted = 0;
+  for (absl::string_view upload : XmlElements(response.body, "Upload")) {
+    const std::string key = XmlField(upload, "Key");
+    const std::string id = XmlField(upload, "UploadId");
+    if (key.empty() || id.empty()) continue;
+    Request abort = MakeRequest("DELETE", bucket, key, Query({{"uploadId", id}}));
+    abort.max_body = options_.max_response_bytes;
+    absl::Status status = Call(abort).status();
+    if (!status.ok() && !absl::IsNotFound(status)) return status;
+    ++aborted;
+  }
+  return aborted;
 }
 
 absl::Status S3Client::Delete(const std::string& bucket, const std::string& key) {

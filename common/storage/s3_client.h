@@ -43,11 +43,15 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/storage/s3_credentials.h"
 
 namespace pstrain::storage {
+
+// SHA-256 of `bytes` in lower-case hex (OpenSSL).
+std::string Sha256Hex(absl::string_view bytes);
 
 struct ObjectInfo {
   std::string key;   // Full key within the bucket (List); as asked (Head).
@@ -126,6 +130,11 @@ class S3Client {
 
   // Deletes the object; deleting a missing key is OK (S3's own rule).
   absl::Status Delete(const std::string& bucket, const std::string& key);
+
+  // Aborts every multipart upload under `prefix` that was started and never
+  // completed (a writer killed mid-upload leaves its parts stored and
+  // billed); returns how many.
+  absl::StatusOr<int> AbortIncompleteUploads(const std::string& bucket, const std::string& prefix);
 
   S3ClientStats stats() const;
 

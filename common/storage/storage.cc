@@ -108,6 +108,8 @@ class LocalStorage final : public Storage {
     }
     return absl::OkStatus();
   }
+
+  absl::StatusOr<int> AbortIncompleteWrites(const std::string& dir) override { return 0; }
 };
 
 // ---- S3 -----------------------------------------------------------------------
@@ -165,6 +167,13 @@ class S3Storage final : public Storage {
     return client_->Delete(s3.bucket, s3.key);
   }
 
+  absl::StatusOr<int> AbortIncompleteWrites(const std::string& dir) override {
+    PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseS3Uri(dir));
+    std::string prefix = s3.key;
+    if (!prefix.empty() && !absl::EndsWith(prefix, "/")) prefix += "/";
+    return client_->AbortIncompleteUploads(s3.bucket, prefix);
+  }
+
  private:
   static absl::StatusOr<S3Uri> ParseObject(const std::string& uri) {
     PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseS3Uri(uri));
@@ -208,6 +217,10 @@ class RoutingStorage final : public Storage {
   absl::Status Delete(const std::string& uri) override {
     PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(uri));
     return s->Delete(uri);
+  }
+  absl::StatusOr<int> AbortIncompleteWrites(const std::string& dir) override {
+    PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(dir));
+    return s->AbortIncompleteWrites(dir);
   }
 
  private:

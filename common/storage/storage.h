@@ -79,6 +79,11 @@ class Storage {
 
   // Removes the file or object; a missing one is OK.
   virtual absl::Status Delete(const std::string& uri) = 0;
+
+  // Cleans up writes under `dir` that a killed writer never finished and
+  // that no listing shows (S3's multipart uploads); how many. Local files
+  // have none (their temporary files are listed like any file).
+  virtual absl::StatusOr<int> AbortIncompleteWrites(const std::string& dir) = 0;
 };
 
 // Local files only: any URI that is not a plain path or file:// is

@@ -25,12 +25,13 @@ def free_port():
 
 class LocalCluster:
     def __init__(self, bin_dir, source_dir, workdir, workers=2, server_args=(), worker_args=(),
-                 worker_env=None):
+                 worker_env=None, server_env=None):
         self.bin_dir, self.source_dir, self.workdir = bin_dir, source_dir, workdir
         self.num_workers = workers
         self.server_args = list(server_args)  # More pstrain-server flags.
         self.worker_args = list(worker_args)  # More pstrain-worker flags.
         self.worker_env = dict(worker_env or {})  # More variables for the workers.
+        self.server_env = dict(server_env or {})  # More variables for the server.
         self.certs = os.path.join(workdir, "certs")
         self.address = f"127.0.0.1:{free_port()}"
         self.procs = []  # (name, Popen)
@@ -47,7 +48,7 @@ class LocalCluster:
             "--heartbeat-timeout-ms", "2000", "--heartbeat-interval-ms", "250",
             "--tls-cert", f"{c}/server.pem", "--tls-key", f"{c}/server-key.pem",
             "--tls-ca", f"{c}/ca.pem", "--require-client-cert", "--token-file", f"{c}/tokens"] + self.server_args
-        self._spawn("server", self._server_argv)
+        self._spawn("server", self._server_argv, env=dict(os.environ, **self.server_env))
         self.wait_for_log("server", "listening on", 60)
         for w in range(self.num_workers):
             name = f"worker{w}"
@@ -82,7 +83,8 @@ class LocalCluster:
         procs["server"].kill()
         procs["server"].wait(timeout=30)
         before = len(self.log("server"))
-        self._spawn("server", self._server_argv, append=True)
+        self._spawn("server", self._server_argv, append=True,
+                    env=dict(os.environ, **self.server_env))
         deadline = time.monotonic() + 60
         while "listening on" not in self.log("server")[before:]:
             if time.monotonic() > deadline or dict(self.procs)["server"].poll() is not None:

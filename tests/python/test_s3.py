@@ -33,8 +33,37 @@ pytestmark = pytest.mark.s3
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = os.path.join(REPO, "tests", "tools")
 BUCKET = "pstrain-data"
+CKPT_BUCKET = "pstrain-ckpt"
 # Bounded work: 20000 training samples, 1 epoch, the whole test split.
 TRAIN_LIMIT, EPOCHS = 20000, 1
+
+
+def start_proxy(moto, work, *flags):
+    """s3_fault_proxy.py in front of moto with `flags`: (Popen, endpoint, stats())."""
+    port_file, stats = str(work / "port"), str(work / "stats.json")
+    proc = subprocess.Popen(
+        [tools_python(), os.path.join(TOOLS, "s3_fault_proxy.py"),
+         "--upstream", moto["AWS_ENDPOINT_URL"], "--port-file", port_file, "--stats", stats,
+         "--log", str(work / "proxy.log")] + list(flags),
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the fault proxy did not start")
+        time.sleep(0.05)
+    port = int(open(port_file).read())
+    return (proc, f"http://127.0.0.1:{port}",
+            lambda: json.load(open(stats)) if os.path.exists(stats) else {})
+
+
+def tools(moto, *code_args, code):
+    """Runs Python `code` with boto3 (the tools interpreter) against moto; its stdout."""
+    result = subprocess.run([tools_python(), "-c", code] + list(code_args),
+                            env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def tools_python():
@@ -68,7 +97,7 @@ def moto(tmp_path_factory):
     env_file = str(work / "s3.env")
     proc = subprocess.Popen(
         [tools_python(), os.path.join(TOOLS, "s3_harness.py"), "serve", "--env-file", env_file,
-         "--log", str(work / "moto.log"), "--bucket", BUCKET,
+         "--log", str(work / "moto.log"), "--bucket", BUCKET, "--bucket", CKPT_BUCKET,
          "--restricted-bucket", BUCKET, "--restricted-prefix", "allowed/"],
         stdout=subprocess.DEVNULL, stderr=open(work / "harness.log", "wb"))
     try:
@@ -82,23 +111,12 @@ def moto(tmp_path_factory):
 def proxy(moto, tmp_path_factory):
     """The fault proxy in front of moto: about 3% of GETs and HEADs each reset,
     answered 503 SlowDown, truncated, or (ranged reads) corrupted."""
-    work = tmp_path_factory.mktemp("proxy")
-    port_file, stats = str(work / "port"), str(work / "stats.json")
-    proc = subprocess.Popen(
-        [tools_python(), os.path.join(TOOLS, "s3_fault_proxy.py"),
-         "--upstream", moto["AWS_ENDPOINT_URL"], "--port-file", port_file, "--stats", stats,
-         "--log", str(work / "proxy.log"), "--seed", "7", "--methods", "GET,HEAD",
-         "--reset-rate", "0.03", "--slowdown-rate", "0.03", "--truncate-rate", "0.03",
-         "--corrupt-rate", "0.03", "--first-n-faults", "4"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc, endpoint, stats = start_proxy(
+        moto, tmp_path_factory.mktemp("proxy"), "--seed", "7", "--methods", "GET,HEAD",
+        "--reset-rate", "0.03", "--slowdown-rate", "0.03", "--truncate-rate", "0.03",
+        "--corrupt-rate", "0.03", "--first-n-faults", "4")
     try:
-        deadline = time.monotonic() + 30
-        while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
-            assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not start"
-            time.sleep(0.05)
-        port = int(open(port_file).read())
-        yield {"endpoint": f"http://127.0.0.1:{port}",
-               "stats": lambda: json.load(open(stats)) if os.path.exists(stats) else {}}
+        yield {"endpoint": endpoint, "stats": stats}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -219,3 +237,73 @@ def test_wrong_keys_and_a_forbidden_prefix_are_refused_by_the_store(bin_dir, mot
                      denied.stderr), denied.stderr
     allowed = prepare(bin_dir, f"s3://{BUCKET}/allowed/fmnist", restricted)
     assert allowed.returncode == 0, allowed.stderr
+
+
+LIST_CKPT = """
+import sys, boto3
+s3 = boto3.client("s3")
+keys = [o["Key"] for o in s3.list_objects_v2(Bucket=sys.argv[1]).get("Contents", [])]
+uploads = s3.list_multipart_uploads(Bucket=sys.argv[1]).get("Uploads", [])
+print(" ".join(keys)); print(len(uploads))
+"""
+
+
+def test_checkpoints_in_the_bucket_survive_a_kill_mid_upload(bin_dir, source_dir, moto, packed,
+                                                            tmp_path_factory):
+    """Server 0 checkpoints to s3://pstrain-ckpt/runs through a slow store (every
+    PUT and POST held 400 ms); it is killed (-9) while a multipart upload of a
+    checkpoint is half done, after at least one checkpoint was committed, and
+    started again: it aborts the unfinished upload, resumes from the last
+    committed checkpoint, and the job SUCCEEDS."""
+    from cluster import LocalCluster
+    work = tmp_path_factory.mktemp("ckpt")
+    proc, endpoint, _ = start_proxy(moto, work, "--delay-ms", "400", "--delay-methods",
+                                    "PUT,POST")
+    try:
+        with LocalCluster(bin_dir, source_dir, str(work), workers=2,
+                          server_args=["--checkpoint-dir", f"s3://{CKPT_BUCKET}/runs",
+                                       "--checkpoint-interval-s", "1"],
+                          server_env=s3_env(moto, AWS_ENDPOINT_URL=endpoint),
+                          worker_args=["--data-root", os.path.dirname(packed["local"])]) as c:
+            client = pstrain.Client(c.address, timeout=10.0, **c.admin_credentials())
+            # ~26 MB of parameters and momentum: multipart uploads of 4 parts.
+            model = pstrain.Sequential([layers.Flatten(), layers.Dense(4096, activation="relu"),
+                                        layers.Dense(10)], input_shape=(1, 28, 28),
+                                       name="fmnist-wide")
+            job = client.submit(
+                model, pstrain.datasets.Packed(packed["local"], mean=[0.2860], std=[0.3530],
+                                               train_limit=6000, test_limit=2000),
+                pstrain.optimizers.SGD(0.02, momentum=0.9), epochs=3, batch_size=64, workers=2,
+                mode="sync", seed=1)
+            # A committed checkpoint, then the next one's second part in flight.
+            deadline = time.monotonic() + 240
+            log = work / "proxy.log"
+            while True:
+                assert time.monotonic() < deadline, (c.logs(), log.read_text())
+                text = log.read_text() if log.exists() else ""
+                committed = text.find(".manifest:")
+                if committed >= 0 and re.search(r"delay PUT /pstrain-ckpt/runs/job-\d+/"
+                                                r"ckpt-\d+\.ckpt\?partNumber=2&",
+                                                text[committed:]):
+                    break
+                assert job.status().state in ("QUEUED", "RUNNING"), job.status().reason
+                time.sleep(0.05)
+            c.restart_server()  # kill -9, then the same server again.
+            status = job.wait(timeout=400)
+            assert status.state == "SUCCEEDED", f"{status.reason}\n{c.logs()}"
+            server_log = c.log("server")
+            assert re.search(r"aborted 1 unfinished upload\(s\) under s3://pstrain-ckpt/runs/",
+                             server_log), server_log
+            assert status.test.accuracy > 0.7
+        keys, uploads = tools(moto, CKPT_BUCKET, code=LIST_CKPT).splitlines()
+        # Every checkpoint object has its manifest, no part is left behind,
+        # and no more than --keep-checkpoints (3) are kept.
+        objects = [k for k in keys.split() if k.endswith(".ckpt")]
+        manifests = [k for k in keys.split() if k.endswith(".manifest")]
+        assert objects and len(objects) <= 3, keys
+        assert sorted(k[:-len(".ckpt")] for k in objects) == \
+            sorted(k[:-len(".manifest")] for k in manifests), keys
+        assert uploads == "0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

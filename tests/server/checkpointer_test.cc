@@ -4,6 +4,8 @@
 // killed write leaves behind.
 #include "server/checkpointer.h"
 
+#include "common/storage/storage.h"
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -20,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::pstrain::testing::StatusIs;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 
 class CheckpointerTest : public ::testing::Test {
@@ -32,9 +35,11 @@ class CheckpointerTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   Checkpointer Make(int keep) {
-    return Checkpointer({.state_dir = dir_, .keep = keep, .log = [this](const std::string& l) {
-                           log_.push_back(l);
-                         }});
+    return Checkpointer({.state_dir = dir_,
+                         .keep = keep,
+                         .log = [this](const std::string& l) { log_.push_back(l); },
+                         .remote_dir = "",
+                         .store = nullptr});
   }
 
   // A checkpoint whose one tensor holds `step` (so that files differ).
@@ -114,6 +119,60 @@ TEST_F(CheckpointerTest, AWriteKilledHalfwayLeavesThePreviousCheckpointAndItsDeb
   ASSERT_OK(checkpoints.Write("job-1", AtStep(20)));
   ASSERT_OK_AND_ASSIGN(loaded, checkpoints.LoadLatest("job-1"));
   EXPECT_EQ(loaded.step(), 20);
+}
+
+// The remote layout (an object store in production; any URI the storage
+// takes, here a local directory): a checkpoint counts once its manifest is
+// there and its bytes match it.
+class RemoteCheckpointerTest : public CheckpointerTest {
+ protected:
+  Checkpointer MakeRemote(int keep) {
+    return Checkpointer({.state_dir = dir_,
+                         .keep = keep,
+                         .log = [this](const std::string& l) { log_.push_back(l); },
+                         .remote_dir = dir_ + "/bucket/runs",
+                         .store = store_.get()});
+  }
+  std::string Remote(const std::string& name) { return dir_ + "/bucket/runs/job-1/" + name; }
+  std::unique_ptr<storage::Storage> store_ = storage::NewLocalStorage();
+};
+
+TEST_F(RemoteCheckpointerTest, ManifestsCommitPruneAndGuardTheBytes) {
+  Checkpointer checkpoints = MakeRemote(/*keep=*/2);
+  EXPECT_FALSE(checkpoints.HasCheckpoint("job-1"));
+  for (int64_t step : {10, 20, 30}) ASSERT_OK(checkpoints.Write("job-1", AtStep(step)));
+  // Two kept, each with its manifest; the local model.ckpt is the newest.
+  EXPECT_FALSE(fs::exists(Remote("ckpt-00000001.ckpt")));
+  EXPECT_FALSE(fs::exists(Remote("ckpt-00000001.manifest")));
+  EXPECT_TRUE(fs::exists(Remote("ckpt-00000003.manifest")));
+  ASSERT_EQ(checkpoints.List("job-1").size(), 2u);
+  ASSERT_OK_AND_ASSIGN(v1::Checkpoint local, ReadCheckpointFile(checkpoints.LatestPath("job-1")));
+  EXPECT_EQ(local.step(), 30);
+  ASSERT_OK_AND_ASSIGN(v1::Checkpoint latest, checkpoints.LoadLatest("job-1"));
+  EXPECT_EQ(latest.step(), 30);
+  // Bytes that do not match the manifest (a damaged object): the one before.
+  ASSERT_OK_AND_ASSIGN(std::string bytes, store_->Read(Remote("ckpt-00000003.ckpt")));
+  bytes[bytes.size() / 2] ^= 0x5a;
+  ASSERT_OK(store_->Write(Remote("ckpt-00000003.ckpt"), bytes));
+  ASSERT_OK_AND_ASSIGN(latest, checkpoints.LoadLatest("job-1"));
+  EXPECT_EQ(latest.step(), 20);
+  EXPECT_THAT(log_, Contains(HasSubstr("do not match its manifest")));
+}
+
+TEST_F(RemoteCheckpointerTest, AnObjectWithoutItsManifestIsNeverTakenAndIsRemoved) {
+  Checkpointer checkpoints = MakeRemote(3);
+  ASSERT_OK(checkpoints.Write("job-1", AtStep(10)));
+  // A server killed between the object and its manifest.
+  ASSERT_OK_AND_ASSIGN(std::string bytes, store_->Read(Remote("ckpt-00000001.ckpt")));
+  ASSERT_OK(store_->Write(Remote("ckpt-00000002.ckpt"), bytes));
+  ASSERT_OK_AND_ASSIGN(v1::Checkpoint latest, checkpoints.LoadLatest("job-1"));
+  EXPECT_EQ(latest.step(), 10);
+  EXPECT_EQ(checkpoints.RemoveOrphans("job-1"), 1);
+  EXPECT_FALSE(fs::exists(Remote("ckpt-00000002.ckpt")));
+  EXPECT_TRUE(fs::exists(Remote("ckpt-00000001.ckpt")));
+  // The next checkpoint takes the next number after the committed ones.
+  ASSERT_OK(checkpoints.Write("job-1", AtStep(20)));
+  EXPECT_TRUE(fs::exists(Remote("ckpt-00000002.manifest")));
 }
 
 TEST_F(CheckpointerTest, WithoutAStateDirectoryNothingIsWritten) {

@@ -65,7 +65,8 @@ TEST(JobRegistryTest, LoadRequeuesARunningJobAndListsAnEndedOne) {
   ended.set_state(v1::JOB_STATE_SUCCEEDED);
   ASSERT_OK(store.SaveJob(running));
   ASSERT_OK(store.SaveJob(ended));
-  const Checkpointer checkpoints({.state_dir = dir, .keep = 1, .log = nullptr});
+  const Checkpointer checkpoints(
+      {.state_dir = dir, .keep = 1, .log = nullptr, .remote_dir = "", .store = nullptr});
 
   JobRegistry jobs;
   std::vector<std::string> lines;

@@ -38,7 +38,7 @@ Counters go as JSON to --stats, rewritten atomically after every request,
 and to stdout on SIGTERM/SIGINT/SIGHUP: connections, rejected_connections
 (over --max-connections), requests, eligible (method matched), forwarded
 (sent upstream, truncated/corrupted ones included), reset, slowdown,
-truncate, corrupt, faults (their sum), not_applicable, client_errors,
+truncate, corrupt, faults (their sum), delayed (--delay-ms), not_applicable, client_errors,
 upstream_errors. The listening port goes to --port-file (atomically, once
 listening). The proxy also stops when its parent process exits (unless
 --no-exit-with-parent). No headers or query strings are logged.
@@ -107,7 +107,8 @@ class Stats:
     """Counters, written atomically as JSON to a file after every request."""
 
     KEYS = ("connections", "rejected_connections", "requests", "eligible", "forwarded",
-            *FAULT_KINDS, "faults", "not_applicable", "client_errors", "upstream_errors")
+            *FAULT_KINDS, "faults", "delayed", "not_applicable", "client_errors",
+            "upstream_errors")
 
     def __init__(self, path: str | None):
         self.path = path
@@ -434,6 +435,12 @@ class Proxy:
                 + b"Connection: close\r\n\r\n" + SLOWDOWN_BODY)
             client.graceful_close()
             return False
+        if method in self.args.delay_methods and self.args.delay_ms > 0:
+            # A slow store: the request waits before it goes upstream (tests
+            # use it to kill a writer while its upload is in flight).
+            self.stats.add("delayed", write=True)
+            self.log(f"delay {method} {target}: {self.args.delay_ms} ms")
+            time.sleep(self.args.delay_ms / 1000)
         return self._forward(client, head, method, path, kind, client_close, expect_continue)
 
     def _forward(self, client: Conn, head: Head, method: str, path: str, kind: str | None,
@@ -593,6 +600,12 @@ def main(argv: list[str] | None = None) -> int:
                         "every response), so every client connection serves one request")
     p.add_argument("--no-exit-with-parent", dest="exit_with_parent", action="store_false",
                    help="keep running when the parent process exits")
+    p.add_argument("--delay-ms", type=int, default=0,
+                   help="hold each request of --delay-methods this long before forwarding it "
+                        "(counted as 'delayed')")
+    p.add_argument("--delay-methods", default="PUT,POST",
+                   type=lambda v: {m.strip().upper() for m in v.split(",") if m.strip()},
+                   help="methods --delay-ms applies to")
     p.add_argument("--max-connections", type=int, default=128)
     p.add_argument("--client-timeout", type=float, default=60.0,
                    help="socket timeout on client connections (idle keep-alive included)")
