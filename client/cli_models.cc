@@ -2,6 +2,8 @@
 #include <google/protobuf/struct.pb.h>
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,7 @@
 #include "client/summary.h"
 #include "common/checkpoint.h"
 #include "common/data/dataset.h"
+#include "common/data/file_io.h"
 #include "common/data/load_dataset.h"
 #include "common/data/packed_format.h"
 #include "common/job_spec.h"
@@ -84,6 +87,59 @@ absl::StatusOr<std::unique_ptr<storage::Storage>> OpenCliStorage() {
   return storage::OpenStorage(options);
 }
 
+// The --s3-* flags, for the commands that take s3:// paths.
+std::vector<const absl::CommandLineFlag*> WithS3Flags(
+    std::vector<const absl::CommandLineFlag*> flags) {
+  for (const absl::CommandLineFlag* flag :
+       {&absl::GetFlagReflectionHandle(FLAGS_s3_endpoint),
+        &absl::GetFlagReflectionHandle(FLAGS_s3_region),
+        &absl::GetFlagReflectionHandle(FLAGS_s3_credentials),
+        &absl::GetFlagReflectionHandle(FLAGS_s3_ca_file),
+        &absl::GetFlagReflectionHandle(FLAGS_s3_path_style),
+        &absl::GetFlagReflectionHandle(FLAGS_s3_no_verify_tls)}) {
+    flags.push_back(flag);
+  }
+  return flags;
+}
+
+// A local file to stand in for an s3:// path while a file-based writer or
+// reader works ("<tmp>/pstrain-<what>-XXXXXX"); removed by its destructor.
+class ScratchFile {
+ public:
+  explicit ScratchFile(const std::string& what) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / ("pstrain-" + what + "-XXXXXX")).string();
+    const int fd = ::mkstemp(pattern.data());
+    if (fd >= 0) {
+      ::close(fd);
+      path_ = pattern;
+    }
+  }
+  ~ScratchFile() {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Uploads the local file `local` to `uri` (one object, whole or not at all).
+absl::Status UploadFile(const std::string& local, const std::string& uri) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, data::ReadFileBytes(local));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<storage::Storage> store, OpenCliStorage());
+  return store->Write(uri, bytes);
+}
+
+// "pstrain WHAT: error: MESSAGE" on `err`; kExitFailed.
+int Failed(std::ostream& err, const std::string& what, const std::string& message) {
+  err << "pstrain " << what << ": error: " << message << std::endl;
+  return kExitFailed;
+}
+
 // `text` as a JSON string literal.
 std::string JsonString(const std::string& text) {
   google::protobuf::Value value;
@@ -99,10 +155,11 @@ std::string JsonString(const std::string& text) {
 int Cli::Download(const std::vector<std::string>& args) {
   static const Command kDownload = {
       "download",
-      "usage: pstrain download JOB -o FILE\n"
+      "usage: pstrain download JOB -o FILE|s3://bucket/key\n"
       "  Saves the job's latest checkpoint to FILE (written to FILE.tmp, verified,\n"
-      "  then renamed). Gives up when no data arrives for --timeout-ms.\n",
-      {&absl::GetFlagReflectionHandle(FLAGS_output)}};
+      "  then renamed), or uploads it, verified, to an object store (--s3-* flags\n"
+      "  and AWS_* variables). Gives up when no data arrives for --timeout-ms.\n",
+      WithS3Flags({&absl::GetFlagReflectionHandle(FLAGS_output)})};
   std::string path;
   Parsed parsed = ParseCommand(kDownload, args, [&] { path = absl::GetFlag(FLAGS_output); });
   if (parsed.exit_code) return *parsed.exit_code;
@@ -111,8 +168,18 @@ int Cli::Download(const std::vector<std::string>& args) {
   }
   v1::Checkpoint ckpt;
   int64_t bytes = 0;
-  const int rc = FetchCheckpoint("download", parsed.positional[0], path, &ckpt, &bytes);
-  if (rc != kExitOk) return rc;
+  if (storage::IsS3Uri(path)) {
+    ScratchFile local("download");
+    if (!local.ok()) return Failed(err_, "download", "cannot make a temporary file");
+    const int rc = FetchCheckpoint("download", parsed.positional[0], local.path(), &ckpt, &bytes);
+    if (rc != kExitOk) return rc;
+    if (absl::Status s = UploadFile(local.path(), path); !s.ok()) {
+      return Failed(err_, "download", std::string(s.message()));
+    }
+  } else {
+    const int rc = FetchCheckpoint("download", parsed.positional[0], path, &ckpt, &bytes);
+    if (rc != kExitOk) return rc;
+  }
   out_ << absl::StrFormat("%s: %d bytes, %d tensors, step %d, epoch %d\n", path, bytes,
                           ckpt.parameters_size(), ckpt.step(), ckpt.epoch())
        << std::flush;
@@ -200,8 +267,9 @@ int Cli::Export(const std::vector<std::string>& args) {
       "  'input' [batch, C, H, W] normalised as in training ((pixel/255 - mean) /\n"
       "  std, recorded in the model's metadata), outputs 'logits' and\n"
       "  'probabilities'. Dropout is left out; batch norm uses the running\n"
-      "  statistics.\n",
-      {&absl::GetFlagReflectionHandle(FLAGS_output)},
+      "  statistics. CKPT and FILE.onnx may be s3://bucket/key (--s3-* flags and\n"
+      "  AWS_* variables).\n",
+      WithS3Flags({&absl::GetFlagReflectionHandle(FLAGS_output)}),
       /*dials_server=*/false};  // Not for a checkpoint file: Export checks when it dials.
   std::string path;
   Parsed parsed = ParseCommand(kExport, args, [&] { path = absl::GetFlag(FLAGS_output); });
@@ -212,7 +280,23 @@ int Cli::Export(const std::vector<std::string>& args) {
   const std::string& source = parsed.positional[0];
   v1::Checkpoint ckpt;
   std::error_code not_a_file;  // A path that cannot be stat()ed is taken as a job id.
-  if (std::filesystem::is_regular_file(source, not_a_file)) {
+  if (storage::IsS3Uri(source)) {
+    ScratchFile local("export");
+    absl::StatusOr<v1::Checkpoint> read = [&]() -> absl::StatusOr<v1::Checkpoint> {
+      if (!local.ok()) return absl::InternalError("cannot make a temporary file");
+      PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<storage::Storage> store, OpenCliStorage());
+      PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store->Read(source));
+      PSTRAIN_RETURN_IF_ERROR(data::WriteFileAtomically(local.path(), bytes));
+      absl::StatusOr<v1::Checkpoint> ckpt = ReadCheckpointFile(local.path());
+      if (!ckpt.ok()) {
+        return absl::Status(ckpt.status().code(),
+                            absl::StrCat(source, ": ", ckpt.status().message()));
+      }
+      return ckpt;
+    }();
+    if (!read.ok()) return Failed(err_, "export", std::string(read.status().message()));
+    ckpt = *std::move(read);
+  } else if (std::filesystem::is_regular_file(source, not_a_file)) {
     absl::StatusOr<v1::Checkpoint> read = ReadCheckpointFile(source);
     if (!read.ok()) {
       err_ << "pstrain export: error: " << read.status().message() << std::endl;
@@ -233,7 +317,13 @@ int Cli::Export(const std::vector<std::string>& args) {
     err_ << "pstrain export: error: " << model.status().message() << std::endl;
     return kExitFailed;
   }
-  if (absl::Status s = WriteOnnxFile(*model, path); !s.ok()) {
+  if (storage::IsS3Uri(path)) {
+    ScratchFile local("export");
+    absl::Status s = local.ok() ? WriteOnnxFile(*model, local.path())
+                                : absl::InternalError("cannot make a temporary file");
+    if (s.ok()) s = UploadFile(local.path(), path);
+    if (!s.ok()) return Failed(err_, "export", std::string(s.message()));
+  } else if (absl::Status s = WriteOnnxFile(*model, path); !s.ok()) {
     err_ << "pstrain export: error: " << s.message() << std::endl;
     return kExitFailed;
   }

@@ -295,10 +295,25 @@ def test_checkpoints_in_the_bucket_survive_a_kill_mid_upload(bin_dir, source_dir
             assert re.search(r"aborted 1 unfinished upload\(s\) under s3://pstrain-ckpt/runs/",
                              server_log), server_log
             assert status.test.accuracy > 0.7
+            # The model to the bucket, and its ONNX export from there to there.
+            env = dict(os.environ, **c.admin_env(), **s3_env(moto))
+            pstrain_cli = os.path.join(bin_dir, "pstrain")
+            down = subprocess.run([pstrain_cli, "download", job.id, "-o",
+                                   f"s3://{CKPT_BUCKET}/exports/wide.ckpt"],
+                                  env=env, capture_output=True, text=True, timeout=120)
+            assert down.returncode == 0, down.stderr
+            assert re.search(r"^s3://pstrain-ckpt/exports/wide.ckpt: \d+ bytes, 4 tensors",
+                             down.stdout), down.stdout
+            export = subprocess.run([pstrain_cli, "export", f"s3://{CKPT_BUCKET}/exports/wide.ckpt",
+                                     "-o", f"s3://{CKPT_BUCKET}/exports/wide.onnx"],
+                                    env=env, capture_output=True, text=True, timeout=120)
+            assert export.returncode == 0, export.stderr
+            assert "ONNX opset 13" in export.stdout, export.stdout
         keys, uploads = tools(moto, CKPT_BUCKET, code=LIST_CKPT).splitlines()
+        assert "exports/wide.ckpt" in keys.split() and "exports/wide.onnx" in keys.split(), keys
         # Every checkpoint object has its manifest, no part is left behind,
         # and no more than --keep-checkpoints (3) are kept.
-        objects = [k for k in keys.split() if k.endswith(".ckpt")]
+        objects = [k for k in keys.split() if k.startswith("runs/") and k.endswith(".ckpt")]
         manifests = [k for k in keys.split() if k.endswith(".manifest")]
         assert objects and len(objects) <= 3, keys
         assert sorted(k[:-len(".ckpt")] for k in objects) == \
