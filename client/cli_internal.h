@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cli.h"
+#include "common/data/packed_format.h"
 #include "common/rpc/channel.h"
 #include "common/rpc/security.h"
 #include "google/protobuf/message.h"
@@ -150,6 +151,8 @@ class Cli {
   int Export(const std::vector<std::string>& args);
   int Summary(const std::vector<std::string>& args);
   int Prepare(const std::vector<std::string>& args);
+  int PrepareBson(const v1::DatasetSpec& spec, const std::string& dir,
+                  const data::PackOptions& options);
   // Downloads the job's latest checkpoint to `path` (through path.tmp,
   // verified, renamed) and parses it into `ckpt`; reports errors as `what`.
   int FetchCheckpoint(const std::string& what, const std::string& job_id, const std::string& path,

@@ -23,6 +23,7 @@
 #include "client/onnx_export.h"
 #include "client/summary.h"
 #include "common/checkpoint.h"
+#include "common/data/bson_dataset.h"
 #include "common/data/dataset.h"
 #include "common/data/file_io.h"
 #include "common/data/load_dataset.h"
@@ -334,6 +335,42 @@ int Cli::Export(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// A BSON dump streams into the shards record by record (common/data/
+// bson_dataset.h PackBsonDataset): memory holds one shard, not the dump.
+int Cli::PrepareBson(const v1::DatasetSpec& spec, const std::string& dir,
+                     const data::PackOptions& options) {
+  if (spec.image_height() <= 0 || spec.image_width() <= 0) {
+    err_ << "pstrain prepare: a BSON dump needs --image-size HxW (its pictures are resized)"
+         << std::endl;
+    return kExitUsage;
+  }
+  data::BsonDecodeOptions decode;
+  decode.channels = spec.image_channels() > 0 ? spec.image_channels() : 3;
+  decode.height = spec.image_height();
+  decode.width = spec.image_width();
+  decode.max_bad_records = spec.max_bad_records();
+  absl::StatusOr<std::unique_ptr<storage::Storage>> store =
+      storage::IsS3Uri(dir) ? OpenCliStorage() : storage::OpenStorage({});
+  if (!store.ok()) return Failed(err_, "prepare", std::string(store.status().message()));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<data::PackSummary> summary =
+      data::PackBsonDataset(spec.path(), decode, dir, options, **store);
+  if (!summary.ok()) return Failed(err_, "prepare", std::string(summary.status().message()));
+  out_ << absl::StrFormat(
+              "%s: train %d samples in %d shards, test %d samples in %d shards, %dx%dx%d, "
+              "classes in %s, %.1f MB (streamed in %.2f s)\n",
+              dir, summary->train_samples, summary->train_shards, summary->test_samples,
+              summary->test_shards, decode.channels, decode.height, decode.width,
+              storage::JoinUri(dir, "classes.csv"), summary->bytes / 1e6,
+              absl::ToDoubleSeconds(absl::Now() - start))
+       << absl::StrFormat(
+              "use it as: \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", "
+              "\"path\": %s, ...}\n",
+              JsonString(dir))
+       << std::flush;
+  return kExitOk;
+}
+
 // summary -----------------------------------------------------------------------
 
 int Cli::Summary(const std::vector<std::string>& args) {
@@ -423,6 +460,7 @@ int Cli::Prepare(const std::vector<std::string>& args) {
   // Everything is packed: the job's limits apply when it reads the shards.
   spec.clear_train_limit();
   spec.clear_test_limit();
+  if (spec.format() == v1::DATASET_FORMAT_BSON) return PrepareBson(spec, dir, options);
   const absl::Time start = absl::Now();
   absl::StatusOr<data::DatasetSplits> splits = data::LoadDataset(spec);
   if (!splits.ok()) {

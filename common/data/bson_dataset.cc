@@ -5,11 +5,19 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <tuple>
 #include <utility>
 
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/data/file_io.h"
+#include "common/storage/storage.h"
 #include "common/data/image_codec.h"
 #include "common/status_macros.h"
 
@@ -204,10 +212,9 @@ int CategoryTable::ClassOf(int64_t category_id) const {
   return it != ids.end() && *it == category_id ? static_cast<int>(it - ids.begin()) : -1;
 }
 
-absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonIndex& index,
-                                            const CategoryTable& table,
-                                            const BsonDecodeOptions& options,
-                                            int64_t* bad_records) {
+absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
+                               const CategoryTable& table, const BsonDecodeOptions& options,
+                               const BsonSampleSink& sink, int64_t* bad_records) {
   if ((options.channels != 1 && options.channels != 3) || options.height <= 0 ||
       options.width <= 0) {
     return Invalid(absl::StrCat(path, ": images must be 1 or 3 channels of a positive size, got ",
@@ -216,20 +223,14 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
   if (table.ids.empty()) return Invalid(absl::StrCat(path, ": no categories"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  ImageDataset ds;
-  ds.channels = options.channels;
-  ds.height = options.height;
-  ds.width = options.width;
-  ds.num_classes = static_cast<int>(table.ids.size());
   const int64_t wanted =
       options.limit > 0 ? std::min(options.limit, index.pictures) : index.pictures;
-  const size_t sample = static_cast<size_t>(ds.sample_elements());
-  ds.pixels.reserve(static_cast<size_t>(wanted) * sample);
-  ds.labels.reserve(static_cast<size_t>(wanted));
-  int64_t bad = 0;
+  const size_t sample = static_cast<size_t>(options.channels) * options.height * options.width;
+  int64_t bad = 0, delivered = 0;
   std::string document;
+  std::vector<uint8_t> pixels;
   for (const BsonRecord& r : index.records) {
-    if (ds.size() >= wanted) break;
+    if (delivered >= wanted) break;
     document.resize(static_cast<size_t>(r.bytes));
     in.seekg(r.offset);
     in.read(document.data(), r.bytes);
@@ -248,7 +249,7 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
                                                 product.status().message()));
     }
     // The record's samples go in whole or not at all.
-    std::vector<uint8_t> pixels;
+    pixels.clear();
     for (size_t i = 0; status.ok() && i < product->pictures.size(); ++i) {
       absl::StatusOr<DecodedImage> image =
           DecodeImage(product->pictures[i], absl::StrCat("imgs[", i, "].picture"));
@@ -257,7 +258,8 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
         break;
       }
       pixels.resize(pixels.size() + sample);
-      ResizeToChw(*image, ds.channels, ds.height, ds.width, pixels.data() + pixels.size() - sample);
+      ResizeToChw(*image, options.channels, options.height, options.width,
+                  pixels.data() + pixels.size() - sample);
     }
     if (!status.ok()) {
       const std::string error = absl::StrCat(At(path, r.offset), ": ", status.message());
@@ -271,14 +273,250 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
       continue;
     }
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(pixels.size() / sample),
-                                        wanted - ds.size());
-    ds.pixels.insert(ds.pixels.end(), pixels.begin(),
-                     pixels.begin() + static_cast<std::ptrdiff_t>(n * static_cast<int64_t>(sample)));
-    ds.labels.insert(ds.labels.end(), static_cast<size_t>(n), label);
+                                        wanted - delivered);
+    PSTRAIN_RETURN_IF_ERROR(sink(label, pixels.data(), n));
+    delivered += n;
   }
   if (bad_records != nullptr) *bad_records = bad;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonIndex& index,
+                                            const CategoryTable& table,
+                                            const BsonDecodeOptions& options,
+                                            int64_t* bad_records) {
+  ImageDataset ds;
+  ds.channels = options.channels;
+  ds.height = options.height;
+  ds.width = options.width;
+  ds.num_classes = static_cast<int>(table.ids.size());
+  const size_t sample = static_cast<size_t>(std::max(0, options.channels)) *
+                        std::max(0, options.height) * std::max(0, options.width);
+  PSTRAIN_RETURN_IF_ERROR(DecodeBsonRecords(
+      path, index, table, options,
+      [&](int label, const uint8_t* pixels, int64_t n) {
+        ds.pixels.insert(ds.pixels.end(), pixels, pixels + n * static_cast<int64_t>(sample));
+        ds.labels.insert(ds.labels.end(), static_cast<size_t>(n), label);
+        return absl::OkStatus();
+      },
+      bad_records));
   PSTRAIN_RETURN_IF_ERROR(ds.Validate(path));
   return ds;
+}
+
+// ---- The index kept beside the file ------------------------------------------------
+
+namespace {
+
+constexpr char kIndexMagic[8] = {'P', 'S', 'B', 'I', 'D', 'X', '0', '1'};
+constexpr int64_t kIndexHeaderBytes = 8 + 8 + 8 + 8 + 8;  // magic, size, mtime, n, pictures
+constexpr int64_t kIndexRecordBytes = 8 + 4 + 8 + 4;
+
+template <typename T>
+void Append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));  // Little-endian hosts.
+}
+template <typename T>
+T Take(const std::string& in, size_t at) {
+  T value;
+  std::memcpy(&value, in.data() + at, sizeof(T));
+  return value;
+}
+
+// The file's size and modification time (ns), or nullopt.
+std::optional<std::pair<int64_t, int64_t>> FileStamp(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::make_pair(static_cast<int64_t>(st.st_size),
+                        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+}
+
+std::string EncodeIndex(const BsonIndex& index, int64_t mtime_ns) {
+  std::string out(kIndexMagic, sizeof(kIndexMagic));
+  Append<int64_t>(out, index.file_bytes);
+  Append<int64_t>(out, mtime_ns);
+  Append<int64_t>(out, static_cast<int64_t>(index.records.size()));
+  Append<int64_t>(out, index.pictures);
+  for (const BsonRecord& r : index.records) {
+    Append<int64_t>(out, r.offset);
+    Append<int32_t>(out, r.bytes);
+    Append<int64_t>(out, r.category_id);
+    Append<int32_t>(out, r.pictures);
+  }
+  Append<uint32_t>(out, static_cast<uint32_t>(
+                            crc32_z(0L, reinterpret_cast<const Bytef*>(out.data()), out.size())));
+  return out;
+}
+
+// The cached index when it is whole and describes the file as it is now.
+std::optional<BsonIndex> DecodeIndex(const std::string& bytes, int64_t file_bytes,
+                                     int64_t mtime_ns) {
+  if (bytes.size() < static_cast<size_t>(kIndexHeaderBytes + 4) ||
+      std::memcmp(bytes.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
+    return std::nullopt;
+  }
+  const uint32_t crc = Take<uint32_t>(bytes, bytes.size() - 4);
+  if (crc != static_cast<uint32_t>(crc32_z(0L, reinterpret_cast<const Bytef*>(bytes.data()),
+                                           bytes.size() - 4))) {
+    return std::nullopt;
+  }
+  const int64_t n = Take<int64_t>(bytes, 24);
+  if (Take<int64_t>(bytes, 8) != file_bytes || Take<int64_t>(bytes, 16) != mtime_ns || n < 0 ||
+      static_cast<int64_t>(bytes.size()) != kIndexHeaderBytes + n * kIndexRecordBytes + 4) {
+    return std::nullopt;
+  }
+  BsonIndex index;
+  index.file_bytes = file_bytes;
+  index.pictures = Take<int64_t>(bytes, 32);
+  index.records.resize(static_cast<size_t>(n));
+  size_t at = kIndexHeaderBytes;
+  for (BsonRecord& r : index.records) {
+    r.offset = Take<int64_t>(bytes, at);
+    r.bytes = Take<int32_t>(bytes, at + 8);
+    r.category_id = Take<int64_t>(bytes, at + 12);
+    r.pictures = Take<int32_t>(bytes, at + 20);
+    at += kIndexRecordBytes;
+  }
+  return index;
+}
+
+// One CSV line's fields; quoted fields may hold commas and doubled quotes.
+std::optional<std::vector<std::string>> CsvFields(absl::string_view line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back().push_back('"');
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back().push_back(c);
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back().push_back(c);
+    }
+  }
+  if (quoted) return std::nullopt;
+  return fields;
+}
+
+std::string CsvField(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"') out.push_back('"');
+    out.push_back(c == '\n' ? ' ' : c);
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
+                                               const BsonOptions& options, bool* from_cache) {
+  if (from_cache != nullptr) *from_cache = false;
+  const std::string cache = path + ".pstrain-index";
+  const std::optional<std::pair<int64_t, int64_t>> stamp = FileStamp(path);
+  if (stamp.has_value()) {
+    if (absl::StatusOr<std::string> bytes = ReadFileBytes(cache); bytes.ok()) {
+      if (std::optional<BsonIndex> index = DecodeIndex(*bytes, stamp->first, stamp->second)) {
+        if (from_cache != nullptr) *from_cache = true;
+        return *std::move(index);
+      }
+    }
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex index, IndexBsonFile(path, options));
+  // Kept only when clean and the file did not change while it was read; a
+  // directory that cannot be written only costs the next pass.
+  if (index.bad_records == 0 && stamp.has_value() && FileStamp(path) == stamp) {
+    (void)WriteFileAtomically(cache, EncodeIndex(index, stamp->second));
+  }
+  return index;
+}
+
+absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::string& dir) {
+  std::map<int64_t, std::string> names;
+  const std::string path = JoinPath(dir, "category_names.csv");
+  absl::StatusOr<std::string> text = ReadFileBytes(path);
+  if (absl::IsNotFound(text.status())) return names;
+  if (!text.ok()) return text.status();
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    line = absl::StripTrailingAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::optional<std::vector<std::string>> fields = CsvFields(line);
+    int64_t id = 0;
+    if (!fields.has_value() || fields->size() < 2 ||
+        !absl::SimpleAtoi((*fields)[0], &id)) {
+      if (line_number == 1) continue;  // The header.
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", line_number, ": expected category_id,level1[,level2[,level3]]"));
+    }
+    for (size_t i = fields->size(); i-- > 1;) {
+      const std::string name(absl::StripAsciiWhitespace((*fields)[i]));
+      if (!name.empty()) {
+        names[id] = name;
+        break;
+      }
+    }
+  }
+  return names;
+}
+
+absl::StatusOr<PackSummary> PackBsonDataset(const std::string& dir,
+                                            const BsonDecodeOptions& options,
+                                            const std::string& out, const PackOptions& pack,
+                                            storage::Storage& store) {
+  const BsonOptions index_options{.max_bad_records = options.max_bad_records};
+  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex train,
+                           LoadOrBuildBsonIndex(JoinPath(dir, "train.bson"), index_options));
+  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex test,
+                           LoadOrBuildBsonIndex(JoinPath(dir, "test.bson"), index_options));
+  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir));
+  const CategoryTable table = CategoryTable::Of(train);
+  PackSummary summary;
+  for (auto [name, index] : {std::pair{"train", &train}, std::pair{"test", &test}}) {
+    const PackedSplitWriter::Shape shape{options.channels, options.height, options.width,
+                                         static_cast<int>(table.ids.size())};
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<PackedSplitWriter> writer,
+                             PackedSplitWriter::Create(store, out, name, shape,
+                                                       index->pictures, pack));
+    const int64_t sample = int64_t{options.channels} * options.height * options.width;
+    BsonDecodeOptions decode = options;
+    decode.limit = 0;
+    decode.max_bad_records = options.max_bad_records - index->bad_records;
+    PSTRAIN_RETURN_IF_ERROR(DecodeBsonRecords(
+        JoinPath(dir, absl::StrCat(name, ".bson")), *index, table, decode,
+        [&](int label, const uint8_t* pixels, int64_t n) -> absl::Status {
+          for (int64_t i = 0; i < n; ++i) {
+            PSTRAIN_RETURN_IF_ERROR(writer->Append(label, pixels + i * sample));
+          }
+          return absl::OkStatus();
+        }));
+    PSTRAIN_ASSIGN_OR_RETURN(PackSummary written, writer->Finish());
+    (std::string(name) == "train" ? summary.train_samples : summary.test_samples) =
+        written.train_samples;
+    (std::string(name) == "train" ? summary.train_shards : summary.test_shards) =
+        written.train_shards;
+    summary.bytes += written.bytes;
+  }
+  std::string classes = "class,category_id,name\n";
+  for (size_t c = 0; c < table.ids.size(); ++c) {
+    const auto name = names.find(table.ids[c]);
+    absl::StrAppend(&classes, c, ",", table.ids[c], ",",
+                    name == names.end() ? "" : CsvField(name->second), "\n");
+  }
+  PSTRAIN_RETURN_IF_ERROR(store.Write(storage::JoinUri(out, "classes.csv"), classes));
+  summary.bytes += static_cast<int64_t>(classes.size());
+  return summary;
 }
 
 absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
@@ -286,9 +524,9 @@ absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
                                               int64_t train_limit, int64_t test_limit) {
   const BsonOptions index_options{.max_bad_records = options.max_bad_records};
   PSTRAIN_ASSIGN_OR_RETURN(BsonIndex train,
-                           IndexBsonFile(JoinPath(dir, "train.bson"), index_options));
+                           LoadOrBuildBsonIndex(JoinPath(dir, "train.bson"), index_options));
   PSTRAIN_ASSIGN_OR_RETURN(BsonIndex test,
-                           IndexBsonFile(JoinPath(dir, "test.bson"), index_options));
+                           LoadOrBuildBsonIndex(JoinPath(dir, "test.bson"), index_options));
   const CategoryTable table = CategoryTable::Of(train);
   DatasetSplits splits;
   for (auto [split, index, limit] : {std::tuple{&splits.train, &train, train_limit},

@@ -33,12 +33,15 @@
 #define PSTRAIN_COMMON_DATA_BSON_DATASET_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/data/image_dataset.h"
+#include "common/data/packed_format.h"
 
 namespace pstrain::data {
 
@@ -82,6 +85,17 @@ struct BsonIndex {
 // max_bad_records, naming the offset.
 absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptions& options);
 
+// IndexBsonFile, kept beside the file as "<path>.pstrain-index" (a binary
+// copy of the records with the file's size and modification time, and a
+// CRC-32): a later call whose file has the same size and time reads it
+// instead of the whole file. An index with damaged records is not kept; a
+// stale, damaged or unreadable cache is ignored and written again; a
+// directory that cannot be written only costs the pass. `from_cache`, when
+// given, says which happened.
+absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
+                                               const BsonOptions& options,
+                                               bool* from_cache = nullptr);
+
 // Category ids to class indices: position in `ids` (ascending, unique).
 struct CategoryTable {
   std::vector<int64_t> ids;
@@ -96,6 +110,18 @@ struct BsonDecodeOptions {
                                             // records whose category is not in the table.
   int64_t limit = 0;                        // Samples, from the first; 0 = all.
 };
+
+// Receives a record's decoded samples: `n` images of the options' shape,
+// CHW one after another, all with `label`. An error stops the decoding.
+using BsonSampleSink =
+    std::function<absl::Status(int label, const uint8_t* pixels, int64_t n)>;
+
+// Decodes the pictures of `index`'s records in order, handing each record's
+// samples to `sink` (nothing is kept: memory is one record's pictures). The
+// errors and the bound on damaged records are DecodeBsonFile's.
+absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
+                               const CategoryTable& table, const BsonDecodeOptions& options,
+                               const BsonSampleSink& sink, int64_t* bad_records = nullptr);
 
 // Decodes the pictures of `index`'s records, in order. `bad_records`, when
 // given, receives how many were skipped. DATA_LOSS naming the offset and the
@@ -112,6 +138,22 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
 absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
                                               const BsonDecodeOptions& options,
                                               int64_t train_limit, int64_t test_limit);
+
+// The dump's optional <dir>/category_names.csv (Cdiscount's: category_id,
+// category_level1, category_level2, category_level3; quoted fields allowed):
+// each id's most specific non-empty level. Empty when the file is not there;
+// INVALID_ARGUMENT naming the line for one that does not parse.
+absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::string& dir);
+
+// Streams <dir>/train.bson and test.bson into packed shards at `out` (any URI
+// `store` takes; packed_format.h), one record at a time: memory holds the
+// indexes (24 bytes a record) and one shard, never the dump. Also writes
+// <out>/classes.csv, "class,category_id,name", the names from
+// category_names.csv when the dump has one. The summary counts both splits.
+absl::StatusOr<PackSummary> PackBsonDataset(const std::string& dir,
+                                            const BsonDecodeOptions& options,
+                                            const std::string& out, const PackOptions& pack,
+                                            storage::Storage& store);
 
 }  // namespace pstrain::data
 

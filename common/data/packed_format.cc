@@ -237,6 +237,114 @@ std::string PackedShardName(const std::string& split, int index, int count) {
   return absl::StrFormat("%s-%05d-of-%05d%s", split, index, count, kPackedSuffix);
 }
 
+// ---- PackedSplitWriter -------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<PackedSplitWriter>> PackedSplitWriter::Create(
+    storage::Storage& store, const std::string& dir, const std::string& split,
+    const Shape& shape, int64_t expected_samples, const PackOptions& options) {
+  const int64_t sample = int64_t{shape.channels} * shape.height * shape.width;
+  if (shape.channels <= 0 || shape.height <= 0 || shape.width <= 0 || shape.num_classes < 1 ||
+      sample > kPackedMaxSampleBytes || shape.num_classes > kPackedMaxClasses ||
+      expected_samples < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        split, ": cannot pack ", shape.channels, "x", shape.height, "x", shape.width, " images of ",
+        shape.num_classes, " classes (", expected_samples, " samples)"));
+  }
+  const int64_t record = sample + 8;
+  const int64_t per_shard = options.records_per_shard > 0
+                                ? options.records_per_shard
+                                : std::max<int64_t>(1, (int64_t{256} << 20) / record);
+  const int64_t shards = std::max<int64_t>(1, (expected_samples + per_shard - 1) / per_shard);
+  if (shards > kPackedMaxShards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(split, ": ", shards, " shards is above ", kPackedMaxShards));
+  }
+  if (!storage::IsS3Uri(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
+  for (const storage::ObjectInfo& entry : entries) {
+    const std::string& name = entry.key;
+    if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
+        name.substr(name.size() - 7) == kPackedSuffix &&
+        name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
+      PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
+    }
+  }
+  return std::unique_ptr<PackedSplitWriter>(
+      new PackedSplitWriter(store, dir, split, shape, per_shard, shards));
+}
+
+PackedSplitWriter::PackedSplitWriter(storage::Storage& store, std::string dir, std::string split,
+                                     Shape shape, int64_t per_shard, int64_t shards)
+    : store_(store),
+      dir_(std::move(dir)),
+      split_(std::move(split)),
+      shape_(shape),
+      per_shard_(per_shard),
+      shards_(shards),
+      record_bytes_(int64_t{shape.channels} * shape.height * shape.width + 8),
+      buffer_(kPackedHeaderBytes, '\0') {
+  // One shard's bytes, once: growing by doubling would hold up to twice that.
+  buffer_.reserve(static_cast<size_t>(kPackedHeaderBytes + per_shard_ * record_bytes_));
+}
+
+absl::Status PackedSplitWriter::Append(int32_t label, const uint8_t* pixels) {
+  if (label < 0 || label >= shape_.num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat(split_, ": label ", label, " outside [0, ",
+                                                   shape_.num_classes, ")"));
+  }
+  if (in_buffer_ == per_shard_) PSTRAIN_RETURN_IF_ERROR(Flush());
+  if (shard_ >= shards_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(split_, ": more samples than the ", shards_ * per_shard_, " expected"));
+  }
+  const int64_t sample = record_bytes_ - 8;
+  const size_t at = buffer_.size();
+  buffer_.resize(at + record_bytes_);
+  Put<int32_t>(buffer_, at, label);
+  std::memcpy(buffer_.data() + at + 4, pixels, sample);
+  Put<uint32_t>(buffer_, at + 4 + sample, Crc(buffer_.data() + at, 4 + sample));
+  ++in_buffer_;
+  ++samples_;
+  return absl::OkStatus();
+}
+
+absl::Status PackedSplitWriter::Flush() {
+  Header h;
+  h.channels = static_cast<uint32_t>(shape_.channels);
+  h.height = static_cast<uint32_t>(shape_.height);
+  h.width = static_cast<uint32_t>(shape_.width);
+  h.num_classes = static_cast<uint32_t>(shape_.num_classes);
+  h.record_bytes = static_cast<uint32_t>(record_bytes_);
+  h.records = static_cast<uint64_t>(in_buffer_);
+  h.shard_index = static_cast<uint32_t>(shard_);
+  h.shard_count = static_cast<uint32_t>(shards_);
+  h.first_sample = static_cast<uint64_t>(samples_ - in_buffer_);
+  const std::string header = EncodeHeader(h);
+  std::memcpy(buffer_.data(), header.data(), header.size());
+  PSTRAIN_RETURN_IF_ERROR(store_.Write(
+      storage::JoinUri(dir_, PackedShardName(split_, static_cast<int>(shard_),
+                                             static_cast<int>(shards_))),
+      buffer_));
+  bytes_ += static_cast<int64_t>(buffer_.size());
+  buffer_.resize(kPackedHeaderBytes);  // Keeps the capacity.
+  in_buffer_ = 0;
+  ++shard_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PackSummary> PackedSplitWriter::Finish() {
+  while (shard_ < shards_) PSTRAIN_RETURN_IF_ERROR(Flush());
+  PackSummary summary;
+  summary.train_samples = samples_;
+  summary.train_shards = static_cast<int>(shards_);
+  summary.bytes = bytes_;
+  return summary;
+}
+
 absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, const std::string& dir,
                                                const PackOptions& options) {
   std::unique_ptr<storage::Storage> local = storage::NewLocalStorage();

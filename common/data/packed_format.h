@@ -37,6 +37,7 @@
 #define PSTRAIN_COMMON_DATA_PACKED_FORMAT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,51 @@ struct PackSummary {
 
 // "train-00002-of-00006.pspack".
 std::string PackedShardName(const std::string& split, int index, int count);
+
+// Writes one split's shards as samples arrive, holding one shard in memory
+// (for sources larger than memory: `pstrain prepare --format bson`).
+//
+//   PSTRAIN_ASSIGN_OR_RETURN(auto writer, PackedSplitWriter::Create(store, "/out", "train",
+//                                             shape, expected, {}));
+//   for (...) PSTRAIN_RETURN_IF_ERROR(writer->Append(label, pixels));
+//   PSTRAIN_ASSIGN_OR_RETURN(PackSummary written, writer->Finish());
+//
+// `expected_samples` fixes the shard count; fewer may arrive (damaged
+// source records skipped): the last shards then hold fewer records, or none.
+// Shards of an older packing of the split with another count are removed
+// at Create. Not thread-safe.
+class PackedSplitWriter {
+ public:
+  struct Shape {
+    int channels = 0, height = 0, width = 0, num_classes = 0;
+  };
+  static absl::StatusOr<std::unique_ptr<PackedSplitWriter>> Create(
+      storage::Storage& store, const std::string& dir, const std::string& split,
+      const Shape& shape, int64_t expected_samples, const PackOptions& options);
+
+  // One sample: its label (in [0, num_classes)) and C*H*W pixels.
+  // INVALID_ARGUMENT for a bad label or one sample more than expected.
+  absl::Status Append(int32_t label, const uint8_t* pixels);
+
+  // Writes what is buffered and the empty shards left; the split's samples,
+  // shards and bytes (in train_* fields).
+  absl::StatusOr<PackSummary> Finish();
+
+ private:
+  PackedSplitWriter(storage::Storage& store, std::string dir, std::string split, Shape shape,
+                    int64_t per_shard, int64_t shards);
+  absl::Status Flush();
+
+  storage::Storage& store_;
+  const std::string dir_, split_;
+  const Shape shape_;
+  const int64_t per_shard_, shards_, record_bytes_;
+  std::string buffer_;       // The shard being filled, header space included.
+  int64_t in_buffer_ = 0;    // Records in buffer_.
+  int64_t shard_ = 0;        // Index of the shard being filled.
+  int64_t samples_ = 0;      // Appended in all.
+  int64_t bytes_ = 0;        // Written in all.
+};
 
 // Writes both splits of `splits` into `dir` (created if missing; shard
 // files already there for a split are replaced, and shards of an older

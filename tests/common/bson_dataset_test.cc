@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/data/idx_reader.h"
 #include "common/data/load_dataset.h"
+#include "common/data/packed_format.h"
+#include "common/storage/storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/bson_dump.h"
@@ -112,6 +114,79 @@ TEST_F(BsonDatasetTest, AFashionMnistDumpIndexesDecodesAndMapsCategoriesToClasse
   ASSERT_OK(splits);
   EXPECT_EQ(splits->train.size(), 100);
   EXPECT_EQ(splits->train.sample_elements(), 3 * 32 * 32);
+}
+
+TEST_F(BsonDatasetTest, PackingStreamsTheDumpIntoShardsThatReadBackAsTheDumpDoes) {
+  if (!fs::exists(kFashionMnistDir)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ASSERT_OK_AND_ASSIGN(DatasetSplits fmnist, LoadIdxDataset(kFashionMnistDir));
+  Write("train.bson", testing::MakeBsonDump(fmnist.train, 1500, 7).bytes);
+  Write("test.bson", testing::MakeBsonDump(fmnist.test, 300, 8).bytes);
+  // Cdiscount's names file: a header, a quoted name with a comma, one id
+  // the dump does not hold; class 9 has no line.
+  std::string names = "category_id,category_level1,category_level2,category_level3\n";
+  for (int c = 0; c < 9; ++c) {
+    absl::StrAppend(&names, DumpCategoryId(c), ",MODE,VETEMENT,",
+                    c == 2 ? "\"PULL, GILET\"" : absl::StrCat("ARTICLE ", c), "\n");
+  }
+  absl::StrAppend(&names, "999,AUTRE,AUTRE,AUTRE\n");
+  Write("category_names.csv", names);
+
+  BsonDecodeOptions decode;
+  decode.channels = 1;
+  decode.height = decode.width = 28;
+  PackOptions pack;
+  pack.records_per_shard = 400;  // 4 train shards, the last partly filled.
+  std::unique_ptr<storage::Storage> store = storage::NewLocalStorage();
+  const std::string out = (dir_ / "packed").string();
+  ASSERT_OK_AND_ASSIGN(PackSummary summary,
+                       PackBsonDataset(dir_.string(), decode, out, pack, *store));
+  EXPECT_EQ(summary.train_samples, 1500);
+  EXPECT_EQ(summary.train_shards, 4);
+  EXPECT_EQ(summary.test_samples, 300);
+  ASSERT_OK_AND_ASSIGN(DatasetSplits packed, LoadPackedDataset(out));
+  ASSERT_OK_AND_ASSIGN(DatasetSplits direct, LoadBsonDataset(dir_.string(), decode, 0, 0));
+  EXPECT_EQ(packed.train.labels, direct.train.labels);
+  EXPECT_EQ(packed.train.pixels, direct.train.pixels);
+  EXPECT_EQ(packed.test.labels, direct.test.labels);
+  EXPECT_EQ(packed.test.pixels, direct.test.pixels);
+  ASSERT_OK_AND_ASSIGN(std::string classes, store->Read(out + "/classes.csv"));
+  EXPECT_THAT(classes, HasSubstr(absl::StrCat("class,category_id,name\n0,", DumpCategoryId(0),
+                                              ",ARTICLE 0\n")));
+  EXPECT_THAT(classes, HasSubstr(absl::StrCat("2,", DumpCategoryId(2), ",\"PULL, GILET\"\n")));
+  EXPECT_THAT(classes, HasSubstr(absl::StrCat("9,", DumpCategoryId(9), ",\n")));
+  // A names file that does not parse is named with its line.
+  Write("category_names.csv", "category_id,level1\n1000010653,\"open quote\n");
+  EXPECT_THAT(ReadCategoryNames(dir_.string()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("category_names.csv:2")));
+}
+
+TEST_F(BsonDatasetTest, TheIndexIsKeptBesideTheFileAndRebuiltWhenTheFileChanges) {
+  if (!fs::exists(kFashionMnistDir)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ASSERT_OK_AND_ASSIGN(DatasetSplits fmnist, LoadIdxDataset(kFashionMnistDir));
+  const std::string path = Write("train.bson", testing::MakeBsonDump(fmnist.train, 500, 7).bytes);
+  bool cached = true;
+  ASSERT_OK_AND_ASSIGN(BsonIndex first, LoadOrBuildBsonIndex(path, {}, &cached));
+  EXPECT_FALSE(cached);
+  EXPECT_TRUE(fs::exists(path + ".pstrain-index"));
+  ASSERT_OK_AND_ASSIGN(BsonIndex again, LoadOrBuildBsonIndex(path, {}, &cached));
+  EXPECT_TRUE(cached);
+  ASSERT_EQ(again.records.size(), first.records.size());
+  for (size_t i = 0; i < first.records.size(); ++i) {
+    EXPECT_EQ(again.records[i].offset, first.records[i].offset);
+    EXPECT_EQ(again.records[i].category_id, first.records[i].category_id);
+    EXPECT_EQ(again.records[i].pictures, first.records[i].pictures);
+  }
+  EXPECT_EQ(again.pictures, 500);
+  // Another dump under the same name: the cache no longer describes it.
+  Write("train.bson", testing::MakeBsonDump(fmnist.train, 200, 9).bytes);
+  ASSERT_OK_AND_ASSIGN(BsonIndex changed, LoadOrBuildBsonIndex(path, {}, &cached));
+  EXPECT_FALSE(cached);
+  EXPECT_EQ(changed.pictures, 200);
+  // A damaged cache is ignored.
+  Write("train.bson.pstrain-index", "PSBIDX01 and then garbage");
+  ASSERT_OK_AND_ASSIGN(BsonIndex rebuilt, LoadOrBuildBsonIndex(path, {}, &cached));
+  EXPECT_FALSE(cached);
+  EXPECT_EQ(rebuilt.pictures, 200);
 }
 
 TEST_F(BsonDatasetTest, DamagedRecordsNameTheirOffsetAndAreSkippedWithinTheBound) {
