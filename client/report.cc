@@ -409,13 +409,17 @@ std::string RenderJobReport(const v1::JobStatus& status, const v1::JobHistory& h
       absl::StrAppend(&html, "</div>\n<div>\n<h3>Per class</h3>\n<table id=\"per-class\" ",
                       "class=\"perclass\">\n<tr><th>class</th><th>precision</th><th>recall</th>"
                       "<th>F1</th><th>support</th></tr>\n");
+      const bool named = m.class_names.size() == static_cast<size_t>(k);
       for (int c = 0; c < k; ++c) {
         int64_t support = 0;
         for (int p = 0; p < k; ++p) support += m.confusion[static_cast<size_t>(c) * k + p];
-        absl::StrAppend(&html, absl::StrFormat("<tr><td>%d</td><td>%.4f</td><td>%.4f</td>"
+        // A named class shows "3 ROBE" (the dataset's name, escaped).
+        const std::string label =
+            named ? absl::StrCat(c, " ", HtmlEscape(m.class_names[c])) : absl::StrCat(c);
+        absl::StrAppend(&html, absl::StrFormat("<tr><td>%s</td><td>%.4f</td><td>%.4f</td>"
                                                "<td>%.4f</td><td>%d</td></tr>\n",
-                                               c, m.per_class_precision[c], m.per_class_recall[c],
-                                               m.per_class_f1[c], support));
+                                               label, m.per_class_precision[c],
+                                               m.per_class_recall[c], m.per_class_f1[c], support));
       }
       absl::StrAppend(&html, "</table>\n</div>\n</div>\n");
     }

@@ -15,6 +15,7 @@ v1::EvalMetrics EvalMetricsProto(const ClassificationMetrics& m) {
   proto.set_samples(m.samples);
   proto.set_num_classes(m.num_classes);
   proto.mutable_confusion()->Assign(m.confusion.begin(), m.confusion.end());
+  for (const std::string& name : m.class_names) proto.add_class_names(name);
   return proto;
 }
 
@@ -46,6 +47,9 @@ ClassificationMetrics MetricsFromProto(const v1::EvalMetrics& m) {
     metrics.macro_recall = m.recall();
     metrics.macro_f1 = m.f1();
     metrics.samples = m.samples();
+  }
+  if (m.class_names_size() == metrics.num_classes) {
+    metrics.class_names.assign(m.class_names().begin(), m.class_names().end());
   }
   return metrics;
 }

@@ -15,6 +15,10 @@
 
 namespace pstrain {
 
+// The longest class name EvalMetrics.class_names may carry (workers cut to
+// it; server 0 refuses a longer one).
+inline constexpr size_t kMaxClassNameBytes = 256;
+
 // Every field of `m` that EvalMetrics carries: the scores (macro precision,
 // recall and F1 as precision, recall, f1), loss, samples, num_classes and
 // the confusion counts. The per-class scores stay behind (they follow from

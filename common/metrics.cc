@@ -122,13 +122,18 @@ std::string FormatConfusionMatrix(const ClassificationMetrics& m) {
   const bool has_scores = m.per_class_precision.size() == static_cast<size_t>(k) &&
                           m.per_class_recall.size() == static_cast<size_t>(k) &&
                           m.per_class_f1.size() == static_cast<size_t>(k);
+  const bool has_names = m.class_names.size() == static_cast<size_t>(k);
   if (has_scores) {
-    absl::StrAppendFormat(&out, "%*s  %9s  %9s  %9s\n", first, "class", "precision", "recall",
-                          "f1");
+    absl::StrAppendFormat(&out, "%*s  %9s  %9s  %9s%s\n", first, "class", "precision", "recall",
+                          "f1", has_names ? "  name" : "");
     for (int c = 0; c < k; ++c) {
-      absl::StrAppendFormat(&out, "%*d  %9.4f  %9.4f  %9.4f\n", first, c, m.per_class_precision[c],
-                            m.per_class_recall[c], m.per_class_f1[c]);
+      absl::StrAppendFormat(&out, "%*d  %9.4f  %9.4f  %9.4f%s\n", first, c,
+                            m.per_class_precision[c], m.per_class_recall[c], m.per_class_f1[c],
+                            has_names ? "  " + m.class_names[c] : "");
     }
+  } else if (has_names) {
+    absl::StrAppendFormat(&out, "%*s  name\n", first, "class");
+    for (int c = 0; c < k; ++c) absl::StrAppendFormat(&out, "%*d  %s\n", first, c, m.class_names[c]);
   }
   return out;
 }

@@ -36,6 +36,8 @@ struct ClassificationMetrics {
   // predicted; recall = TP / (TP + FN), 0 when it never occurs;
   // F1 = 2PR / (P + R), 0 when P + R == 0.
   std::vector<double> per_class_precision, per_class_recall, per_class_f1;
+  // Class c's name (the dataset's, when it has them), else empty.
+  std::vector<std::string> class_names;
 };
 
 class ConfusionMatrix {

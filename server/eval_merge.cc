@@ -41,6 +41,18 @@ absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& work
                                                    " samples but samples is ", eval.samples()));
   }
   if (total > allowed) return too_many(absl::StrCat(total, " samples exceed"));
+  if (eval.class_names_size() != 0 && eval.class_names_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", worker_id, ": ",
+                                                   eval.class_names_size(),
+                                                   " class names for ", n, " classes"));
+  }
+  for (const std::string& name : eval.class_names()) {
+    if (name.size() > kMaxClassNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("eval_shard of ", worker_id,
+                                                     ": a class name longer than ",
+                                                     kMaxClassNameBytes, " bytes"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -57,6 +69,14 @@ v1::EvalMetrics MergeEvalShards(const std::vector<const v1::EvalMetrics*>& shard
   }
   ClassificationMetrics metrics = total.Compute();
   metrics.loss = samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0;
+  // The names of the first shard that has them for every class (every
+  // worker read the same dataset).
+  for (const v1::EvalMetrics* e : shards) {
+    if (e->class_names_size() == num_classes && num_classes > 0) {
+      metrics.class_names.assign(e->class_names().begin(), e->class_names().end());
+      break;
+    }
+  }
   return EvalMetricsProto(metrics);
 }
 

@@ -34,14 +34,16 @@ struct EvalShardBudget {
 
 // INVALID_ARGUMENT naming `worker_id` when `eval` does not fit the model
 // (num_classes, confusion size), has a negative count, counts that do not add
-// up to `samples`, or more samples than the budget leaves. An empty shard
+// up to `samples`, more samples than the budget leaves, or class names that
+// are not one per class or longer than kMaxClassNameBytes. An empty shard
 // (no classes, no counts, no samples: a worker that evaluated nothing) is OK.
 absl::Status CheckEvalShard(const v1::EvalMetrics& eval, const std::string& worker_id,
                             const EvalShardBudget& budget);
 
 // The job's test metrics from every member's (checked) shard: confusion
 // counts added, accuracy and macro precision, recall and F1 computed from
-// the sum, loss weighted by samples.
+// the sum, loss weighted by samples; the class names of the first shard
+// that has them.
 v1::EvalMetrics MergeEvalShards(const std::vector<const v1::EvalMetrics*>& shards);
 
 }  // namespace pstrain

@@ -211,6 +211,11 @@ absl::Status AssignmentRun::FinishAndEvaluate() {
   report.set_epoch(job_.epochs());
   report.set_step(global_step_ < 0 ? 0 : global_step_);
   *report.mutable_eval_shard() = EvalShardProto(shard);
+  if (static_cast<int>(setup_->splits.class_names.size()) == report.eval_shard().num_classes()) {
+    for (const std::string& name : setup_->splits.class_names) {
+      report.mutable_eval_shard()->add_class_names(name.substr(0, kMaxClassNameBytes));
+    }
+  }
   report.set_finished(true);
   WriteScalars(report.step(), {{"test/shard_accuracy", report.eval_shard().accuracy()},
                                {"test/shard_loss", report.eval_shard().loss()}});

@@ -130,6 +130,9 @@ absl::StatusOr<StandaloneResult> RunStandalone(const v1::JobSpec& job_in,
   EvaluateOptions eval;
   eval.batch_size = std::max(job.batch_size(), 256);
   PSTRAIN_ASSIGN_OR_RETURN(result.test, Evaluate(*model, splits.test, preprocess, eval));
+  if (static_cast<int>(setup.splits.class_names.size()) == result.test.num_classes) {
+    result.test.class_names = setup.splits.class_names;
+  }
   write_scalars(result.steps,
                 {{"test/accuracy", result.test.accuracy}, {"test/loss", result.test.loss}});
   if (tensorboard != nullptr) {

@@ -380,33 +380,6 @@ std::optional<BsonIndex> DecodeIndex(const std::string& bytes, int64_t file_byte
   return index;
 }
 
-// One CSV line's fields; quoted fields may hold commas and doubled quotes.
-std::optional<std::vector<std::string>> CsvFields(absl::string_view line) {
-  std::vector<std::string> fields(1);
-  bool quoted = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back().push_back('"');
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        fields.back().push_back(c);
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.emplace_back();
-    } else {
-      fields.back().push_back(c);
-    }
-  }
-  if (quoted) return std::nullopt;
-  return fields;
-}
-
 std::string CsvField(const std::string& text) {
   if (text.find_first_of(",\"\n") == std::string::npos) return text;
   std::string out = "\"";
@@ -452,7 +425,7 @@ absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::stri
     ++line_number;
     line = absl::StripTrailingAsciiWhitespace(line);
     if (line.empty()) continue;
-    std::optional<std::vector<std::string>> fields = CsvFields(line);
+    std::optional<std::vector<std::string>> fields = SplitCsvLine(line);
     int64_t id = 0;
     if (!fields.has_value() || fields->size() < 2 ||
         !absl::SimpleAtoi((*fields)[0], &id)) {
@@ -536,6 +509,12 @@ absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
     decode.max_bad_records = options.max_bad_records - index->bad_records;  // What is left.
     const std::string path = JoinPath(dir, split == &splits.train ? "train.bson" : "test.bson");
     PSTRAIN_ASSIGN_OR_RETURN(*split, DecodeBsonFile(path, *index, table, decode));
+  }
+  // Each class is its category: named by category_names.csv, else its id.
+  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir));
+  for (int64_t id : table.ids) {
+    const auto name = names.find(id);
+    splits.class_names.push_back(name != names.end() ? name->second : absl::StrCat(id));
   }
   return splits;
 }

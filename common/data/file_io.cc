@@ -228,4 +228,30 @@ absl::Status TruncatedError(const std::string& path, const FileContents& file,
       file.gzip ? "decompressed " : "", "byte offset ", actual_bytes));
 }
 
+std::optional<std::vector<std::string>> SplitCsvLine(absl::string_view line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back().push_back('"');
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back().push_back(c);
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back().push_back(c);
+    }
+  }
+  if (quoted) return std::nullopt;
+  return fields;
+}
+
 }  // namespace pstrain::data

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ absl::StatusOr<std::string> ResolveMaybeGz(const std::string& dir, const std::st
 // for gzip files, and the message says so).
 absl::Status TruncatedError(const std::string& path, const FileContents& file,
                             uint64_t expected_bytes, uint64_t actual_bytes);
+
+// One CSV line's fields (RFC 4180: quoted fields may hold commas and doubled
+// quotes); nullopt for a quote left open.
+std::optional<std::vector<std::string>> SplitCsvLine(absl::string_view line);
 
 // `dir`/`name`, without doubling the separator.
 std::string JoinPath(const std::string& dir, const std::string& name);

@@ -45,6 +45,9 @@ struct ImageDataset {
 struct DatasetSplits {
   ImageDataset train;
   ImageDataset test;
+  // Class c's name when the dataset has names (a BSON dump's categories, a
+  // packed dataset's classes.csv); empty otherwise.
+  std::vector<std::string> class_names;
 };
 
 }  // namespace pstrain::data

@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/data/file_io.h"
 #include "common/storage/storage.h"
 #include "common/status_macros.h"
@@ -547,6 +548,28 @@ absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage:
   DatasetSplits splits;
   PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train", store));
   PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test", store));
+  // classes.csv ("class,category_id,name"), when the packing wrote one.
+  absl::StatusOr<std::string> classes = store.Read(storage::JoinUri(dir, "classes.csv"));
+  if (absl::IsNotFound(classes.status())) return splits;
+  if (!classes.ok()) return classes.status();
+  std::vector<std::string> names;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*classes, '\n', absl::SkipEmpty())) {
+    if (++line_number == 1) continue;  // The header.
+    std::optional<std::vector<std::string>> fields = SplitCsvLine(line);
+    int c = -1;
+    if (!fields.has_value() || fields->size() != 3 || !absl::SimpleAtoi((*fields)[0], &c) ||
+        c != static_cast<int>(names.size())) {
+      return absl::DataLossError(absl::StrCat(storage::JoinUri(dir, "classes.csv"), ":",
+                                              line_number, ": expected class,category_id,name "
+                                              "with classes in order"));
+    }
+    names.push_back((*fields)[2].empty() ? (*fields)[1] : (*fields)[2]);
+  }
+  if (static_cast<int>(names.size()) == std::max(splits.train.num_classes,
+                                                 splits.test.num_classes)) {
+    splits.class_names = std::move(names);
+  }
   return splits;
 }
 

@@ -129,7 +129,8 @@ class Metrics:
 
     accuracy, precision, recall, f1 (macro averages), loss, samples,
     num_classes, confusion (numpy int64 [num_classes, num_classes], row = true
-    label, column = prediction), per_class_precision/recall/f1 (numpy).
+    label, column = prediction), per_class_precision/recall/f1 (numpy),
+    class_names (the dataset's names of the classes, or an empty list).
     """
 
     def __init__(self, proto):
@@ -137,6 +138,7 @@ class Metrics:
         self.accuracy, self.precision, self.recall = proto.accuracy, proto.precision, proto.recall
         self.f1, self.loss, self.samples = proto.f1, proto.loss, proto.samples
         self.num_classes = k = proto.num_classes
+        self.class_names = list(proto.class_names) if len(proto.class_names) == k else []
         if k > 0 and len(proto.confusion) == k * k:
             self.confusion = np.array(proto.confusion, dtype=np.int64).reshape(k, k)
         else:
@@ -163,10 +165,13 @@ class Metrics:
         for t in range(k):
             out += f"{t:>{first}}" + "".join(f"  {int(c):>{cell}}" for c in self.confusion[t])
             out += "\n"
-        out += f"{'class':>{first}}  {'precision':>9}  {'recall':>9}  {'f1':>9}\n"
+        named = len(self.class_names) == k
+        out += (f"{'class':>{first}}  {'precision':>9}  {'recall':>9}  {'f1':>9}"
+                + ("  name" if named else "") + "\n")
         for c in range(k):
             out += (f"{c:>{first}}  {self.per_class_precision[c]:9.4f}  "
-                    f"{self.per_class_recall[c]:9.4f}  {self.per_class_f1[c]:9.4f}\n")
+                    f"{self.per_class_recall[c]:9.4f}  {self.per_class_f1[c]:9.4f}"
+                    + (f"  {self.class_names[c]}" if named else "") + "\n")
         return out
 
     def __repr__(self):

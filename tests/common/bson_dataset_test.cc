@@ -149,6 +149,12 @@ TEST_F(BsonDatasetTest, PackingStreamsTheDumpIntoShardsThatReadBackAsTheDumpDoes
   EXPECT_EQ(packed.train.pixels, direct.train.pixels);
   EXPECT_EQ(packed.test.labels, direct.test.labels);
   EXPECT_EQ(packed.test.pixels, direct.test.pixels);
+  // The names travel with the shards: classes.csv, read back with them.
+  ASSERT_EQ(packed.class_names.size(), 10u);
+  EXPECT_EQ(packed.class_names[0], "ARTICLE 0");
+  EXPECT_EQ(packed.class_names[2], "PULL, GILET");
+  EXPECT_EQ(packed.class_names[9], absl::StrCat(DumpCategoryId(9)));
+  EXPECT_EQ(direct.class_names, packed.class_names);
   ASSERT_OK_AND_ASSIGN(std::string classes, store->Read(out + "/classes.csv"));
   EXPECT_THAT(classes, HasSubstr(absl::StrCat("class,category_id,name\n0,", DumpCategoryId(0),
                                               ",ARTICLE 0\n")));

@@ -161,7 +161,7 @@ def s3_cluster(bin_dir, source_dir, moto, proxy, packed, tmp_path_factory):
     from cluster import LocalCluster
     workdir = str(tmp_path_factory.mktemp("s3cluster"))
     roots = ["--data-root", os.path.dirname(packed["local"]), "--data-root", packed["s3"],
-             "--data-root", "s3://no-such-bucket-pstrain"]
+             "--data-root", "s3://no-such-bucket-pstrain", "--data-root", f"s3://{BUCKET}/dump"]
     env = s3_env(moto, AWS_ENDPOINT_URL=proxy["endpoint"])
     with LocalCluster(bin_dir, source_dir, workdir, workers=2, worker_args=roots,
                       worker_env=env) as running:
@@ -206,6 +206,46 @@ def test_a_job_from_the_bucket_matches_the_local_copy_through_store_faults(s3_cl
     logs = s3_cluster.log("worker0") + s3_cluster.log("worker1")
     assert re.search(r"S3 (GET|HEAD) s3://pstrain-data/fmnist/.*; retry 1 of 7", logs), logs
     assert moto["AWS_SECRET_ACCESS_KEY"] not in logs
+
+
+FMNIST_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                "Sneaker", "Bag", "Ankle boot"]
+
+
+def test_a_bson_dump_streams_into_the_bucket_and_its_category_names_reach_the_report(
+        s3_cluster, bin_dir, moto, tmp_path):
+    """A Cdiscount-layout dump made from Fashion-MNIST's images, with its
+    category_names.csv, packed by `pstrain prepare --format bson` straight into
+    the bucket; a 2-worker job trains from there and its test metrics carry
+    the category names (the Python report and `pstrain status`)."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    subprocess.run([os.path.join(bin_dir, "make_bson_dump"), "/usr/share/datasets/fashion-mnist",
+                    str(dump), "6000"], check=True, capture_output=True, timeout=120)
+    with open(dump / "category_names.csv", "w") as f:
+        f.write("category_id,category_level1,category_level2,category_level3\n")
+        for c, name in enumerate(FMNIST_NAMES):  # tests/testing/bson_dump.h's ids.
+            f.write(f"{1000010653 + 7919 * c},MODE,VETEMENTS,{name}\n")
+    result = subprocess.run(
+        [os.path.join(bin_dir, "pstrain"), "prepare", "--format", "bson", "--path", str(dump),
+         "--image-size", "28x28", "-o", f"s3://{BUCKET}/dump"],
+        env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "classes in s3://pstrain-data/dump/classes.csv" in result.stdout, result.stdout
+    client = pstrain.Client(s3_cluster.address, timeout=10.0, **s3_cluster.admin_credentials())
+    model = pstrain.Sequential([layers.Flatten(), layers.Dense(64, activation="relu"),
+                                layers.Dense(10)], input_shape=(3, 28, 28), name="dump-mlp")
+    job = client.submit(model, pstrain.datasets.Packed(f"s3://{BUCKET}/dump"),
+                        pstrain.optimizers.SGD(0.05, momentum=0.9), epochs=1, workers=2,
+                        mode="sync", seed=1)
+    status = job.wait(timeout=300)
+    assert status.state == "SUCCEEDED", f"{status.reason}\n{s3_cluster.logs()}"
+    assert status.test.class_names == FMNIST_NAMES
+    assert status.test.confusion_text().splitlines()[-1].endswith("  Ankle boot")
+    cli = subprocess.run([os.path.join(bin_dir, "pstrain"), "status", job.id],
+                         env=dict(os.environ, **s3_cluster.admin_env()), capture_output=True,
+                         text=True, timeout=60)
+    assert re.search(r"^ +2  +[0-9.]+  +[0-9.]+  +[0-9.]+  Pullover$", cli.stdout, re.M), cli.stdout
 
 
 def test_forbidden_and_missing_places_fail_the_job_naming_them(s3_cluster, moto):

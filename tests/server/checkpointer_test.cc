@@ -4,8 +4,6 @@
 // killed write leaves behind.
 #include "server/checkpointer.h"
 
-#include "common/storage/storage.h"
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
+#include "common/storage/storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/eval_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -66,6 +67,25 @@ TEST(EvalMergeTest, MergingAddsCountsAndWeighsTheLossBySamples) {
   EXPECT_DOUBLE_EQ(merged.accuracy(), 0.8);
   EXPECT_DOUBLE_EQ(merged.loss(), (0.5 * 8 + 2.0 * 2) / 10);
   EXPECT_EQ(merged.num_classes(), 2);
+  EXPECT_EQ(merged.class_names_size(), 0);
+}
+
+TEST(EvalMergeTest, ClassNamesAreOnePerClassBoundedAndKeptInTheMerge) {
+  v1::EvalMetrics named = Shard({3, 1, 0, 4}, 0.5);
+  named.add_class_names("T-shirt/top");
+  named.add_class_names("Trouser");
+  EXPECT_OK(CheckEvalShard(named, "worker-1", Budget(8)));
+  const v1::EvalMetrics unnamed = Shard({1, 0, 1, 0}, 2.0);
+  const v1::EvalMetrics merged = MergeEvalShards({&unnamed, &named});
+  EXPECT_THAT(merged.class_names(), ElementsAre("T-shirt/top", "Trouser"));
+  v1::EvalMetrics one_short = Shard({3, 1, 0, 4}, 0.5);
+  one_short.add_class_names("T-shirt/top");
+  EXPECT_THAT(CheckEvalShard(one_short, "worker-2", Budget(8)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 class names for 2")));
+  v1::EvalMetrics long_name = named;
+  long_name.set_class_names(1, std::string(kMaxClassNameBytes + 1, 'x'));
+  EXPECT_THAT(CheckEvalShard(long_name, "worker-3", Budget(8)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("longer than 256")));
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 # consecutive images of one class, ten-digit category ids), then the same
 # job (the example CNN, seed 1, 1 epoch, standalone on the CPU) on the IDX
 # files and on the BSON dump. The test accuracies must agree within 0.5
-# points (issue 46); both are printed.
+# points (issue 46); both are printed. The dump's category_names.csv (in
+# Cdiscount's layout, holding Fashion-MNIST's class names) must name the
+# classes of the BSON run's per-class table.
 #
 #   bson_accuracy_test.sh BIN_DIR SOURCE_DIR
 set -euo pipefail
@@ -18,6 +20,16 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/bson"
 "$BIN/make_bson_dump" "$FMNIST" "$WORK/bson" --in-order
+# Category ids as tests/testing/bson_dump.h makes them (DumpCategoryId).
+python3 - "$WORK/bson/category_names.csv" <<'PY'
+import sys
+names = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+         "Bag", "Ankle boot"]
+with open(sys.argv[1], "w") as f:
+    f.write("category_id,category_level1,category_level2,category_level3\n")
+    for c, name in enumerate(names):
+        f.write(f"{1000010653 + 7919 * c},MODE,\"VETEMENTS, ACCESSOIRES\",{name}\n")
+PY
 
 # The example job, its dataset swapped for the dump (same normalisation).
 python3 - "$SRC/examples/fashion-mnist.json" "$WORK" <<'PY'
@@ -37,6 +49,9 @@ accuracy() {  # JOB: the test accuracy of a 1-epoch standalone run.
 idx=$(accuracy "$WORK/idx.json")
 bson=$(accuracy "$WORK/bson.json")
 echo "test accuracy after 1 epoch: IDX $idx, BSON $bson"
+grep -E "^ +9  +[0-9.]+  +[0-9.]+  +[0-9.]+  Ankle boot$" "$WORK/bson.json.log" ||
+  { cat "$WORK/bson.json.log"; fail "the BSON run's per-class table does not name class 9"; }
+grep -E "^ +0  .*  T-shirt/top$" "$WORK/bson.json.log" >/dev/null || fail "class 0 is not named"
 python3 -c "import sys; d = abs($idx - $bson); print(f'difference {100 * d:.2f} points'); sys.exit(d > 0.005)" ||
   fail "the BSON dump's accuracy is more than 0.5 points from the IDX files'"
 echo "PASS"
