@@ -1,5 +1,7 @@
 #include "common/data/image_dataset.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pstrain::data {
@@ -12,7 +14,7 @@ absl::Status ImageDataset::Validate(const std::string& what) const {
                                                    "x", width, " with ", num_classes,
                                                    " classes"));
   }
-  if (pixels.size() != static_cast<size_t>(size() * sample_elements())) {
+  if (store == nullptr && pixels.size() != static_cast<size_t>(size() * sample_elements())) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", pixels.size(),
                                                    " pixel bytes for ", size(), " samples of ",
                                                    sample_elements()));
@@ -26,11 +28,21 @@ absl::Status ImageDataset::Validate(const std::string& what) const {
   return absl::OkStatus();
 }
 
+std::vector<uint8_t> ImageDataset::CopyPixels() const {
+  if (store == nullptr) return pixels;
+  std::vector<uint8_t> out(static_cast<size_t>(size() * sample_elements()));
+  for (int64_t i = 0; i < size(); ++i) {
+    std::copy(image(i), image(i) + sample_elements(), out.begin() + i * sample_elements());
+  }
+  return out;
+}
+
 void ImageDataset::Truncate(int64_t limit) {
   if (limit <= 0 || limit >= size()) return;
   labels.resize(limit);
-  pixels.resize(limit * sample_elements());
   labels.shrink_to_fit();
+  if (store != nullptr) return;  // The store keeps what it maps; only `limit` are read.
+  pixels.resize(limit * sample_elements());
   pixels.shrink_to_fit();
 }
 

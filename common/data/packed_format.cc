@@ -118,11 +118,43 @@ class MappedFile {
   }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  bool owned() const { return !owned_.empty(); }
+  // Overwrites bytes of an owned copy (a record fetched again).
+  void Patch(size_t offset, const std::string& bytes) {
+    std::memcpy(owned_.data() + offset, bytes.data(), bytes.size());
+  }
+  // A mapping read through once (the checksums): its pages leave this
+  // process (the page cache keeps them while memory allows) and later reads
+  // come in any order.
+  void ReleasePages() const {
+    if (owned_.empty() && data_ != nullptr) {
+      ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+      ::madvise(const_cast<uint8_t*>(data_), size_, MADV_RANDOM);
+    }
+  }
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   std::string owned_;  // Non-empty: the bytes are here, not mapped.
+};
+
+// A split's pixels where its shards are: mapped files (or objects' bytes),
+// sample i in the shard whose first sample is the largest <= i.
+class ShardSamples final : public SampleStore {
+ public:
+  ShardSamples(std::vector<MappedFile> shards, std::vector<int64_t> first, int64_t record_bytes)
+      : shards_(std::move(shards)), first_(std::move(first)), record_bytes_(record_bytes) {}
+  const uint8_t* image(int64_t i) const override {
+    const size_t s =
+        static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+    return shards_[s].data() + kPackedHeaderBytes + (i - first_[s]) * record_bytes_ + 4;
+  }
+
+ private:
+  const std::vector<MappedFile> shards_;
+  const std::vector<int64_t> first_;  // Ascending; first_[0] == 0.
+  const int64_t record_bytes_;
 };
 
 absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& file) {
@@ -442,7 +474,7 @@ absl::StatusOr<MappedFile> OpenShard(storage::Storage& store, const std::string&
 // again: a record whose checksum fails is fetched again (up to
 // kStoreShardReads times) before its DATA_LOSS is final.
 using Refetch = std::function<absl::StatusOr<std::string>(int64_t offset, int64_t length)>;
-absl::Status AppendShard(const std::string& path, const MappedFile& file, size_t f,
+absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
                          size_t shard_count, uint64_t next_sample, ImageDataset& ds,
                          const Refetch& refetch) {
   PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
@@ -467,8 +499,6 @@ absl::Status AppendShard(const std::string& path, const MappedFile& file, size_t
                                             ", the shards before it end at ", next_sample));
   }
   const size_t sample = ds.sample_elements();
-  const size_t at_pixels = ds.pixels.size();
-  ds.pixels.resize(at_pixels + h.records * sample);
   ds.labels.reserve(ds.labels.size() + h.records);
   const uint8_t* p = file.data() + kPackedHeaderBytes;
   std::string again;  // A record fetched again after its checksum failed.
@@ -487,6 +517,7 @@ absl::Status AppendShard(const std::string& path, const MappedFile& file, size_t
       }
       record = reinterpret_cast<const uint8_t*>(again.data());
     }
+    if (record != p) file.Patch(static_cast<size_t>(p - file.data()), again);  // Owned bytes.
     const int32_t label = Get<int32_t>(record);
     if (label < 0 || static_cast<uint32_t>(label) >= h.num_classes) {
       return absl::DataLossError(absl::StrCat(path, ": record ", r, " (sample ",
@@ -494,7 +525,6 @@ absl::Status AppendShard(const std::string& path, const MappedFile& file, size_t
                                               " outside [0, ", h.num_classes, ")"));
     }
     ds.labels.push_back(label);
-    std::memcpy(ds.pixels.data() + at_pixels + r * sample, record + 4, sample);
   }
   return absl::OkStatus();
 }
@@ -511,9 +541,11 @@ absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::
   PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> files, ShardFiles(store, dir, split));
   ImageDataset ds;
   uint64_t next_sample = 0;
+  std::vector<MappedFile> shards;
+  std::vector<int64_t> first;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string& path = files[f];
-    const size_t pixels_before = ds.pixels.size(), labels_before = ds.labels.size();
+    const size_t labels_before = ds.labels.size();
     // Bytes from a store can be damaged on the way: a record that fails its
     // checksum is fetched again, and a shard whose header fails is read
     // again whole (every record is checked, so no damaged byte reaches
@@ -527,15 +559,24 @@ absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::
     }
     absl::Status status;
     for (int read = 1; read <= (remote ? kStoreShardReads : 1); ++read) {
-      ds.pixels.resize(pixels_before);
       ds.labels.resize(labels_before);
       PSTRAIN_ASSIGN_OR_RETURN(MappedFile file, OpenShard(store, path));
       status = AppendShard(path, file, f, files.size(), next_sample, ds, refetch);
+      if (status.ok()) {
+        file.ReleasePages();
+        first.push_back(static_cast<int64_t>(next_sample));
+        shards.push_back(std::move(file));
+      }
       if (!absl::IsDataLoss(status)) break;
     }
     PSTRAIN_RETURN_IF_ERROR(status);
     next_sample += ds.labels.size() - labels_before;
   }
+  // The pixels stay where they are: mapped (the kernel pages them in and
+  // out, so a split larger than memory trains) or, from a store, the
+  // objects' bytes as read.
+  ds.store = std::make_shared<ShardSamples>(std::move(shards), std::move(first),
+                                            int64_t{ds.sample_elements()} + 8);
   return ds;
 }
 

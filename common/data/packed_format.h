@@ -131,6 +131,10 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
 
 // Reads one split ("train" or "test") of a packed directory: every shard
 // present, headers that agree, each record's checksum and label checked.
+// The labels are copied; the pixels are not: local shards stay mapped (read
+// once for the checksums, then their pages are given back, so a split
+// larger than memory trains), objects' bytes stay as read (ImageDataset::
+// store).
 // Errors are DATA_LOSS (or NOT_FOUND for a missing directory or shard) and
 // name the file, and the record for a bad one.
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split);

@@ -79,7 +79,7 @@ TEST_F(PackedFormatTest, RoundTripsEverySampleInOrderAcrossShards) {
     EXPECT_EQ(b->width, 5);
     EXPECT_EQ(b->num_classes, 6);
     EXPECT_EQ(b->labels, a->labels);
-    EXPECT_EQ(b->pixels, a->pixels);
+    EXPECT_EQ(b->CopyPixels(), a->CopyPixels());
   }
 }
 
@@ -215,9 +215,9 @@ TEST_F(PackedFormatTest, PackedFashionMnistIsTheIdxDatasetByteForByte) {
   EXPECT_EQ(read->train.size(), 60000);
   EXPECT_EQ(read->test.size(), 10000);
   EXPECT_EQ(read->train.num_classes, 10);
-  EXPECT_TRUE(read->train.pixels == original->train.pixels);
+  EXPECT_TRUE(read->train.CopyPixels() == original->train.CopyPixels());
   EXPECT_TRUE(read->train.labels == original->train.labels);
-  EXPECT_TRUE(read->test.pixels == original->test.pixels);
+  EXPECT_TRUE(read->test.CopyPixels() == original->test.CopyPixels());
   EXPECT_TRUE(read->test.labels == original->test.labels);
 }
 
