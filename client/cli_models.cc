@@ -350,7 +350,8 @@ int Cli::PrepareBson(const v1::DatasetSpec& spec, const std::string& dir,
   decode.width = spec.image_width();
   decode.max_bad_records = spec.max_bad_records();
   absl::StatusOr<std::unique_ptr<storage::Storage>> store =
-      storage::IsS3Uri(dir) ? OpenCliStorage() : storage::OpenStorage({});
+      storage::IsS3Uri(dir) || storage::IsS3Uri(spec.path()) ? OpenCliStorage()
+                                                              : storage::OpenStorage({});
   if (!store.ok()) return Failed(err_, "prepare", std::string(store.status().message()));
   const absl::Time start = absl::Now();
   absl::StatusOr<data::PackSummary> summary =

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -109,6 +110,66 @@ absl::Status ReadPictures(const bson_iter_t& imgs, BsonProduct* product) {
   return CheckIteration(element, "imgs");
 }
 
+// A file or object read through 8 MiB blocks: the index pass reads it in
+// order, decoding by ascending offsets, so one ranged read (one GET for an
+// object) serves many records.
+class BlockReader {
+ public:
+  static constexpr int64_t kBlockBytes = int64_t{8} << 20;
+
+  // NOT_FOUND (naming the path) when there is nothing to read.
+  static absl::StatusOr<BlockReader> Open(storage::Storage& store, const std::string& uri) {
+    absl::StatusOr<storage::ObjectInfo> info = store.Stat(uri);
+    if (!info.ok()) {
+      return absl::Status(info.status().code(),
+                          absl::StrCat(uri, ": cannot open (", info.status().message(), ")"));
+    }
+    return BlockReader(store, uri, info->size);
+  }
+
+  int64_t size() const { return size_; }
+
+  // Up to `n` bytes at `offset` into `out`; fewer only at the end.
+  absl::StatusOr<int64_t> Read(int64_t offset, int64_t n, char* out) {
+    int64_t done = 0;
+    while (done < n && offset + done < size_) {
+      const int64_t at = offset + done;
+      if (at < block_start_ || at >= block_start_ + static_cast<int64_t>(block_.size())) {
+        block_start_ = at;
+        const int64_t length = std::min(kBlockBytes, size_ - at);
+        absl::StatusOr<std::string> block = store_->ReadRange(uri_, at, length);
+        if (!block.ok() || static_cast<int64_t>(block->size()) != length) {
+          return absl::DataLossError(absl::StrCat(
+              uri_, ": read of bytes ", at, "+", length, " failed (",
+              block.ok() ? "short" : block.status().message(), "; did the file change?)"));
+        }
+        block_ = *std::move(block);
+      }
+      const int64_t take =
+          std::min(n - done, block_start_ + static_cast<int64_t>(block_.size()) - at);
+      std::memcpy(out + done, block_.data() + (at - block_start_), static_cast<size_t>(take));
+      done += take;
+    }
+    return done;
+  }
+
+ private:
+  BlockReader(storage::Storage& store, std::string uri, int64_t size)
+      : store_(&store), uri_(std::move(uri)), size_(size) {}
+  storage::Storage* store_;
+  std::string uri_;
+  int64_t size_;
+  int64_t block_start_ = 0;
+  std::string block_;
+};
+
+// `store`, or a local one kept in `local` when it is null.
+storage::Storage& StoreOr(storage::Storage* store, std::unique_ptr<storage::Storage>& local) {
+  if (store != nullptr) return *store;
+  local = storage::NewLocalStorage();
+  return *local;
+}
+
 // What the offset of a record says in an error.
 std::string At(const std::string& path, int64_t offset) {
   return absl::StrCat(path, ": record at byte ", offset);
@@ -141,16 +202,16 @@ absl::StatusOr<BsonProduct> ParseBsonProduct(std::string_view document) {
   return product;
 }
 
-absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptions& options,
+                                        storage::Storage* store) {
+  std::unique_ptr<storage::Storage> local;
+  PSTRAIN_ASSIGN_OR_RETURN(BlockReader in, BlockReader::Open(StoreOr(store, local), path));
   BsonIndex index;
   std::string document;
   int64_t offset = 0;
   for (;;) {
     char prefix[4];
-    in.read(prefix, 4);
-    const std::streamsize got = in.gcount();
+    PSTRAIN_ASSIGN_OR_RETURN(const int64_t got, in.Read(offset, 4, prefix));
     if (got == 0) break;  // The end, between records.
     if (got < 4) {
       return absl::DataLossError(absl::StrCat(At(path, offset), ": the file ends inside its ",
@@ -167,11 +228,11 @@ absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptio
     }
     document.resize(static_cast<size_t>(length));
     std::memcpy(document.data(), prefix, 4);
-    in.read(document.data() + 4, length - 4);
-    if (in.gcount() < length - 4) {
+    PSTRAIN_ASSIGN_OR_RETURN(const int64_t body, in.Read(offset + 4, length - 4,
+                                                         document.data() + 4));
+    if (body < length - 4) {
       return absl::DataLossError(absl::StrCat(At(path, offset), ": truncated: the file ends ",
-                                              4 + in.gcount(), " bytes into its ", length,
-                                              " bytes"));
+                                              4 + body, " bytes into its ", length, " bytes"));
     }
     absl::StatusOr<BsonProduct> product = ParseBsonProduct(document);
     if (product.ok() && !product->has_category) {
@@ -194,7 +255,6 @@ absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptio
     }
     offset += length;
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error at byte ", offset));
   index.file_bytes = offset;
   return index;
 }
@@ -214,15 +274,16 @@ int CategoryTable::ClassOf(int64_t category_id) const {
 
 absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
                                const CategoryTable& table, const BsonDecodeOptions& options,
-                               const BsonSampleSink& sink, int64_t* bad_records) {
+                               const BsonSampleSink& sink, int64_t* bad_records,
+                               storage::Storage* store) {
   if ((options.channels != 1 && options.channels != 3) || options.height <= 0 ||
       options.width <= 0) {
     return Invalid(absl::StrCat(path, ": images must be 1 or 3 channels of a positive size, got ",
                                 options.channels, "x", options.height, "x", options.width));
   }
   if (table.ids.empty()) return Invalid(absl::StrCat(path, ": no categories"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::unique_ptr<storage::Storage> local;
+  PSTRAIN_ASSIGN_OR_RETURN(BlockReader in, BlockReader::Open(StoreOr(store, local), path));
   const int64_t wanted =
       options.limit > 0 ? std::min(options.limit, index.pictures) : index.pictures;
   const size_t sample = static_cast<size_t>(options.channels) * options.height * options.width;
@@ -232,9 +293,8 @@ absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
   for (const BsonRecord& r : index.records) {
     if (delivered >= wanted) break;
     document.resize(static_cast<size_t>(r.bytes));
-    in.seekg(r.offset);
-    in.read(document.data(), r.bytes);
-    if (in.gcount() != r.bytes) {
+    absl::StatusOr<int64_t> got = in.Read(r.offset, r.bytes, document.data());
+    if (!got.ok() || *got != r.bytes) {
       return absl::DataLossError(
           absl::StrCat(At(path, r.offset), ": the file changed since it was indexed"));
     }
@@ -284,7 +344,7 @@ absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
 absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonIndex& index,
                                             const CategoryTable& table,
                                             const BsonDecodeOptions& options,
-                                            int64_t* bad_records) {
+                                            int64_t* bad_records, storage::Storage* store) {
   ImageDataset ds;
   ds.channels = options.channels;
   ds.height = options.height;
@@ -299,7 +359,7 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
         ds.labels.insert(ds.labels.end(), static_cast<size_t>(n), label);
         return absl::OkStatus();
       },
-      bad_records));
+      bad_records, store));
   PSTRAIN_RETURN_IF_ERROR(ds.Validate(path));
   return ds;
 }
@@ -393,8 +453,12 @@ std::string CsvField(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
-                                               const BsonOptions& options, bool* from_cache) {
+                                               const BsonOptions& options, bool* from_cache,
+                                               storage::Storage* store) {
   if (from_cache != nullptr) *from_cache = false;
+  // An object in a store: no cache (the bucket may be read-only, and is the
+  // operator's); the pass reads it in 8 MiB ranges.
+  if (storage::IsS3Uri(path)) return IndexBsonFile(path, options, store);
   const std::string cache = path + ".pstrain-index";
   const std::optional<std::pair<int64_t, int64_t>> stamp = FileStamp(path);
   if (stamp.has_value()) {
@@ -405,7 +469,7 @@ absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
       }
     }
   }
-  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex index, IndexBsonFile(path, options));
+  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex index, IndexBsonFile(path, options, store));
   // Kept only when clean and the file did not change while it was read; a
   // directory that cannot be written only costs the next pass.
   if (index.bad_records == 0 && stamp.has_value() && FileStamp(path) == stamp) {
@@ -414,10 +478,12 @@ absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
   return index;
 }
 
-absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::string& dir) {
+absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::string& dir,
+                                                                 storage::Storage* store) {
   std::map<int64_t, std::string> names;
-  const std::string path = JoinPath(dir, "category_names.csv");
-  absl::StatusOr<std::string> text = ReadFileBytes(path);
+  const std::string path = storage::JoinUri(dir, "category_names.csv");
+  std::unique_ptr<storage::Storage> local;
+  absl::StatusOr<std::string> text = StoreOr(store, local).Read(path);
   if (absl::IsNotFound(text.status())) return names;
   if (!text.ok()) return text.status();
   int line_number = 0;
@@ -449,11 +515,13 @@ absl::StatusOr<PackSummary> PackBsonDataset(const std::string& dir,
                                             const std::string& out, const PackOptions& pack,
                                             storage::Storage& store) {
   const BsonOptions index_options{.max_bad_records = options.max_bad_records};
-  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex train,
-                           LoadOrBuildBsonIndex(JoinPath(dir, "train.bson"), index_options));
-  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex test,
-                           LoadOrBuildBsonIndex(JoinPath(dir, "test.bson"), index_options));
-  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      BsonIndex train,
+      LoadOrBuildBsonIndex(storage::JoinUri(dir, "train.bson"), index_options, nullptr, &store));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      BsonIndex test,
+      LoadOrBuildBsonIndex(storage::JoinUri(dir, "test.bson"), index_options, nullptr, &store));
+  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir, &store));
   const CategoryTable table = CategoryTable::Of(train);
   PackSummary summary;
   for (auto [name, index] : {std::pair{"train", &train}, std::pair{"test", &test}}) {
@@ -467,13 +535,14 @@ absl::StatusOr<PackSummary> PackBsonDataset(const std::string& dir,
     decode.limit = 0;
     decode.max_bad_records = options.max_bad_records - index->bad_records;
     PSTRAIN_RETURN_IF_ERROR(DecodeBsonRecords(
-        JoinPath(dir, absl::StrCat(name, ".bson")), *index, table, decode,
+        storage::JoinUri(dir, absl::StrCat(name, ".bson")), *index, table, decode,
         [&](int label, const uint8_t* pixels, int64_t n) -> absl::Status {
           for (int64_t i = 0; i < n; ++i) {
             PSTRAIN_RETURN_IF_ERROR(writer->Append(label, pixels + i * sample));
           }
           return absl::OkStatus();
-        }));
+        },
+        nullptr, &store));
     PSTRAIN_ASSIGN_OR_RETURN(PackSummary written, writer->Finish());
     (std::string(name) == "train" ? summary.train_samples : summary.test_samples) =
         written.train_samples;
@@ -494,12 +563,15 @@ absl::StatusOr<PackSummary> PackBsonDataset(const std::string& dir,
 
 absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
                                               const BsonDecodeOptions& options,
-                                              int64_t train_limit, int64_t test_limit) {
+                                              int64_t train_limit, int64_t test_limit,
+                                              storage::Storage* store) {
   const BsonOptions index_options{.max_bad_records = options.max_bad_records};
-  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex train,
-                           LoadOrBuildBsonIndex(JoinPath(dir, "train.bson"), index_options));
-  PSTRAIN_ASSIGN_OR_RETURN(BsonIndex test,
-                           LoadOrBuildBsonIndex(JoinPath(dir, "test.bson"), index_options));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      BsonIndex train,
+      LoadOrBuildBsonIndex(storage::JoinUri(dir, "train.bson"), index_options, nullptr, store));
+  PSTRAIN_ASSIGN_OR_RETURN(
+      BsonIndex test,
+      LoadOrBuildBsonIndex(storage::JoinUri(dir, "test.bson"), index_options, nullptr, store));
   const CategoryTable table = CategoryTable::Of(train);
   DatasetSplits splits;
   for (auto [split, index, limit] : {std::tuple{&splits.train, &train, train_limit},
@@ -507,11 +579,12 @@ absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
     BsonDecodeOptions decode = options;
     decode.limit = limit;
     decode.max_bad_records = options.max_bad_records - index->bad_records;  // What is left.
-    const std::string path = JoinPath(dir, split == &splits.train ? "train.bson" : "test.bson");
-    PSTRAIN_ASSIGN_OR_RETURN(*split, DecodeBsonFile(path, *index, table, decode));
+    const std::string path =
+        storage::JoinUri(dir, split == &splits.train ? "train.bson" : "test.bson");
+    PSTRAIN_ASSIGN_OR_RETURN(*split, DecodeBsonFile(path, *index, table, decode, nullptr, store));
   }
   // Each class is its category: named by category_names.csv, else its id.
-  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir));
+  PSTRAIN_ASSIGN_OR_RETURN(const auto names, ReadCategoryNames(dir, store));
   for (int64_t id : table.ids) {
     const auto name = names.find(id);
     splits.class_names.push_back(name != names.end() ? name->second : absl::StrCat(id));

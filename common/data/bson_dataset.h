@@ -83,7 +83,11 @@ struct BsonIndex {
 // One pass over `path` (see the file comment). NOT_FOUND for a missing
 // file; DATA_LOSS for framing errors and for one damaged record more than
 // max_bad_records, naming the offset.
-absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptions& options);
+//
+// `store`, when given, reads the path (s3:// too: ranged reads of 8 MiB);
+// null reads local files. The same holds for every function below.
+absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptions& options,
+                                        storage::Storage* store = nullptr);
 
 // IndexBsonFile, kept beside the file as "<path>.pstrain-index" (a binary
 // copy of the records with the file's size and modification time, and a
@@ -92,9 +96,11 @@ absl::StatusOr<BsonIndex> IndexBsonFile(const std::string& path, const BsonOptio
 // stale, damaged or unreadable cache is ignored and written again; a
 // directory that cannot be written only costs the pass. `from_cache`, when
 // given, says which happened.
+// An s3:// path is indexed every time (no cache in the operator's bucket).
 absl::StatusOr<BsonIndex> LoadOrBuildBsonIndex(const std::string& path,
                                                const BsonOptions& options,
-                                               bool* from_cache = nullptr);
+                                               bool* from_cache = nullptr,
+                                               storage::Storage* store = nullptr);
 
 // Category ids to class indices: position in `ids` (ascending, unique).
 struct CategoryTable {
@@ -121,7 +127,8 @@ using BsonSampleSink =
 // errors and the bound on damaged records are DecodeBsonFile's.
 absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
                                const CategoryTable& table, const BsonDecodeOptions& options,
-                               const BsonSampleSink& sink, int64_t* bad_records = nullptr);
+                               const BsonSampleSink& sink, int64_t* bad_records = nullptr,
+                               storage::Storage* store = nullptr);
 
 // Decodes the pictures of `index`'s records, in order. `bad_records`, when
 // given, receives how many were skipped. DATA_LOSS naming the offset and the
@@ -129,7 +136,8 @@ absl::Status DecodeBsonRecords(const std::string& path, const BsonIndex& index,
 absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonIndex& index,
                                             const CategoryTable& table,
                                             const BsonDecodeOptions& options,
-                                            int64_t* bad_records = nullptr);
+                                            int64_t* bad_records = nullptr,
+                                            storage::Storage* store = nullptr);
 
 // <dir>/train.bson and <dir>/test.bson, classes from train's categories;
 // options.limit is ignored for `train_limit` and `test_limit` (0 = all),
@@ -137,16 +145,19 @@ absl::StatusOr<ImageDataset> DecodeBsonFile(const std::string& path, const BsonI
 // decoding together.
 absl::StatusOr<DatasetSplits> LoadBsonDataset(const std::string& dir,
                                               const BsonDecodeOptions& options,
-                                              int64_t train_limit, int64_t test_limit);
+                                              int64_t train_limit, int64_t test_limit,
+                                              storage::Storage* store = nullptr);
 
 // The dump's optional <dir>/category_names.csv (Cdiscount's: category_id,
 // category_level1, category_level2, category_level3; quoted fields allowed):
 // each id's most specific non-empty level. Empty when the file is not there;
 // INVALID_ARGUMENT naming the line for one that does not parse.
-absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(const std::string& dir);
+absl::StatusOr<std::map<int64_t, std::string>> ReadCategoryNames(
+    const std::string& dir, storage::Storage* store = nullptr);
 
-// Streams <dir>/train.bson and test.bson into packed shards at `out` (any URI
-// `store` takes; packed_format.h), one record at a time: memory holds the
+// Streams <dir>/train.bson and test.bson (local or s3://, read through
+// `store`) into packed shards at `out` (any URI `store` takes;
+// packed_format.h), one record at a time: memory holds the
 // indexes (24 bytes a record) and one shard, never the dump. Also writes
 // <out>/classes.csv, "class,category_id,name", the names from
 // category_names.csv when the dump has one. The summary counts both splits.

@@ -62,11 +62,12 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
 
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
                                           storage::Storage& store) {
-  if (storage::IsS3Uri(spec.path()) && spec.format() != pstrain::v1::DATASET_FORMAT_PACKED) {
+  if (storage::IsS3Uri(spec.path()) && spec.format() != pstrain::v1::DATASET_FORMAT_PACKED &&
+      spec.format() != pstrain::v1::DATASET_FORMAT_BSON) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", spec.path(), ": ", pstrain::v1::DatasetFormat_Name(spec.format()),
         " is read from local paths only; from an object store pstrain reads packed shards "
-        "(write them there with `pstrain prepare --out s3://...`)"));
+        "and BSON dumps (pack others into the store with `pstrain prepare --out s3://...`)"));
   }
   if (spec.path().empty() && spec.format() != pstrain::v1::DATASET_FORMAT_SYNTHETIC) {
     return absl::InvalidArgumentError("dataset path is empty");
@@ -124,7 +125,7 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
       options.width = spec.image_width();
       options.max_bad_records = spec.max_bad_records();
       PSTRAIN_ASSIGN_OR_RETURN(splits, LoadBsonDataset(spec.path(), options, spec.train_limit(),
-                                                       spec.test_limit()));
+                                                       spec.test_limit(), &store));
       break;
     }
     default:

@@ -215,9 +215,10 @@ FMNIST_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
 def test_a_bson_dump_streams_into_the_bucket_and_its_category_names_reach_the_report(
         s3_cluster, bin_dir, moto, tmp_path):
     """A Cdiscount-layout dump made from Fashion-MNIST's images, with its
-    category_names.csv, packed by `pstrain prepare --format bson` straight into
-    the bucket; a 2-worker job trains from there and its test metrics carry
-    the category names (the Python report and `pstrain status`)."""
+    category_names.csv, put in the bucket and packed from there by `pstrain
+    prepare --format bson` into the bucket; a 2-worker job trains from the
+    shards and its test metrics carry the category names (the Python report
+    and `pstrain status`)."""
     dump = tmp_path / "dump"
     dump.mkdir()
     subprocess.run([os.path.join(bin_dir, "make_bson_dump"), "/usr/share/datasets/fashion-mnist",
@@ -226,9 +227,15 @@ def test_a_bson_dump_streams_into_the_bucket_and_its_category_names_reach_the_re
         f.write("category_id,category_level1,category_level2,category_level3\n")
         for c, name in enumerate(FMNIST_NAMES):  # tests/testing/bson_dump.h's ids.
             f.write(f"{1000010653 + 7919 * c},MODE,VETEMENTS,{name}\n")
+    # The dump itself goes into the bucket too: prepare reads it from there.
+    upload = subprocess.run([tools_python(), os.path.join(TOOLS, "s3_harness.py"), "upload",
+                             str(dump), f"s3://{BUCKET}/rawdump"],
+                            env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True,
+                            timeout=120)
+    assert upload.returncode == 0, upload.stderr
     result = subprocess.run(
-        [os.path.join(bin_dir, "pstrain"), "prepare", "--format", "bson", "--path", str(dump),
-         "--image-size", "28x28", "-o", f"s3://{BUCKET}/dump"],
+        [os.path.join(bin_dir, "pstrain"), "prepare", "--format", "bson", "--path",
+         f"s3://{BUCKET}/rawdump", "--image-size", "28x28", "-o", f"s3://{BUCKET}/dump"],
         env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "classes in s3://pstrain-data/dump/classes.csv" in result.stdout, result.stdout
