@@ -315,7 +315,11 @@ TEST_F(DistributedTrainingTest, KillNineOfServerZeroMidEpochResumesFromTheCheckp
   EXPECT_EQ(s.runs(), 2) << cluster.Logs();
   EXPECT_EQ(s.steps_lost(), lost);  // No later loss.
   EXPECT_LT(s.steps_lost(), 50);    // Less than an epoch.
-  EXPECT_NEAR(s.test().accuracy(), undisturbed.test().accuracy(), 0.005) << cluster.Logs();
+  // Within 0.5 points, inclusive: 0.8385 - 0.8335 is 0.0050000000000000044
+  // in doubles (seen under CPU contention, where the push pacing lead each
+  // run picks from its step times may differ).
+  EXPECT_NEAR(s.test().accuracy(), undisturbed.test().accuracy(), 0.005 + 1e-9)
+      << cluster.Logs();
   // The same worker processes trained the resumed run, under their old ids.
   for (int w = 0; w < 2; ++w) {
     EXPECT_TRUE(absl::StrContains(cluster.worker(w).output(), "registered as worker-"))
