@@ -149,6 +149,13 @@ std::string JsonString(const std::string& text) {
   return json.ok() ? *json : "\"\"";
 }
 
+// prepare's last line: the dataset block of a job that reads `dir`.
+std::string UseItAs(const std::string& dir) {
+  return absl::StrFormat(
+      "use it as: \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", \"path\": %s, ...}\n",
+      JsonString(dir));
+}
+
 }  // namespace
 
 // download ----------------------------------------------------------------------
@@ -364,11 +371,7 @@ int Cli::PrepareBson(const v1::DatasetSpec& spec, const std::string& dir,
               summary->test_shards, decode.channels, decode.height, decode.width,
               storage::JoinUri(dir, "classes.csv"), summary->bytes / 1e6,
               absl::ToDoubleSeconds(absl::Now() - start))
-       << absl::StrFormat(
-              "use it as: \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", "
-              "\"path\": %s, ...}\n",
-              JsonString(dir))
-       << std::flush;
+       << UseItAs(dir) << std::flush;
   return kExitOk;
 }
 
@@ -492,11 +495,7 @@ int Cli::Prepare(const std::vector<std::string>& args) {
               summary->test_shards, splits->train.channels, splits->train.height,
               splits->train.width, splits->train.num_classes, summary->bytes / 1e6,
               absl::ToDoubleSeconds(loaded - start), absl::ToDoubleSeconds(written - loaded))
-       << absl::StrFormat(
-              "use it as: \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", "
-              "\"path\": %s, ...}\n",
-              JsonString(dir))
-       << std::flush;
+       << UseItAs(dir) << std::flush;
   return kExitOk;
 }
 

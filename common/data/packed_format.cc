@@ -270,6 +270,26 @@ std::string PackedShardName(const std::string& split, int index, int count) {
   return absl::StrFormat("%s-%05d-of-%05d%s", split, index, count, kPackedSuffix);
 }
 
+namespace {
+
+// Removes the shards of an older packing of `split` in `dir` whose count is
+// not `shards` (they would mix with the new ones).
+absl::Status RemoveOtherPackings(storage::Storage& store, const std::string& dir,
+                                 const std::string& split, int64_t shards) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
+  for (const storage::ObjectInfo& entry : entries) {
+    const std::string& name = entry.key;
+    if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
+        name.substr(name.size() - 7) == kPackedSuffix &&
+        name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
+      PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // ---- PackedSplitWriter -------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<PackedSplitWriter>> PackedSplitWriter::Create(
@@ -297,15 +317,7 @@ absl::StatusOr<std::unique_ptr<PackedSplitWriter>> PackedSplitWriter::Create(
     std::filesystem::create_directories(dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": ", ec.message()));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
-  for (const storage::ObjectInfo& entry : entries) {
-    const std::string& name = entry.key;
-    if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
-        name.substr(name.size() - 7) == kPackedSuffix &&
-        name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
-      PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
-    }
-  }
+  PSTRAIN_RETURN_IF_ERROR(RemoveOtherPackings(store, dir, split, shards));
   return std::unique_ptr<PackedSplitWriter>(
       new PackedSplitWriter(store, dir, split, shape, per_shard, shards));
 }
@@ -412,16 +424,7 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
       return absl::InvalidArgumentError(
           absl::StrCat(split, ": ", shards, " shards is above ", kPackedMaxShards));
     }
-    // Shards of an older packing of this split with another count go first.
-    PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
-    for (const storage::ObjectInfo& entry : entries) {
-      const std::string& name = entry.key;
-      if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
-          name.substr(name.size() - 7) == kPackedSuffix &&
-          name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
-        PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
-      }
-    }
+    PSTRAIN_RETURN_IF_ERROR(RemoveOtherPackings(store, dir, split, shards));
     for (int64_t s = 0; s < shards; ++s) {
       const int64_t first = s * per_shard;
       const int64_t count = std::min(per_shard, n - first);
