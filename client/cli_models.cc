@@ -466,7 +466,14 @@ int Cli::Prepare(const std::vector<std::string>& args) {
   spec.clear_test_limit();
   if (spec.format() == v1::DATASET_FORMAT_BSON) return PrepareBson(spec, dir, options);
   const absl::Time start = absl::Now();
-  absl::StatusOr<data::DatasetSplits> splits = data::LoadDataset(spec);
+  absl::StatusOr<data::DatasetSplits> splits;
+  if (storage::IsS3Uri(spec.path())) {
+    absl::StatusOr<std::unique_ptr<storage::Storage>> source = OpenCliStorage();
+    if (!source.ok()) return Failed(err_, "prepare", std::string(source.status().message()));
+    splits = data::LoadDataset(spec, **source);
+  } else {
+    splits = data::LoadDataset(spec);
+  }
   if (!splits.ok()) {
     err_ << "pstrain prepare: error: " << splits.status().message() << std::endl;
     return kExitFailed;

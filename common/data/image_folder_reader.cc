@@ -4,13 +4,16 @@
 #include <atomic>
 #include <cctype>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data/file_io.h"
 #include "common/data/image_codec.h"
 #include "common/status_macros.h"
+#include "common/storage/storage.h"
 
 namespace pstrain::data {
 namespace {
@@ -38,7 +41,7 @@ struct ImageFile {
 // failure returns the error of the lowest-index failing file, so the message
 // does not depend on scheduling.
 absl::Status DecodeAll(const std::vector<ImageFile>& files, const ImageFolderOptions& options,
-                       ImageDataset* out) {
+                       ImageDataset* out, storage::Storage* store = nullptr) {
   const int64_t sample_bytes = out->sample_elements();
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
@@ -51,7 +54,9 @@ absl::Status DecodeAll(const std::vector<ImageFile>& files, const ImageFolderOpt
       size_t i = next.fetch_add(1);
       if (i >= files.size() || failed.load(std::memory_order_relaxed)) return;
       absl::Status status = [&]() -> absl::Status {
-        PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(files[i].path));
+        PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store != nullptr
+                                                        ? store->Read(files[i].path)
+                                                        : ReadFileBytes(files[i].path));
         PSTRAIN_ASSIGN_OR_RETURN(DecodedImage image, DecodeImage(bytes, files[i].path));
         ResizeToChw(image, options.channels, options.height, options.width,
                     out->pixels.data() + static_cast<int64_t>(i) * sample_bytes);
@@ -149,8 +154,75 @@ absl::StatusOr<ImageDataset> ReadImageFolderSplit(const std::string& split_dir,
   return ds;
 }
 
+namespace {
+
+// An image folder in an object store: one listing of every key below
+// `root`, "<split>/<class>/<file>" kept for image files, classes from train.
+absl::StatusOr<DatasetSplits> LoadImageFolderFromStore(const std::string& root,
+                                                       const ImageFolderOptions& options,
+                                                       storage::Storage& store) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects, store.ListRecursive(root));
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> by_split;
+  for (const storage::ObjectInfo& object : objects) {
+    const std::vector<std::string> parts = absl::StrSplit(object.key, '/');
+    if (parts.size() != 3 || (parts[0] != "train" && parts[0] != "test") ||
+        IsHidden(parts[1]) || IsHidden(parts[2]) || !IsImageFile(parts[2])) {
+      continue;
+    }
+    by_split[parts[0]][parts[1]].push_back(storage::JoinUri(root, object.key));
+  }
+  std::vector<std::string> classes;
+  for (const auto& [name, files] : by_split["train"]) classes.push_back(name);
+  if (classes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(storage::JoinUri(root, "train"), ": no class prefixes with images"));
+  }
+  DatasetSplits splits;
+  for (auto [split, out] : {std::pair{"train", &splits.train}, std::pair{"test", &splits.test}}) {
+    std::vector<ImageFile> files;
+    for (const auto& [name, paths] : by_split[split]) {
+      auto it = std::find(classes.begin(), classes.end(), name);
+      if (it == classes.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(storage::JoinUri(root, split), "/", name,
+                                                       ": class '", name,
+                                                       "' is not one of the training classes"));
+      }
+      for (const std::string& path : paths) {
+        files.push_back({path, static_cast<int32_t>(it - classes.begin())});
+      }
+    }
+    if (files.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(storage::JoinUri(root, split), ": no .jpg/.jpeg/.png images"));
+    }
+    out->channels = options.channels;
+    out->height = options.height;
+    out->width = options.width;
+    out->num_classes = static_cast<int>(classes.size());
+    out->pixels.resize(files.size() * static_cast<size_t>(out->sample_elements()));
+    for (const ImageFile& file : files) out->labels.push_back(file.label);
+    PSTRAIN_RETURN_IF_ERROR(DecodeAll(files, options, out, &store));
+  }
+  return splits;
+}
+
+}  // namespace
+
 absl::StatusOr<DatasetSplits> LoadImageFolderDataset(const std::string& root,
-                                                     const ImageFolderOptions& options) {
+                                                     const ImageFolderOptions& options,
+                                                     storage::Storage* store) {
+  if (storage::IsS3Uri(root)) {
+    if (store == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(root, ": no object-store settings"));
+    }
+    if (options.height <= 0 || options.width <= 0 ||
+        (options.channels != 1 && options.channels != 3)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image folder: size must be positive and channels 1 or 3, got ", options.channels, "x",
+          options.height, "x", options.width));
+    }
+    return LoadImageFolderFromStore(root, options, *store);
+  }
   const std::string train_dir = JoinPath(root, "train");
   PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> classes, ListClassDirectories(train_dir));
   DatasetSplits splits;

@@ -18,6 +18,10 @@
 #include "absl/status/statusor.h"
 #include "common/data/image_dataset.h"
 
+namespace pstrain::storage {
+class Storage;
+}  // namespace pstrain::storage
+
 namespace pstrain::data {
 
 struct ImageFolderOptions {
@@ -41,9 +45,13 @@ absl::StatusOr<ImageDataset> ReadImageFolderSplit(const std::string& split_dir,
                                                   const std::vector<std::string>& classes,
                                                   const ImageFolderOptions& options);
 
-// Classes from the subdirectories of <root>/train; then both splits.
+// Classes from the subdirectories of <root>/train; then both splits. `root`
+// may be s3://bucket/prefix, read through `store`: one listing of the keys
+// <prefix>/{train,test}/<class>/<file>, then the images read on the
+// decoder threads.
 absl::StatusOr<DatasetSplits> LoadImageFolderDataset(const std::string& root,
-                                                     const ImageFolderOptions& options);
+                                                     const ImageFolderOptions& options,
+                                                     storage::Storage* store = nullptr);
 
 }  // namespace pstrain::data
 

@@ -63,11 +63,13 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec) 
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
                                           storage::Storage& store) {
   if (storage::IsS3Uri(spec.path()) && spec.format() != pstrain::v1::DATASET_FORMAT_PACKED &&
-      spec.format() != pstrain::v1::DATASET_FORMAT_BSON) {
+      spec.format() != pstrain::v1::DATASET_FORMAT_BSON &&
+      spec.format() != pstrain::v1::DATASET_FORMAT_IMAGE_FOLDER) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", spec.path(), ": ", pstrain::v1::DatasetFormat_Name(spec.format()),
-        " is read from local paths only; from an object store pstrain reads packed shards "
-        "and BSON dumps (pack others into the store with `pstrain prepare --out s3://...`)"));
+        " is read from local paths only; from an object store pstrain reads packed shards, "
+        "image folders and BSON dumps (pack others into the store with `pstrain prepare "
+        "--out s3://...`)"));
   }
   if (spec.path().empty() && spec.format() != pstrain::v1::DATASET_FORMAT_SYNTHETIC) {
     return absl::InvalidArgumentError("dataset path is empty");
@@ -98,7 +100,7 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
       options.width = spec.image_width();
       options.channels = spec.image_channels() > 0 ? spec.image_channels() : 3;
       options.threads = spec.loader_threads() > 0 ? spec.loader_threads() : 1;
-      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadImageFolderDataset(spec.path(), options));
+      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadImageFolderDataset(spec.path(), options, &store));
       break;
     }
     case pstrain::v1::DATASET_FORMAT_SYNTHETIC: {

@@ -90,6 +90,27 @@ class LocalStorage final : public Storage {
     return out;
   }
 
+  absl::StatusOr<std::vector<ObjectInfo>> ListRecursive(const std::string& dir) override {
+    PSTRAIN_ASSIGN_OR_RETURN(std::string path, LocalPath(dir));
+    std::error_code ec;
+    if (!std::filesystem::is_directory(path, ec)) {
+      return absl::NotFoundError(absl::StrCat("cannot list ", path, ": not a directory"));
+    }
+    std::vector<ObjectInfo> out;
+    std::filesystem::recursive_directory_iterator it(path, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      if (!it->is_regular_file(ec)) continue;
+      ObjectInfo info;
+      info.key = std::filesystem::relative(it->path(), path, ec).string();
+      info.size = static_cast<int64_t>(it->file_size(ec));
+      out.push_back(std::move(info));
+    }
+    if (ec) return data::ErrnoError(ec.value(), "cannot list", path);
+    std::sort(out.begin(), out.end(),
+              [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
+    return out;
+  }
+
   absl::Status Write(const std::string& uri, const std::string& bytes) override {
     PSTRAIN_ASSIGN_OR_RETURN(std::string path, LocalPath(uri));
     const std::filesystem::path parent = std::filesystem::path(path).parent_path();
@@ -157,6 +178,15 @@ class S3Storage final : public Storage {
     return out;
   }
 
+  absl::StatusOr<std::vector<ObjectInfo>> ListRecursive(const std::string& dir) override {
+    PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseS3Uri(dir));
+    std::string prefix = s3.key;
+    if (!prefix.empty() && !absl::EndsWith(prefix, "/")) prefix += "/";
+    PSTRAIN_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, client_->List(s3.bucket, prefix));
+    for (ObjectInfo& object : objects) object.key = object.key.substr(prefix.size());
+    return objects;
+  }
+
   absl::Status Write(const std::string& uri, const std::string& bytes) override {
     PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseObject(uri));
     return client_->Put(s3.bucket, s3.key, bytes);
@@ -209,6 +239,10 @@ class RoutingStorage final : public Storage {
   absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& dir) override {
     PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(dir));
     return s->List(dir);
+  }
+  absl::StatusOr<std::vector<ObjectInfo>> ListRecursive(const std::string& dir) override {
+    PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(dir));
+    return s->ListRecursive(dir);
   }
   absl::Status Write(const std::string& uri, const std::string& bytes) override {
     PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(uri));

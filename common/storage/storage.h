@@ -71,6 +71,10 @@ class Storage {
   // directories) but a missing bucket is NOT_FOUND.
   virtual absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& dir) = 0;
 
+  // Every file or object below `dir` at any depth, names relative to it
+  // ("train/coat/0001.png"), sorted. NOT_FOUND as List.
+  virtual absl::StatusOr<std::vector<ObjectInfo>> ListRecursive(const std::string& dir) = 0;
+
   // Writes the whole file or object atomically: a reader sees the old
   // content or the new, never part (a local file is written beside and
   // renamed; an object is one PUT or one completed multipart upload).

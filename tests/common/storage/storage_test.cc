@@ -75,6 +75,11 @@ TEST_F(LocalStorageTest, WriteReadListDelete) {
   EXPECT_EQ(info.size, 10);
   ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> listed, store->List(dir_ + "/sub"));
   EXPECT_THAT(listed, ElementsAre(Field(&ObjectInfo::key, "a.bin"), Field(&ObjectInfo::key, "b.bin")));
+  ASSERT_OK(store->Write(dir_ + "/sub/deeper/c.bin", "z"));
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> below, store->ListRecursive(dir_));
+  EXPECT_THAT(below, ElementsAre(Field(&ObjectInfo::key, "sub/a.bin"),
+                               Field(&ObjectInfo::key, "sub/b.bin"),
+                               Field(&ObjectInfo::key, "sub/deeper/c.bin")));
   ASSERT_OK(store->Delete(dir_ + "/sub/a.bin"));
   ASSERT_OK(store->Delete(dir_ + "/sub/a.bin"));  // Already gone: fine.
   EXPECT_EQ(store->Read(dir_ + "/sub/a.bin").status().code(), absl::StatusCode::kNotFound);
