@@ -408,20 +408,18 @@ int Cli::Prepare(const std::vector<std::string>& args) {
       "  Reads a dataset once (the job file's, or SRC in the given format; image\n"
       "  folders and BSON dumps are decoded and resized to HxW) and writes both\n"
       "  splits to DIR as shards of fixed-shape, decoded uint8 records with a\n"
-      "  CRC-32 each. A job then reads them with a copy, without decoding:\n"
+      "  CRC-32 each. A job then reads them in place, without decoding:\n"
       "  \"dataset\": {\"format\": \"DATASET_FORMAT_PACKED\", \"path\": \"DIR\", ...}\n"
-      "  (mean, std, augmentation and balance as before). DIR may be an object-store\n"
-      "  prefix, s3://bucket/prefix (--s3-endpoint, --s3-region, --s3-credentials,\n"
-      "  --s3-ca-file and the AWS_* environment say how to reach it).\n",
-      {&absl::GetFlagReflectionHandle(FLAGS_output), &absl::GetFlagReflectionHandle(FLAGS_format),
-       &absl::GetFlagReflectionHandle(FLAGS_path), &absl::GetFlagReflectionHandle(FLAGS_image_size),
-       &absl::GetFlagReflectionHandle(FLAGS_records_per_shard),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_endpoint),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_region),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_credentials),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_ca_file),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_path_style),
-       &absl::GetFlagReflectionHandle(FLAGS_s3_no_verify_tls)},
+      "  (mean, std, augmentation and balance as before). A BSON dump streams into\n"
+      "  the shards one product at a time. DIR, and an image folder's or a BSON\n"
+      "  dump's SRC, may be an object-store prefix, s3://bucket/prefix\n"
+      "  (--s3-endpoint, --s3-region, --s3-credentials, --s3-ca-file and the AWS_*\n"
+      "  environment say how to reach it).\n",
+      WithS3Flags({&absl::GetFlagReflectionHandle(FLAGS_output),
+                   &absl::GetFlagReflectionHandle(FLAGS_format),
+                   &absl::GetFlagReflectionHandle(FLAGS_path),
+                   &absl::GetFlagReflectionHandle(FLAGS_image_size),
+                   &absl::GetFlagReflectionHandle(FLAGS_records_per_shard)}),
       /*dials_server=*/false};
   std::string dir, format, path, image_size;
   std::optional<int64_t> records_per_shard;

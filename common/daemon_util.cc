@@ -48,10 +48,11 @@ std::vector<char*> NormalizeFlagSpelling(int argc, char** argv, std::vector<std:
 void InstallVersionFlag(std::function<std::string()> extra) {
   absl::FlagsUsageConfig config;
   // --help lists the flags of the daemon's main file and the shared security
-  // flags (Abseil's default looks for files named after the binary,
+  // and S3 flags (Abseil's default looks for files named after the binary,
   // "pstrain-server", and lists none).
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "_main.cc") || absl::EndsWith(file, "rpc/security_flags.cc");
+    return absl::EndsWith(file, "_main.cc") || absl::EndsWith(file, "rpc/security_flags.cc") ||
+           absl::EndsWith(file, "storage/s3_flags.cc");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [extra = std::move(extra)] {
