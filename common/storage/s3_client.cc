@@ -485,9 +485,10 @@ absl::StatusOr<ObjectInfo> S3Client::Head(const std::string& bucket, const std::
   return info;
 }
 
-absl::StatusOr<std::string> S3Client::GetRange(const std::string& bucket, const std::string& key,
-                                               int64_t offset, int64_t length,
-                                               const std::string& etag) {
+absl::StatusOr<S3Client::Response> S3Client::RangeResponse(const std::string& bucket,
+                                                           const std::string& key, int64_t offset,
+                                                           int64_t length,
+                                                           const std::string& etag) {
   if (offset < 0 || length < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "S3 GET %s: bad range offset %d length %d", Uri(bucket, key), offset, length));
@@ -499,27 +500,114 @@ absl::StatusOr<std::string> S3Client::GetRange(const std::string& bucket, const 
   request.max_body = length;
   PSTRAIN_ASSIGN_OR_RETURN(Response response, Call(request));
   bytes_read_.fetch_add(length, std::memory_order_relaxed);
+  return response;
+}
+
+absl::StatusOr<std::string> S3Client::GetRange(const std::string& bucket, const std::string& key,
+                                               int64_t offset, int64_t length,
+                                               const std::string& etag) {
+  PSTRAIN_ASSIGN_OR_RETURN(Response response, RangeResponse(bucket, key, offset, length, etag));
   return std::move(response.body);
 }
 
+std::string ContentMd5OfEtag(absl::string_view etag) {
+  absl::ConsumePrefix(&etag, "\"");
+  absl::ConsumeSuffix(&etag, "\"");
+  if (etag.size() != 32) return "";
+  for (char c : etag) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return "";
+  }
+  return absl::AsciiStrToLower(etag);
+}
+
+namespace {
+
+// Under SSE-KMS and SSE-C the ETag is not the MD5 of the bytes.
+bool EncryptedWithKeys(const std::map<std::string, std::string>& headers) {
+  const auto sse = headers.find("x-amz-server-side-encryption");
+  if (sse != headers.end() && absl::StartsWith(sse->second, "aws:kms")) return true;
+  return headers.count("x-amz-server-side-encryption-customer-algorithm") > 0;
+}
+
+std::string Hex(const unsigned char* digest, unsigned int length) {
+  std::string out;
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&out, "%02x", digest[i]);
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> S3Client::Get(const std::string& bucket, const ObjectInfo& info) {
+  const std::string expected_md5 = ContentMd5OfEtag(info.etag);
+  absl::Status last;
+  for (int attempt = 1; attempt <= kWholeReadAttempts; ++attempt) {
+    absl::StatusOr<std::string> bytes = GetOnce(bucket, info, expected_md5);
+    if (bytes.ok() || !absl::IsDataLoss(bytes.status())) return bytes;
+    last = bytes.status();
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.log && attempt < kWholeReadAttempts) {
+      options_.log(absl::StrCat(last.message(), "; reading it again (", attempt, " of ",
+                                kWholeReadAttempts - 1, ")"));
+    }
+  }
+  return last;
+}
+
+absl::StatusOr<std::string> S3Client::GetOnce(const std::string& bucket, const ObjectInfo& info,
+                                              const std::string& expected_md5) {
   std::string bytes(info.size, '\0');
   const int64_t ranges = (info.size + options_.range_bytes - 1) / options_.range_bytes;
   std::atomic<int64_t> next{0};
+  std::atomic<bool> keyed{false};  // The store encrypts with keys: no MD5 to hold it to.
+  // The MD5 is taken range by range in order, by whichever fetching thread
+  // finds the next range done and nobody hashing, so it overlaps the network.
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md5(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  const bool check = !expected_md5.empty() && md5 != nullptr &&
+                     EVP_DigestInit_ex(md5.get(), EVP_md5(), nullptr) == 1;
   absl::Mutex mu;
   absl::Status first_error;
+  std::vector<char> done(ranges, 0);
+  int64_t hashed = 0;
+  bool hashing = false;
+  auto hash_ready_ranges = [&] {
+    for (;;) {
+      int64_t r;
+      {
+        absl::MutexLock lock(&mu);
+        if (hashed == ranges || !done[hashed]) {
+          hashing = false;
+          return;
+        }
+        r = hashed;
+      }
+      const int64_t offset = r * options_.range_bytes;
+      const int64_t length = std::min(options_.range_bytes, info.size - offset);
+      EVP_DigestUpdate(md5.get(), bytes.data() + offset, length);
+      absl::MutexLock lock(&mu);
+      ++hashed;
+    }
+  };
   auto fetch = [&] {
     for (int64_t r = next.fetch_add(1); r < ranges; r = next.fetch_add(1)) {
       const int64_t offset = r * options_.range_bytes;
       const int64_t length = std::min(options_.range_bytes, info.size - offset);
-      absl::StatusOr<std::string> part = GetRange(bucket, info.key, offset, length, info.etag);
+      absl::StatusOr<Response> part = RangeResponse(bucket, info.key, offset, length, info.etag);
       if (!part.ok()) {
         absl::MutexLock lock(&mu);
         if (first_error.ok()) first_error = part.status();
         next.store(ranges);  // The others stop at their next range.
         return;
       }
-      std::copy(part->begin(), part->end(), bytes.begin() + offset);
+      if (EncryptedWithKeys(part->headers)) keyed.store(true);
+      std::copy(part->body.begin(), part->body.end(), bytes.begin() + offset);
+      if (!check) continue;
+      {
+        absl::MutexLock lock(&mu);
+        done[r] = 1;
+        if (hashing) continue;
+        hashing = true;
+      }
+      hash_ready_ranges();
     }
   };
   const int threads = static_cast<int>(std::min<int64_t>(options_.parallel_ranges, ranges));
@@ -528,6 +616,18 @@ absl::StatusOr<std::string> S3Client::Get(const std::string& bucket, const Objec
   fetch();
   for (std::thread& t : pool) t.join();
   PSTRAIN_RETURN_IF_ERROR(first_error);
+  if (check && !keyed.load()) {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(md5.get(), digest, &length);
+    const std::string got = Hex(digest, length);
+    if (got != expected_md5) {
+      return absl::DataLossError(absl::StrCat("S3 GET ", Uri(bucket, info.key), ": the ",
+                                              info.size, " bytes read have MD5 ", got,
+                                              ", not the ETag's ", expected_md5,
+                                              " (damaged on the way)"));
+    }
+  }
   return bytes;
 }
 

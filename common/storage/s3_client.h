@@ -96,6 +96,10 @@ struct S3ClientStats {
   int64_t bytes_written = 0;  // Body bytes of PUTs and parts that succeeded.
 };
 
+// The MD5 an ETag stands for, in lower-case hex: an ETag of 32 hex digits
+// (quotes aside); "" for any other (a multipart upload's "<md5>-<parts>").
+std::string ContentMd5OfEtag(absl::string_view etag);
+
 class S3Client {
  public:
   // INVALID_ARGUMENT for a malformed endpoint or bad sizes.
@@ -116,6 +120,11 @@ class S3Client {
 
   // The whole object `info` describes (from Head or List), in ranged GETs run
   // in parallel, each held to info.etag, the total checked against info.size.
+  // Where the ETag is the bytes' MD5 (a single-part upload not encrypted with
+  // KMS or customer keys), the bytes are held to it too: a mismatch (bytes
+  // damaged on the way) reads the object again, up to kWholeReadAttempts
+  // times, then is DATA_LOSS.
+  static constexpr int kWholeReadAttempts = 4;
   absl::StatusOr<std::string> Get(const std::string& bucket, const ObjectInfo& info);
 
   // Writes the object: one PUT, or a multipart upload above the threshold
@@ -153,6 +162,10 @@ class S3Client {
   void ReturnHandle(void* handle);
   std::string UrlFor(const std::string& bucket, const std::string& key,
                      const std::string& query) const;
+  absl::StatusOr<Response> RangeResponse(const std::string& bucket, const std::string& key,
+                                         int64_t offset, int64_t length, const std::string& etag);
+  absl::StatusOr<std::string> GetOnce(const std::string& bucket, const ObjectInfo& info,
+                                      const std::string& expected_md5);
   absl::Status PutMultipart(const std::string& bucket, const std::string& key,
                             const std::string& bytes);
 

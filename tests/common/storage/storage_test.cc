@@ -1,11 +1,23 @@
 #include "common/storage/storage.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <string>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/storage/s3_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -17,6 +29,7 @@ namespace fs = std::filesystem;
 using ::pstrain::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::Field;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(S3UriTest, ParsesBucketAndKey) {
@@ -116,6 +129,183 @@ TEST(S3ClientTest, AnUnreachableStoreIsRetriedThenUnavailableNamingTheObject) {
   EXPECT_THAT(status.message(), HasSubstr("3 attempts"));
   EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("do-not-print-me")));
   EXPECT_EQ(retries_logged, 2);
+}
+
+
+TEST(S3ClientTest, OnlyASinglePartEtagStandsForTheBytesMd5) {
+  EXPECT_EQ(ContentMd5OfEtag("\"D41D8CD98F00B204E9800998ECF8427E\""),
+            "d41d8cd98f00b204e9800998ecf8427e");
+  EXPECT_EQ(ContentMd5OfEtag("d41d8cd98f00b204e9800998ecf8427e"),
+            "d41d8cd98f00b204e9800998ecf8427e");
+  EXPECT_EQ(ContentMd5OfEtag("\"d41d8cd98f00b204e9800998ecf8427e-3\""), "");
+  EXPECT_EQ(ContentMd5OfEtag("\"zz1d8cd98f00b204e9800998ecf8427e\""), "");
+  EXPECT_EQ(ContentMd5OfEtag(""), "");
+}
+
+// A one-object store over HTTP/1.1 on 127.0.0.1: HEAD and ranged GET of
+// `body` under `etag`, one request per connection. The first `damaged_gets`
+// GETs have one byte of their body flipped, as a faulty link would.
+class OneObjectStore {
+ public:
+  OneObjectStore(std::string body, std::string etag, int damaged_gets,
+                 std::string extra_headers = "")
+      : body_(std::move(body)),
+        etag_(std::move(etag)),
+        extra_headers_(std::move(extra_headers)),
+        damaged_left_(damaged_gets) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(addr);
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listener_, 16) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+      ADD_FAILURE() << "cannot listen on 127.0.0.1";
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~OneObjectStore() {
+    stop_.store(true);
+    thread_.join();
+    close(listener_);
+  }
+  std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  int gets() const { return gets_.load(); }
+
+ private:
+  void Serve() {
+    while (!stop_.load()) {
+      pollfd p{listener_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int fd = accept(listener_, nullptr, nullptr);
+      if (fd < 0) continue;
+      Answer(fd);
+      close(fd);
+    }
+  }
+  void Answer(int fd) {
+    std::string request;
+    char buffer[4096];
+    while (!absl::StrContains(request, "\r\n\r\n") && request.size() < 65536) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 5000) <= 0) return;
+      const ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n <= 0) return;
+      request.append(buffer, n);
+    }
+    int64_t first = 0, last = static_cast<int64_t>(body_.size()) - 1;
+    for (absl::string_view line : absl::StrSplit(request, "\r\n")) {
+      if (absl::ConsumePrefix(&line, "Range: bytes=")) {
+        std::pair<std::string, std::string> range = absl::StrSplit(line, '-');
+        EXPECT_TRUE(absl::SimpleAtoi(range.first, &first) && absl::SimpleAtoi(range.second, &last));
+      }
+    }
+    const bool head = absl::StartsWith(request, "HEAD ");
+    std::string piece = body_.substr(first, last - first + 1);
+    if (!head) {
+      gets_.fetch_add(1);
+      if (damaged_left_.fetch_sub(1) > 0 && !piece.empty()) piece[piece.size() / 2] ^= 0xff;
+    }
+    std::string response = absl::StrCat(
+        head ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 206 Partial Content\r\n",
+        "Content-Length: ", head ? body_.size() : piece.size(), "\r\nETag: ", etag_, "\r\n",
+        extra_headers_, "Connection: close\r\n");
+    if (!head) {
+      absl::StrAppend(&response, "Content-Range: bytes ", first, "-", last, "/", body_.size(),
+                      "\r\n");
+    }
+    absl::StrAppend(&response, "\r\n");
+    if (!head) absl::StrAppend(&response, piece);
+    for (size_t sent = 0; sent < response.size();) {
+      const ssize_t n = write(fd, response.data() + sent, response.size() - sent);
+      if (n <= 0) return;
+      sent += n;
+    }
+  }
+
+  const std::string body_, etag_, extra_headers_;
+  std::atomic<int> damaged_left_, gets_{0};
+  std::atomic<bool> stop_{false};
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+std::string QuotedMd5(const std::string& bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_md5(), nullptr);
+  std::string out = "\"";
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&out, "%02x", digest[i]);
+  return out + "\"";
+}
+
+StorageOptions OptionsFor(const OneObjectStore& store, std::vector<std::string>* log) {
+  StorageOptions options;
+  S3ClientOptions& s3 = options.s3.emplace();
+  s3.endpoint.endpoint = store.endpoint();
+  s3.endpoint.path_style = true;
+  s3.credentials.access_key_id = "AKIDEXAMPLE";
+  s3.credentials.secret_access_key = "secret";
+  s3.range_bytes = 1700;  // Three ranges, fetched in parallel and hashed in order.
+  s3.log = [log](const std::string& line) { log->push_back(line); };
+  return options;
+}
+
+std::string CsvOfClasses() {
+  std::string csv = "class,category_id,name\n";
+  for (int c = 0; c < 200; ++c) absl::StrAppend(&csv, c, ",", 1000010653 + c, ",Class ", c, "\n");
+  return csv;
+}
+
+TEST(S3ClientTest, BytesDamagedOnTheWayAreReadAgainAndThenAreTheObjects) {
+  const std::string csv = CsvOfClasses();
+  ASSERT_GT(csv.size(), 2000u);
+  OneObjectStore store(csv, QuotedMd5(csv), /*damaged_gets=*/1);
+  std::vector<std::string> log;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
+  ASSERT_OK_AND_ASSIGN(std::string bytes, s3->Read("s3://bucket/dump/classes.csv"));
+  EXPECT_EQ(bytes, csv);
+  EXPECT_EQ(store.gets(), 6);  // Three ranges, twice.
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("s3://bucket/dump/classes.csv"));
+  EXPECT_THAT(log[0], HasSubstr("reading it again"));
+}
+
+TEST(S3ClientTest, BytesThatNeverMatchTheirMd5AreDataLoss) {
+  const std::string csv = CsvOfClasses();
+  OneObjectStore store(csv, QuotedMd5(csv), /*damaged_gets=*/1000);
+  std::vector<std::string> log;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
+  EXPECT_THAT(s3->Read("s3://bucket/dump/classes.csv").status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("s3://bucket/dump/classes.csv"), HasSubstr("MD5"),
+                             HasSubstr(QuotedMd5(csv).substr(1, 32)))));
+  EXPECT_EQ(store.gets(), 3 * S3Client::kWholeReadAttempts);
+}
+
+TEST(S3ClientTest, AnEtagThatIsNoMd5HoldsTheBytesToNothing) {
+  // A multipart upload's ETag, and a KMS-encrypted object's: the bytes come
+  // back as served (formats with their own checksums catch damage there).
+  const std::string csv = CsvOfClasses();
+  std::vector<std::string> log;
+  {
+    OneObjectStore store(csv, "\"0123456789abcdef0123456789abcdef-2\"", 1);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
+    ASSERT_OK_AND_ASSIGN(std::string bytes, s3->Read("s3://bucket/x"));
+    EXPECT_NE(bytes, csv);
+    EXPECT_EQ(store.gets(), 3);
+  }
+  {
+    OneObjectStore store(csv, "\"0123456789abcdef0123456789abcdef\"", 0,
+                         "x-amz-server-side-encryption: aws:kms\r\n");
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
+    ASSERT_OK_AND_ASSIGN(std::string bytes, s3->Read("s3://bucket/x"));
+    EXPECT_EQ(bytes, csv);
+  }
+  EXPECT_TRUE(log.empty());
 }
 
 }  // namespace
