@@ -145,15 +145,18 @@ std::string XmlField(absl::string_view xml, absl::string_view tag) {
 
 struct Collector {
   std::string* body;
-  int64_t max_body;
+  int64_t max_body;        // For a 2xx response.
+  int64_t max_error_body;  // For any other (S3's XML error, from a small range too).
   bool overflow = false;
   std::map<std::string, std::string>* headers;
+  bool success = true;  // The status line of the latest response is 2xx.
 };
 
 size_t WriteBody(char* data, size_t size, size_t count, void* user) {
   auto* c = static_cast<Collector*>(user);
   const size_t bytes = size * count;
-  if (static_cast<int64_t>(c->body->size() + bytes) > c->max_body) {
+  if (static_cast<int64_t>(c->body->size() + bytes) >
+      (c->success ? c->max_body : c->max_error_body)) {
     c->overflow = true;
     return 0;  // Aborts the transfer (CURLE_WRITE_ERROR).
   }
@@ -166,6 +169,9 @@ size_t WriteHeader(char* data, size_t size, size_t count, void* user) {
   const absl::string_view line(data, size * count);
   if (absl::StartsWith(line, "HTTP/")) {
     c->headers->clear();  // A new response (after 100 Continue or a redirect).
+    const size_t space = line.find(' ');
+    c->success = space != absl::string_view::npos && line.size() > space + 1 &&
+                 line[space + 1] == '2';
   } else if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
     c->headers->insert_or_assign(absl::AsciiStrToLower(line.substr(0, colon)),
                                  std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
@@ -336,7 +342,9 @@ absl::StatusOr<S3Client::Response> S3Client::Attempt(const Request& request,
   if (curl == nullptr) return absl::ResourceExhaustedError("S3: curl_easy_init failed");
   curl_easy_reset(curl);  // Options go; the connection cache stays.
   Response response;
-  Collector collector{&response.body, request.max_body, false, &response.headers};
+  Collector collector{&response.body, request.max_body,
+                      std::max(request.max_body, options_.max_response_bytes), false,
+                      &response.headers};
   char error_buffer[CURL_ERROR_SIZE] = {0};
   const std::string url = UrlFor(request.bucket, request.key, request.query);
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -406,7 +414,8 @@ absl::StatusOr<S3Client::Response> S3Client::Attempt(const Request& request,
   const std::string what = absl::StrCat("S3 ", request.op, " ", Uri(request.bucket, request.key));
   if (collector.overflow) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": response body larger than the ", request.max_body, " bytes expected"));
+        what, ": response body larger than the ",
+        collector.success ? collector.max_body : collector.max_error_body, " bytes expected"));
   }
   if (code != CURLE_OK) {
     std::string reason = error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code);

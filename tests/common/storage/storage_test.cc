@@ -172,6 +172,7 @@ class OneObjectStore {
     close(listener_);
   }
   std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  void SlowDown(int gets) { slowdowns_left_.store(gets); }
   int gets() const { return gets_.load(); }
 
  private:
@@ -203,6 +204,18 @@ class OneObjectStore {
       }
     }
     const bool head = absl::StartsWith(request, "HEAD ");
+    if (!head && slowdowns_left_.fetch_sub(1) > 0) {
+      // S3's answer to too many requests: an XML body larger than a small range.
+      const std::string xml = absl::StrCat(
+          "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+          "<Message>Please reduce your request rate.</Message><RequestId>",
+          std::string(64, '7'), "</RequestId></Error>");
+      const std::string response =
+          absl::StrCat("HTTP/1.1 503 Slow Down\r\nContent-Length: ", xml.size(),
+                       "\r\nConnection: close\r\n\r\n", xml);
+      (void)!write(fd, response.data(), response.size());
+      return;
+    }
     std::string piece = body_.substr(first, last - first + 1);
     if (!head) {
       gets_.fetch_add(1);
@@ -226,7 +239,7 @@ class OneObjectStore {
   }
 
   const std::string body_, etag_, extra_headers_;
-  std::atomic<int> damaged_left_, gets_{0};
+  std::atomic<int> damaged_left_, gets_{0}, slowdowns_left_{0};
   std::atomic<bool> stop_{false};
   int listener_ = -1;
   int port_ = 0;
@@ -272,6 +285,20 @@ TEST(S3ClientTest, BytesDamagedOnTheWayAreReadAgainAndThenAreTheObjects) {
   ASSERT_EQ(log.size(), 1u);
   EXPECT_THAT(log[0], HasSubstr("s3://bucket/dump/classes.csv"));
   EXPECT_THAT(log[0], HasSubstr("reading it again"));
+}
+
+TEST(S3ClientTest, AnErrorLargerThanASmallRangeIsReadAndRetried) {
+  const std::string csv = CsvOfClasses();
+  OneObjectStore store(csv, QuotedMd5(csv), /*damaged_gets=*/0);
+  store.SlowDown(1);
+  std::vector<std::string> log;
+  StorageOptions options = OptionsFor(store, &log);
+  options.s3->backoff_initial = absl::Milliseconds(1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(options));
+  ASSERT_OK_AND_ASSIGN(std::string header, s3->ReadRange("s3://bucket/dump/classes.csv", 0, 22));
+  EXPECT_EQ(header, "class,category_id,name");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("503 SlowDown"));
 }
 
 TEST(S3ClientTest, BytesThatNeverMatchTheirMd5AreDataLoss) {
