@@ -152,12 +152,22 @@ void DataPrefetcher::AssembleLoop() {
     auto idx = absl::MakeConstSpan(*order).subspan(static_cast<size_t>(begin), n);
     const uint64_t aug_seed = data::MixSeed(aug_key, static_cast<uint64_t>(batch));
     char* base = static_cast<char*>(pinned_[slot].data());
-    data::AssembleBatch(*dataset_, idx, preprocess_, options_.augment, aug_seed,
-                        reinterpret_cast<float*>(base),
-                        reinterpret_cast<int32_t*>(base + label_offset_bytes_));
+    // Pixels in a store are fetched here (the store reads ahead of the plan
+    // Begin gave it); a read that fails ends the epoch with its error.
+    absl::StatusOr<std::shared_ptr<const void>> lease = dataset_->Acquire(idx.data(), idx.size());
+    if (lease.ok()) {
+      data::AssembleBatch(*dataset_, idx, preprocess_, options_.augment, aug_seed,
+                          reinterpret_cast<float*>(base),
+                          reinterpret_cast<int32_t*>(base + label_offset_bytes_));
+      lease->reset();
+    }
 
     absl::MutexLock lock(&mu_);
-    if (generation == generation_) {
+    if (generation == generation_ && !lease.ok()) {
+      failed_.emplace(batch, lease.status());
+      free_slots_.push_back(slot);
+      ready_cv_.SignalAll();
+    } else if (generation == generation_) {
       ready_.emplace(batch, slot);
       ready_cv_.SignalAll();
     } else {  // StartEpoch ran meanwhile: this batch is stale.
@@ -237,6 +247,12 @@ absl::Status DataPrefetcher::StartSamples(uint64_t aug_key, std::vector<int64_t>
 
 void DataPrefetcher::Begin(uint64_t aug_key, std::vector<int64_t> order, std::vector<int64_t> ends,
                            int64_t first_batch) {
+  if (dataset_->store != nullptr) {  // A store that fetches reads ahead of the batches.
+    const size_t skip =
+        first_batch == 0 ? 0 : static_cast<size_t>(ends[static_cast<size_t>(first_batch - 1)]);
+    dataset_->store->Plan(std::vector<int64_t>(order.begin() + std::min(skip, order.size()),
+                                               order.end()));
+  }
   auto shared_order = std::make_shared<const std::vector<int64_t>>(std::move(order));
   owner_ends_ = std::make_shared<const std::vector<int64_t>>(std::move(ends));
   {
@@ -249,6 +265,7 @@ void DataPrefetcher::Begin(uint64_t aug_key, std::vector<int64_t> order, std::ve
     epoch_active_ = true;
     for (const auto& [batch, slot] : ready_) free_slots_.push_back(slot);
     ready_.clear();
+    failed_.clear();
     work_cv_.SignalAll();
   }
   epoch_started_ = true;
@@ -276,7 +293,12 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
     const absl::Time deadline = start + absl::Milliseconds(options_.next_timeout_ms);
     absl::MutexLock lock(&mu_);
     while (!shutdown_ && ready_.find(batch) == ready_.end()) {
-      if (ready_cv_.WaitWithDeadline(&mu_, deadline) && ready_.find(batch) == ready_.end()) {
+      if (auto failed = failed_.find(batch); failed != failed_.end()) {
+        last_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+        return failed->second;
+      }
+      if (ready_cv_.WaitWithDeadline(&mu_, deadline) && ready_.find(batch) == ready_.end() &&
+          failed_.find(batch) == failed_.end()) {
         last_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
         return absl::DeadlineExceededError(absl::StrCat(
             "prefetch: batch ", batch, " was not ready within ", options_.next_timeout_ms,

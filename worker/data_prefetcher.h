@@ -115,7 +115,9 @@ class DataPrefetcher {
 
   // Waits (up to next_timeout_ms, then DEADLINE_EXCEEDED) for the next batch,
   // enqueues its host-to-device copy and returns the device pointers; n == 0
-  // once the epoch is exhausted. FAILED_PRECONDITION before StartEpoch.
+  // once the epoch is exhausted. FAILED_PRECONDITION before StartEpoch; the
+  // error of a store's read (data::SampleStore::Acquire) for a batch whose
+  // pixels could not be fetched.
   absl::StatusOr<DeviceBatch> Next();
 
   // Seconds the latest Next() waited for a batch to be assembled.
@@ -182,6 +184,7 @@ class DataPrefetcher {
   int64_t next_to_assemble_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, int> ready_ ABSL_GUARDED_BY(mu_);  // Batch index -> slot.
+  std::map<int64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // Batches whose pixels failed.
 };
 
 }  // namespace pstrain

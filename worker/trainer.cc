@@ -169,12 +169,8 @@ data::WorkSegment Trainer::BaseSegment(int epoch) const {
 
 std::vector<int64_t> Trainer::SamplesOf(const data::WorkRange& range) {
   if (order_epoch_ != range.epoch) {
-    order_ = data::EpochOrder(epoch_length_, options_.seed, range.epoch, 0, 1, /*shuffle=*/true);
-    if (options_.balance) {
-      const std::vector<int64_t> samples = data::BalancedEpochSamples(
-          train_->labels, train_->num_classes, options_.seed, range.epoch);
-      for (int64_t& p : order_) p = samples[static_cast<size_t>(p)];
-    }
+    order_ = data::TrainingOrder(*train_, epoch_length_, options_.balance, options_.seed,
+                                 range.epoch);
     order_epoch_ = range.epoch;
   }
   const int64_t begin = std::clamp<int64_t>(range.begin, 0, epoch_length_);

@@ -97,6 +97,57 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int epoch, int rank, i
   return std::vector<int64_t>(perm.begin() + begin, perm.begin() + begin + count);
 }
 
+std::vector<int64_t> ChunkedEpochOrder(const std::vector<int64_t>& samples,
+                                       const SampleStore::Chunks& chunks, uint64_t seed,
+                                       int epoch) {
+  const size_t count = chunks.starts.size();
+  if (count == 0) return samples;
+  std::vector<std::vector<int64_t>> by_chunk(count);
+  for (int64_t s : samples) {
+    const size_t c = static_cast<size_t>(
+        std::upper_bound(chunks.starts.begin(), chunks.starts.end(), s) - chunks.starts.begin());
+    by_chunk[c == 0 ? 0 : c - 1].push_back(s);
+  }
+  SplitMix64 rng(MixSeed(MixSeed(seed ^ 0xc4u, static_cast<uint64_t>(epoch)), count));
+  std::vector<size_t> perm(count);
+  for (size_t c = 0; c < count; ++c) perm[c] = c;
+  for (size_t i = count - 1; i > 0; --i) std::swap(perm[i], perm[rng.Below(i + 1)]);
+  const size_t window = static_cast<size_t>(std::max<int64_t>(1, chunks.window_chunks));
+  std::vector<int64_t> order;
+  order.reserve(samples.size());
+  for (size_t w = 0; w < count; w += window) {
+    const size_t begin = order.size();
+    for (size_t k = w; k < std::min(count, w + window); ++k) {
+      order.insert(order.end(), by_chunk[perm[k]].begin(), by_chunk[perm[k]].end());
+    }
+    for (size_t i = order.size() - begin; i > 1; --i) {
+      std::swap(order[begin + i - 1], order[begin + rng.Below(i)]);
+    }
+  }
+  return order;
+}
+
+std::vector<int64_t> TrainingOrder(const ImageDataset& ds, int64_t epoch_length, bool balance,
+                                   uint64_t seed, int epoch) {
+  std::vector<int64_t> order = EpochOrder(epoch_length, seed, epoch, 0, 1, /*shuffle=*/true);
+  std::vector<int64_t> samples;
+  if (balance) {
+    samples = BalancedEpochSamples(ds.labels, ds.num_classes, seed, epoch);
+    for (int64_t& p : order) p = samples[static_cast<size_t>(p)];
+  }
+  const SampleStore::Chunks* chunks = ds.store != nullptr ? ds.store->chunks() : nullptr;
+  if (chunks == nullptr) return order;
+  const int64_t spanned =
+      std::lower_bound(chunks->starts.begin(), chunks->starts.end(), ds.size()) -
+      chunks->starts.begin();
+  if (spanned <= chunks->window_chunks) return order;  // One window: shuffled whole.
+  if (!balance) {
+    samples.resize(static_cast<size_t>(epoch_length));
+    for (int64_t i = 0; i < epoch_length; ++i) samples[i] = i;
+  }
+  return ChunkedEpochOrder(samples, *chunks, seed, epoch);
+}
+
 namespace {
 
 // Sample indices of each class (empty for a class that has none).

@@ -53,6 +53,25 @@ std::vector<int64_t> BalancedEpochSamples(const std::vector<int32_t>& labels, in
 // Its length, the same for every epoch: M x the classes present.
 int64_t BalancedEpochLength(const std::vector<int32_t>& labels, int num_classes);
 
+// An epoch's order of `samples` (dataset indices; repeats allowed, as in a
+// balanced epoch) for a store read in chunks (SampleStore::Chunks): the
+// samples grouped by chunk, the chunks in a random order from (seed,
+// epoch), cut into windows of chunks.window_chunks chunks, and each
+// window's samples shuffled. The same on every machine. A range of its
+// positions touches the chunks of few windows, so a worker's share of an
+// epoch reads about its share of the bytes.
+std::vector<int64_t> ChunkedEpochOrder(const std::vector<int64_t>& samples,
+                                       const SampleStore::Chunks& chunks, uint64_t seed,
+                                       int epoch);
+
+// The training order of an epoch of `epoch_length` positions over `ds`
+// (every rank's, in one list; ranks take ranges of it): EpochOrder's
+// permutation, through BalancedEpochSamples with `balance`. For a store
+// read in chunks whose first `ds.size()` samples span more than one window,
+// ChunkedEpochOrder of the same samples instead.
+std::vector<int64_t> TrainingOrder(const ImageDataset& ds, int64_t epoch_length, bool balance,
+                                   uint64_t seed, int epoch);
+
 // How pixels become model inputs. A value type.
 struct Preprocess {
   // Per-channel normalisation after scaling to [0, 1]: x = (x - mean[c]) / std[c].

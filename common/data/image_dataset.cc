@@ -28,11 +28,19 @@ absl::Status ImageDataset::Validate(const std::string& what) const {
   return absl::OkStatus();
 }
 
-std::vector<uint8_t> ImageDataset::CopyPixels() const {
+absl::StatusOr<std::vector<uint8_t>> ImageDataset::CopyPixels() const {
   if (store == nullptr) return pixels;
   std::vector<uint8_t> out(static_cast<size_t>(size() * sample_elements()));
-  for (int64_t i = 0; i < size(); ++i) {
-    std::copy(image(i), image(i) + sample_elements(), out.begin() + i * sample_elements());
+  constexpr int64_t kStep = 4096;  // Samples leased at a time.
+  std::vector<int64_t> batch;
+  for (int64_t first = 0; first < size(); first += kStep) {
+    batch.clear();
+    for (int64_t i = first; i < std::min(size(), first + kStep); ++i) batch.push_back(i);
+    absl::StatusOr<std::shared_ptr<const void>> lease = Acquire(batch.data(), batch.size());
+    if (!lease.ok()) return lease.status();
+    for (int64_t i : batch) {
+      std::copy(image(i), image(i) + sample_elements(), out.begin() + i * sample_elements());
+    }
   }
   return out;
 }

@@ -16,18 +16,49 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace pstrain::data {
 
 // Where a dataset's pixels live when they are not in ImageDataset::pixels:
 // packed shards mapped from disk (packed_format.cc), which the kernel pages
-// in and out, so that a dataset larger than memory can be trained on.
-// image(i) stays valid while the store lives; concurrent calls are fine.
+// in and out, so that a dataset larger than memory can be trained on; or
+// packed shards in an object store, fetched in chunks as the epoch needs
+// them (StreamedShards).
+//
+// A store that fetches says which samples come next (Plan), so it reads
+// ahead, and gives image(i) only under a lease from Acquire, which fetches
+// what is not there yet and returns the fetch's error. Stores that hold
+// everything lease nothing. Concurrent calls are fine.
 class SampleStore {
  public:
   virtual ~SampleStore() = default;
-  // The CHW pixels of sample i, in [0, the store's samples).
+  // The CHW pixels of sample i, in [0, the store's samples). With a
+  // fetching store, valid while a lease from Acquire covering i is held.
   virtual const uint8_t* image(int64_t i) const = 0;
+
+  // Samples [starts[k], starts[k+1]) are read together (the last chunk
+  // ends at the store's end); an epoch order keeps them near each other
+  // (ChunkedEpochOrder), shuffling within windows of `window_chunks`.
+  struct Chunks {
+    std::vector<int64_t> starts;
+    int64_t window_chunks = 1;
+  };
+  // Null when any order reads alike (memory, mapped files).
+  virtual const Chunks* chunks() const { return nullptr; }
+
+  // The samples the next Acquire calls will ask for, in order (replaces the
+  // plan before): fetched ahead within the store's memory bound.
+  virtual void Plan(const std::vector<int64_t>& samples) const {}
+
+  // Makes image(i) valid for every i in `samples` until the lease is
+  // dropped. The error names the object and record that failed to read
+  // (DATA_LOSS for a checksum that fails every read; the store's own error
+  // once its retries are spent).
+  virtual absl::StatusOr<std::shared_ptr<const void>> Acquire(
+      const int64_t* samples, size_t count) const {
+    return std::shared_ptr<const void>();
+  }
 };
 
 // A decoded image dataset. A value type (copies share `store`);
@@ -58,7 +89,15 @@ struct ImageDataset {
   // Keeps only the first `limit` samples (no-op when limit <= 0 or >= size()).
   void Truncate(int64_t limit);
   // Every sample's pixels, one after another (a copy, wherever they live).
-  std::vector<uint8_t> CopyPixels() const;
+  // From a fetching store, DATA_LOSS or the store's error if a read fails.
+  absl::StatusOr<std::vector<uint8_t>> CopyPixels() const;
+  // A lease on `count` samples' pixels (SampleStore::Acquire); null when
+  // the pixels are in memory.
+  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples,
+                                                      size_t count) const {
+    if (store == nullptr) return std::shared_ptr<const void>();
+    return store->Acquire(samples, count);
+  }
 };
 
 struct DatasetSplits {

@@ -108,7 +108,19 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
       break;
     }
     case pstrain::v1::DATASET_FORMAT_PACKED: {
-      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path(), store));
+      if (spec.shuffle_window_mib() < 0 || spec.shuffle_window_mib() > kMaxShuffleWindowMib) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dataset shuffle_window_mib must be in [0, ", kMaxShuffleWindowMib,
+                         "] (0: 256), got ", spec.shuffle_window_mib()));
+      }
+      // From a store, each worker reads the chunks its epochs hold; a local
+      // directory is mapped.
+      PackedReadOptions options;
+      options.stream = storage::IsS3Uri(spec.path());
+      if (spec.shuffle_window_mib() > 0) {
+        options.window_bytes = int64_t{spec.shuffle_window_mib()} << 20;
+      }
+      PSTRAIN_ASSIGN_OR_RETURN(splits, LoadPackedDataset(spec.path(), store, options));
       break;
     }
     case pstrain::v1::DATASET_FORMAT_BSON: {

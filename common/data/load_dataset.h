@@ -32,9 +32,14 @@ absl::StatusOr<DatasetSplits> MakeSyntheticDataset(const pstrain::v1::SyntheticS
 // byte offset for corrupt or truncated data.
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec);
 
+// Largest DatasetSpec.shuffle_window_mib.
+inline constexpr int kMaxShuffleWindowMib = 65536;
+
 // The same with paths read through `store`: packed shards may then be at an
 // s3:// prefix (other formats from an s3:// path are INVALID_ARGUMENT, with
-// the way to pack them).
+// the way to pack them). Packed shards at an s3:// prefix are streamed
+// (PackedReadOptions::stream, the spec's shuffle_window_mib): the splits'
+// stores then read through `store`, which must outlive them.
 absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
                                           storage::Storage& store);
 

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -15,12 +17,15 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/data/file_io.h"
 #include "common/storage/storage.h"
 #include "common/status_macros.h"
@@ -65,6 +70,61 @@ std::string EncodeHeader(const Header& h) {
   Put<uint64_t>(out, 48, h.first_sample);
   Put<uint32_t>(out, 60, Crc(out.data(), 60));
   return out;
+}
+
+// A split's labels in one object, written after its shards, so that a
+// split in a store is streamed without reading every record first
+// ("train.labels"), little-endian:
+//    0 char[8] "PSTRLBL1"   8 u32 version (1)   12 u32 num_classes
+//   16 u64 count           24 u32 CRC-32 of the labels
+//   28 u32 CRC-32 of bytes 0..27
+//   32 count x i32 labels, in sample order
+constexpr char kLabelsMagic[8] = {'P', 'S', 'T', 'R', 'L', 'B', 'L', '1'};
+constexpr int64_t kLabelsHeaderBytes = 32;
+
+std::string LabelsObjectName(const std::string& split) { return split + ".labels"; }
+
+std::string EncodeLabels(const std::vector<int32_t>& labels, int num_classes) {
+  const size_t body = labels.size() * sizeof(int32_t);
+  std::string out(kLabelsHeaderBytes + body, '\0');
+  std::memcpy(out.data(), kLabelsMagic, sizeof(kLabelsMagic));
+  Put<uint32_t>(out, 8, 1);
+  Put<uint32_t>(out, 12, static_cast<uint32_t>(num_classes));
+  Put<uint64_t>(out, 16, labels.size());
+  if (body > 0) std::memcpy(out.data() + kLabelsHeaderBytes, labels.data(), body);
+  Put<uint32_t>(out, 24, Crc(out.data() + kLabelsHeaderBytes, body));
+  Put<uint32_t>(out, 28, Crc(out.data(), 28));
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeLabels(const std::string& uri, const std::string& bytes,
+                                                  uint32_t num_classes, uint64_t expected) {
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (bytes.size() < static_cast<size_t>(kLabelsHeaderBytes) ||
+      std::memcmp(p, kLabelsMagic, sizeof(kLabelsMagic)) != 0 || Get<uint32_t>(p + 8) != 1 ||
+      Get<uint32_t>(p + 28) != Crc(p, 28)) {
+    return absl::DataLossError(absl::StrCat(uri, ": not a pstrain labels object (bad header)"));
+  }
+  const uint64_t count = Get<uint64_t>(p + 16);
+  if (Get<uint32_t>(p + 12) != num_classes || count != expected ||
+      bytes.size() != kLabelsHeaderBytes + count * sizeof(int32_t)) {
+    return absl::DataLossError(absl::StrCat(
+        uri, ": ", count, " labels of ", Get<uint32_t>(p + 12), " classes in ", bytes.size(),
+        " bytes; the shards hold ", expected, " samples of ", num_classes,
+        " classes (pack it again)"));
+  }
+  if (Get<uint32_t>(p + 24) != Crc(p + kLabelsHeaderBytes, count * sizeof(int32_t))) {
+    return absl::DataLossError(absl::StrCat(uri, ": labels checksum mismatch"));
+  }
+  std::vector<int32_t> labels(count);
+  if (count > 0) std::memcpy(labels.data(), p + kLabelsHeaderBytes, count * sizeof(int32_t));
+  for (uint64_t i = 0; i < count; ++i) {
+    if (labels[i] < 0 || static_cast<uint32_t>(labels[i]) >= num_classes) {
+      return absl::DataLossError(absl::StrCat(uri, ": label ", labels[i], " of sample ", i,
+                                              " outside [0, ", num_classes, ")"));
+    }
+  }
+  return labels;
 }
 
 // A shard's bytes: a read-only mapping of a local file (unmapped on
@@ -157,12 +217,10 @@ class ShardSamples final : public SampleStore {
   const int64_t record_bytes_;
 };
 
-absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& file) {
-  if (file.size() < static_cast<size_t>(kPackedHeaderBytes)) {
-    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, shorter than the ",
-                                            kPackedHeaderBytes, "-byte header"));
-  }
-  const uint8_t* p = file.data();
+// The header at `p` of a shard of `file_size` bytes (at least the header's
+// bytes are at p).
+absl::StatusOr<Header> DecodeHeaderBytes(const std::string& path, const uint8_t* p,
+                                         uint64_t file_size) {
   if (std::memcmp(p, kPackedMagic, sizeof(kPackedMagic)) != 0) {
     return absl::DataLossError(absl::StrCat(path, ": not a pstrain packed shard (bad magic)"));
   }
@@ -204,17 +262,26 @@ absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& f
     return absl::DataLossError(absl::StrCat(path, ": shard ", h.shard_index, " of ", h.shard_count,
                                             " is not a valid shard number"));
   }
-  const uint64_t body = file.size() - kPackedHeaderBytes;
+  const uint64_t body = file_size - kPackedHeaderBytes;
   if (h.records > body / h.record_bytes || body != h.records * h.record_bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, but its header has ",
+    return absl::DataLossError(absl::StrCat(path, ": ", file_size, " bytes, but its header has ",
                                             h.records, " records of ", h.record_bytes,
                                             " bytes (truncated or with trailing bytes)"));
   }
   return h;
 }
 
-// The shard files of `split` in `dir`, by index; NOT_FOUND when none.
-absl::StatusOr<std::vector<std::string>> ShardFiles(storage::Storage& store,
+absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& file) {
+  if (file.size() < static_cast<size_t>(kPackedHeaderBytes)) {
+    return absl::DataLossError(absl::StrCat(path, ": ", file.size(), " bytes, shorter than the ",
+                                            kPackedHeaderBytes, "-byte header"));
+  }
+  return DecodeHeaderBytes(path, file.data(), file.size());
+}
+
+// The shard files of `split` in `dir`, by index (key: the full URI; size);
+// NOT_FOUND when none.
+absl::StatusOr<std::vector<storage::ObjectInfo>> ShardFiles(storage::Storage& store,
                                                     const std::string& dir,
                                                     const std::string& split) {
   absl::StatusOr<std::vector<storage::ObjectInfo>> entries = store.List(dir);
@@ -222,7 +289,7 @@ absl::StatusOr<std::vector<std::string>> ShardFiles(storage::Storage& store,
     return absl::Status(entries.status().code(),
                         absl::StrCat("packed dataset ", dir, ": ", entries.status().message()));
   }
-  std::map<int, std::string> by_index;
+  std::map<int, storage::ObjectInfo> by_index;
   int count = -1;
   for (const storage::ObjectInfo& entry : *entries) {
     const std::string& name = entry.key;
@@ -246,13 +313,13 @@ absl::StatusOr<std::vector<std::string>> ShardFiles(storage::Storage& store,
                                               total, "); pack it again"));
     }
     count = total;
-    by_index[index] = storage::JoinUri(dir, name);
+    by_index[index] = {storage::JoinUri(dir, name), entry.size, entry.etag};
   }
   if (count < 0) {
     return absl::NotFoundError(absl::StrCat("packed dataset ", dir, ": no ", split, "-*-of-*",
                                             kPackedSuffix, " files (made by `pstrain prepare`)"));
   }
-  std::vector<std::string> files;
+  std::vector<storage::ObjectInfo> files;
   for (int i = 0; i < count; ++i) {
     auto found = by_index.find(i);
     if (found == by_index.end()) {
@@ -273,15 +340,19 @@ std::string PackedShardName(const std::string& split, int index, int count) {
 namespace {
 
 // Removes the shards of an older packing of `split` in `dir` whose count is
-// not `shards` (they would mix with the new ones).
+// not `shards` (they would mix with the new ones), and the split's labels.
 absl::Status RemoveOtherPackings(storage::Storage& store, const std::string& dir,
                                  const std::string& split, int64_t shards) {
   PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> entries, store.List(dir));
   for (const storage::ObjectInfo& entry : entries) {
     const std::string& name = entry.key;
-    if (name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
-        name.substr(name.size() - 7) == kPackedSuffix &&
-        name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) {
+    // The labels object is written after the shards: until then a reader
+    // finds none and checks every record. (Only what is there is deleted:
+    // a writer may be allowed to put objects and not to delete them.)
+    if ((name.rfind(split + "-", 0) == 0 && name.size() > 7 &&
+         name.substr(name.size() - 7) == kPackedSuffix &&
+         name.find(absl::StrFormat("-of-%05d", shards)) == std::string::npos) ||
+        name == LabelsObjectName(split)) {
       PSTRAIN_RETURN_IF_ERROR(store.Delete(storage::JoinUri(dir, name)));
     }
   }
@@ -354,6 +425,7 @@ absl::Status PackedSplitWriter::Append(int32_t label, const uint8_t* pixels) {
   Put<uint32_t>(buffer_, at + 4 + sample, Crc(buffer_.data() + at, 4 + sample));
   ++in_buffer_;
   ++samples_;
+  labels_.push_back(label);
   return absl::OkStatus();
 }
 
@@ -383,6 +455,9 @@ absl::Status PackedSplitWriter::Flush() {
 
 absl::StatusOr<PackSummary> PackedSplitWriter::Finish() {
   while (shard_ < shards_) PSTRAIN_RETURN_IF_ERROR(Flush());
+  const std::string labels = EncodeLabels(labels_, shape_.num_classes);
+  PSTRAIN_RETURN_IF_ERROR(store_.Write(storage::JoinUri(dir_, LabelsObjectName(split_)), labels));
+  bytes_ += static_cast<int64_t>(labels.size());
   PackSummary summary;
   summary.train_samples = samples_;
   summary.train_shards = static_cast<int>(shards_);
@@ -440,6 +515,12 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
       h.first_sample = static_cast<uint64_t>(first);
       std::string bytes = EncodeHeader(h);
       bytes.resize(kPackedHeaderBytes + h.records * record);
+      std::vector<int64_t> samples(static_cast<size_t>(std::max<int64_t>(0, count)));
+      for (int64_t r = 0; r < count; ++r) samples[r] = first + r;
+      // A source streamed from a store is fetched here (and its errors end
+      // the packing); one in memory leases nothing.
+      PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<const void> lease,
+                               ds->Acquire(samples.data(), samples.size()));
       for (int64_t r = 0; r < count; ++r) {
         const size_t at = kPackedHeaderBytes + r * record;
         Put<int32_t>(bytes, at, ds->labels[first + r]);
@@ -450,6 +531,9 @@ absl::StatusOr<PackSummary> WritePackedDataset(const DatasetSplits& splits, cons
       PSTRAIN_RETURN_IF_ERROR(store.Write(path, bytes));
       summary.bytes += static_cast<int64_t>(bytes.size());
     }
+    const std::string labels = EncodeLabels(ds->labels, ds->num_classes);
+    PSTRAIN_RETURN_IF_ERROR(store.Write(storage::JoinUri(dir, LabelsObjectName(split)), labels));
+    summary.bytes += static_cast<int64_t>(labels.size());
     (split == "train" ? summary.train_samples : summary.test_samples) = n;
     (split == "train" ? summary.train_shards : summary.test_shards) = static_cast<int>(shards);
   }
@@ -477,10 +561,10 @@ absl::StatusOr<MappedFile> OpenShard(storage::Storage& store, const std::string&
 // again: a record whose checksum fails is fetched again (up to
 // kStoreShardReads times) before its DATA_LOSS is final.
 using Refetch = std::function<absl::StatusOr<std::string>(int64_t offset, int64_t length)>;
-absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
-                         size_t shard_count, uint64_t next_sample, ImageDataset& ds,
-                         const Refetch& refetch) {
-  PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
+// Checks header `h` of shard `f` of `shard_count` against the split's first
+// shard (which sets ds's shape) and against `next_sample`.
+absl::Status CheckShardHeader(const std::string& path, const Header& h, size_t f,
+                              size_t shard_count, uint64_t next_sample, ImageDataset& ds) {
   if (h.shard_index != f || h.shard_count != shard_count) {
     return absl::DataLossError(
         absl::StrCat(path, ": its header says shard ", h.shard_index, " of ", h.shard_count));
@@ -501,6 +585,14 @@ absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
     return absl::DataLossError(absl::StrCat(path, ": starts at sample ", h.first_sample,
                                             ", the shards before it end at ", next_sample));
   }
+  return absl::OkStatus();
+}
+
+absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
+                         size_t shard_count, uint64_t next_sample, ImageDataset& ds,
+                         const Refetch& refetch) {
+  PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
+  PSTRAIN_RETURN_IF_ERROR(CheckShardHeader(path, h, f, shard_count, next_sample, ds));
   const size_t sample = ds.sample_elements();
   ds.labels.reserve(ds.labels.size() + h.records);
   const uint8_t* p = file.data() + kPackedHeaderBytes;
@@ -532,6 +624,318 @@ absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
   return absl::OkStatus();
 }
 
+// ---- Streaming a split from a store -----------------------------------------
+
+// Records read together: about this many bytes of one shard.
+constexpr int64_t kStreamChunkBytes = int64_t{4} << 20;
+// Ranged reads in flight ahead of the trainer.
+constexpr int kReadAheadThreads = 4;
+
+struct StreamShard {
+  std::string uri;
+  int64_t first = 0;    // The split's index of its first record.
+  int64_t records = 0;
+};
+
+// A split's pixels in a store, fetched in chunks (consecutive records of one
+// shard) as Acquire and the plan need them, every record's checksum and
+// label checked as it arrives. What is held: the chunks planned ahead up to
+// `budget_` bytes, plus the chunks a lease or the rest of the plan still
+// needs; a chunk that neither needs goes first (least recently used).
+class StreamedShards final : public SampleStore {
+ public:
+  StreamedShards(storage::Storage& store, std::vector<StreamShard> shards, int64_t record_bytes,
+                 std::vector<int32_t> labels, int64_t window_bytes)
+      : store_(store),
+        shards_(std::move(shards)),
+        record_bytes_(record_bytes),
+        labels_(std::move(labels)) {
+    const int64_t chunk_records = std::max<int64_t>(1, kStreamChunkBytes / record_bytes_);
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      for (int64_t r = 0; r < shards_[s].records; r += chunk_records) {
+        chunks_.starts.push_back(shards_[s].first + r);
+        chunk_shard_.push_back(s);
+        chunk_record_.push_back(r);
+        chunk_records_.push_back(std::min(chunk_records, shards_[s].records - r));
+      }
+    }
+    const int64_t chunk_bytes = chunk_records * record_bytes_;
+    chunks_.window_chunks = std::max<int64_t>(1, window_bytes / chunk_bytes);
+    budget_ = (2 * chunks_.window_chunks + 2 * kReadAheadThreads) * chunk_bytes;
+    const size_t n = chunks_.starts.size();
+    resident_.resize(n);
+    fetching_.assign(n, 0);
+    uses_.assign(n, 0);
+    last_used_.assign(n, 0);
+  }
+
+  ~StreamedShards() override {
+    {
+      absl::MutexLock lock(&mu_);
+      shutdown_ = true;
+      cv_.SignalAll();
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  const uint8_t* image(int64_t i) const override {
+    const size_t c = ChunkOf(i);
+    std::shared_ptr<const std::string> bytes;
+    {
+      absl::MutexLock lock(&mu_);
+      bytes = resident_[c];
+    }
+    if (bytes == nullptr) {
+      // Every reader takes a lease first (AssembleBatch's caller,
+      // CopyPixels, the packer): this is a bug, not a bad input.
+      std::fprintf(stderr, "internal error: sample %lld of %s read outside a lease\n",
+                   static_cast<long long>(i), shards_[chunk_shard_[c]].uri.c_str());
+      std::abort();
+    }
+    return reinterpret_cast<const uint8_t*>(bytes->data()) +
+           (i - chunks_.starts[c]) * record_bytes_ + 4;
+  }
+
+  const Chunks* chunks() const override { return &chunks_; }
+
+  void Plan(const std::vector<int64_t>& samples) const override {
+    absl::MutexLock lock(&mu_);
+    std::fill(uses_.begin(), uses_.end(), 0);
+    plan_.clear();
+    next_planned_ = 0;
+    for (int64_t i : samples) {
+      if (i < 0 || i >= static_cast<int64_t>(labels_.size())) continue;
+      const size_t c = ChunkOf(i);
+      if (uses_[c]++ == 0) plan_.push_back(c);
+    }
+    while (threads_.size() < kReadAheadThreads) threads_.emplace_back([this] { ReadAhead(); });
+    cv_.SignalAll();
+  }
+
+  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples,
+                                                      size_t count) const override {
+    std::vector<size_t> wanted;
+    wanted.reserve(count);
+    for (size_t k = 0; k < count; ++k) {
+      if (samples[k] < 0 || samples[k] >= static_cast<int64_t>(labels_.size())) {
+        return absl::OutOfRangeError(absl::StrCat("sample ", samples[k], " is outside the ",
+                                                  labels_.size(), " of the split"));
+      }
+      wanted.push_back(ChunkOf(samples[k]));
+    }
+    auto lease = std::make_shared<std::vector<std::shared_ptr<const std::string>>>();
+    std::vector<size_t> distinct = wanted;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    for (size_t c : distinct) {
+      PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> bytes, Resident(c));
+      lease->push_back(std::move(bytes));
+    }
+    absl::MutexLock lock(&mu_);
+    ++tick_;
+    for (size_t c : wanted) {
+      if (uses_[c] > 0) --uses_[c];
+      last_used_[c] = tick_;
+    }
+    EvictLocked();
+    cv_.SignalAll();  // Room for the read-ahead.
+    return std::shared_ptr<const void>(std::move(lease));
+  }
+
+ private:
+  size_t ChunkOf(int64_t i) const {
+    return static_cast<size_t>(
+               std::upper_bound(chunks_.starts.begin(), chunks_.starts.end(), i) -
+               chunks_.starts.begin()) -
+           1;
+  }
+  int64_t ChunkBytes(size_t c) const { return chunk_records_[c] * record_bytes_; }
+
+  // Chunk c, fetched now unless it is here or on its way.
+  absl::StatusOr<std::shared_ptr<const std::string>> Resident(size_t c) const {
+    {
+      absl::MutexLock lock(&mu_);
+      while (fetching_[c]) cv_.Wait(&mu_);  // Bounded by that fetch's deadlines.
+      if (resident_[c] != nullptr) return resident_[c];
+      fetching_[c] = 1;
+      inflight_bytes_ += ChunkBytes(c);
+    }
+    absl::StatusOr<std::string> bytes = Fetch(c);
+    absl::MutexLock lock(&mu_);
+    return Arrived(c, std::move(bytes));
+  }
+
+  // Records a fetch of chunk c that ended (under mu_).
+  absl::StatusOr<std::shared_ptr<const std::string>> Arrived(
+      size_t c, absl::StatusOr<std::string> bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    fetching_[c] = 0;
+    inflight_bytes_ -= ChunkBytes(c);
+    cv_.SignalAll();
+    if (!bytes.ok()) return bytes.status();
+    auto shared = std::make_shared<const std::string>(*std::move(bytes));
+    resident_[c] = shared;
+    resident_bytes_ += ChunkBytes(c);
+    last_used_[c] = ++tick_;
+    return shared;
+  }
+
+  // Drops chunks nobody needs (no lease, no use left in the plan), least
+  // recently used first, while over the budget.
+  void EvictLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (resident_bytes_ + inflight_bytes_ > budget_) {
+      size_t victim = resident_.size();
+      for (size_t c = 0; c < resident_.size(); ++c) {
+        if (resident_[c] != nullptr && uses_[c] == 0 && resident_[c].use_count() == 1 &&
+            (victim == resident_.size() || last_used_[c] < last_used_[victim])) {
+          victim = c;
+        }
+      }
+      if (victim == resident_.size()) return;
+      resident_[victim].reset();
+      resident_bytes_ -= ChunkBytes(victim);
+    }
+  }
+
+  // A read-ahead thread: the plan's chunks in order of first use, while the
+  // bytes held stay within the budget. A failed fetch is left for Acquire,
+  // which fetches again and returns the error.
+  void ReadAhead() const {
+    for (;;) {
+      size_t c = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        for (;;) {
+          if (shutdown_) return;
+          if (next_planned_ < plan_.size()) {
+            EvictLocked();
+            if (resident_bytes_ + inflight_bytes_ + ChunkBytes(plan_[next_planned_]) <= budget_) {
+              break;
+            }
+          }
+          cv_.Wait(&mu_);
+        }
+        c = plan_[next_planned_++];
+        if (fetching_[c] || resident_[c] != nullptr || uses_[c] == 0) continue;
+        fetching_[c] = 1;
+        inflight_bytes_ += ChunkBytes(c);
+      }
+      absl::StatusOr<std::string> bytes = Fetch(c);
+      absl::MutexLock lock(&mu_);
+      Arrived(c, std::move(bytes)).IgnoreError();
+    }
+  }
+
+  // Chunk c's records from the store, each checked: a record whose CRC-32
+  // fails is read again (up to kStoreShardReads reads); its label must be
+  // the labels object's.
+  absl::StatusOr<std::string> Fetch(size_t c) const {
+    const StreamShard& shard = shards_[chunk_shard_[c]];
+    const int64_t offset = kPackedHeaderBytes + chunk_record_[c] * record_bytes_;
+    const int64_t length = ChunkBytes(c);
+    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store_.ReadRange(shard.uri, offset, length));
+    if (static_cast<int64_t>(bytes.size()) != length) {
+      return absl::DataLossError(absl::StrCat(shard.uri, ": ", bytes.size(), " bytes at ", offset,
+                                              ", ", length, " asked for"));
+    }
+    const int64_t sample = record_bytes_ - 8;
+    for (int64_t k = 0; k < chunk_records_[c]; ++k) {
+      auto* record = reinterpret_cast<uint8_t*>(bytes.data()) + k * record_bytes_;
+      const int64_t r = chunk_record_[c] + k;
+      for (int read = 1; Get<uint32_t>(record + 4 + sample) != Crc(record, 4 + sample); ++read) {
+        if (read == kStoreShardReads) {
+          return absl::DataLossError(absl::StrCat(shard.uri, ": record ", r, " (sample ",
+                                                  shard.first + r, "): checksum mismatch"));
+        }
+        PSTRAIN_ASSIGN_OR_RETURN(
+            std::string again,
+            store_.ReadRange(shard.uri, kPackedHeaderBytes + r * record_bytes_, record_bytes_));
+        if (static_cast<int64_t>(again.size()) != record_bytes_) {
+          return absl::DataLossError(absl::StrCat(shard.uri, ": record ", r, " read again is ",
+                                                  again.size(), " bytes"));
+        }
+        std::memcpy(record, again.data(), again.size());
+      }
+      const int32_t label = Get<int32_t>(record);
+      if (label != labels_[static_cast<size_t>(shard.first + r)]) {
+        return absl::DataLossError(absl::StrCat(
+            shard.uri, ": record ", r, " (sample ", shard.first + r, ") has label ", label,
+            ", the split's labels object ", labels_[static_cast<size_t>(shard.first + r)],
+            " (objects of two packings; pack it again)"));
+      }
+    }
+    return bytes;
+  }
+
+  storage::Storage& store_;
+  const std::vector<StreamShard> shards_;
+  const int64_t record_bytes_;
+  const std::vector<int32_t> labels_;
+  // Chunk c: records [chunk_record_[c], + chunk_records_[c]) of shard
+  // chunk_shard_[c], samples from chunks_.starts[c]. Constant.
+  Chunks chunks_;
+  std::vector<size_t> chunk_shard_;
+  std::vector<int64_t> chunk_record_, chunk_records_;
+  int64_t budget_ = 0;
+
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;
+  mutable std::vector<std::shared_ptr<const std::string>> resident_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<char> fetching_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int64_t> uses_ ABSL_GUARDED_BY(mu_);  // Left in the plan.
+  mutable std::vector<uint64_t> last_used_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::vector<size_t> plan_ ABSL_GUARDED_BY(mu_);  // Chunks by first use.
+  mutable size_t next_planned_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  mutable std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// The split streamed: the shards' headers (a 64-byte read each, checked as
+// a whole read checks them) and the labels object; no record is read yet.
+// NOT_FOUND when the packing has no labels object.
+absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std::string& split,
+                                               const std::vector<storage::ObjectInfo>& files,
+                                               storage::Storage& store,
+                                               const PackedReadOptions& options) {
+  const std::string labels_uri = storage::JoinUri(dir, LabelsObjectName(split));
+  PSTRAIN_ASSIGN_OR_RETURN(std::string labels_bytes, store.Read(labels_uri));
+  ImageDataset ds;
+  std::vector<StreamShard> shards;
+  uint64_t next_sample = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string& uri = files[f].key;
+    absl::StatusOr<Header> h;
+    for (int read = 1; read <= kStoreShardReads; ++read) {
+      if (files[f].size < kPackedHeaderBytes) {
+        return absl::DataLossError(absl::StrCat(uri, ": ", files[f].size,
+                                                " bytes, shorter than the ", kPackedHeaderBytes,
+                                                "-byte header"));
+      }
+      PSTRAIN_ASSIGN_OR_RETURN(std::string header, store.ReadRange(uri, 0, kPackedHeaderBytes));
+      if (header.size() != static_cast<size_t>(kPackedHeaderBytes)) {
+        return absl::DataLossError(absl::StrCat(uri, ": short header read"));
+      }
+      h = DecodeHeaderBytes(uri, reinterpret_cast<const uint8_t*>(header.data()),
+                            static_cast<uint64_t>(files[f].size));
+      if (!absl::IsDataLoss(h.status())) break;
+    }
+    PSTRAIN_RETURN_IF_ERROR(h.status());
+    PSTRAIN_RETURN_IF_ERROR(CheckShardHeader(uri, *h, f, files.size(), next_sample, ds));
+    shards.push_back({uri, static_cast<int64_t>(next_sample), static_cast<int64_t>(h->records)});
+    next_sample += h->records;
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::vector<int32_t> labels,
+      DecodeLabels(labels_uri, labels_bytes, static_cast<uint32_t>(ds.num_classes), next_sample));
+  ds.labels = labels;
+  ds.store = std::make_shared<StreamedShards>(store, std::move(shards),
+                                              ds.sample_elements() + 8, std::move(labels),
+                                              options.window_bytes);
+  return ds;
+}
+
 }  // namespace
 
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split) {
@@ -541,13 +945,24 @@ absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::
 
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
                                              storage::Storage& store) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::string> files, ShardFiles(store, dir, split));
+  return LoadPackedSplit(dir, split, store, PackedReadOptions{});
+}
+
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
+                                             storage::Storage& store,
+                                             const PackedReadOptions& options) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> files, ShardFiles(store, dir, split));
+  if (options.stream) {
+    absl::StatusOr<ImageDataset> streamed = OpenStreamedSplit(dir, split, files, store, options);
+    // A packing without a labels object (cut short, or older) is read whole.
+    if (!absl::IsNotFound(streamed.status())) return streamed;
+  }
   ImageDataset ds;
   uint64_t next_sample = 0;
   std::vector<MappedFile> shards;
   std::vector<int64_t> first;
   for (size_t f = 0; f < files.size(); ++f) {
-    const std::string& path = files[f];
+    const std::string& path = files[f].key;
     const size_t labels_before = ds.labels.size();
     // Bytes from a store can be damaged on the way: a record that fails its
     // checksum is fetched again, and a shard whose header fails is read
@@ -589,9 +1004,14 @@ absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir) {
 }
 
 absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store) {
+  return LoadPackedDataset(dir, store, PackedReadOptions{});
+}
+
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store,
+                                                const PackedReadOptions& options) {
   DatasetSplits splits;
-  PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train", store));
-  PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test", store));
+  PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train", store, options));
+  PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test", store, options));
   // classes.csv ("class,category_id,name"), when the packing wrote one.
   absl::StatusOr<std::string> classes = store.Read(storage::JoinUri(dir, "classes.csv"));
   if (absl::IsNotFound(classes.status())) return splits;

@@ -115,6 +115,7 @@ class PackedSplitWriter {
   int64_t in_buffer_ = 0;    // Records in buffer_.
   int64_t shard_ = 0;        // Index of the shard being filled.
   int64_t samples_ = 0;      // Appended in all.
+  std::vector<int32_t> labels_;  // Every label appended (the labels object).
   int64_t bytes_ = 0;        // Written in all.
 };
 
@@ -145,9 +146,29 @@ absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::
 absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
                                              storage::Storage& store);
 
+struct PackedReadOptions {
+  // Streams the split from `store` instead of reading it whole: only the
+  // shards' headers and the split's labels object ("train.labels", written
+  // after the shards) are read now; the records come in chunks of about 4
+  // MiB as epochs need them (ImageDataset::store: Plan, Acquire), each
+  // record's checksum and label checked as it arrives. A packing without a
+  // labels object is read whole. For objects in a store, where reading a
+  // worker's share beats reading everything.
+  bool stream = false;
+  // A streamed split's shuffle window (SampleStore::Chunks::window_chunks):
+  // its epochs shuffle chunks, then samples within windows of this many
+  // bytes (ChunkedEpochOrder). It holds about twice this in memory.
+  int64_t window_bytes = int64_t{256} << 20;
+};
+absl::StatusOr<ImageDataset> LoadPackedSplit(const std::string& dir, const std::string& split,
+                                             storage::Storage& store,
+                                             const PackedReadOptions& options);
+
 // Both splits; the test split gets the train split's num_classes when larger.
 absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir);
 absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store);
+absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage::Storage& store,
+                                                const PackedReadOptions& options);
 
 }  // namespace pstrain::data
 

@@ -119,9 +119,23 @@ class BSON(Dataset):
 
 class Packed(Dataset):
     """Shards written by `pstrain prepare` (train-*-of-*.pspack, test-*): decoded,
-    checksummed records read with a copy. Give the source's mean and std."""
+    checksummed records read with a copy. Give the source's mean and std.
+
+    From an object store (path "s3://bucket/prefix") each worker streams only
+    the ~4 MiB chunks its share of an epoch holds; shuffle_window_mib (0: 256)
+    is the window its epochs shuffle samples within, after shuffling the
+    chunks. A split that fits in one window is shuffled whole."""
 
     format = job_pb2.DATASET_FORMAT_PACKED
+
+    def __init__(self, path="", shuffle_window_mib=0, **kwargs):
+        super().__init__(path, **kwargs)
+        self.shuffle_window_mib = int(shuffle_window_mib)
+        if not 0 <= self.shuffle_window_mib <= 65536:
+            raise ValueError(f"shuffle_window_mib must be in [0, 65536], got {shuffle_window_mib!r}")
+
+    def _fill(self, spec):
+        spec.shuffle_window_mib = self.shuffle_window_mib
 
 
 class Synthetic(Dataset):

@@ -146,9 +146,9 @@ TEST_F(BsonDatasetTest, PackingStreamsTheDumpIntoShardsThatReadBackAsTheDumpDoes
   ASSERT_OK_AND_ASSIGN(DatasetSplits packed, LoadPackedDataset(out));
   ASSERT_OK_AND_ASSIGN(DatasetSplits direct, LoadBsonDataset(dir_.string(), decode, 0, 0));
   EXPECT_EQ(packed.train.labels, direct.train.labels);
-  EXPECT_EQ(packed.train.CopyPixels(), direct.train.pixels);
+  EXPECT_EQ(*packed.train.CopyPixels(), direct.train.pixels);
   EXPECT_EQ(packed.test.labels, direct.test.labels);
-  EXPECT_EQ(packed.test.CopyPixels(), direct.test.pixels);
+  EXPECT_EQ(*packed.test.CopyPixels(), direct.test.pixels);
   // The names travel with the shards: classes.csv, read back with them.
   ASSERT_EQ(packed.class_names.size(), 10u);
   EXPECT_EQ(packed.class_names[0], "ARTICLE 0");

@@ -7,10 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "common/data/dataset.h"
+#include "common/data/epoch_work.h"
 #include "common/data/load_dataset.h"
+#include "common/storage/storage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -19,6 +24,7 @@ namespace pstrain::data {
 namespace {
 
 namespace fs = std::filesystem;
+using ::pstrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
 ImageDataset Make(int n, int channels, int height, int width, int classes, int salt) {
@@ -79,7 +85,7 @@ TEST_F(PackedFormatTest, RoundTripsEverySampleInOrderAcrossShards) {
     EXPECT_EQ(b->width, 5);
     EXPECT_EQ(b->num_classes, 6);
     EXPECT_EQ(b->labels, a->labels);
-    EXPECT_EQ(b->CopyPixels(), a->CopyPixels());
+    EXPECT_EQ(*b->CopyPixels(), *a->CopyPixels());
   }
 }
 
@@ -215,10 +221,224 @@ TEST_F(PackedFormatTest, PackedFashionMnistIsTheIdxDatasetByteForByte) {
   EXPECT_EQ(read->train.size(), 60000);
   EXPECT_EQ(read->test.size(), 10000);
   EXPECT_EQ(read->train.num_classes, 10);
-  EXPECT_TRUE(read->train.CopyPixels() == original->train.CopyPixels());
+  EXPECT_TRUE(*read->train.CopyPixels() == *original->train.CopyPixels());
   EXPECT_TRUE(read->train.labels == original->train.labels);
-  EXPECT_TRUE(read->test.CopyPixels() == original->test.CopyPixels());
+  EXPECT_TRUE(*read->test.CopyPixels() == *original->test.CopyPixels());
   EXPECT_TRUE(read->test.labels == original->test.labels);
+}
+
+
+// Local files read as a store would be: counts the bytes of ranged reads,
+// and can flip a byte of a record's next `damaged_reads` reads (a link
+// that damages bytes on the way).
+class CountingStorage final : public storage::Storage {
+ public:
+  absl::StatusOr<storage::ObjectInfo> Stat(const std::string& uri) override {
+    return local_->Stat(uri);
+  }
+  absl::StatusOr<std::string> Read(const std::string& uri) override {
+    absl::StatusOr<std::string> bytes = local_->Read(uri);
+    if (bytes.ok()) Count(static_cast<int64_t>(bytes->size()), true);
+    return bytes;
+  }
+  absl::StatusOr<std::string> ReadRange(const std::string& uri, int64_t offset,
+                                        int64_t length) override {
+    absl::StatusOr<std::string> bytes = local_->ReadRange(uri, offset, length);
+    if (!bytes.ok()) return bytes;
+    Count(length, false);
+    absl::MutexLock lock(&mu_);
+    if (damage_at_ >= offset && damage_at_ < offset + length && damaged_reads_ > 0 &&
+        uri == damage_uri_) {
+      --damaged_reads_;
+      (*bytes)[damage_at_ - offset] ^= 0x5a;
+    }
+    return bytes;
+  }
+  absl::StatusOr<std::vector<storage::ObjectInfo>> List(const std::string& dir) override {
+    return local_->List(dir);
+  }
+  absl::StatusOr<std::vector<storage::ObjectInfo>> ListRecursive(const std::string& dir) override {
+    return local_->ListRecursive(dir);
+  }
+  absl::Status Write(const std::string& uri, const std::string& bytes) override {
+    return local_->Write(uri, bytes);
+  }
+  absl::Status Delete(const std::string& uri) override { return local_->Delete(uri); }
+  absl::StatusOr<int> AbortIncompleteWrites(const std::string& dir) override { return 0; }
+
+  void Damage(const std::string& uri, int64_t at, int reads) {
+    absl::MutexLock lock(&mu_);
+    damage_uri_ = uri;
+    damage_at_ = at;
+    damaged_reads_ = reads;
+  }
+  int64_t range_bytes() {
+    absl::MutexLock lock(&mu_);
+    return range_bytes_;
+  }
+
+ private:
+  void Count(int64_t bytes, bool whole) {
+    absl::MutexLock lock(&mu_);
+    if (!whole) range_bytes_ += bytes;
+  }
+  std::unique_ptr<storage::Storage> local_ = storage::NewLocalStorage();
+  absl::Mutex mu_;
+  int64_t range_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string damage_uri_ ABSL_GUARDED_BY(mu_);
+  int64_t damage_at_ ABSL_GUARDED_BY(mu_) = -1;
+  int damaged_reads_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// 3x32x32 images: 1,361 records of 3,080 bytes make a 4 MiB chunk, so 9,000
+// samples in 2 shards are 8 chunks.
+class StreamedSplitTest : public PackedFormatTest {
+ protected:
+  void SetUp() override {
+    PackedFormatTest::SetUp();
+    splits_.train = Make(9000, 3, 32, 32, 10, 3);
+    splits_.test = Make(500, 3, 32, 32, 10, 4);
+    PackOptions options;
+    options.records_per_shard = 4500;
+    ASSERT_OK(WritePackedDataset(splits_, dir_.string(), options).status());
+  }
+  PackedReadOptions Streamed(int64_t window_bytes) const {
+    PackedReadOptions options;
+    options.stream = true;
+    options.window_bytes = window_bytes;
+    return options;
+  }
+  static constexpr int64_t kRecord = 3 * 32 * 32 + 8;
+};
+
+TEST_F(StreamedSplitTest, OpeningReadsHeadersAndLabelsThenTheSamplesAreTheWholeReadsOnes) {
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset streamed,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+  EXPECT_EQ(store.range_bytes(), 2 * kPackedHeaderBytes);  // No record read yet.
+  ASSERT_NE(streamed.store, nullptr);
+  const SampleStore::Chunks* chunks = streamed.store->chunks();
+  ASSERT_NE(chunks, nullptr);
+  // Shard 0: 4,500 records = chunks of 1,361, 1,361, 1,361, 417; shard 1 the same.
+  EXPECT_THAT(chunks->starts, ::testing::ElementsAre(0, 1361, 2722, 4083, 4500, 5861, 7222, 8583));
+  EXPECT_EQ(chunks->window_chunks, 1);
+  EXPECT_EQ(streamed.labels, splits_.train.labels);
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> pixels, streamed.CopyPixels());
+  EXPECT_TRUE(pixels == splits_.train.pixels);
+  EXPECT_EQ(store.range_bytes(), 2 * kPackedHeaderBytes + 9000 * kRecord);  // Each chunk once.
+}
+
+TEST_F(StreamedSplitTest, EachWorkerOfAnEpochReadsAboutItsShareOfTheChunks) {
+  for (int64_t window_mib : {4, 8}) {
+    int64_t total = 0;
+    std::multiset<int64_t> trained;
+    for (int rank = 0; rank < 2; ++rank) {
+      CountingStorage store;  // One worker's.
+      ASSERT_OK_AND_ASSIGN(
+          ImageDataset ds,
+          LoadPackedSplit(dir_.string(), "train", store, Streamed(window_mib << 20)));
+      const std::vector<int64_t> order = TrainingOrder(ds, ds.size(), false, 7, 2);
+      const WorkRange share = BaseRange(ds.size(), 2, rank, 2);
+      std::vector<int64_t> mine(order.begin() + share.begin, order.begin() + share.end);
+      ds.store->Plan(mine);
+      for (size_t b = 0; b < mine.size(); b += 64) {
+        const size_t n = std::min<size_t>(64, mine.size() - b);
+        ASSERT_OK_AND_ASSIGN(std::shared_ptr<const void> lease, ds.Acquire(&mine[b], n));
+        for (size_t k = b; k < b + n; ++k) {
+          ASSERT_EQ(0, std::memcmp(ds.image(mine[k]),
+                                   splits_.train.pixels.data() + mine[k] * 3072, 3072));
+        }
+      }
+      trained.insert(mine.begin(), mine.end());
+      const int64_t read = store.range_bytes() - 2 * kPackedHeaderBytes;
+      // Its share is half the samples; it reads their chunks, the window it
+      // shares with the other worker at most twice: not the whole split.
+      const int64_t window_records = window_mib / 4 * 1361;
+      EXPECT_LE(read, (4500 + window_records) * kRecord) << rank << ", window " << window_mib;
+      EXPECT_LT(read, 9000 * kRecord) << "rank " << rank << ", window " << window_mib;
+      total += read;
+    }
+    EXPECT_EQ(trained.size(), 9000u);
+    for (int64_t i = 0; i < 9000; ++i) ASSERT_EQ(trained.count(i), 1u) << i;
+    EXPECT_LE(total, (9000 + window_mib / 4 * 1361) * kRecord);
+  }
+}
+
+TEST_F(StreamedSplitTest, ASplitInOneWindowIsShuffledAsALocalOne) {
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset streamed,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(256 << 20)));
+  ASSERT_OK_AND_ASSIGN(ImageDataset local, LoadPackedSplit(dir_.string(), "train"));
+  EXPECT_EQ(local.store->chunks(), nullptr);
+  EXPECT_EQ(TrainingOrder(streamed, 9000, false, 5, 1), TrainingOrder(local, 9000, false, 5, 1));
+  EXPECT_EQ(TrainingOrder(streamed, 9000, false, 5, 1), EpochOrder(9000, 5, 1, 0, 1, true));
+}
+
+TEST_F(StreamedSplitTest, ADamagedRecordIsReadAgainAndOneDamagedEveryTimeIsNamed) {
+  const std::string shard = File("train", 1, 2);
+  const int64_t record = 100;  // Sample 4,600.
+  const int64_t at = kPackedHeaderBytes + record * kRecord + 17;
+  std::vector<int64_t> sample = {4600};
+  {
+    CountingStorage store;
+    ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                         LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+    store.Damage(shard, at, 1);
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<const void> lease, ds.Acquire(sample.data(), 1));
+    EXPECT_EQ(0, std::memcmp(ds.image(4600), splits_.train.pixels.data() + 4600 * 3072, 3072));
+  }
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+  store.Damage(shard, at, 1000);
+  EXPECT_THAT(ds.Acquire(sample.data(), 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(PackedShardName("train", 1, 2) + ": record 100 (sample 4600): "
+                                 "checksum mismatch")));
+}
+
+TEST_F(StreamedSplitTest, ALabelsObjectOfAnotherPackingIsCaughtAndWithoutOneTheSplitIsReadWhole) {
+  // Another packing's labels: the header agrees, one label differs.
+  std::vector<int32_t> labels = splits_.train.labels;
+  labels[5000] = (labels[5000] + 1) % 10;
+  splits_.train.labels = labels;
+  const std::string other = (dir_ / "other").string();
+  PackOptions options;
+  options.records_per_shard = 4500;
+  ASSERT_OK(WritePackedDataset(splits_, other, options).status());
+  fs::copy_file(fs::path(other) / "train.labels", dir_ / "train.labels",
+                fs::copy_options::overwrite_existing);
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+  std::vector<int64_t> sample = {5000};
+  EXPECT_THAT(ds.Acquire(sample.data(), 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sample 5000) has label")));
+
+  fs::remove(dir_ / "train.labels");
+  ASSERT_OK_AND_ASSIGN(ImageDataset whole,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+  EXPECT_EQ(whole.store->chunks(), nullptr);
+}
+
+TEST(ChunkedEpochOrderTest, APermutationWhoseWindowsHoldWholeChunks) {
+  SampleStore::Chunks chunks;
+  chunks.starts = {0, 100, 200, 300, 400, 500};
+  chunks.window_chunks = 2;
+  std::vector<int64_t> samples(600);
+  for (int64_t i = 0; i < 600; ++i) samples[i] = i;
+  const std::vector<int64_t> order = ChunkedEpochOrder(samples, chunks, 9, 3);
+  EXPECT_EQ(order, ChunkedEpochOrder(samples, chunks, 9, 3));
+  EXPECT_NE(order, ChunkedEpochOrder(samples, chunks, 9, 4));
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, samples);
+  for (int w = 0; w < 3; ++w) {  // Each window: two whole chunks, shuffled.
+    std::set<int64_t> chunk_ids;
+    for (int k = 0; k < 200; ++k) chunk_ids.insert(order[w * 200 + k] / 100);
+    EXPECT_EQ(chunk_ids.size(), 2u) << "window " << w;
+    EXPECT_FALSE(std::is_sorted(order.begin() + w * 200, order.begin() + w * 200 + 200));
+  }
 }
 
 }  // namespace

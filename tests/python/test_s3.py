@@ -149,8 +149,9 @@ def packed(bin_dir, fashion_mnist, moto, tmp_path_factory):
         [tools_python(), os.path.join(TOOLS, "s3_harness.py"), "ls", f"s3://{BUCKET}/fmnist"],
         env=dict(os.environ, **s3_env(moto)), capture_output=True, text=True, timeout=60)
     assert listing.stdout.split() == [
-        "fmnist/test-00000-of-00001.pspack", "fmnist/train-00000-of-00003.pspack",
-        "fmnist/train-00001-of-00003.pspack", "fmnist/train-00002-of-00003.pspack"], listing
+        "fmnist/test-00000-of-00001.pspack", "fmnist/test.labels",
+        "fmnist/train-00000-of-00003.pspack", "fmnist/train-00001-of-00003.pspack",
+        "fmnist/train-00002-of-00003.pspack", "fmnist/train.labels"], listing
     return {"local": local, "s3": f"s3://{BUCKET}/fmnist"}
 
 
@@ -173,10 +174,11 @@ def mlp():
                                layers.Dense(10)], input_shape=(1, 28, 28), name="fmnist-mlp")
 
 
-def train(cluster, path, timeout=600):
+def train(cluster, path, timeout=600, **dataset):
     client = pstrain.Client(cluster.address, timeout=10.0, **cluster.admin_credentials())
     job = client.submit(
-        mlp(), pstrain.datasets.Packed(path, mean=[0.2860], std=[0.3530], train_limit=TRAIN_LIMIT),
+        mlp(), pstrain.datasets.Packed(path, mean=[0.2860], std=[0.3530], train_limit=TRAIN_LIMIT,
+                                       **dataset),
         pstrain.optimizers.SGD(0.05, momentum=0.9), epochs=EPOCHS, batch_size=64, workers=2,
         mode="sync", seed=1)
     return job.wait(timeout=timeout)
@@ -206,6 +208,29 @@ def test_a_job_from_the_bucket_matches_the_local_copy_through_store_faults(s3_cl
     logs = s3_cluster.log("worker0") + s3_cluster.log("worker1")
     assert re.search(r"S3 (GET|HEAD) s3://pstrain-data/fmnist/.*; retry 1 of 7", logs), logs
     assert moto["AWS_SECRET_ACCESS_KEY"] not in logs
+
+
+def test_with_a_small_shuffle_window_each_worker_streams_about_its_share(s3_cluster, packed,
+                                                                         proxy):
+    """Packed shards in a bucket are streamed in ~4 MiB chunks: with a 4 MiB
+    shuffle window each of the 2 workers reads the chunks of its half of the
+    epoch (and its half of the test split), not the whole objects; the job
+    still trains every sample once, through the proxy's faults."""
+    before = proxy["stats"]().get("get_body_bytes", 0)
+    job = train(s3_cluster, packed["s3"], shuffle_window_mib=4)
+    read = proxy["stats"]().get("get_body_bytes", 0) - before
+    assert job.state == "SUCCEEDED", f"{job.reason}\n{s3_cluster.logs()}"
+    record = 28 * 28 + 8
+    # Reading the objects whole would be 2 x (60000 + 10000) records.
+    whole = 2 * 70000 * record
+    print(f"bytes the workers read from the bucket: {read} ({read / whole:.2f} of reading "
+          f"every object whole); test accuracy {job.test.accuracy:.4f}")
+    # Both workers: the limit's 20000 train samples in chunks of 5295 records
+    # (4 chunks, one of them read by both), the test split's 2 chunks (one by
+    # both), headers and labels.
+    assert read < 0.4 * whole, read
+    assert job.test.samples == 10000
+    assert job.test.accuracy > 0.75  # Chance is 0.10; chunk order, not the local one.
 
 
 def write_png(path, pixels, width, height):
@@ -258,7 +283,8 @@ def test_an_image_folder_in_the_bucket_packs_like_the_same_folder_on_disk(bin_di
         assert "train 300 samples in 1 shards, test 100 samples in 1 shards" in result.stdout
         outs[label] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     assert outs["s3"] == outs["local"]
-    assert sorted(outs["s3"]) == ["test-00000-of-00001.pspack", "train-00000-of-00001.pspack"]
+    assert sorted(outs["s3"]) == ["test-00000-of-00001.pspack", "test.labels",
+                                  "train-00000-of-00001.pspack", "train.labels"]
 
 
 FMNIST_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",

@@ -39,7 +39,7 @@ and to stdout on SIGTERM/SIGINT/SIGHUP: connections, rejected_connections
 (over --max-connections), requests, eligible (method matched), forwarded
 (sent upstream, truncated/corrupted ones included), reset, slowdown,
 truncate, corrupt, faults (their sum), delayed (--delay-ms), not_applicable, client_errors,
-upstream_errors. The listening port goes to --port-file (atomically, once
+upstream_errors, get_body_bytes (bodies of GETs answered 200/206 and not truncated). The listening port goes to --port-file (atomically, once
 listening). The proxy also stops when its parent process exits (unless
 --no-exit-with-parent). No headers or query strings are logged.
 
@@ -108,7 +108,7 @@ class Stats:
 
     KEYS = ("connections", "rejected_connections", "requests", "eligible", "forwarded",
             *FAULT_KINDS, "faults", "delayed", "not_applicable", "client_errors",
-            "upstream_errors")
+            "upstream_errors", "get_body_bytes")
 
     def __init__(self, path: str | None):
         self.path = path
@@ -502,6 +502,8 @@ class Proxy:
             self.stats.add("forwarded")
             no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
             length = None if no_body else resp.content_length()
+            if method == "GET" and length and status in (200, 206) and kind != "truncate":
+                self.stats.add("get_body_bytes", length)
             chunked = not no_body and resp.chunked()
             until_close = not no_body and not chunked and length is None
             # moto (werkzeug) closes after every response. With --client-keep-alive

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "common/data/dataset.h"
 #include "gmock/gmock.h"
@@ -19,6 +20,8 @@ namespace pstrain {
 namespace {
 
 using data::testing::CountingDataset;
+using ::pstrain::testing::StatusIs;
+using ::testing::HasSubstr;
 
 struct Epoch {
   std::vector<int64_t> ids;          // Sample ids in delivery order.
@@ -422,4 +425,62 @@ TEST_P(DataPrefetcherTest, RejectsBadArgumentsAndNextBeforeStart) {
 }
 
 }  // namespace
+
+// A store that fetches: pixels from a plain dataset, a plan recorded, and
+// one sample whose read always fails (a record damaged in the store).
+class FailingStore final : public data::SampleStore {
+ public:
+  FailingStore(data::ImageDataset source, int64_t bad) : source_(std::move(source)), bad_(bad) {}
+  const uint8_t* image(int64_t i) const override { return source_.image(i); }
+  void Plan(const std::vector<int64_t>& samples) const override {
+    absl::MutexLock lock(&mu_);
+    planned_ = samples;
+  }
+  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples,
+                                                      size_t count) const override {
+    for (size_t k = 0; k < count; ++k) {
+      if (samples[k] == bad_) {
+        return absl::DataLossError(absl::StrCat("s3://b/train-00000-of-00001.pspack: record ",
+                                                bad_, " (sample ", bad_,
+                                                "): checksum mismatch"));
+      }
+    }
+    return std::shared_ptr<const void>();
+  }
+  std::vector<int64_t> planned() const {
+    absl::MutexLock lock(&mu_);
+    return planned_;
+  }
+
+ private:
+  const data::ImageDataset source_;
+  const int64_t bad_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<int64_t> planned_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_P(DataPrefetcherTest, AStoresPlanIsTheBatchesAndAFailedReadIsTheBatchsError) {
+  data::ImageDataset ds = CountingDataset(40);
+  auto store = std::make_shared<FailingStore>(ds, /*bad=*/25);
+  ds.store = store;
+  PrefetchOptions options;
+  options.batch_size = 10;
+  options.threads = 2;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  std::vector<int64_t> samples = Iota(40);
+  ASSERT_OK(p->StartSamples(1, samples, {10, 20, 30, 40}));
+  EXPECT_EQ(store->planned(), samples);
+  for (int b = 0; b < 2; ++b) {
+    absl::StatusOr<DeviceBatch> batch = p->Next();
+    ASSERT_OK(batch);
+    EXPECT_EQ(batch->n, 10);
+  }
+  EXPECT_THAT(p->Next().status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("record 25 (sample 25)")));
+  // A new list without the damaged sample runs.
+  ASSERT_OK(p->StartSamples(2, Iota(20), {10, 20}));
+  ASSERT_OK(p->Next());
+}
+
 }  // namespace pstrain
