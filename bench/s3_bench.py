@@ -14,9 +14,11 @@ a local path.
    - pstrain: bench/s3_read_bench (Storage::Read: a HEAD, then 8 MiB
      ranged GETs, 4 in parallel, held to the ETag).
 3. Training: `pstrain-worker --standalone` on the same packed dataset from
-   the local directory and from s3:// (the example CNN, 1 epoch on 10000
-   samples): wall time, the trainer's samples/s, and the load time before
-   the first step (wall - train seconds).
+   the local directory (mapped) and from s3:// (streamed in ~4 MiB chunks:
+   the default window, which holds the whole split, and a 4 MiB window, one
+   chunk, fetched as the epoch goes), the example CNN, 1 epoch on
+   --train-limit samples, interleaved, the median of --train-repeat: the
+   trainer's samples/s, wall time, and the time before the first step.
 """
 
 import argparse
@@ -43,6 +45,8 @@ def main():
     parser.add_argument("--bin-dir", default=os.path.join(REPO, "build", "bin"))
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--random-mib", type=int, default=256)
+    parser.add_argument("--train-limit", type=int, default=60000)
+    parser.add_argument("--train-repeat", type=int, default=3)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="s3_bench_")
     with MotoServer(log_path=os.path.join(work, "moto.log")) as s3:
@@ -90,31 +94,43 @@ def main():
               f"{', '.join(f'{r:.0f}' for r in pstrain_rates)})")
         print(f"ratio pstrain / boto3: {p / b:.2f}x")
 
-        # 3. Training from s3:// and from the local directory.
+        # 3. Training from s3:// (streamed) and from the local directory
+        # (mapped), interleaved, the median of --train-repeat runs each.
         job = json.load(open(os.path.join(REPO, "examples", "fashion-mnist.json")))
         job["model_file"] = os.path.join(REPO, "examples", job["model_file"])
-        results = {}
-        for label, path in (("local", packed), ("s3://", f"s3://{BUCKET}/fmnist")):
-            job["dataset"] = {"format": "DATASET_FORMAT_PACKED", "path": path,
-                              "mean": [0.2860], "std": [0.3530], "train_limit": 10000,
-                              "test_limit": 2000}
-            spec = os.path.join(work, "job.json")
-            json.dump(job, open(spec, "w"))
-            start = time.perf_counter()
-            out = subprocess.run([os.path.join(args.bin_dir, "pstrain-worker"), "--standalone",
-                                  spec, "--device", "cpu", "--epochs", "1", "--checkpoint",
-                                  "none"], env=env, check=True, capture_output=True,
-                                 text=True).stdout
-            wall = time.perf_counter() - start
-            result = json.loads(out.splitlines()[-1])
-            results[label] = (wall, result)
-            print(f"train from {label:6s}: wall {wall:6.2f} s, trainer "
-                  f"{result['train_samples_per_sec']:8.1f} samples/s, load before the first "
-                  f"step {wall - result['train_seconds']:5.2f} s, test accuracy "
-                  f"{result['test_accuracy']:.4f}")
-        ratio = (results["s3://"][1]["train_samples_per_sec"]
-                 / results["local"][1]["train_samples_per_sec"])
-        print(f"trainer samples/s, s3:// / local: {ratio:.2f}x")
+        variants = (("local", packed, 0), ("s3://", f"s3://{BUCKET}/fmnist", 0),
+                    ("s3:// 4 MiB window", f"s3://{BUCKET}/fmnist", 4))
+        runs = {label: [] for label, _, _ in variants}
+        for _ in range(args.train_repeat):
+            for label, path, window in variants:
+                job["dataset"] = {"format": "DATASET_FORMAT_PACKED", "path": path,
+                                  "mean": [0.2860], "std": [0.3530],
+                                  "train_limit": args.train_limit, "test_limit": 2000,
+                                  "shuffle_window_mib": window}
+                spec = os.path.join(work, "job.json")
+                json.dump(job, open(spec, "w"))
+                start = time.perf_counter()
+                out = subprocess.run([os.path.join(args.bin_dir, "pstrain-worker"),
+                                      "--standalone", spec, "--device", "cpu", "--epochs", "1",
+                                      "--checkpoint", "none"], env=env, check=True,
+                                     capture_output=True, text=True).stdout
+                wall = time.perf_counter() - start
+                result = json.loads(out.splitlines()[-1])
+                runs[label].append((result["train_samples_per_sec"], wall,
+                                    wall - result["train_seconds"], result["test_accuracy"]))
+        print(f"training: the example CNN, 1 epoch on {args.train_limit} samples, standalone, "
+              f"median of {args.train_repeat}")
+        medians = {}
+        for label, _, _ in variants:
+            rates = [r[0] for r in runs[label]]
+            medians[label] = statistics.median(rates)
+            print(f"train from {label:19s}: trainer median {medians[label]:8.1f} samples/s "
+                  f"(all: {', '.join(f'{r:.0f}' for r in rates)}), wall "
+                  f"{statistics.median(r[1] for r in runs[label]):6.2f} s, before the first "
+                  f"step {statistics.median(r[2] for r in runs[label]):5.2f} s, test accuracy "
+                  f"{runs[label][0][3]:.4f}")
+        for label in ("s3://", "s3:// 4 MiB window"):
+            print(f"trainer samples/s, {label} / local: {medians[label] / medians['local']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -626,8 +626,10 @@ absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
 
 // ---- Streaming a split from a store -----------------------------------------
 
-// Records read together: about this many bytes of one shard.
-constexpr int64_t kStreamChunkBytes = int64_t{4} << 20;
+// Records read together: about this many bytes of one shard (one ranged
+// GET; the S3 client's range size: a store's cost per request is then a
+// small part of each read).
+constexpr int64_t kStreamChunkBytes = int64_t{8} << 20;
 // Ranged reads in flight ahead of the trainer.
 constexpr int kReadAheadThreads = 4;
 

@@ -122,7 +122,7 @@ class Packed(Dataset):
     checksummed records read with a copy. Give the source's mean and std.
 
     From an object store (path "s3://bucket/prefix") each worker streams only
-    the ~4 MiB chunks its share of an epoch holds; shuffle_window_mib (0: 256)
+    the ~8 MiB chunks its share of an epoch holds; shuffle_window_mib (0: 256)
     is the window its epochs shuffle samples within, after shuffling the
     chunks. A split that fits in one window is shuffled whole."""
 

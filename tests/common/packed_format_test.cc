@@ -290,13 +290,13 @@ class CountingStorage final : public storage::Storage {
   int damaged_reads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// 3x32x32 images: 1,361 records of 3,080 bytes make a 4 MiB chunk, so 9,000
-// samples in 2 shards are 8 chunks.
+// 3x32x32 images: 2,723 records of 3,080 bytes make an 8 MiB chunk, so
+// 18,000 samples in 4 shards of 4,500 are 8 chunks.
 class StreamedSplitTest : public PackedFormatTest {
  protected:
   void SetUp() override {
     PackedFormatTest::SetUp();
-    splits_.train = Make(9000, 3, 32, 32, 10, 3);
+    splits_.train = Make(18000, 3, 32, 32, 10, 3);
     splits_.test = Make(500, 3, 32, 32, 10, 4);
     PackOptions options;
     options.records_per_shard = 4500;
@@ -314,29 +314,31 @@ class StreamedSplitTest : public PackedFormatTest {
 TEST_F(StreamedSplitTest, OpeningReadsHeadersAndLabelsThenTheSamplesAreTheWholeReadsOnes) {
   CountingStorage store;
   ASSERT_OK_AND_ASSIGN(ImageDataset streamed,
-                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
-  EXPECT_EQ(store.range_bytes(), 2 * kPackedHeaderBytes);  // No record read yet.
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
+  EXPECT_EQ(store.range_bytes(), 4 * kPackedHeaderBytes);  // No record read yet.
   ASSERT_NE(streamed.store, nullptr);
   const SampleStore::Chunks* chunks = streamed.store->chunks();
   ASSERT_NE(chunks, nullptr);
-  // Shard 0: 4,500 records = chunks of 1,361, 1,361, 1,361, 417; shard 1 the same.
-  EXPECT_THAT(chunks->starts, ::testing::ElementsAre(0, 1361, 2722, 4083, 4500, 5861, 7222, 8583));
+  // Each shard: 4,500 records = chunks of 2,723 and 1,777.
+  EXPECT_THAT(chunks->starts,
+              ::testing::ElementsAre(0, 2723, 4500, 7223, 9000, 11723, 13500, 16223));
   EXPECT_EQ(chunks->window_chunks, 1);
   EXPECT_EQ(streamed.labels, splits_.train.labels);
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> pixels, streamed.CopyPixels());
   EXPECT_TRUE(pixels == splits_.train.pixels);
-  EXPECT_EQ(store.range_bytes(), 2 * kPackedHeaderBytes + 9000 * kRecord);  // Each chunk once.
+  EXPECT_EQ(store.range_bytes(), 4 * kPackedHeaderBytes + 18000 * kRecord);  // Each chunk once.
 }
 
 TEST_F(StreamedSplitTest, EachWorkerOfAnEpochReadsAboutItsShareOfTheChunks) {
-  for (int64_t window_mib : {4, 8}) {
+  for (int64_t window_chunks : {1, 2}) {
     int64_t total = 0;
     std::multiset<int64_t> trained;
     for (int rank = 0; rank < 2; ++rank) {
       CountingStorage store;  // One worker's.
       ASSERT_OK_AND_ASSIGN(
           ImageDataset ds,
-          LoadPackedSplit(dir_.string(), "train", store, Streamed(window_mib << 20)));
+          LoadPackedSplit(dir_.string(), "train", store, Streamed(window_chunks * (8 << 20))));
+      ASSERT_EQ(ds.store->chunks()->window_chunks, window_chunks);
       const std::vector<int64_t> order = TrainingOrder(ds, ds.size(), false, 7, 2);
       const WorkRange share = BaseRange(ds.size(), 2, rank, 2);
       std::vector<int64_t> mine(order.begin() + share.begin, order.begin() + share.end);
@@ -350,17 +352,16 @@ TEST_F(StreamedSplitTest, EachWorkerOfAnEpochReadsAboutItsShareOfTheChunks) {
         }
       }
       trained.insert(mine.begin(), mine.end());
-      const int64_t read = store.range_bytes() - 2 * kPackedHeaderBytes;
+      const int64_t read = store.range_bytes() - 4 * kPackedHeaderBytes;
       // Its share is half the samples; it reads their chunks, the window it
       // shares with the other worker at most twice: not the whole split.
-      const int64_t window_records = window_mib / 4 * 1361;
-      EXPECT_LE(read, (4500 + window_records) * kRecord) << rank << ", window " << window_mib;
-      EXPECT_LT(read, 9000 * kRecord) << "rank " << rank << ", window " << window_mib;
+      EXPECT_LE(read, (9000 + window_chunks * 2723) * kRecord) << rank << ", " << window_chunks;
+      EXPECT_LT(read, 18000 * kRecord) << "rank " << rank << ", window " << window_chunks;
       total += read;
     }
-    EXPECT_EQ(trained.size(), 9000u);
-    for (int64_t i = 0; i < 9000; ++i) ASSERT_EQ(trained.count(i), 1u) << i;
-    EXPECT_LE(total, (9000 + window_mib / 4 * 1361) * kRecord);
+    EXPECT_EQ(trained.size(), 18000u);
+    for (int64_t i = 0; i < 18000; ++i) ASSERT_EQ(trained.count(i), 1u) << i;
+    EXPECT_LE(total, (18000 + window_chunks * 2723) * kRecord);
   }
 }
 
@@ -370,30 +371,31 @@ TEST_F(StreamedSplitTest, ASplitInOneWindowIsShuffledAsALocalOne) {
                        LoadPackedSplit(dir_.string(), "train", store, Streamed(256 << 20)));
   ASSERT_OK_AND_ASSIGN(ImageDataset local, LoadPackedSplit(dir_.string(), "train"));
   EXPECT_EQ(local.store->chunks(), nullptr);
-  EXPECT_EQ(TrainingOrder(streamed, 9000, false, 5, 1), TrainingOrder(local, 9000, false, 5, 1));
-  EXPECT_EQ(TrainingOrder(streamed, 9000, false, 5, 1), EpochOrder(9000, 5, 1, 0, 1, true));
+  EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1),
+            TrainingOrder(local, 18000, false, 5, 1));
+  EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1), EpochOrder(18000, 5, 1, 0, 1, true));
 }
 
 TEST_F(StreamedSplitTest, ADamagedRecordIsReadAgainAndOneDamagedEveryTimeIsNamed) {
-  const std::string shard = File("train", 1, 2);
+  const std::string shard = File("train", 1, 4);
   const int64_t record = 100;  // Sample 4,600.
   const int64_t at = kPackedHeaderBytes + record * kRecord + 17;
   std::vector<int64_t> sample = {4600};
   {
     CountingStorage store;
     ASSERT_OK_AND_ASSIGN(ImageDataset ds,
-                         LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+                         LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
     store.Damage(shard, at, 1);
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<const void> lease, ds.Acquire(sample.data(), 1));
     EXPECT_EQ(0, std::memcmp(ds.image(4600), splits_.train.pixels.data() + 4600 * 3072, 3072));
   }
   CountingStorage store;
   ASSERT_OK_AND_ASSIGN(ImageDataset ds,
-                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
   store.Damage(shard, at, 1000);
   EXPECT_THAT(ds.Acquire(sample.data(), 1).status(),
               StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr(PackedShardName("train", 1, 2) + ": record 100 (sample 4600): "
+                       HasSubstr(PackedShardName("train", 1, 4) + ": record 100 (sample 4600): "
                                  "checksum mismatch")));
 }
 
@@ -410,14 +412,14 @@ TEST_F(StreamedSplitTest, ALabelsObjectOfAnotherPackingIsCaughtAndWithoutOneTheS
                 fs::copy_options::overwrite_existing);
   CountingStorage store;
   ASSERT_OK_AND_ASSIGN(ImageDataset ds,
-                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
   std::vector<int64_t> sample = {5000};
   EXPECT_THAT(ds.Acquire(sample.data(), 1).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sample 5000) has label")));
 
   fs::remove(dir_ / "train.labels");
   ASSERT_OK_AND_ASSIGN(ImageDataset whole,
-                       LoadPackedSplit(dir_.string(), "train", store, Streamed(4 << 20)));
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
   EXPECT_EQ(whole.store->chunks(), nullptr);
 }
 
