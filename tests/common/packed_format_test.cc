@@ -376,6 +376,25 @@ TEST_F(StreamedSplitTest, ASplitInOneWindowIsShuffledAsALocalOne) {
   EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1), EpochOrder(18000, 5, 1, 0, 1, true));
 }
 
+TEST_F(StreamedSplitTest, ABalancedEpochOfAStreamedSplitKeepsItsSamplesInChunkOrder) {
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
+  const int64_t length = BalancedEpochLength(ds.labels, ds.num_classes);
+  std::vector<int64_t> order = TrainingOrder(ds, length, /*balance=*/true, 3, 1);
+  std::vector<int64_t> balanced = BalancedEpochSamples(ds.labels, ds.num_classes, 3, 1);
+  std::sort(order.begin(), order.end());
+  std::sort(balanced.begin(), balanced.end());
+  EXPECT_EQ(order, balanced);  // The same oversampled epoch, in another order.
+  // One chunk a window: the first window's samples all come from one chunk.
+  order = TrainingOrder(ds, length, true, 3, 1);
+  const std::vector<int64_t>& starts = ds.store->chunks()->starts;
+  auto chunk_of = [&](int64_t i) {
+    return std::upper_bound(starts.begin(), starts.end(), i) - starts.begin() - 1;
+  };
+  for (int k = 1; k < 1000; ++k) ASSERT_EQ(chunk_of(order[k]), chunk_of(order[0])) << k;
+}
+
 TEST_F(StreamedSplitTest, ADamagedRecordIsReadAgainAndOneDamagedEveryTimeIsNamed) {
   const std::string shard = File("train", 1, 4);
   const int64_t record = 100;  // Sample 4,600.
