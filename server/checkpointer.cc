@@ -189,10 +189,13 @@ absl::StatusOr<v1::Checkpoint> Checkpointer::LoadRemote(const std::string& job_i
   for (auto n = numbers.rbegin(); n != numbers.rend(); ++n) {
     const std::string manifest_uri = storage::JoinUri(dir, NumberedName(*n, kManifestSuffix));
     absl::StatusOr<v1::Checkpoint> ckpt = [&]() -> absl::StatusOr<v1::Checkpoint> {
-      PSTRAIN_ASSIGN_OR_RETURN(std::string text, options_.store->Read(manifest_uri));
+      PSTRAIN_ASSIGN_OR_RETURN(std::string text,
+                               storage::ReadAtMost(*options_.store, manifest_uri, 64 << 10));
       PSTRAIN_ASSIGN_OR_RETURN(Manifest manifest, DecodeManifest(manifest_uri, text));
       const std::string uri = storage::JoinUri(dir, manifest.object);
-      PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, options_.store->Read(uri));
+      // No more than the manifest's size is read (then its SHA-256 checked).
+      PSTRAIN_ASSIGN_OR_RETURN(std::string bytes,
+                               storage::ReadAtMost(*options_.store, uri, manifest.bytes));
       if (static_cast<int64_t>(bytes.size()) != manifest.bytes ||
           storage::Sha256Hex(bytes) != manifest.sha256) {
         return absl::DataLossError(absl::StrCat(uri, ": ", bytes.size(),

@@ -81,6 +81,9 @@ std::string EncodeHeader(const Header& h) {
 //   32 count x i32 labels, in sample order
 constexpr char kLabelsMagic[8] = {'P', 'S', 'T', 'R', 'L', 'B', 'L', '1'};
 constexpr int64_t kLabelsHeaderBytes = 32;
+// classes.csv: a line of at most ~300 bytes for each of up to
+// kPackedMaxClasses classes.
+constexpr int64_t kMaxClassesCsvBytes = int64_t{320} * kPackedMaxClasses;
 
 std::string LabelsObjectName(const std::string& split) { return split + ".labels"; }
 
@@ -902,7 +905,7 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
                                                storage::Storage& store,
                                                const PackedReadOptions& options) {
   const std::string labels_uri = storage::JoinUri(dir, LabelsObjectName(split));
-  PSTRAIN_ASSIGN_OR_RETURN(std::string labels_bytes, store.Read(labels_uri));
+  PSTRAIN_RETURN_IF_ERROR(store.Stat(labels_uri).status());  // NOT_FOUND: read it whole.
   ImageDataset ds;
   std::vector<StreamShard> shards;
   uint64_t next_sample = 0;
@@ -928,6 +931,11 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
     shards.push_back({uri, static_cast<int64_t>(next_sample), static_cast<int64_t>(h->records)});
     next_sample += h->records;
   }
+  // The labels of exactly the samples the shards hold, and no more bytes.
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::string labels_bytes,
+      storage::ReadAtMost(store, labels_uri,
+                          kLabelsHeaderBytes + static_cast<int64_t>(next_sample) * 4));
   PSTRAIN_ASSIGN_OR_RETURN(
       std::vector<int32_t> labels,
       DecodeLabels(labels_uri, labels_bytes, static_cast<uint32_t>(ds.num_classes), next_sample));
@@ -1015,7 +1023,8 @@ absl::StatusOr<DatasetSplits> LoadPackedDataset(const std::string& dir, storage:
   PSTRAIN_ASSIGN_OR_RETURN(splits.train, LoadPackedSplit(dir, "train", store, options));
   PSTRAIN_ASSIGN_OR_RETURN(splits.test, LoadPackedSplit(dir, "test", store, options));
   // classes.csv ("class,category_id,name"), when the packing wrote one.
-  absl::StatusOr<std::string> classes = store.Read(storage::JoinUri(dir, "classes.csv"));
+  absl::StatusOr<std::string> classes =
+      storage::ReadAtMost(store, storage::JoinUri(dir, "classes.csv"), kMaxClassesCsvBytes);
   if (absl::IsNotFound(classes.status())) return splits;
   if (!classes.ok()) return classes.status();
   std::vector<std::string> names;

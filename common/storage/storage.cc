@@ -334,6 +334,20 @@ std::unique_ptr<Storage> NewS3Storage(std::unique_ptr<S3Client> client) {
   return std::make_unique<S3Storage>(std::move(client));
 }
 
+absl::StatusOr<std::string> ReadAtMost(Storage& store, const std::string& uri, int64_t max_bytes) {
+  PSTRAIN_ASSIGN_OR_RETURN(ObjectInfo info, store.Stat(uri));
+  if (info.size > max_bytes) {
+    return absl::DataLossError(absl::StrCat(uri, ": ", info.size, " bytes, more than the ",
+                                            max_bytes, " such a file may have"));
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store.Read(uri));
+  if (static_cast<int64_t>(bytes.size()) > max_bytes) {  // Replaced since the Stat.
+    return absl::DataLossError(absl::StrCat(uri, ": ", bytes.size(), " bytes, more than the ",
+                                            max_bytes, " such a file may have"));
+  }
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageOptions& options) {
   std::unique_ptr<Storage> s3;
   if (options.s3.has_value()) {

@@ -106,6 +106,12 @@ struct StorageOptions {
 // Local paths and, when options.s3 is set, s3:// URIs.
 absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageOptions& options);
 
+// store.Read(uri) for a file that is small by nature (a CSV of class names,
+// a manifest, a labels object): its size is checked first, and one above
+// `max_bytes` is DATA_LOSS naming it, not an allocation of what a damaged
+// or hostile store claims.
+absl::StatusOr<std::string> ReadAtMost(Storage& store, const std::string& uri, int64_t max_bytes);
+
 }  // namespace pstrain::storage
 
 #endif  // PSTRAIN_COMMON_STORAGE_STORAGE_H_

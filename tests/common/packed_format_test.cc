@@ -442,6 +442,14 @@ TEST_F(StreamedSplitTest, ALabelsObjectOfAnotherPackingIsCaughtAndWithoutOneTheS
   EXPECT_EQ(whole.store->chunks(), nullptr);
 }
 
+TEST_F(StreamedSplitTest, ALabelsObjectOfTheWrongSizeIsRefusedUnread) {
+  Write((dir_ / "train.labels").string(), Read((dir_ / "train.labels").string()) + "extra");
+  CountingStorage store;
+  EXPECT_THAT(LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("train.labels: 72037 bytes, more than the 72032")));
+}
+
 TEST(ChunkedEpochOrderTest, APermutationWhoseWindowsHoldWholeChunks) {
   SampleStore::Chunks chunks;
   chunks.starts = {0, 100, 200, 300, 400, 500};

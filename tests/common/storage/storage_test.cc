@@ -99,6 +99,18 @@ TEST_F(LocalStorageTest, WriteReadListDelete) {
   EXPECT_EQ(store->List(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(LocalStorageTest, ASmallFileIsReadOnlyWhenItIsSmall) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> store, OpenStorage({}));
+  ASSERT_OK(store->Write(dir_ + "/classes.csv", "class,category_id,name\n"));
+  ASSERT_OK_AND_ASSIGN(std::string text, ReadAtMost(*store, dir_ + "/classes.csv", 23));
+  EXPECT_EQ(text, "class,category_id,name\n");
+  EXPECT_THAT(ReadAtMost(*store, dir_ + "/classes.csv", 22).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("classes.csv: 23 bytes, more than the 22")));
+  EXPECT_EQ(ReadAtMost(*store, dir_ + "/missing.csv", 22).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(LocalStorageTest, S3WithoutSettingsAndOtherSchemesSaySo) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> store, OpenStorage({}));
   EXPECT_THAT(store->Read("s3://bucket/key").status(),
