@@ -300,9 +300,11 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
       if (ready_cv_.WaitWithDeadline(&mu_, deadline) && ready_.find(batch) == ready_.end() &&
           failed_.find(batch) == failed_.end()) {
         last_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+        const std::string pending =
+            dataset_->store != nullptr ? dataset_->store->Pending() : std::string();
         return absl::DeadlineExceededError(absl::StrCat(
             "prefetch: batch ", batch, " was not ready within ", options_.next_timeout_ms,
-            " ms"));
+            " ms", pending.empty() ? "" : absl::StrCat(" (", pending, ")")));
       }
     }
     if (shutdown_) return absl::CancelledError("prefetch: shutting down");

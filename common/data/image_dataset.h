@@ -51,10 +51,15 @@ class SampleStore {
   // plan before): fetched ahead within the store's memory bound.
   virtual void Plan(const std::vector<int64_t>& samples) const {}
 
+  // What a reader waiting on the store waits for ("reading s3://... bytes
+  // A-B from its store for 40 s"), for a timeout's message; "" when nothing.
+  virtual std::string Pending() const { return ""; }
+
   // Makes image(i) valid for every i in `samples` until the lease is
   // dropped. The error names the object and record that failed to read
   // (DATA_LOSS for a checksum that fails every read; the store's own error
-  // once its retries are spent).
+  // once its retries are spent, which later calls return at once until the
+  // next Plan).
   virtual absl::StatusOr<std::shared_ptr<const void>> Acquire(
       const int64_t* samples, size_t count) const {
     return std::shared_ptr<const void>();

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/data/file_io.h"
 #include "common/storage/storage.h"
 #include "common/status_macros.h"
@@ -669,6 +670,8 @@ class StreamedShards final : public SampleStore {
     budget_ = (2 * chunks_.window_chunks + 2 * kReadAheadThreads) * chunk_bytes;
     const size_t n = chunks_.starts.size();
     resident_.resize(n);
+    failed_.assign(n, absl::OkStatus());
+    fetch_started_.assign(n, absl::InfinitePast());
     fetching_.assign(n, 0);
     uses_.assign(n, 0);
     last_used_.assign(n, 0);
@@ -703,9 +706,26 @@ class StreamedShards final : public SampleStore {
 
   const Chunks* chunks() const override { return &chunks_; }
 
+  std::string Pending() const override {
+    absl::MutexLock lock(&mu_);
+    size_t oldest = fetching_.size();
+    for (size_t c = 0; c < fetching_.size(); ++c) {
+      if (fetching_[c] && (oldest == fetching_.size() || fetch_started_[c] < fetch_started_[oldest])) {
+        oldest = c;
+      }
+    }
+    if (oldest == fetching_.size()) return "";
+    const int64_t offset = kPackedHeaderBytes + chunk_record_[oldest] * record_bytes_;
+    return absl::StrFormat("reading %s bytes %d-%d from its store for %.0f s",
+                           shards_[chunk_shard_[oldest]].uri, offset,
+                           offset + ChunkBytes(oldest) - 1,
+                           absl::ToDoubleSeconds(absl::Now() - fetch_started_[oldest]));
+  }
+
   void Plan(const std::vector<int64_t>& samples) const override {
     absl::MutexLock lock(&mu_);
     std::fill(uses_.begin(), uses_.end(), 0);
+    std::fill(failed_.begin(), failed_.end(), absl::OkStatus());  // A new plan tries again.
     plan_.clear();
     next_planned_ = 0;
     for (int64_t i : samples) {
@@ -762,7 +782,11 @@ class StreamedShards final : public SampleStore {
       absl::MutexLock lock(&mu_);
       while (fetching_[c]) cv_.Wait(&mu_);  // Bounded by that fetch's deadlines.
       if (resident_[c] != nullptr) return resident_[c];
+      // A fetch of this plan failed with the store's retries spent: its
+      // error, not another round of them.
+      if (!failed_[c].ok()) return failed_[c];
       fetching_[c] = 1;
+      fetch_started_[c] = absl::Now();
       inflight_bytes_ += ChunkBytes(c);
     }
     absl::StatusOr<std::string> bytes = Fetch(c);
@@ -776,7 +800,10 @@ class StreamedShards final : public SampleStore {
     fetching_[c] = 0;
     inflight_bytes_ -= ChunkBytes(c);
     cv_.SignalAll();
-    if (!bytes.ok()) return bytes.status();
+    if (!bytes.ok()) {
+      failed_[c] = bytes.status();
+      return bytes.status();
+    }
     auto shared = std::make_shared<const std::string>(*std::move(bytes));
     resident_[c] = shared;
     resident_bytes_ += ChunkBytes(c);
@@ -820,8 +847,11 @@ class StreamedShards final : public SampleStore {
           cv_.Wait(&mu_);
         }
         c = plan_[next_planned_++];
-        if (fetching_[c] || resident_[c] != nullptr || uses_[c] == 0) continue;
+        if (fetching_[c] || resident_[c] != nullptr || uses_[c] == 0 || !failed_[c].ok()) {
+          continue;
+        }
         fetching_[c] = 1;
+        fetch_started_[c] = absl::Now();
         inflight_bytes_ += ChunkBytes(c);
       }
       absl::StatusOr<std::string> bytes = Fetch(c);
@@ -886,6 +916,9 @@ class StreamedShards final : public SampleStore {
   mutable absl::CondVar cv_;
   mutable std::vector<std::shared_ptr<const std::string>> resident_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<char> fetching_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<absl::Time> fetch_started_ ABSL_GUARDED_BY(mu_);
+  // A fetch of the current plan that failed after the store's retries.
+  mutable std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int64_t> uses_ ABSL_GUARDED_BY(mu_);  // Left in the plan.
   mutable std::vector<uint64_t> last_used_ ABSL_GUARDED_BY(mu_);
   mutable uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;

@@ -243,6 +243,17 @@ class CountingStorage final : public storage::Storage {
   }
   absl::StatusOr<std::string> ReadRange(const std::string& uri, int64_t offset,
                                         int64_t length) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++range_reads_;
+      auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !hold_; };
+      mu_.Await(absl::Condition(&released));
+      if (failures_left_ > 0) {
+        --failures_left_;
+        return absl::UnavailableError(absl::StrCat("S3 GET ", uri, ": 503 SlowDown (gave up "
+                                                   "after 8 attempts)"));
+      }
+    }
     absl::StatusOr<std::string> bytes = local_->ReadRange(uri, offset, length);
     if (!bytes.ok()) return bytes;
     Count(length, false);
@@ -276,6 +287,24 @@ class CountingStorage final : public storage::Storage {
     absl::MutexLock lock(&mu_);
     return range_bytes_;
   }
+  int range_reads() {
+    absl::MutexLock lock(&mu_);
+    return range_reads_;
+  }
+  // The next `n` ranged reads fail as a store's spent retries do.
+  void Fail(int n) {
+    absl::MutexLock lock(&mu_);
+    failures_left_ = n;
+  }
+  // Ranged reads wait (a store that stopped answering) until Release().
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    hold_ = false;
+  }
 
  private:
   void Count(int64_t bytes, bool whole) {
@@ -288,6 +317,9 @@ class CountingStorage final : public storage::Storage {
   std::string damage_uri_ ABSL_GUARDED_BY(mu_);
   int64_t damage_at_ ABSL_GUARDED_BY(mu_) = -1;
   int damaged_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int range_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int failures_left_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // 3x32x32 images: 2,723 records of 3,080 bytes make an 8 MiB chunk, so
@@ -440,6 +472,41 @@ TEST_F(StreamedSplitTest, ALabelsObjectOfAnotherPackingIsCaughtAndWithoutOneTheS
   ASSERT_OK_AND_ASSIGN(ImageDataset whole,
                        LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
   EXPECT_EQ(whole.store->chunks(), nullptr);
+}
+
+TEST_F(StreamedSplitTest, AFetchThatSpentTheStoresRetriesIsTheErrorUntilTheNextPlan) {
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
+  std::vector<int64_t> samples = {10, 20};  // One chunk.
+  const int before = store.range_reads();
+  store.Fail(1);
+  EXPECT_THAT(ds.Acquire(samples.data(), 2).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("gave up after 8 attempts")));
+  // Not another round of the store's retries for the same chunk...
+  EXPECT_THAT(ds.Acquire(samples.data(), 2).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("503 SlowDown")));
+  EXPECT_EQ(store.range_reads(), before + 1);
+  // ...until a new plan: then it is read.
+  ds.store->Plan({});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const void> lease, ds.Acquire(samples.data(), 2));
+  EXPECT_EQ(0, std::memcmp(ds.image(20), splits_.train.pixels.data() + 20 * 3072, 3072));
+}
+
+TEST_F(StreamedSplitTest, AReaderWaitingOnAStoppedStoreIsToldWhatItWaitsFor) {
+  CountingStorage store;
+  ASSERT_OK_AND_ASSIGN(ImageDataset ds,
+                       LoadPackedSplit(dir_.string(), "train", store, Streamed(8 << 20)));
+  EXPECT_EQ(ds.store->Pending(), "");
+  store.Hold();
+  ds.store->Plan({4600});  // Shard 1's first chunk: records 0-2722.
+  for (int i = 0; i < 500 && ds.store->Pending().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_THAT(ds.store->Pending(),
+              HasSubstr(PackedShardName("train", 1, 4) + " bytes 64-8386903 from its store for"));
+  store.Release();
+  std::vector<int64_t> sample = {4600};
+  ASSERT_OK(ds.Acquire(sample.data(), 1).status());
+  EXPECT_EQ(ds.store->Pending(), "");
 }
 
 TEST_F(StreamedSplitTest, ALabelsObjectOfTheWrongSizeIsRefusedUnread) {

@@ -483,4 +483,48 @@ TEST_P(DataPrefetcherTest, AStoresPlanIsTheBatchesAndAFailedReadIsTheBatchsError
   ASSERT_OK(p->Next());
 }
 
+
+// A store that stopped answering: Acquire waits until released.
+class StoppedStore final : public data::SampleStore {
+ public:
+  explicit StoppedStore(data::ImageDataset source) : source_(std::move(source)) {}
+  const uint8_t* image(int64_t i) const override { return source_.image(i); }
+  std::string Pending() const override {
+    return "reading s3://b/train-00000-of-00001.pspack bytes 64-8386903 from its store for 1 s";
+  }
+  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t*, size_t) const override {
+    absl::MutexLock lock(&mu_);
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; };
+    mu_.Await(absl::Condition(&released));
+    return std::shared_ptr<const void>();
+  }
+  void Release() const {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  const data::ImageDataset source_;
+  mutable absl::Mutex mu_;
+  mutable bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_P(DataPrefetcherTest, ATimeoutWaitingOnTheStoreSaysWhatItWaitsFor) {
+  data::ImageDataset ds = CountingDataset(20);
+  auto store = std::make_shared<StoppedStore>(ds);
+  ds.store = store;
+  PrefetchOptions options;
+  options.batch_size = 10;
+  options.next_timeout_ms = 50;
+  std::unique_ptr<DataPrefetcher> p = Make(&ds, options);
+  ASSERT_NE(p, nullptr);
+  ASSERT_OK(p->StartSamples(1, Iota(20), {10, 20}));
+  EXPECT_THAT(p->Next().status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("not ready within 50 ms (reading s3://b/train-00000-of-00001."
+                                 "pspack bytes 64-8386903 from its store")));
+  store->Release();
+  ASSERT_OK(p->Next());
+}
+
 }  // namespace pstrain
