@@ -639,6 +639,7 @@ constexpr int kReadAheadThreads = 4;
 
 struct StreamShard {
   std::string uri;
+  std::string etag;     // The version listed at open; every read is held to it.
   int64_t first = 0;    // The split's index of its first record.
   int64_t records = 0;
 };
@@ -867,7 +868,8 @@ class StreamedShards final : public SampleStore {
     const StreamShard& shard = shards_[chunk_shard_[c]];
     const int64_t offset = kPackedHeaderBytes + chunk_record_[c] * record_bytes_;
     const int64_t length = ChunkBytes(c);
-    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, store_.ReadRange(shard.uri, offset, length));
+    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes,
+                             store_.ReadRangeOfVersion(shard.uri, offset, length, shard.etag));
     if (static_cast<int64_t>(bytes.size()) != length) {
       return absl::DataLossError(absl::StrCat(shard.uri, ": ", bytes.size(), " bytes at ", offset,
                                               ", ", length, " asked for"));
@@ -883,7 +885,8 @@ class StreamedShards final : public SampleStore {
         }
         PSTRAIN_ASSIGN_OR_RETURN(
             std::string again,
-            store_.ReadRange(shard.uri, kPackedHeaderBytes + r * record_bytes_, record_bytes_));
+            store_.ReadRangeOfVersion(shard.uri, kPackedHeaderBytes + r * record_bytes_,
+                                      record_bytes_, shard.etag));
         if (static_cast<int64_t>(again.size()) != record_bytes_) {
           return absl::DataLossError(absl::StrCat(shard.uri, ": record ", r, " read again is ",
                                                   again.size(), " bytes"));
@@ -951,7 +954,8 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
                                                 " bytes, shorter than the ", kPackedHeaderBytes,
                                                 "-byte header"));
       }
-      PSTRAIN_ASSIGN_OR_RETURN(std::string header, store.ReadRange(uri, 0, kPackedHeaderBytes));
+      PSTRAIN_ASSIGN_OR_RETURN(std::string header, store.ReadRangeOfVersion(
+                                                       uri, 0, kPackedHeaderBytes, files[f].etag));
       if (header.size() != static_cast<size_t>(kPackedHeaderBytes)) {
         return absl::DataLossError(absl::StrCat(uri, ": short header read"));
       }
@@ -961,7 +965,8 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
     }
     PSTRAIN_RETURN_IF_ERROR(h.status());
     PSTRAIN_RETURN_IF_ERROR(CheckShardHeader(uri, *h, f, files.size(), next_sample, ds));
-    shards.push_back({uri, static_cast<int64_t>(next_sample), static_cast<int64_t>(h->records)});
+    shards.push_back(
+        {uri, files[f].etag, static_cast<int64_t>(next_sample), static_cast<int64_t>(h->records)});
     next_sample += h->records;
   }
   // The labels of exactly the samples the shards hold, and no more bytes.

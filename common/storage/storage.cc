@@ -162,6 +162,18 @@ class S3Storage final : public Storage {
     return client_->GetRange(s3.bucket, s3.key, offset, length);
   }
 
+  absl::StatusOr<std::string> ReadRangeOfVersion(const std::string& uri, int64_t offset,
+                                                 int64_t length, const std::string& etag) override {
+    PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseObject(uri));
+    if (length == 0) return std::string();
+    absl::StatusOr<std::string> bytes = client_->GetRange(s3.bucket, s3.key, offset, length, etag);
+    if (absl::IsAborted(bytes.status())) {  // 412: another version is there now.
+      return absl::DataLossError(absl::StrCat(uri, " changed while it was read (",
+                                              bytes.status().message(), ")"));
+    }
+    return bytes;
+  }
+
   absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& dir) override {
     PSTRAIN_ASSIGN_OR_RETURN(S3Uri s3, ParseS3Uri(dir));
     std::string prefix = s3.key;
@@ -235,6 +247,11 @@ class RoutingStorage final : public Storage {
                                         int64_t length) override {
     PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(uri));
     return s->ReadRange(uri, offset, length);
+  }
+  absl::StatusOr<std::string> ReadRangeOfVersion(const std::string& uri, int64_t offset,
+                                                 int64_t length, const std::string& etag) override {
+    PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(uri));
+    return s->ReadRangeOfVersion(uri, offset, length, etag);
   }
   absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& dir) override {
     PSTRAIN_ASSIGN_OR_RETURN(Storage * s, For(dir));

@@ -65,6 +65,15 @@ class Storage {
   virtual absl::StatusOr<std::string> ReadRange(const std::string& uri, int64_t offset,
                                                 int64_t length) = 0;
 
+  // The same, held to the version `etag` that Stat or List gave (If-Match):
+  // DATA_LOSS ("changed while it was read") when the store holds another
+  // version now. Files have no versions: the plain ReadRange.
+  virtual absl::StatusOr<std::string> ReadRangeOfVersion(const std::string& uri, int64_t offset,
+                                                         int64_t length,
+                                                         const std::string& etag) {
+    return ReadRange(uri, offset, length);
+  }
+
   // The entries directly inside `dir` (a directory or a key prefix read as
   // one), names relative to it, sorted. A missing directory is NOT_FOUND; a
   // prefix with no object under it is an empty list for objects (S3 has no

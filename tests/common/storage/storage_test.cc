@@ -210,6 +210,16 @@ class OneObjectStore {
     }
     int64_t first = 0, last = static_cast<int64_t>(body_.size()) - 1;
     for (absl::string_view line : absl::StrSplit(request, "\r\n")) {
+      if (absl::ConsumePrefix(&line, "If-Match: ") && line != etag_) {
+        const std::string xml =
+            "<Error><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions "
+            "you specified did not hold</Message></Error>";
+        const std::string response =
+            absl::StrCat("HTTP/1.1 412 Precondition Failed\r\nContent-Length: ", xml.size(),
+                         "\r\nConnection: close\r\n\r\n", xml);
+        (void)!write(fd, response.data(), response.size());
+        return;
+      }
       if (absl::ConsumePrefix(&line, "Range: bytes=")) {
         std::pair<std::string, std::string> range = absl::StrSplit(line, '-');
         EXPECT_TRUE(absl::SimpleAtoi(range.first, &first) && absl::SimpleAtoi(range.second, &last));
@@ -311,6 +321,21 @@ TEST(S3ClientTest, AnErrorLargerThanASmallRangeIsReadAndRetried) {
   EXPECT_EQ(header, "class,category_id,name");
   ASSERT_EQ(log.size(), 1u);
   EXPECT_THAT(log[0], HasSubstr("503 SlowDown"));
+}
+
+TEST(S3ClientTest, ARangeHeldToAVersionThatIsGoneIsDataLoss) {
+  const std::string csv = CsvOfClasses();
+  OneObjectStore store(csv, QuotedMd5(csv), /*damaged_gets=*/0);
+  std::vector<std::string> log;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
+  ASSERT_OK_AND_ASSIGN(std::string header, s3->ReadRangeOfVersion("s3://bucket/classes.csv", 0,
+                                                                  22, QuotedMd5(csv)));
+  EXPECT_EQ(header, "class,category_id,name");
+  EXPECT_THAT(
+      s3->ReadRangeOfVersion("s3://bucket/classes.csv", 0, 22, QuotedMd5("an older packing")),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("s3://bucket/classes.csv changed while it was read"),
+                     HasSubstr("412 PreconditionFailed"))));
 }
 
 TEST(S3ClientTest, BytesThatNeverMatchTheirMd5AreDataLoss) {
