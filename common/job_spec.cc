@@ -89,9 +89,9 @@ absl::Status ValidateDataset(const v1::DatasetSpec& data) {
     return absl::InvalidArgumentError("dataset.max_bad_records must be >= 0");
   }
   if (data.shuffle_window_mib() < 0 || data.shuffle_window_mib() > 65536) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.shuffle_window_mib must be in [0, 65536] (0: 256), got ",
-        data.shuffle_window_mib()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.shuffle_window_mib must be in [0, 65536] (0: 256), got ",
+                     data.shuffle_window_mib()));
   }
   return absl::OkStatus();
 }

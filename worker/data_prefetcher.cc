@@ -250,8 +250,8 @@ void DataPrefetcher::Begin(uint64_t aug_key, std::vector<int64_t> order, std::ve
   if (dataset_->store != nullptr) {  // A store that fetches reads ahead of the batches.
     const size_t skip =
         first_batch == 0 ? 0 : static_cast<size_t>(ends[static_cast<size_t>(first_batch - 1)]);
-    dataset_->store->Plan(std::vector<int64_t>(order.begin() + std::min(skip, order.size()),
-                                               order.end()));
+    dataset_->store->Plan(
+        std::vector<int64_t>(order.begin() + std::min(skip, order.size()), order.end()));
   }
   auto shared_order = std::make_shared<const std::vector<int64_t>>(std::move(order));
   owner_ends_ = std::make_shared<const std::vector<int64_t>>(std::move(ends));
@@ -303,8 +303,8 @@ absl::StatusOr<DeviceBatch> DataPrefetcher::Next() {
         const std::string pending =
             dataset_->store != nullptr ? dataset_->store->Pending() : std::string();
         return absl::DeadlineExceededError(absl::StrCat(
-            "prefetch: batch ", batch, " was not ready within ", options_.next_timeout_ms,
-            " ms", pending.empty() ? "" : absl::StrCat(" (", pending, ")")));
+            "prefetch: batch ", batch, " was not ready within ", options_.next_timeout_ms, " ms",
+            pending.empty() ? "" : absl::StrCat(" (", pending, ")")));
       }
     }
     if (shutdown_) return absl::CancelledError("prefetch: shutting down");

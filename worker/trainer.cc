@@ -169,8 +169,8 @@ data::WorkSegment Trainer::BaseSegment(int epoch) const {
 
 std::vector<int64_t> Trainer::SamplesOf(const data::WorkRange& range) {
   if (order_epoch_ != range.epoch) {
-    order_ = data::TrainingOrder(*train_, epoch_length_, options_.balance, options_.seed,
-                                 range.epoch);
+    order_ =
+        data::TrainingOrder(*train_, epoch_length_, options_.balance, options_.seed, range.epoch);
     order_epoch_ = range.epoch;
   }
   const int64_t begin = std::clamp<int64_t>(range.begin, 0, epoch_length_);

@@ -61,8 +61,7 @@ int64_t BalancedEpochLength(const std::vector<int32_t>& labels, int num_classes)
 // positions touches the chunks of few windows, so a worker's share of an
 // epoch reads about its share of the bytes.
 std::vector<int64_t> ChunkedEpochOrder(const std::vector<int64_t>& samples,
-                                       const SampleStore::Chunks& chunks, uint64_t seed,
-                                       int epoch);
+                                       const SampleStore::Chunks& chunks, uint64_t seed, int epoch);
 
 // The training order of an epoch of `epoch_length` positions over `ds`
 // (every rank's, in one list; ranks take ranges of it): EpochOrder's

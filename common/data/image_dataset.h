@@ -60,8 +60,8 @@ class SampleStore {
   // (DATA_LOSS for a checksum that fails every read; the store's own error
   // once its retries are spent, which later calls return at once until the
   // next Plan).
-  virtual absl::StatusOr<std::shared_ptr<const void>> Acquire(
-      const int64_t* samples, size_t count) const {
+  virtual absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples,
+                                                              size_t count) const {
     return std::shared_ptr<const void>();
   }
 };
@@ -98,8 +98,7 @@ struct ImageDataset {
   absl::StatusOr<std::vector<uint8_t>> CopyPixels() const;
   // A lease on `count` samples' pixels (SampleStore::Acquire); null when
   // the pixels are in memory.
-  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples,
-                                                      size_t count) const {
+  absl::StatusOr<std::shared_ptr<const void>> Acquire(const int64_t* samples, size_t count) const {
     if (store == nullptr) return std::shared_ptr<const void>();
     return store->Acquire(samples, count);
   }

@@ -109,9 +109,9 @@ absl::StatusOr<DatasetSplits> LoadDataset(const pstrain::v1::DatasetSpec& spec,
     }
     case pstrain::v1::DATASET_FORMAT_PACKED: {
       if (spec.shuffle_window_mib() < 0 || spec.shuffle_window_mib() > kMaxShuffleWindowMib) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("dataset shuffle_window_mib must be in [0, ", kMaxShuffleWindowMib,
-                         "] (0: 256), got ", spec.shuffle_window_mib()));
+        return absl::InvalidArgumentError(absl::StrCat("dataset shuffle_window_mib must be in [0, ",
+                                                       kMaxShuffleWindowMib, "] (0: 256), got ",
+                                                       spec.shuffle_window_mib()));
       }
       // From a store, each worker reads the chunks its epochs hold; a local
       // directory is mapped.

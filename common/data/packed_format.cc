@@ -28,8 +28,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data/file_io.h"
-#include "common/storage/storage.h"
 #include "common/status_macros.h"
+#include "common/storage/storage.h"
 
 namespace pstrain::data {
 namespace {
@@ -112,10 +112,10 @@ absl::StatusOr<std::vector<int32_t>> DecodeLabels(const std::string& uri, const 
   const uint64_t count = Get<uint64_t>(p + 16);
   if (Get<uint32_t>(p + 12) != num_classes || count != expected ||
       bytes.size() != kLabelsHeaderBytes + count * sizeof(int32_t)) {
-    return absl::DataLossError(absl::StrCat(
-        uri, ": ", count, " labels of ", Get<uint32_t>(p + 12), " classes in ", bytes.size(),
-        " bytes; the shards hold ", expected, " samples of ", num_classes,
-        " classes (pack it again)"));
+    return absl::DataLossError(absl::StrCat(uri, ": ", count, " labels of ", Get<uint32_t>(p + 12),
+                                            " classes in ", bytes.size(),
+                                            " bytes; the shards hold ", expected, " samples of ",
+                                            num_classes, " classes (pack it again)"));
   }
   if (Get<uint32_t>(p + 24) != Crc(p + kLabelsHeaderBytes, count * sizeof(int32_t))) {
     return absl::DataLossError(absl::StrCat(uri, ": labels checksum mismatch"));
@@ -286,8 +286,8 @@ absl::StatusOr<Header> DecodeHeader(const std::string& path, const MappedFile& f
 // The shard files of `split` in `dir`, by index (key: the full URI; size);
 // NOT_FOUND when none.
 absl::StatusOr<std::vector<storage::ObjectInfo>> ShardFiles(storage::Storage& store,
-                                                    const std::string& dir,
-                                                    const std::string& split) {
+                                                            const std::string& dir,
+                                                            const std::string& split) {
   absl::StatusOr<std::vector<storage::ObjectInfo>> entries = store.List(dir);
   if (!entries.ok()) {
     return absl::Status(entries.status().code(),
@@ -592,9 +592,8 @@ absl::Status CheckShardHeader(const std::string& path, const Header& h, size_t f
   return absl::OkStatus();
 }
 
-absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f,
-                         size_t shard_count, uint64_t next_sample, ImageDataset& ds,
-                         const Refetch& refetch) {
+absl::Status AppendShard(const std::string& path, MappedFile& file, size_t f, size_t shard_count,
+                         uint64_t next_sample, ImageDataset& ds, const Refetch& refetch) {
   PSTRAIN_ASSIGN_OR_RETURN(Header h, DecodeHeader(path, file));
   PSTRAIN_RETURN_IF_ERROR(CheckShardHeader(path, h, f, shard_count, next_sample, ds));
   const size_t sample = ds.sample_elements();
@@ -639,8 +638,8 @@ constexpr int kReadAheadThreads = 4;
 
 struct StreamShard {
   std::string uri;
-  std::string etag;     // The version listed at open; every read is held to it.
-  int64_t first = 0;    // The split's index of its first record.
+  std::string etag;   // The version listed at open; every read is held to it.
+  int64_t first = 0;  // The split's index of its first record.
   int64_t records = 0;
 };
 
@@ -711,7 +710,8 @@ class StreamedShards final : public SampleStore {
     absl::MutexLock lock(&mu_);
     size_t oldest = fetching_.size();
     for (size_t c = 0; c < fetching_.size(); ++c) {
-      if (fetching_[c] && (oldest == fetching_.size() || fetch_started_[c] < fetch_started_[oldest])) {
+      if (fetching_[c] &&
+          (oldest == fetching_.size() || fetch_started_[c] < fetch_started_[oldest])) {
         oldest = c;
       }
     }
@@ -770,9 +770,8 @@ class StreamedShards final : public SampleStore {
 
  private:
   size_t ChunkOf(int64_t i) const {
-    return static_cast<size_t>(
-               std::upper_bound(chunks_.starts.begin(), chunks_.starts.end(), i) -
-               chunks_.starts.begin()) -
+    return static_cast<size_t>(std::upper_bound(chunks_.starts.begin(), chunks_.starts.end(), i) -
+                               chunks_.starts.begin()) -
            1;
   }
   int64_t ChunkBytes(size_t c) const { return chunk_records_[c] * record_bytes_; }
@@ -888,8 +887,8 @@ class StreamedShards final : public SampleStore {
             store_.ReadRangeOfVersion(shard.uri, kPackedHeaderBytes + r * record_bytes_,
                                       record_bytes_, shard.etag));
         if (static_cast<int64_t>(again.size()) != record_bytes_) {
-          return absl::DataLossError(absl::StrCat(shard.uri, ": record ", r, " read again is ",
-                                                  again.size(), " bytes"));
+          return absl::DataLossError(
+              absl::StrCat(shard.uri, ": record ", r, " read again is ", again.size(), " bytes"));
         }
         std::memcpy(record, again.data(), again.size());
       }
@@ -954,8 +953,8 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
                                                 " bytes, shorter than the ", kPackedHeaderBytes,
                                                 "-byte header"));
       }
-      PSTRAIN_ASSIGN_OR_RETURN(std::string header, store.ReadRangeOfVersion(
-                                                       uri, 0, kPackedHeaderBytes, files[f].etag));
+      PSTRAIN_ASSIGN_OR_RETURN(std::string header,
+                               store.ReadRangeOfVersion(uri, 0, kPackedHeaderBytes, files[f].etag));
       if (header.size() != static_cast<size_t>(kPackedHeaderBytes)) {
         return absl::DataLossError(absl::StrCat(uri, ": short header read"));
       }
@@ -978,9 +977,8 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
       std::vector<int32_t> labels,
       DecodeLabels(labels_uri, labels_bytes, static_cast<uint32_t>(ds.num_classes), next_sample));
   ds.labels = labels;
-  ds.store = std::make_shared<StreamedShards>(store, std::move(shards),
-                                              ds.sample_elements() + 8, std::move(labels),
-                                              options.window_bytes);
+  ds.store = std::make_shared<StreamedShards>(store, std::move(shards), ds.sample_elements() + 8,
+                                              std::move(labels), options.window_bytes);
   return ds;
 }
 

@@ -170,8 +170,8 @@ size_t WriteHeader(char* data, size_t size, size_t count, void* user) {
   if (absl::StartsWith(line, "HTTP/")) {
     c->headers->clear();  // A new response (after 100 Continue or a redirect).
     const size_t space = line.find(' ');
-    c->success = space != absl::string_view::npos && line.size() > space + 1 &&
-                 line[space + 1] == '2';
+    c->success =
+        space != absl::string_view::npos && line.size() > space + 1 && line[space + 1] == '2';
   } else if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
     c->headers->insert_or_assign(absl::AsciiStrToLower(line.substr(0, colon)),
                                  std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
@@ -633,10 +633,9 @@ absl::StatusOr<std::string> S3Client::GetOnce(const std::string& bucket, const O
     EVP_DigestFinal_ex(md5.get(), digest, &length);
     const std::string got = Hex(digest, length);
     if (got != expected_md5) {
-      return absl::DataLossError(absl::StrCat("S3 GET ", Uri(bucket, info.key), ": the ",
-                                              info.size, " bytes read have MD5 ", got,
-                                              ", not the ETag's ", expected_md5,
-                                              " (damaged on the way)"));
+      return absl::DataLossError(absl::StrCat("S3 GET ", Uri(bucket, info.key), ": the ", info.size,
+                                              " bytes read have MD5 ", got, ", not the ETag's ",
+                                              expected_md5, " (damaged on the way)"));
     }
   }
   return bytes;

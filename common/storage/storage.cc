@@ -168,8 +168,8 @@ class S3Storage final : public Storage {
     if (length == 0) return std::string();
     absl::StatusOr<std::string> bytes = client_->GetRange(s3.bucket, s3.key, offset, length, etag);
     if (absl::IsAborted(bytes.status())) {  // 412: another version is there now.
-      return absl::DataLossError(absl::StrCat(uri, " changed while it was read (",
-                                              bytes.status().message(), ")"));
+      return absl::DataLossError(
+          absl::StrCat(uri, " changed while it was read (", bytes.status().message(), ")"));
     }
     return bytes;
   }

@@ -69,8 +69,7 @@ class Storage {
   // DATA_LOSS ("changed while it was read") when the store holds another
   // version now. Files have no versions: the plain ReadRange.
   virtual absl::StatusOr<std::string> ReadRangeOfVersion(const std::string& uri, int64_t offset,
-                                                         int64_t length,
-                                                         const std::string& etag) {
+                                                         int64_t length, const std::string& etag) {
     return ReadRange(uri, offset, length);
   }
 

@@ -227,7 +227,6 @@ TEST_F(PackedFormatTest, PackedFashionMnistIsTheIdxDatasetByteForByte) {
   EXPECT_TRUE(read->test.labels == original->test.labels);
 }
 
-
 // Local files read as a store would be: counts the bytes of ranged reads,
 // and can flip a byte of a record's next `damaged_reads` reads (a link
 // that damages bytes on the way).
@@ -250,7 +249,8 @@ class CountingStorage final : public storage::Storage {
       mu_.Await(absl::Condition(&released));
       if (failures_left_ > 0) {
         --failures_left_;
-        return absl::UnavailableError(absl::StrCat("S3 GET ", uri, ": 503 SlowDown (gave up "
+        return absl::UnavailableError(absl::StrCat("S3 GET ", uri,
+                                                   ": 503 SlowDown (gave up "
                                                    "after 8 attempts)"));
       }
     }
@@ -367,9 +367,8 @@ TEST_F(StreamedSplitTest, EachWorkerOfAnEpochReadsAboutItsShareOfTheChunks) {
     std::multiset<int64_t> trained;
     for (int rank = 0; rank < 2; ++rank) {
       CountingStorage store;  // One worker's.
-      ASSERT_OK_AND_ASSIGN(
-          ImageDataset ds,
-          LoadPackedSplit(dir_.string(), "train", store, Streamed(window_chunks * (8 << 20))));
+      ASSERT_OK_AND_ASSIGN(ImageDataset ds, LoadPackedSplit(dir_.string(), "train", store,
+                                                            Streamed(window_chunks * (8 << 20))));
       ASSERT_EQ(ds.store->chunks()->window_chunks, window_chunks);
       const std::vector<int64_t> order = TrainingOrder(ds, ds.size(), false, 7, 2);
       const WorkRange share = BaseRange(ds.size(), 2, rank, 2);
@@ -379,8 +378,8 @@ TEST_F(StreamedSplitTest, EachWorkerOfAnEpochReadsAboutItsShareOfTheChunks) {
         const size_t n = std::min<size_t>(64, mine.size() - b);
         ASSERT_OK_AND_ASSIGN(std::shared_ptr<const void> lease, ds.Acquire(&mine[b], n));
         for (size_t k = b; k < b + n; ++k) {
-          ASSERT_EQ(0, std::memcmp(ds.image(mine[k]),
-                                   splits_.train.pixels.data() + mine[k] * 3072, 3072));
+          ASSERT_EQ(0, std::memcmp(ds.image(mine[k]), splits_.train.pixels.data() + mine[k] * 3072,
+                                   3072));
         }
       }
       trained.insert(mine.begin(), mine.end());
@@ -403,8 +402,7 @@ TEST_F(StreamedSplitTest, ASplitInOneWindowIsShuffledAsALocalOne) {
                        LoadPackedSplit(dir_.string(), "train", store, Streamed(256 << 20)));
   ASSERT_OK_AND_ASSIGN(ImageDataset local, LoadPackedSplit(dir_.string(), "train"));
   EXPECT_EQ(local.store->chunks(), nullptr);
-  EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1),
-            TrainingOrder(local, 18000, false, 5, 1));
+  EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1), TrainingOrder(local, 18000, false, 5, 1));
   EXPECT_EQ(TrainingOrder(streamed, 18000, false, 5, 1), EpochOrder(18000, 5, 1, 0, 1, true));
 }
 
@@ -447,7 +445,7 @@ TEST_F(StreamedSplitTest, ADamagedRecordIsReadAgainAndOneDamagedEveryTimeIsNamed
   EXPECT_THAT(ds.Acquire(sample.data(), 1).status(),
               StatusIs(absl::StatusCode::kDataLoss,
                        HasSubstr(PackedShardName("train", 1, 4) + ": record 100 (sample 4600): "
-                                 "checksum mismatch")));
+                                                                  "checksum mismatch")));
 }
 
 TEST_F(StreamedSplitTest, ALabelsObjectOfAnotherPackingIsCaughtAndWithoutOneTheSplitIsReadWhole) {
@@ -500,7 +498,8 @@ TEST_F(StreamedSplitTest, AReaderWaitingOnAStoppedStoreIsToldWhatItWaitsFor) {
   EXPECT_EQ(ds.store->Pending(), "");
   store.Hold();
   ds.store->Plan({4600});  // Shard 1's first chunk: records 0-2722.
-  for (int i = 0; i < 500 && ds.store->Pending().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 500 && ds.store->Pending().empty(); ++i)
+    absl::SleepFor(absl::Milliseconds(10));
   EXPECT_THAT(ds.store->Pending(),
               HasSubstr(PackedShardName("train", 1, 4) + " bytes 64-8386903 from its store for"));
   store.Release();

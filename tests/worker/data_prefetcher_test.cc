@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/data/dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -440,9 +440,8 @@ class FailingStore final : public data::SampleStore {
                                                       size_t count) const override {
     for (size_t k = 0; k < count; ++k) {
       if (samples[k] == bad_) {
-        return absl::DataLossError(absl::StrCat("s3://b/train-00000-of-00001.pspack: record ",
-                                                bad_, " (sample ", bad_,
-                                                "): checksum mismatch"));
+        return absl::DataLossError(absl::StrCat("s3://b/train-00000-of-00001.pspack: record ", bad_,
+                                                " (sample ", bad_, "): checksum mismatch"));
       }
     }
     return std::shared_ptr<const void>();
@@ -482,7 +481,6 @@ TEST_P(DataPrefetcherTest, AStoresPlanIsTheBatchesAndAFailedReadIsTheBatchsError
   ASSERT_OK(p->StartSamples(2, Iota(20), {10, 20}));
   ASSERT_OK(p->Next());
 }
-
 
 // A store that stopped answering: Acquire waits until released.
 class StoppedStore final : public data::SampleStore {

@@ -27,9 +27,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::pstrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::Field;
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(S3UriTest, ParsesBucketAndKey) {
@@ -104,9 +104,9 @@ TEST_F(LocalStorageTest, ASmallFileIsReadOnlyWhenItIsSmall) {
   ASSERT_OK(store->Write(dir_ + "/classes.csv", "class,category_id,name\n"));
   ASSERT_OK_AND_ASSIGN(std::string text, ReadAtMost(*store, dir_ + "/classes.csv", 23));
   EXPECT_EQ(text, "class,category_id,name\n");
-  EXPECT_THAT(ReadAtMost(*store, dir_ + "/classes.csv", 22).status(),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("classes.csv: 23 bytes, more than the 22")));
+  EXPECT_THAT(
+      ReadAtMost(*store, dir_ + "/classes.csv", 22).status(),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("classes.csv: 23 bytes, more than the 22")));
   EXPECT_EQ(ReadAtMost(*store, dir_ + "/missing.csv", 22).status().code(),
             absl::StatusCode::kNotFound);
 }
@@ -142,7 +142,6 @@ TEST(S3ClientTest, AnUnreachableStoreIsRetriedThenUnavailableNamingTheObject) {
   EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("do-not-print-me")));
   EXPECT_EQ(retries_logged, 2);
 }
-
 
 TEST(S3ClientTest, OnlyASinglePartEtagStandsForTheBytesMd5) {
   EXPECT_EQ(ContentMd5OfEtag("\"D41D8CD98F00B204E9800998ECF8427E\""),
@@ -243,10 +242,10 @@ class OneObjectStore {
       gets_.fetch_add(1);
       if (damaged_left_.fetch_sub(1) > 0 && !piece.empty()) piece[piece.size() / 2] ^= 0xff;
     }
-    std::string response = absl::StrCat(
-        head ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 206 Partial Content\r\n",
-        "Content-Length: ", head ? body_.size() : piece.size(), "\r\nETag: ", etag_, "\r\n",
-        extra_headers_, "Connection: close\r\n");
+    std::string response =
+        absl::StrCat(head ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 206 Partial Content\r\n",
+                     "Content-Length: ", head ? body_.size() : piece.size(), "\r\nETag: ", etag_,
+                     "\r\n", extra_headers_, "Connection: close\r\n");
     if (!head) {
       absl::StrAppend(&response, "Content-Range: bytes ", first, "-", last, "/", body_.size(),
                       "\r\n");
@@ -328,8 +327,8 @@ TEST(S3ClientTest, ARangeHeldToAVersionThatIsGoneIsDataLoss) {
   OneObjectStore store(csv, QuotedMd5(csv), /*damaged_gets=*/0);
   std::vector<std::string> log;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Storage> s3, OpenStorage(OptionsFor(store, &log)));
-  ASSERT_OK_AND_ASSIGN(std::string header, s3->ReadRangeOfVersion("s3://bucket/classes.csv", 0,
-                                                                  22, QuotedMd5(csv)));
+  ASSERT_OK_AND_ASSIGN(std::string header,
+                       s3->ReadRangeOfVersion("s3://bucket/classes.csv", 0, 22, QuotedMd5(csv)));
   EXPECT_EQ(header, "class,category_id,name");
   EXPECT_THAT(
       s3->ReadRangeOfVersion("s3://bucket/classes.csv", 0, 22, QuotedMd5("an older packing")),
