@@ -940,7 +940,6 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
                                                storage::Storage& store,
                                                const PackedReadOptions& options) {
   const std::string labels_uri = storage::JoinUri(dir, LabelsObjectName(split));
-  PSTRAIN_RETURN_IF_ERROR(store.Stat(labels_uri).status());  // NOT_FOUND: read it whole.
   ImageDataset ds;
   std::vector<StreamShard> shards;
   uint64_t next_sample = 0;
@@ -968,7 +967,8 @@ absl::StatusOr<ImageDataset> OpenStreamedSplit(const std::string& dir, const std
         {uri, files[f].etag, static_cast<int64_t>(next_sample), static_cast<int64_t>(h->records)});
     next_sample += h->records;
   }
-  // The labels of exactly the samples the shards hold, and no more bytes.
+  // The labels of exactly the samples the shards hold, and no more bytes
+  // (NOT_FOUND for a packing without them: the caller reads it whole).
   PSTRAIN_ASSIGN_OR_RETURN(
       std::string labels_bytes,
       storage::ReadAtMost(store, labels_uri,
