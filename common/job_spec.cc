@@ -153,6 +153,10 @@ bool ExternalModelDeclared(const v1::JobSpec& job) {
   return job.has_external_model() && job.external_model().tensors_size() > 0;
 }
 
+bool JobTakesBoundWorkers(const v1::JobSpec& job) {
+  return job.has_external_model() || job.bound_workers();
+}
+
 absl::Status CheckSameExternalModel(const v1::ExternalModel& declared,
                                     const v1::ExternalModel& offered) {
   if (declared.tensors_size() != offered.tensors_size()) {
@@ -226,6 +230,11 @@ absl::Status ValidateCommandSpec(const v1::CommandSpec& command) {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
+  if (job.bound_workers() && job.has_command()) {
+    return absl::InvalidArgumentError(
+        "bound_workers: a job that names a command gets its workers from the daemons that run "
+        "it; set one of them");
+  }
   if (job.has_command()) {
     if (!job.has_external_model()) {
       return absl::InvalidArgumentError(

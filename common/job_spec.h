@@ -61,6 +61,10 @@ void ImplyCommandModel(v1::JobSpec* job);
 // worker, or in the submitted spec).
 bool ExternalModelDeclared(const v1::JobSpec& job);
 
+// True when only workers bound to the job (WorkerInfo.job_id) train it: an
+// external model's processes, or a launcher's (JobSpec.bound_workers).
+bool JobTakesBoundWorkers(const v1::JobSpec& job);
+
 // OK when `offered` names the same tensors as `declared`, in the same order,
 // with the same shapes and trainable flags (the framework string may
 // differ); else INVALID_ARGUMENT naming the first difference.

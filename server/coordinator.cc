@@ -222,15 +222,21 @@ std::vector<v1::JobStatus> Coordinator::ListJobs() const {
   return out;
 }
 
-absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id) {
+absl::StatusOr<v1::JobStatus> Coordinator::CancelJob(const std::string& job_id,
+                                                     const std::string& reason) {
   PSTRAIN_RETURN_IF_ERROR(CheckId("job_id", job_id));
+  if (reason.size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cancel reason is ", reason.size(), " bytes; at most 1024"));
+  }
   v1::JobStatus status;
   {
     absl::MutexLock lock(&mu_);
     PSTRAIN_ASSIGN_OR_RETURN(JobRecord * job, jobs_.Get(job_id));
     if (job->phase == JobPhase::kDone) return job->status;
     const bool was_running = job->phase == JobPhase::kRunning;
-    Finish(*job, v1::JOB_STATE_CANCELLED, "cancelled by user");
+    Finish(*job, v1::JOB_STATE_CANCELLED,
+           reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason));
     // The last model is kept: save it before the shards forget the job.
     job->save_on_stop = was_running && job->shards_configured;
     Wake();
@@ -278,7 +284,7 @@ void Coordinator::RefreshQueueReasons() {
     const int launched = job->status.spec().has_command()
                              ? static_cast<int>(Launchers(job->status.job_id()).size())
                              : 0;
-    job->SetQueueReason(static_cast<int>(!job->status.spec().has_external_model() ? idle.pool.size()
+    job->SetQueueReason(static_cast<int>(!JobTakesBoundWorkers(job->status.spec()) ? idle.pool.size()
                                          : bound == idle.bound.end()              ? 0
                                                                      : bound->second.size()),
                         launched, command_daemons);
@@ -502,14 +508,14 @@ void Coordinator::StartQueuedJobs() {
 }
 
 std::vector<RunReservation> Coordinator::ReserveWorkers() {
-  // Pool workers go to the queue in order; a job whose model is external
-  // takes only the workers bound to it.
+  // Pool workers go to the queue in order; a job with bound workers (an
+  // external model, a launcher's) takes only the workers bound to it.
   IdleWorkers idle = IdleWorkersByJob();
   size_t next_pool = 0;
   std::vector<RunReservation> starts;
   for (JobRecord* job : jobs_.jobs()) {
     if (job->phase != JobPhase::kQueued || !job->ReadyToStart()) continue;
-    const bool bound = job->status.spec().has_external_model();
+    const bool bound = JobTakesBoundWorkers(job->status.spec());
     std::vector<RegisteredWorker*>& candidates =
         bound ? idle.bound[job->status.job_id()] : idle.pool;
     const size_t first = bound ? 0 : next_pool;

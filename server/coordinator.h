@@ -256,7 +256,9 @@ class Coordinator {
   // Newest first.
   std::vector<v1::JobStatus> ListJobs() const;
   // Idempotent: a finished job comes back unchanged.
-  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id);
+  // `reason` ("": by the user) goes into the job's status.
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id,
+                                         const std::string& reason = "");
   // Waits until the job's revision exceeds `after_revision` or `deadline`
   // passes, then returns its current status and revision. NOT_FOUND for an
   // unknown id.

@@ -34,14 +34,15 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   PSTRAIN_RETURN_IF_ERROR(CheckId("info.job_id", info.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckId("info.launched_by", info.launched_by()));
   absl::MutexLock lock(&mu_);
-  if (!info.job_id().empty()) {  // Bound to one job: one whose model is external.
+  if (!info.job_id().empty()) {  // Bound to one job: one that takes bound workers.
     PSTRAIN_ASSIGN_OR_RETURN(const JobRecord* job, jobs_.Get(info.job_id()));
-    if (job->phase == JobPhase::kDone || !job->status.spec().has_external_model()) {
+    if (job->phase == JobPhase::kDone || !JobTakesBoundWorkers(job->status.spec())) {
       return absl::FailedPreconditionError(absl::StrCat(
           info.job_id(),
           job->phase == JobPhase::kDone
               ? absl::StrCat(" has ended (", v1::JobState_Name(job->status.state()), ")")
-              : " trains a ModelSpec model: the pool's pstrain-worker daemons run it"));
+              : " trains a ModelSpec model: the pool's pstrain-worker daemons run it "
+                "(a launcher's job sets bound_workers)"));
     }
   }
   PSTRAIN_ASSIGN_OR_RETURN(RegisteredWorker * worker,

@@ -92,9 +92,9 @@ JobRecord::JobRecord(v1::JobStatus saved, absl::StatusOr<ModelGraph> graph_in,
 
 bool JobRecord::SetQueueReason(int idle, int launched, int command_daemons) {
   const int wanted = status.spec().workers();
-  const bool external = status.spec().has_external_model();
+  const bool external = JobTakesBoundWorkers(status.spec());
   std::string reason =
-      external && !ReadyToStart()
+      status.spec().has_external_model() && !ReadyToStart()
           ? absl::StrCat("waiting for a worker to declare the model; ", idle, " of ", wanted,
                          " bound to the job registered")
           : absl::StrCat("waiting for ", wanted, external ? " worker" : " idle worker",

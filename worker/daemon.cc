@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
   if (options.coordinator_address.empty()) {
     return absl::InvalidArgumentError("the coordinator address is empty (--server HOST:PORT)");
   }
+  if (!options.job_id.empty() && !options.command_roots.empty()) {
+    return absl::InvalidArgumentError(
+        "a worker bound to a job (--job) runs no commands: drop --command-root");
+  }
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads must be >= 0, got ", options.num_threads));
@@ -87,6 +91,7 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
   daemon->info_.set_gpus(CudaDeviceCount());
   daemon->info_.set_metrics_address(daemon->options_.metrics_address);
   daemon->info_.set_runs_commands(!daemon->options_.command_roots.empty());
+  daemon->info_.set_job_id(daemon->options_.job_id);
   return daemon;
 }
 
@@ -217,6 +222,15 @@ absl::Status WorkerDaemon::Run() {
     }
     if (worker_id.empty()) {
       absl::Status status = Register();
+      if (!status.ok() && !options_.job_id.empty() &&
+          (absl::IsFailedPrecondition(status) || absl::IsNotFound(status) ||
+           absl::IsInvalidArgument(status) || absl::IsPermissionDenied(status) ||
+           absl::IsUnauthenticated(status))) {
+        // Bound: the coordinator's answer about the job is final.
+        StopRun("the coordinator refused the registration");
+        Log(absl::StrCat("cannot work on ", options_.job_id, ": ", status.message()));
+        return status;
+      }
       if (!status.ok()) {
         LostContact(contact, "register with", status.code(), std::string(status.message()));
       }
@@ -224,6 +238,11 @@ absl::Status WorkerDaemon::Run() {
     }
     PollCommand();
     v1::HeartbeatResponse response;
+    bool running = false;
+    {
+      absl::MutexLock lock(&mu_);
+      running = run_ != nullptr && !run_->done();
+    }
     grpc::Status status = SendHeartbeat(worker_id, &response);
     if (status.ok()) command_end_.reset();  // Told.
     if (!status.ok()) {
@@ -232,7 +251,18 @@ absl::Status WorkerDaemon::Run() {
       continue;
     }
     InContact(contact);
+    // Bound: a stop while nothing of the job runs here means the job is
+    // over (a stop during a run may only drop this worker from it).
+    if (!options_.job_id.empty() && !running &&
+        response.action() == v1::HeartbeatResponse::ACTION_STOP) {
+      bound_job_over_ = true;
+    }
     HandleHeartbeat(response);
+    if (bound_job_over_) {
+      JoinEndedRun();
+      Log(absl::StrCat(options_.job_id, " has ended"));
+      break;
+    }
     SleepFor(interval);
   }
   StopRun("shutting down");

@@ -134,6 +134,13 @@ class WorkerDaemon {
     // How long a command has to exit after its job ended, and after SIGTERM
     // before SIGKILL.
     absl::Duration command_stop_grace = absl::Seconds(10);
+    // Bound to one job (`pstrain-worker --job`, a Spark barrier task through
+    // pstrain._native): registers for that job only (WorkerInfo.job_id; the
+    // job takes bound workers, JobSpec.bound_workers), trains it when it
+    // starts, and Run() returns once the job has ended. A coordinator that
+    // refuses the registration (an unknown job, one that ended or takes
+    // no bound workers) ends Run() with its refusal. Runs no commands.
+    std::string job_id;
   };
 
   static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);
@@ -141,7 +148,8 @@ class WorkerDaemon {
   WorkerDaemon(const WorkerDaemon&) = delete;
   WorkerDaemon& operator=(const WorkerDaemon&) = delete;
 
-  // The heartbeat loop; returns OK after Shutdown().
+  // The heartbeat loop; returns OK after Shutdown(), or for a bound daemon
+  // once its job has ended (or with the coordinator's refusal).
   absl::Status Run();
   // Stops the runner (within one step) and makes Run() return.
   void Shutdown();
@@ -212,6 +220,9 @@ class WorkerDaemon {
   // run of the same job (resumed after a restart) is run.
   std::string done_run_ ABSL_GUARDED_BY(mu_);
   int jobs_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bound (Options::job_id): the coordinator said the job is over while no
+  // run of it was going on here. Run()'s thread only.
+  bool bound_job_over_ = false;
   // The command running here (Run()'s thread starts, polls and stops it),
   // the private directory of its credentials file, and an end not yet told
   // to the coordinator.

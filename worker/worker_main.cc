@@ -111,6 +111,9 @@ ABSL_FLAG(std::string, tensorboard_dir, "",
 ABSL_FLAG(std::string, server, "",
           "Daemon mode: the coordinator (pstrain-server 0) at HOST:PORT; register, take "
           "assignments and train them until SIGINT/SIGTERM");
+ABSL_FLAG(std::string, job, "",
+          "Daemon mode: bound to this job (one submitted with bound_workers): train it "
+          "only, and exit once it has ended");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus /metrics on METRICS_HOST:PORT while the daemon (or a --standalone "
           "run: the per-GPU gauges) runs (0 = off)");
@@ -338,6 +341,7 @@ int RunDaemon() {
   }
   options.device = absl::GetFlag(FLAGS_device);
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.job_id = absl::GetFlag(FLAGS_job);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   options.connections_per_shard = absl::GetFlag(FLAGS_connections_per_shard);
   if (options.connections_per_shard < 1 ||

@@ -457,6 +457,75 @@ absl::Status PackedSplitWriter::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status WritePackedShard(storage::Storage& store, const std::string& dir,
+                              const std::string& split, const PackedSplitWriter::Shape& shape,
+                              const ShardPlace& place, absl::Span<const int32_t> labels,
+                              absl::Span<const uint8_t> pixels) {
+  if (shape.channels <= 0 || shape.height <= 0 || shape.width <= 0 ||
+      int64_t{shape.channels} * shape.height * shape.width > kPackedMaxSampleBytes ||
+      shape.num_classes <= 0 || shape.num_classes > kPackedMaxClasses) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        split, ": a sample of ", shape.channels, "x", shape.height, "x", shape.width, " in ",
+        shape.num_classes, " classes is outside what a packed shard holds"));
+  }
+  if (place.count <= 0 || place.count > kPackedMaxShards || place.index < 0 ||
+      place.index >= place.count || place.first_sample < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(split, ": shard ", place.index, " of ",
+                                                   place.count, " from sample ",
+                                                   place.first_sample, " is not a shard's place"));
+  }
+  const int64_t sample = int64_t{shape.channels} * shape.height * shape.width;
+  if (static_cast<int64_t>(pixels.size()) != static_cast<int64_t>(labels.size()) * sample) {
+    return absl::InvalidArgumentError(absl::StrCat(split, ": ", labels.size(), " labels need ",
+                                                   labels.size() * sample, " pixel bytes, got ",
+                                                   pixels.size()));
+  }
+  const int64_t record_bytes = sample + 8;
+  std::string bytes(static_cast<size_t>(kPackedHeaderBytes + record_bytes * labels.size()), '\0');
+  for (size_t r = 0; r < labels.size(); ++r) {
+    if (labels[r] < 0 || labels[r] >= shape.num_classes) {
+      return absl::InvalidArgumentError(absl::StrCat(split, ": sample ", place.first_sample + r,
+                                                     ": label ", labels[r], " outside [0, ",
+                                                     shape.num_classes, ")"));
+    }
+    const size_t at = static_cast<size_t>(kPackedHeaderBytes + record_bytes * r);
+    Put<int32_t>(bytes, at, labels[r]);
+    std::memcpy(bytes.data() + at + 4, pixels.data() + r * sample, static_cast<size_t>(sample));
+    Put<uint32_t>(bytes, at + 4 + sample, Crc(bytes.data() + at, 4 + sample));
+  }
+  Header h;
+  h.channels = static_cast<uint32_t>(shape.channels);
+  h.height = static_cast<uint32_t>(shape.height);
+  h.width = static_cast<uint32_t>(shape.width);
+  h.num_classes = static_cast<uint32_t>(shape.num_classes);
+  h.record_bytes = static_cast<uint32_t>(record_bytes);
+  h.records = static_cast<uint64_t>(labels.size());
+  h.shard_index = static_cast<uint32_t>(place.index);
+  h.shard_count = static_cast<uint32_t>(place.count);
+  h.first_sample = static_cast<uint64_t>(place.first_sample);
+  const std::string header = EncodeHeader(h);
+  std::memcpy(bytes.data(), header.data(), header.size());
+  return store.Write(storage::JoinUri(dir, PackedShardName(split, place.index, place.count)),
+                     bytes);
+}
+
+absl::Status WritePackedLabels(storage::Storage& store, const std::string& dir,
+                               const std::string& split, const std::vector<int32_t>& labels,
+                               int num_classes) {
+  if (num_classes <= 0 || num_classes > kPackedMaxClasses) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(split, ": ", num_classes, " classes is outside what a packing holds"));
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || labels[i] >= num_classes) {
+      return absl::InvalidArgumentError(absl::StrCat(split, ": sample ", i, ": label ", labels[i],
+                                                     " outside [0, ", num_classes, ")"));
+    }
+  }
+  return store.Write(storage::JoinUri(dir, LabelsObjectName(split)),
+                     EncodeLabels(labels, num_classes));
+}
+
 absl::StatusOr<PackSummary> PackedSplitWriter::Finish() {
   while (shard_ < shards_) PSTRAIN_RETURN_IF_ERROR(Flush());
   const std::string labels = EncodeLabels(labels_, shape_.num_classes);

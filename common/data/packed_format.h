@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/data/image_dataset.h"
 
 namespace pstrain::storage {
@@ -118,6 +119,33 @@ class PackedSplitWriter {
   std::vector<int32_t> labels_;  // Every label appended (the labels object).
   int64_t bytes_ = 0;        // Written in all.
 };
+
+// One shard of a split whose place the caller knows: a Spark task packing
+// its partition (pstrain.spark.prepare, through pstrain._native), where
+// every task writes its own shards and the driver the labels object.
+//
+//   PSTRAIN_RETURN_IF_ERROR(WritePackedShard(store, "s3://b/ds", "train", shape,
+//                                            {.index = 2, .count = 6, .first_sample = 2000},
+//                                            labels, pixels));
+//   ...  // every shard of the split, then:
+//   PSTRAIN_RETURN_IF_ERROR(WritePackedLabels(store, "s3://b/ds", "train", all_labels, 10));
+//
+// `pixels` holds labels.size() samples of C*H*W bytes, in order. The shard
+// is one Write: whole or not at all (a retried task writes the same bytes
+// again). INVALID_ARGUMENT for a bad shape, place or label.
+struct ShardPlace {
+  int index = 0, count = 0;   // Of the split's shards.
+  int64_t first_sample = 0;   // Of its first record in the split.
+};
+absl::Status WritePackedShard(storage::Storage& store, const std::string& dir,
+                              const std::string& split, const PackedSplitWriter::Shape& shape,
+                              const ShardPlace& place, absl::Span<const int32_t> labels,
+                              absl::Span<const uint8_t> pixels);
+// The split's labels object ("train.labels"), written after its shards: a
+// packing with one is streamed from a store (PackedReadOptions::stream).
+absl::Status WritePackedLabels(storage::Storage& store, const std::string& dir,
+                               const std::string& split, const std::vector<int32_t>& labels,
+                               int num_classes);
 
 // Writes both splits of `splits` into `dir` (created if missing; shard
 // files already there for a split are replaced, and shards of an older

@@ -32,6 +32,8 @@ PACKAGES=(
   # and torchvision), through pstrain._native, the C++ worker protocol
   # built as a Python extension with pybind11 against Debian's python3.
   python3-torch python3-torchvision pybind11-dev python3-dev
+  # openjdk-17-jre-headless: PySpark's JVM (pstrain.spark).
+  openjdk-17-jre-headless
   dataset-fashion-mnist
 )
 if [[ "${PSTRAIN_TEST_TOOLS:-0}" == 1 ]]; then

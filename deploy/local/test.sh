@@ -29,6 +29,17 @@ BUILD_DIR="${PSTRAIN_BUILD_DIR:-build}"
   /usr/bin/python3 -m venv --system-site-packages "$BUILD_DIR/venv-onnx"
 "$BUILD_DIR/venv-onnx/bin/pip" install -q --disable-pip-version-check --no-deps \
   onnxruntime==1.32.0 flatbuffers packaging  # tests/tools/onnx_export_test.py
+# PySpark (PyPI: the whole of Spark, its jars and bin/spark-class, on
+# Debian's Java 17) for pstrain.spark's tests against a Spark standalone
+# cluster on 127.0.0.1 (tests/python/test_spark.py, ctest
+# python_client_spark), in a venv that sees Debian's python3-torch, -numpy,
+# -grpcio and -protobuf. pip only when that version is not there yet: the
+# wheel is about 450 MB.
+[[ -x "$BUILD_DIR/venv-spark/bin/pip" ]] ||
+  /usr/bin/python3 -m venv --system-site-packages "$BUILD_DIR/venv-spark"
+"$BUILD_DIR/venv-spark/bin/python3" -c \
+  'import sys, pyspark; sys.exit(pyspark.__version__ != "4.0.1")' 2>/dev/null ||
+  "$BUILD_DIR/venv-spark/bin/pip" install -q --disable-pip-version-check pyspark==4.0.1
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j "$(nproc)")

@@ -16,20 +16,31 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/checkpoint.h"
 #include "common/data/dataset.h"
+#include "common/data/image_codec.h"
+#include "common/data/packed_format.h"
 #include "common/data/epoch_work.h"
 #include "common/model_graph.h"
 #include "common/rpc/security.h"
+#include "common/storage/s3_flags.h"
+#include "common/storage/storage.h"
+#include "worker/daemon.h"
+#include "worker/evaluation.h"
 #include "worker/external_updater.h"
+#include "worker/job_setup.h"
 #include "worker/job_worker.h"
+#include "worker/model.h"
 
 namespace py = pybind11;
 
@@ -230,6 +241,159 @@ class PyUpdater {
   std::unique_ptr<ExternalUpdater> updater_;
 };
 
+// Storage for s3:// and local URIs, from the process's AWS environment
+// (the S3 flags' defaults). Without S3 settings local paths still work, and
+// an s3:// URI is refused with the reason the settings could not be made.
+class Store {
+ public:
+  static Store& Get() {
+    static Store* store = new Store();
+    return *store;
+  }
+  storage::Storage& For(const std::string& uri) {
+    if (storage::IsS3Uri(uri) && !s3_problem_.ok()) Raise(s3_problem_);
+    return *store_;
+  }
+
+ private:
+  Store() {
+    absl::StatusOr<storage::StorageOptions> options =
+        storage::StorageOptionsFromFlags(/*log=*/nullptr);
+    if (!options.ok()) {
+      s3_problem_ = absl::FailedPreconditionError(
+          absl::StrCat("no S3 settings for s3:// URIs: ", options.status().message()));
+      options = storage::StorageOptions{};
+    }
+    store_ = Value(storage::OpenStorage(*options));
+  }
+  absl::Status s3_problem_;
+  std::unique_ptr<storage::Storage> store_;
+};
+
+// A worker daemon bound to one job (WorkerDaemon::Options::job_id): the C++
+// trainer for a ModelSpec job, in this process (a Spark barrier task).
+class PyBoundWorker {
+ public:
+  PyBoundWorker(const std::string& coordinator, const std::string& job_id,
+                const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key,
+                const std::string& tls_server_name, const std::string& token_file,
+                const std::string& device, int threads, std::vector<std::string> data_roots,
+                const std::string& hostname, double rpc_timeout_s, double ps_rpc_timeout_s,
+                int progress_every_steps) {
+    WorkerDaemon::Options options;
+    options.coordinator_address = coordinator;
+    options.job_id = job_id;
+    TlsOptions tls;
+    tls.ca_file = tls_ca;
+    tls.cert_file = tls_cert;
+    tls.key_file = tls_key;
+    tls.server_name = tls_server_name;
+    if (tls.enabled()) {
+      options.channel.credentials = Value(ChannelCredentialsFor(tls));
+      options.channel.tls_server_name = tls_server_name;
+    }
+    options.identity = std::make_shared<CallIdentity>();
+    if (!token_file.empty()) options.identity->token = Value(ReadTokenFile(token_file));
+    options.channel.identity = options.identity;
+    options.device = device;
+    options.num_threads = threads;
+    options.data_roots = std::move(data_roots);
+    options.hostname = hostname;
+    options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    options.ps_rpc_timeout = absl::Seconds(ps_rpc_timeout_s);
+    options.progress_every_steps = progress_every_steps;
+    absl::StatusOr<storage::StorageOptions> storage =
+        storage::StorageOptionsFromFlags(/*log=*/nullptr);
+    if (storage.ok()) options.storage = *std::move(storage);
+    absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon;
+    {
+      py::gil_scoped_release release;
+      daemon = WorkerDaemon::Create(std::move(options));
+    }
+    daemon_ = Value(std::move(daemon));
+  }
+  ~PyBoundWorker() {
+    py::gil_scoped_release release;
+    daemon_.reset();
+  }
+  // Until the job has ended (or shutdown()); the number of runs of it this
+  // worker finished.
+  int Run() {
+    Check(Released([&] { return daemon_->Run(); }));
+    return daemon_->jobs_finished();
+  }
+  void Shutdown() { daemon_->Shutdown(); }
+  std::string worker_id() const { return daemon_->worker_id(); }
+
+ private:
+  std::unique_ptr<WorkerDaemon> daemon_;
+};
+
+// A trained ModelSpec checkpoint on the CPU engine: the logits of images
+// given as CHW bytes, preprocessed as in training (the job's DatasetSpec).
+class PyPredictor {
+ public:
+  PyPredictor(const std::string& checkpoint_path, int threads) {
+    const v1::Checkpoint ckpt = Value(ReadCheckpointFile(checkpoint_path));
+    if (!ckpt.job().has_model()) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          checkpoint_path, ": the checkpoint's model is not a ModelSpec (a PyTorch model "
+                           "predicts with its module: pstrain.Checkpoint.load_into)")));
+    }
+    backend_ = Value(OpenBackend("cpu", threads));
+    model_ = Value(Model::Create(ckpt.job().model(), backend_.get()));
+    Check(model_->ImportParameters(
+        std::vector<v1::TensorProto>(ckpt.parameters().begin(), ckpt.parameters().end())));
+    // An image model's input is (C, H, W); any other is fed as one channel
+    // of its elements (features packed as 1 x 1 x N).
+    const ModelGraph& graph = model_->graph();
+    if (graph.input_shape.rank() == 3) {
+      channels_ = static_cast<int>(graph.input_shape[0]);
+      height_ = static_cast<int>(graph.input_shape[1]);
+      width_ = static_cast<int>(graph.input_shape[2]);
+    } else {
+      channels_ = height_ = 1;
+      width_ = static_cast<int>(graph.input_shape.num_elements());
+    }
+    classes_ = graph.num_classes;
+    preprocess_ = Value(data::Preprocess::FromSpec(ckpt.job().dataset(), channels_));
+  }
+
+  // `pixels`: n samples of C*H*W bytes; returns n*classes logits.
+  std::vector<float> Logits(const py::bytes& pixels) {
+    std::string_view bytes = pixels;
+    const int64_t sample = int64_t{channels_} * height_ * width_;
+    if (bytes.size() % static_cast<size_t>(sample) != 0) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(bytes.size(), " bytes are not whole samples of ",
+                                                    sample, " (", channels_, "x", height_, "x",
+                                                    width_, ")")));
+    }
+    data::ImageDataset ds;
+    ds.channels = channels_;
+    ds.height = height_;
+    ds.width = width_;
+    ds.num_classes = classes_;
+    ds.labels.assign(bytes.size() / static_cast<size_t>(sample), 0);
+    ds.pixels.assign(bytes.begin(), bytes.end());
+    std::vector<float> logits;
+    EvaluateOptions options;
+    options.logits = &logits;
+    if (ds.labels.empty()) return logits;
+    Check(Released([&] { return Evaluate(*model_, ds, preprocess_, options).status(); }));
+    return logits;
+  }
+  int channels() const { return channels_; }
+  int height() const { return height_; }
+  int width() const { return width_; }
+  int classes() const { return classes_; }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  data::Preprocess preprocess_;
+  int channels_ = 0, height_ = 0, width_ = 0, classes_ = 0;
+};
+
 }  // namespace
 }  // namespace pstrain
 
@@ -285,6 +449,121 @@ PYBIND11_MODULE(_native, m) {
       .def("set_rank", &PyUpdater::SetRank)
       .def_property_readonly("version", &PyUpdater::version)
       .def_property_readonly("resyncs", &PyUpdater::resyncs);
+
+  py::class_<PyBoundWorker>(m, "BoundWorker")
+      .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
+                    const std::string&, const std::string&, const std::string&, const std::string&,
+                    int, std::vector<std::string>, const std::string&, double, double, int>(),
+           py::arg("coordinator"), py::arg("job_id"), py::arg("tls_ca") = "",
+           py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_server_name") = "",
+           py::arg("token_file") = "", py::arg("device") = "cpu", py::arg("threads") = 0,
+           py::arg("data_roots") = std::vector<std::string>(), py::arg("hostname") = "",
+           py::arg("rpc_timeout_s") = 10.0, py::arg("ps_rpc_timeout_s") = 120.0,
+           py::arg("progress_every_steps") = 20)
+      .def("run", &PyBoundWorker::Run)
+      .def("shutdown", &PyBoundWorker::Shutdown)
+      .def_property_readonly("worker_id", &PyBoundWorker::worker_id);
+
+  py::class_<PyPredictor>(m, "Predictor")
+      .def(py::init<const std::string&, int>(), py::arg("checkpoint_path"), py::arg("threads") = 0)
+      .def("logits", &PyPredictor::Logits)
+      .def_property_readonly("channels", &PyPredictor::channels)
+      .def_property_readonly("height", &PyPredictor::height)
+      .def_property_readonly("width", &PyPredictor::width)
+      .def_property_readonly("classes", &PyPredictor::classes);
+
+  // An image's bytes (JPEG or PNG, by their magic) as C*H*W pixels,
+  // resized by nearest neighbour (common/data/image_codec.h); `name`
+  // starts the error of an undecodable one.
+  m.def("decode_image", [](const py::bytes& bytes, int channels, int height, int width,
+                           const std::string& name) {
+    if (channels != 1 && channels != 3) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("channels must be 1 or 3, got ", channels)));
+    }
+    if (height <= 0 || width <= 0 || int64_t{height} * width > data::kMaxDecodedPixels) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("an image size of ", height, "x", width, " is out of range")));
+    }
+    std::string_view view = bytes;
+    std::string out(static_cast<size_t>(channels) * height * width, '\0');
+    {
+      py::gil_scoped_release release;
+      absl::StatusOr<data::DecodedImage> image = data::DecodeImage(view, name);
+      if (!image.ok()) {
+        py::gil_scoped_acquire acquire;
+        Raise(image.status());
+      }
+      data::ResizeToChw(*image, channels, height, width, reinterpret_cast<uint8_t*>(out.data()));
+    }
+    return py::bytes(out);
+  });
+
+  // One shard of a packed split, and its labels object
+  // (common/data/packed_format.h: WritePackedShard, WritePackedLabels).
+  // Labels are int32 bytes (numpy's astype("<i4").tobytes()).
+  m.def("write_packed_shard",
+        [](const std::string& dir, const std::string& split, int channels, int height, int width,
+           int num_classes, int index, int count, int64_t first_sample, const py::bytes& labels,
+           const py::bytes& pixels) {
+          std::string_view l = labels, p = pixels;
+          if (l.size() % 4 != 0) Raise(absl::InvalidArgumentError("labels: not int32 bytes"));
+          std::vector<int32_t> values(l.size() / 4);
+          std::memcpy(values.data(), l.data(), l.size());
+          storage::Storage& store = Store::Get().For(dir);
+          Check(Released([&] {
+            return data::WritePackedShard(
+                store, dir, split, {channels, height, width, num_classes},
+                {.index = index, .count = count, .first_sample = first_sample}, values,
+                absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.data()), p.size()));
+          }));
+        });
+  m.def("write_packed_labels", [](const std::string& dir, const std::string& split,
+                                  const py::bytes& labels, int num_classes) {
+    std::string_view l = labels;
+    if (l.size() % 4 != 0) Raise(absl::InvalidArgumentError("labels: not int32 bytes"));
+    std::vector<int32_t> values(l.size() / 4);
+    std::memcpy(values.data(), l.data(), l.size());
+    storage::Storage& store = Store::Get().For(dir);
+    Check(Released([&] { return data::WritePackedLabels(store, dir, split, values, num_classes); }));
+  });
+  // Whole small objects or files (a manifest, classes.csv) by URI.
+  m.def("storage_write", [](const std::string& uri, const py::bytes& bytes) {
+    std::string copy = bytes;
+    storage::Storage& store = Store::Get().For(uri);
+    Check(Released([&] { return store.Write(uri, copy); }));
+  });
+  m.def("storage_read", [](const std::string& uri, int64_t max_bytes) {
+    storage::Storage& store = Store::Get().For(uri);
+    absl::StatusOr<std::string> read;
+    {
+      py::gil_scoped_release release;
+      read = storage::ReadAtMost(store, uri, max_bytes);
+    }
+    return py::bytes(Value(std::move(read)));
+  });
+  // The names of the files or objects directly under `dir`.
+  m.def("storage_list", [](const std::string& dir) {
+    storage::Storage& store = Store::Get().For(dir);
+    absl::StatusOr<std::vector<storage::ObjectInfo>> listed;
+    {
+      py::gil_scoped_release release;
+      listed = store.List(dir);
+    }
+    std::vector<std::string> names;
+    for (const storage::ObjectInfo& o : Value(std::move(listed))) names.push_back(o.key);
+    return names;
+  });
+  m.def("storage_exists", [](const std::string& uri) {
+    storage::Storage& store = Store::Get().For(uri);
+    absl::StatusOr<storage::ObjectInfo> info;
+    {
+      py::gil_scoped_release release;
+      info = store.Stat(uri);
+    }
+    if (absl::IsNotFound(info.status())) return false;
+    Check(info.status());
+    return true;
+  });
 
   // The epoch's sample order (shuffled from the job's seed), the same on
   // every machine as the C++ workers' (common/data/dataset.h).

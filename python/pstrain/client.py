@@ -319,9 +319,11 @@ class Job:
                 + (f" ({status.reason})" if status.reason else ""))
         return status.test
 
-    def cancel(self):
-        """Cancels a queued or running job (a finished one is left as it is)."""
-        response = self.client._unary("CancelJob", service_pb2.CancelJobRequest(job_id=self.id))
+    def cancel(self, reason=""):
+        """Cancels a queued or running job (a finished one is left as it is).
+        reason: shown in its status ("cancelled: ..."; at most 1024 bytes)."""
+        response = self.client._unary("CancelJob", service_pb2.CancelJobRequest(
+            job_id=self.id, reason=str(reason)[:1024]))
         return JobStatus(response.status)
 
     def watch(self, progress=True, file=None, timeout=None, min_interval_s=0.5,

@@ -2,7 +2,9 @@
 
 The tests run against real binaries: `pstrain` (summary, download),
 `pstrain-worker` (standalone training that writes a checkpoint) and, for the
-`cluster` tests, a server and two CPU workers (cluster.py). They are found
+`cluster` tests, a server and two CPU workers (cluster.py); the `spark` tests
+also start a Spark standalone cluster (spark_cluster.py) with the running
+interpreter's pyspark (<build>/venv-spark). They are found
 in --bin-dir, else $PSTRAIN_BIN_DIR, else <repo>/build/bin; ctest passes the
 suite's own build (tests/CMakeLists.txt, test `python_client_*`). The
 package itself is imported from PYTHONPATH: the CMake build's <build>/python
@@ -15,13 +17,14 @@ once it knows the directory).
 """
 
 import os
+import shutil
 import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)  # cluster.py
+sys.path.insert(0, HERE)  # cluster.py, spark_cluster.py
 
 
 def pytest_addoption(parser):
@@ -36,6 +39,8 @@ def pytest_configure(config):
                                        "(pstrain.torch; ctest python_torch)")
     config.addinivalue_line("markers", "s3: datasets in moto's S3 behind a fault proxy "
                                        "(ctest python_client_s3)")
+    config.addinivalue_line("markers", "spark: a real Spark standalone cluster (pyspark from "
+                                       "<build>/venv-spark; ctest python_client_spark)")
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +75,36 @@ def cluster(bin_dir, source_dir, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("cluster"))
     with LocalCluster(bin_dir, source_dir, workdir, workers=2) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark Master and two Workers (1 core, 1 GiB each) on 127.0.0.1 for
+    the session; executors run this interpreter. Skips without pyspark
+    (deploy/local/test.sh installs it in <build>/venv-spark) or java. Tests
+    take their session from it (spark_session), one at a time. Executors can
+    import this directory's modules: a task function defined at a test
+    module's top level reaches them by name (cloudpickle pickles by
+    reference what it can import), as do spark_cluster.py's helpers."""
+    from spark_cluster import SparkStandalone, spark_home
+    if spark_home() is None:
+        pytest.skip(f"no pyspark (with bin/spark-class) for {sys.executable}: run the Spark "
+                    "tests with <build>/venv-spark/bin/python3 (deploy/local/test.sh makes it)")
+    # spark-class runs $JAVA_HOME/bin/java, else the java on PATH.
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not (java and os.access(java, os.X_OK)):
+        pytest.skip("no java for Spark: install openjdk-17-jre-headless "
+                    "(deploy/local/install-deps.sh)")
+    workdir = str(tmp_path_factory.mktemp("spark"))
+    with SparkStandalone(workdir, python=sys.executable, workers=2,
+                         extra_pythonpath=[HERE]) as running:
+        yield running
+
+
+@pytest.fixture
+def spark_session(spark_cluster, request):
+    """A SparkSession on spark_cluster named after the test, stopped after it
+    (with its driver JVM and, by the Workers, its executors)."""
+    yield spark_cluster.session(request.node.name)
+    spark_cluster.stop_session()

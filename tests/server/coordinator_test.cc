@@ -448,6 +448,64 @@ TEST_F(CoordinatorTest, AnExternalModelStartsOnItsBoundWorkersWithTheDeclaredVal
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
 }
 
+// A launcher's ModelSpec job (JobSpec.bound_workers, a Spark barrier
+// stage): only the workers bound to it train it, the pool never does, and
+// a launcher's cancel names its cause.
+TEST_F(CoordinatorTest, ALaunchersModelSpecJobRunsOnlyOnItsBoundWorkers) {
+  v1::JobSpec spec = TinyJob(2);
+  spec.set_bound_workers(true);
+  auto job = coordinator_->SubmitJob(spec);
+  ASSERT_OK(job);
+  const std::string pool_a = Register("pool-a");
+  const std::string pool_b = Register("pool-b");
+  coordinator_->Tick();
+  EXPECT_EQ(Status(*job).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Status(*job).reason(), HasSubstr("waiting for 2 workers bound to the job, 0"));
+
+  v1::WorkerInfo bound_info;
+  bound_info.set_hostname("spark-task-0");
+  bound_info.set_job_id(*job);
+  auto a = coordinator_->RegisterWorker(bound_info);
+  ASSERT_OK(a);
+  bound_info.set_hostname("spark-task-1");
+  auto b = coordinator_->RegisterWorker(bound_info);
+  ASSERT_OK(b);
+  coordinator_->Tick();
+  const v1::JobStatus running = Status(*job);
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(running.workers(), ElementsAre(a->worker_id(), b->worker_id()));
+  EXPECT_EQ(Beat(pool_a).action(), v1::HeartbeatResponse::ACTION_IDLE);
+  const v1::HeartbeatResponse hb = Beat(a->worker_id());
+  ASSERT_EQ(hb.action(), v1::HeartbeatResponse::ACTION_RUN);
+  EXPECT_TRUE(hb.assignment().spec().has_model());
+
+  // A ModelSpec job without bound_workers still refuses bound workers; a
+  // command job cannot take them.
+  auto pool_job = coordinator_->SubmitJob(TinyJob(5));
+  ASSERT_OK(pool_job);
+  bound_info.set_job_id(*pool_job);
+  EXPECT_THAT(coordinator_->RegisterWorker(bound_info).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bound_workers")));
+  v1::JobSpec both = TinyJob(1);
+  both.clear_model();
+  both.clear_dataset();
+  both.mutable_command()->add_argv("train.py");
+  both.set_bound_workers(true);
+  EXPECT_THAT(coordinator_->SubmitJob(both).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bound_workers")));
+
+  // The launcher cancels with its cause; the bound workers are told to stop.
+  EXPECT_THAT(coordinator_->CancelJob(*job, std::string(1025, 'x')).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1024")));
+  auto cancelled = coordinator_->CancelJob(*job, "the Spark stage failed: executor lost");
+  ASSERT_OK(cancelled);
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled: the Spark stage failed: executor lost");
+  EXPECT_EQ(Beat(a->worker_id(), *job).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(b->worker_id()).action(), v1::HeartbeatResponse::ACTION_STOP);
+  EXPECT_EQ(Beat(pool_b).action(), v1::HeartbeatResponse::ACTION_IDLE);
+}
+
 v1::JobSpec CommandJob(int workers) {
   v1::JobSpec job = TinyJob(workers);
   job.clear_model();

@@ -46,6 +46,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
                               v1::RegisterWorkerResponse* response) override {
     absl::MutexLock lock(&mu);
     infos.push_back(request->info());
+    if (!refuse_registration.ok()) return refuse_registration;
     response->set_worker_id("worker-" + std::to_string(infos.size()));
     workers.insert(response->worker_id());
     response->set_heartbeat_interval_ms(50);
@@ -75,7 +76,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
       return grpc::Status::OK;
     }
     if (assignment.job_id().empty()) {
-      response->set_action(v1::HeartbeatResponse::ACTION_IDLE);
+      response->set_action(stop_idle ? v1::HeartbeatResponse::ACTION_STOP
+                                     : v1::HeartbeatResponse::ACTION_IDLE);
       return grpc::Status::OK;
     }
     response->set_action(v1::HeartbeatResponse::ACTION_RUN);
@@ -138,6 +140,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::vector<v1::WorkSegment> tails;  // Handed out after the share.
   bool stop_reports = false;           // ReportProgress answers `stop`.
   bool reregister_next = false;
+  bool stop_idle = false;  // An idle worker is told to stop (its bound job ended).
+  grpc::Status refuse_registration = grpc::Status::OK;  // RegisterWorker's answer when set.
   bool hang_heartbeats = false;
   std::atomic<bool> hanging{false};
   absl::Notification release;

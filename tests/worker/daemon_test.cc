@@ -22,6 +22,7 @@ namespace pstrain {
 namespace {
 
 using ::testing::HasSubstr;
+using ::pstrain::testing::StatusIs;
 
 using ::pstrain::testing::FakeCoordinator;
 using ::pstrain::testing::StartFakeCoordinator;
@@ -287,6 +288,53 @@ TEST(WorkerDaemonTest, ADatasetOutsideTheDataRootsFailsTheJobWithTheRule) {
   run.join();
 }
 
+// `pstrain-worker --job`, a Spark barrier task: registers bound to its job,
+// and Run() returns once the job is over, or with a refusal at once.
+TEST(WorkerDaemonTest, ABoundDaemonWorksForItsJobAndReturnsOnceItEnded) {
+  FakeCoordinator fake;
+  int port = 0;
+  auto server = StartFakeCoordinator(&fake, &port);
+  ASSERT_NE(server, nullptr);
+  WorkerDaemon::Options options = TestOptions(port);
+  options.job_id = "job-7";
+  auto daemon = WorkerDaemon::Create(options);
+  ASSERT_OK(daemon);
+  absl::Notification returned;
+  absl::Status status;
+  std::thread run([&] {
+    status = (*daemon)->Run();
+    returned.Notify();
+  });
+  ASSERT_TRUE(WaitFor(fake, [&] { return fake.heartbeats.size() >= 3; }));
+  {
+    absl::MutexLock lock(&fake.mu);
+    EXPECT_EQ(fake.infos[0].job_id(), "job-7");
+  }
+  EXPECT_FALSE(returned.HasBeenNotified());  // Idle: the job has not started.
+  {
+    absl::MutexLock lock(&fake.mu);
+    fake.stop_idle = true;  // The job ended.
+  }
+  ASSERT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_OK(status);
+  run.join();
+
+  FakeCoordinator refusing;
+  refusing.refuse_registration =
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "job-7 has ended (JOB_STATE_CANCELLED)");
+  int refusing_port = 0;
+  auto refusing_server = StartFakeCoordinator(&refusing, &refusing_port);
+  ASSERT_NE(refusing_server, nullptr);
+  auto refused = WorkerDaemon::Create([&] {
+    WorkerDaemon::Options o = TestOptions(refusing_port);
+    o.job_id = "job-7";
+    return o;
+  }());
+  ASSERT_OK(refused);
+  EXPECT_THAT((*refused)->Run(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has ended")));
+}
+
 TEST(WorkerDaemonTest, CreateRejectsBadOptions) {
   WorkerDaemon::Options options = TestOptions(1);
   options.device = "tpu";
@@ -294,6 +342,11 @@ TEST(WorkerDaemonTest, CreateRejectsBadOptions) {
   options = TestOptions(1);
   options.coordinator_address.clear();
   EXPECT_TRUE(absl::IsInvalidArgument(WorkerDaemon::Create(options).status()));
+  options = TestOptions(1);
+  options.job_id = "job-1";
+  options.command_roots = {"/tmp"};
+  EXPECT_THAT(WorkerDaemon::Create(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--job")));
 }
 
 }  // namespace
