@@ -38,13 +38,15 @@ def test_pip_install_generates_the_stubs(tmp_path):
         "print(g.CoordinatorStub.__name__)").split()
     assert installed.startswith(str(venv)) and stub == "CoordinatorStub"
     # The optional features are declared as extras (pip install 'pstrain[onnx]',
-    # 'pstrain[torch]').
+    # 'pstrain[torch]', 'pstrain[spark]').
     provides, requires = json.loads(installed_python(
         "import importlib.metadata as m, json; d = m.metadata('pstrain'); "
         "print(json.dumps([d.get_all('Provides-Extra'), d.get_all('Requires-Dist')]))"))
-    assert sorted(provides) == ["onnx", "torch"], provides
+    assert sorted(provides) == ["onnx", "spark", "torch"], provides
     # Spelled "onnx (>=1.13) ; extra == 'onnx'" or 'onnx>=1.13; extra == "onnx"'.
     onnx = [r.replace(" ", "").replace('"', "'") for r in requires if r.startswith("onnx")]
     assert onnx and all(r.endswith(";extra=='onnx'") for r in onnx), requires
     torch = [r.replace(" ", "").replace('"', "'") for r in requires if r.startswith("torch")]
     assert torch and all(r.endswith(";extra=='torch'") for r in torch), requires
+    spark = [r.replace(" ", "").replace('"', "'") for r in requires if r.startswith("pyspark")]
+    assert spark and all(r.endswith(";extra=='spark'") for r in spark), requires
