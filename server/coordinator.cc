@@ -284,10 +284,11 @@ void Coordinator::RefreshQueueReasons() {
     const int launched = job->status.spec().has_command()
                              ? static_cast<int>(Launchers(job->status.job_id()).size())
                              : 0;
-    job->SetQueueReason(static_cast<int>(!JobTakesBoundWorkers(job->status.spec()) ? idle.pool.size()
-                                         : bound == idle.bound.end()              ? 0
-                                                                     : bound->second.size()),
-                        launched, command_daemons);
+    job->SetQueueReason(
+        static_cast<int>(!JobTakesBoundWorkers(job->status.spec()) ? idle.pool.size()
+                         : bound == idle.bound.end()               ? 0
+                                                                   : bound->second.size()),
+        launched, command_daemons);
   }
 }
 

@@ -258,7 +258,7 @@ class Coordinator {
   // Idempotent: a finished job comes back unchanged.
   // `reason` ("": by the user) goes into the job's status.
   absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job_id,
-                                         const std::string& reason = "");
+                                          const std::string& reason = "");
   // Waits until the job's revision exceeds `after_revision` or `deadline`
   // passes, then returns its current status and revision. NOT_FOUND for an
   // unknown id.

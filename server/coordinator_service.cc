@@ -83,7 +83,8 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* context,
                                            v1::CancelJobResponse* response) {
   if (grpc::Status s = Admit(*context, Role::kAdmin, "CancelJob", *request); !s.ok()) return s;
   if (request->job_id().empty()) return Invalid("CancelJob needs a job_id");
-  absl::StatusOr<v1::JobStatus> status = coordinator_->CancelJob(request->job_id(), request->reason());
+  absl::StatusOr<v1::JobStatus> status =
+      coordinator_->CancelJob(request->job_id(), request->reason());
   if (!status.ok()) return ToGrpcStatus(status.status());
   *response->mutable_status() = *std::move(status);
   return grpc::Status::OK;

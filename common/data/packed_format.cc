@@ -56,6 +56,22 @@ struct Header {
   uint64_t first_sample = 0;
 };
 
+// The header of a shard of `records` samples of `shape`, at its place.
+Header ShardHeader(const PackedSplitWriter::Shape& shape, int64_t records, int64_t index,
+                   int64_t count, int64_t first_sample) {
+  Header h;
+  h.channels = static_cast<uint32_t>(shape.channels);
+  h.height = static_cast<uint32_t>(shape.height);
+  h.width = static_cast<uint32_t>(shape.width);
+  h.num_classes = static_cast<uint32_t>(shape.num_classes);
+  h.record_bytes = static_cast<uint32_t>(int64_t{shape.channels} * shape.height * shape.width + 8);
+  h.records = static_cast<uint64_t>(records);
+  h.shard_index = static_cast<uint32_t>(index);
+  h.shard_count = static_cast<uint32_t>(count);
+  h.first_sample = static_cast<uint64_t>(first_sample);
+  return h;
+}
+
 std::string EncodeHeader(const Header& h) {
   std::string out(kPackedHeaderBytes, '\0');
   std::memcpy(out.data(), kPackedMagic, sizeof(kPackedMagic));
@@ -434,17 +450,8 @@ absl::Status PackedSplitWriter::Append(int32_t label, const uint8_t* pixels) {
 }
 
 absl::Status PackedSplitWriter::Flush() {
-  Header h;
-  h.channels = static_cast<uint32_t>(shape_.channels);
-  h.height = static_cast<uint32_t>(shape_.height);
-  h.width = static_cast<uint32_t>(shape_.width);
-  h.num_classes = static_cast<uint32_t>(shape_.num_classes);
-  h.record_bytes = static_cast<uint32_t>(record_bytes_);
-  h.records = static_cast<uint64_t>(in_buffer_);
-  h.shard_index = static_cast<uint32_t>(shard_);
-  h.shard_count = static_cast<uint32_t>(shards_);
-  h.first_sample = static_cast<uint64_t>(samples_ - in_buffer_);
-  const std::string header = EncodeHeader(h);
+  const std::string header =
+      EncodeHeader(ShardHeader(shape_, in_buffer_, shard_, shards_, samples_ - in_buffer_));
   std::memcpy(buffer_.data(), header.data(), header.size());
   PSTRAIN_RETURN_IF_ERROR(store_.Write(
       storage::JoinUri(dir_, PackedShardName(split_, static_cast<int>(shard_),
@@ -464,15 +471,15 @@ absl::Status WritePackedShard(storage::Storage& store, const std::string& dir,
   if (shape.channels <= 0 || shape.height <= 0 || shape.width <= 0 ||
       int64_t{shape.channels} * shape.height * shape.width > kPackedMaxSampleBytes ||
       shape.num_classes <= 0 || shape.num_classes > kPackedMaxClasses) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        split, ": a sample of ", shape.channels, "x", shape.height, "x", shape.width, " in ",
-        shape.num_classes, " classes is outside what a packed shard holds"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(split, ": a sample of ", shape.channels, "x", shape.height, "x", shape.width,
+                     " in ", shape.num_classes, " classes is outside what a packed shard holds"));
   }
   if (place.count <= 0 || place.count > kPackedMaxShards || place.index < 0 ||
       place.index >= place.count || place.first_sample < 0) {
     return absl::InvalidArgumentError(absl::StrCat(split, ": shard ", place.index, " of ",
-                                                   place.count, " from sample ",
-                                                   place.first_sample, " is not a shard's place"));
+                                                   place.count, " from sample ", place.first_sample,
+                                                   " is not a shard's place"));
   }
   const int64_t sample = int64_t{shape.channels} * shape.height * shape.width;
   if (static_cast<int64_t>(pixels.size()) != static_cast<int64_t>(labels.size()) * sample) {
@@ -493,17 +500,8 @@ absl::Status WritePackedShard(storage::Storage& store, const std::string& dir,
     std::memcpy(bytes.data() + at + 4, pixels.data() + r * sample, static_cast<size_t>(sample));
     Put<uint32_t>(bytes, at + 4 + sample, Crc(bytes.data() + at, 4 + sample));
   }
-  Header h;
-  h.channels = static_cast<uint32_t>(shape.channels);
-  h.height = static_cast<uint32_t>(shape.height);
-  h.width = static_cast<uint32_t>(shape.width);
-  h.num_classes = static_cast<uint32_t>(shape.num_classes);
-  h.record_bytes = static_cast<uint32_t>(record_bytes);
-  h.records = static_cast<uint64_t>(labels.size());
-  h.shard_index = static_cast<uint32_t>(place.index);
-  h.shard_count = static_cast<uint32_t>(place.count);
-  h.first_sample = static_cast<uint64_t>(place.first_sample);
-  const std::string header = EncodeHeader(h);
+  const std::string header = EncodeHeader(ShardHeader(
+      shape, static_cast<int64_t>(labels.size()), place.index, place.count, place.first_sample));
   std::memcpy(bytes.data(), header.data(), header.size());
   return store.Write(storage::JoinUri(dir, PackedShardName(split, place.index, place.count)),
                      bytes);

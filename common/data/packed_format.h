@@ -134,8 +134,8 @@ class PackedSplitWriter {
 // is one Write: whole or not at all (a retried task writes the same bytes
 // again). INVALID_ARGUMENT for a bad shape, place or label.
 struct ShardPlace {
-  int index = 0, count = 0;   // Of the split's shards.
-  int64_t first_sample = 0;   // Of its first record in the split.
+  int index = 0, count = 0;  // Of the split's shards.
+  int64_t first_sample = 0;  // Of its first record in the split.
 };
 absl::Status WritePackedShard(storage::Storage& store, const std::string& dir,
                               const std::string& split, const PackedSplitWriter::Shape& shape,

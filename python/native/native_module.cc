@@ -28,9 +28,9 @@
 #include "absl/time/time.h"
 #include "common/checkpoint.h"
 #include "common/data/dataset.h"
+#include "common/data/epoch_work.h"
 #include "common/data/image_codec.h"
 #include "common/data/packed_format.h"
-#include "common/data/epoch_work.h"
 #include "common/model_graph.h"
 #include "common/rpc/security.h"
 #include "common/storage/s3_flags.h"
@@ -80,6 +80,27 @@ std::string Serialize(const google::protobuf::Message& message) {
   return out;
 }
 
+// TLS for `channel` (when a CA or certificate is given) and the token from
+// its file into `identity` (the token never passes through Python, where an
+// error message could show it); channel.identity becomes `identity`.
+void SecureChannel(const std::string& tls_ca, const std::string& tls_cert,
+                   const std::string& tls_key, const std::string& tls_server_name,
+                   const std::string& token_file, ChannelOptions& channel,
+                   std::shared_ptr<CallIdentity>& identity) {
+  TlsOptions tls;
+  tls.ca_file = tls_ca;
+  tls.cert_file = tls_cert;
+  tls.key_file = tls_key;
+  tls.server_name = tls_server_name;
+  if (tls.enabled()) {
+    channel.credentials = Value(ChannelCredentialsFor(tls));
+    channel.tls_server_name = tls_server_name;
+  }
+  identity = std::make_shared<CallIdentity>();
+  if (!token_file.empty()) identity->token = Value(ReadTokenFile(token_file));
+  channel.identity = identity;
+}
+
 // A worker bound to one job, with the tensors it declared.
 class PyJobWorker {
  public:
@@ -91,20 +112,8 @@ class PyJobWorker {
     JobWorker::Options options;
     options.coordinator_address = coordinator;
     options.job_id = job_id;
-    TlsOptions tls;
-    tls.ca_file = tls_ca;
-    tls.cert_file = tls_cert;
-    tls.key_file = tls_key;
-    tls.server_name = tls_server_name;
-    if (tls.enabled()) {
-      options.channel.credentials = Value(ChannelCredentialsFor(tls));
-      options.channel.tls_server_name = tls_server_name;
-    }
-    options.identity = std::make_shared<CallIdentity>();
-    // The token is read here from its file: it never passes through Python,
-    // where an error message could show it.
-    if (!token_file.empty()) options.identity->token = Value(ReadTokenFile(token_file));
-    options.channel.identity = options.identity;
+    SecureChannel(tls_ca, tls_cert, tls_key, tls_server_name, token_file, options.channel,
+                  options.identity);
     options.info.set_hostname(hostname);
     options.info.set_backend("cpu");
     options.info.set_device_info(device_info);
@@ -283,18 +292,8 @@ class PyBoundWorker {
     WorkerDaemon::Options options;
     options.coordinator_address = coordinator;
     options.job_id = job_id;
-    TlsOptions tls;
-    tls.ca_file = tls_ca;
-    tls.cert_file = tls_cert;
-    tls.key_file = tls_key;
-    tls.server_name = tls_server_name;
-    if (tls.enabled()) {
-      options.channel.credentials = Value(ChannelCredentialsFor(tls));
-      options.channel.tls_server_name = tls_server_name;
-    }
-    options.identity = std::make_shared<CallIdentity>();
-    if (!token_file.empty()) options.identity->token = Value(ReadTokenFile(token_file));
-    options.channel.identity = options.identity;
+    SecureChannel(tls_ca, tls_cert, tls_key, tls_server_name, token_file, options.channel,
+                  options.identity);
     options.device = device;
     options.num_threads = threads;
     options.data_roots = std::move(data_roots);
@@ -336,9 +335,10 @@ class PyPredictor {
   PyPredictor(const std::string& checkpoint_path, int threads) {
     const v1::Checkpoint ckpt = Value(ReadCheckpointFile(checkpoint_path));
     if (!ckpt.job().has_model()) {
-      Raise(absl::InvalidArgumentError(absl::StrCat(
-          checkpoint_path, ": the checkpoint's model is not a ModelSpec (a PyTorch model "
-                           "predicts with its module: pstrain.Checkpoint.load_into)")));
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat(checkpoint_path,
+                       ": the checkpoint's model is not a ModelSpec (a PyTorch model "
+                       "predicts with its module: pstrain.Checkpoint.load_into)")));
     }
     backend_ = Value(OpenBackend("cpu", threads));
     model_ = Value(Model::Create(ckpt.job().model(), backend_.get()));
@@ -364,9 +364,9 @@ class PyPredictor {
     std::string_view bytes = pixels;
     const int64_t sample = int64_t{channels_} * height_ * width_;
     if (bytes.size() % static_cast<size_t>(sample) != 0) {
-      Raise(absl::InvalidArgumentError(absl::StrCat(bytes.size(), " bytes are not whole samples of ",
-                                                    sample, " (", channels_, "x", height_, "x",
-                                                    width_, ")")));
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat(bytes.size(), " bytes are not whole samples of ", sample, " (", channels_,
+                       "x", height_, "x", width_, ")")));
     }
     data::ImageDataset ds;
     ds.channels = channels_;
@@ -524,7 +524,8 @@ PYBIND11_MODULE(_native, m) {
     std::vector<int32_t> values(l.size() / 4);
     std::memcpy(values.data(), l.data(), l.size());
     storage::Storage& store = Store::Get().For(dir);
-    Check(Released([&] { return data::WritePackedLabels(store, dir, split, values, num_classes); }));
+    Check(
+        Released([&] { return data::WritePackedLabels(store, dir, split, values, num_classes); }));
   });
   // Whole small objects or files (a manifest, classes.csv) by URI.
   m.def("storage_write", [](const std::string& uri, const py::bytes& bytes) {

@@ -89,6 +89,54 @@ TEST_F(PackedFormatTest, RoundTripsEverySampleInOrderAcrossShards) {
   }
 }
 
+// pstrain.spark's writers: each partition's task writes its shards at the
+// places a counting pass gave them (in any order), the driver the labels.
+TEST_F(PackedFormatTest, ShardsWrittenAtTheirPlacesReadAsOneSplit) {
+  std::unique_ptr<storage::Storage> store = storage::NewLocalStorage();
+  fs::create_directories(dir_);
+  const PackedSplitWriter::Shape shape{3, 4, 5, 6};
+  const int64_t sample = 3 * 4 * 5;
+  auto shard = [&](const char* split, int begin, int end, ShardPlace place) {
+    const ImageDataset& ds = std::string(split) == "train" ? splits_.train : splits_.test;
+    return WritePackedShard(
+        *store, dir_.string(), split, shape, place,
+        absl::MakeConstSpan(ds.labels).subspan(begin, end - begin),
+        absl::MakeConstSpan(ds.pixels).subspan(begin * sample, (end - begin) * sample));
+  };
+  // Partitions of 10 and 13 train rows, shards of at most 8: 2 + 2 shards.
+  ASSERT_OK(shard("train", 18, 23, {.index = 3, .count = 4, .first_sample = 18}));
+  ASSERT_OK(shard("train", 0, 8, {.index = 0, .count = 4, .first_sample = 0}));
+  ASSERT_OK(shard("train", 10, 18, {.index = 2, .count = 4, .first_sample = 10}));
+  ASSERT_OK(shard("train", 8, 10, {.index = 1, .count = 4, .first_sample = 8}));
+  ASSERT_OK(shard("test", 0, 7, {.index = 0, .count = 1, .first_sample = 0}));
+  ASSERT_OK(WritePackedLabels(*store, dir_.string(), "train", splits_.train.labels, 6));
+  ASSERT_OK(WritePackedLabels(*store, dir_.string(), "test", splits_.test.labels, 6));
+  absl::StatusOr<DatasetSplits> read = LoadPackedDataset(dir_.string());
+  ASSERT_OK(read);
+  EXPECT_EQ(read->train.labels, splits_.train.labels);
+  EXPECT_EQ(*read->train.CopyPixels(), *splits_.train.CopyPixels());
+  EXPECT_EQ(*read->test.CopyPixels(), *splits_.test.CopyPixels());
+  absl::StatusOr<ImageDataset> streamed =
+      LoadPackedSplit(dir_.string(), "train", *store, {.stream = true});
+  ASSERT_OK(streamed);
+  EXPECT_EQ(streamed->labels, splits_.train.labels);
+
+  // A place or a label that does not fit is refused before anything is written.
+  EXPECT_THAT(shard("train", 0, 8, {.index = 4, .count = 4, .first_sample = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a shard's place")));
+  EXPECT_THAT(WritePackedShard(*store, dir_.string(), "train", shape,
+                               {.index = 0, .count = 1, .first_sample = 0}, {0, 1},
+                               absl::MakeConstSpan(splits_.train.pixels).subspan(0, sample)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pixel bytes")));
+  std::vector<int32_t> bad = {6};
+  EXPECT_THAT(WritePackedShard(*store, dir_.string(), "train", shape,
+                               {.index = 0, .count = 1, .first_sample = 40}, bad,
+                               absl::MakeConstSpan(splits_.train.pixels).subspan(0, sample)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sample 40: label 6")));
+  EXPECT_THAT(WritePackedLabels(*store, dir_.string(), "train", bad, 6),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("label 6 outside")));
+}
+
 TEST_F(PackedFormatTest, LoadDatasetReadsThePackedFormatWithTheLimits) {
   ASSERT_OK(WritePackedDataset(splits_, dir_.string(), {}));
   v1::DatasetSpec spec;

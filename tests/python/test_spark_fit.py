@@ -333,7 +333,8 @@ def test_when_the_retries_run_out_the_job_is_cancelled_with_the_cause(
 
 
 @pytest.mark.spark
-def test_cancel_all_jobs_on_the_driver_cancels_the_pstrain_job(spark, images, secured, tmp_path):
+def test_cancel_all_jobs_or_ctrl_c_on_the_driver_cancels_the_pstrain_job(
+        spark, images, secured, tmp_path):
     df = png_frame(spark, images / "train")
     client = pstrain.Client(secured.address, **secured.admin_credentials())
     estimator = Estimator(mlp(), server=secured.address, store=str(tmp_path / "store"),
@@ -342,19 +343,37 @@ def test_cancel_all_jobs_on_the_driver_cancels_the_pstrain_job(spark, images, se
                           worker_credentials=worker_credentials(secured),
                           **secured.admin_credentials())
 
-    def cancel_when_running():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if any(j.name == "to-cancel" and j.state == "RUNNING" and j.step > 5
-                   for j in client.jobs()):
-                spark.sparkContext.cancelAllJobs()
-                return
-            time.sleep(0.1)
+    def when_running(name, action):
+        """A thread that calls `action` once job `name` is 5 steps into its run."""
+        def wait():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if any(j.name == name and j.state == "RUNNING" and j.step > 5
+                       for j in client.jobs()):
+                    action()
+                    return
+                time.sleep(0.1)
+        return threading.Thread(target=wait)
 
-    canceller = threading.Thread(target=cancel_when_running)
+    canceller = when_running("to-cancel", spark.sparkContext.cancelAllJobs)
     canceller.start()
     with pytest.raises(SparkTrainingError):
         estimator.fit(df)
     canceller.join(timeout=130)
     job = [j for j in client.jobs() if j.name == "to-cancel"][0]
     assert job.state == "CANCELLED", job.report()
+
+    # Ctrl-C on the driver (SIGINT's KeyboardInterrupt in its main thread).
+    import _thread
+    estimator.submit["name"] = "interrupted"
+
+    interrupter = when_running("interrupted", _thread.interrupt_main)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        estimator.fit(df)
+    interrupter.join(timeout=130)
+    job = [j for j in client.jobs() if j.name == "interrupted"][0]
+    assert job.state == "CANCELLED", job.report()
+    assert "interrupted on the Spark driver" in job.reason
+    # The session goes on: its barrier stage was cancelled with the job.
+    assert spark.range(10).count() == 10

@@ -21,8 +21,8 @@
 namespace pstrain {
 namespace {
 
-using ::testing::HasSubstr;
 using ::pstrain::testing::StatusIs;
+using ::testing::HasSubstr;
 
 using ::pstrain::testing::FakeCoordinator;
 using ::pstrain::testing::StartFakeCoordinator;
