@@ -569,9 +569,9 @@ class _DriverServer:
                 if b"listening on" in f.read():
                     break
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = self.log()
                 self.stop()
-                raise RuntimeError(f"pstrain-server did not start on {self.address}:\n"
-                                   f"{self.log()}")
+                raise RuntimeError(f"pstrain-server did not start on {self.address}:\n{log}")
             time.sleep(0.05)
 
     def log(self):
@@ -588,6 +588,30 @@ class _DriverServer:
                 self.proc.wait(timeout=15)
         self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _driver_server_host(sc, server_args):
+    """Where a fit's own pstrain-server listens: 127.0.0.1 when the executors
+    run on this machine (a local master, or a driver host that is loopback);
+    else spark.driver.host, which a plaintext server may take only with
+    --insecure in server_args (pstrain-server's listen policy)."""
+    conf = sc.getConf()
+    if (conf.get("spark.master", "") or "").startswith("local"):
+        return "127.0.0.1"
+    host = conf.get("spark.driver.host", "127.0.0.1")
+    try:
+        loopback = socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        loopback = False
+    if loopback:
+        return host
+    if "--insecure" not in server_args:
+        raise ValueError(
+            f"a fit without server= starts a pstrain-server on the driver, which the executors "
+            f"reach at spark.driver.host={host}, not a loopback address: give server= (a "
+            "pstrain-server with TLS and tokens, and tls=, token_file=, worker_credentials=), or "
+            "server_args=['--insecure'] to accept a plaintext server on the network")
+    return host
 
 
 def _worker_credentials(credentials):
@@ -928,8 +952,7 @@ class Estimator(_SparkEstimator, HasFeaturesCol, HasLabelCol, HasPredictionCol):
         local = None
         server = self.server
         if server is None:
-            host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-            local = _DriverServer(host, self.server_args)
+            local = _DriverServer(_driver_server_host(sc, self.server_args), self.server_args)
             server = local.address
         try:
             client = client_lib.Client(server, token_file=self.token_file,
@@ -1087,7 +1110,7 @@ def run(train_fn, num_workers, *args, server=None, spark=None, epochs=1, batch_s
     sc = spark.sparkContext if spark is not None else _spark_context()
     local = None
     if server is None:
-        local = _DriverServer(sc.getConf().get("spark.driver.host", "127.0.0.1"), server_args)
+        local = _DriverServer(_driver_server_host(sc, server_args), server_args)
         server = local.address
     try:
         client = client_lib.Client(server, token_file=token_file,

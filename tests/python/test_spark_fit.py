@@ -355,25 +355,20 @@ def test_cancel_all_jobs_or_ctrl_c_on_the_driver_cancels_the_pstrain_job(
                 time.sleep(0.1)
         return threading.Thread(target=wait)
 
-    canceller = when_running("to-cancel", spark.sparkContext.cancelAllJobs)
-    canceller.start()
-    with pytest.raises(SparkTrainingError):
-        estimator.fit(df)
-    canceller.join(timeout=130)
-    job = [j for j in client.jobs() if j.name == "to-cancel"][0]
-    assert job.state == "CANCELLED", job.report()
-
-    # Ctrl-C on the driver (SIGINT's KeyboardInterrupt in its main thread).
+    # cancelAllJobs, then Ctrl-C on the driver (SIGINT's KeyboardInterrupt
+    # in its main thread).
     import _thread
-    estimator.submit["name"] = "interrupted"
-
-    interrupter = when_running("interrupted", _thread.interrupt_main)
-    interrupter.start()
-    with pytest.raises(KeyboardInterrupt):
-        estimator.fit(df)
-    interrupter.join(timeout=130)
-    job = [j for j in client.jobs() if j.name == "interrupted"][0]
-    assert job.state == "CANCELLED", job.report()
+    for name, action, raised in (("to-cancel", spark.sparkContext.cancelAllJobs,
+                                  SparkTrainingError),
+                                 ("interrupted", _thread.interrupt_main, KeyboardInterrupt)):
+        estimator.submit["name"] = name
+        trigger = when_running(name, action)
+        trigger.start()
+        with pytest.raises(raised):
+            estimator.fit(df)
+        trigger.join(timeout=130)
+        job = [j for j in client.jobs() if j.name == name][0]
+        assert job.state == "CANCELLED", job.report()
     assert "interrupted on the Spark driver" in job.reason
     # The session goes on: its barrier stage was cancelled with the job.
     assert spark.range(10).count() == 10
