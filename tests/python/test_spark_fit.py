@@ -262,25 +262,54 @@ def test_a_pytorch_module_trains_through_estimator_and_run(spark, images, tmp_pa
     assert [(e.samples, e.expected) for e in status.proto.epoch_samples] == [(2000, 2000)]
 
 
-def kill_an_executor_when(spark_cluster, client, predicate, timeout=120):
-    """kill -9 of one executor JVM once the running job satisfies `predicate`."""
+def python_workers_of(executor):
+    """The Python workers an executor JVM's pyspark.daemon forked (they run
+    its tasks)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    daemons = [c for c in children.get(executor, []) if "pyspark.daemon" in cmdline(c)]
+    return [w for d in daemons for w in children.get(d, [])]
+
+
+def kill_an_executor_when(spark_cluster, client, predicate, timeout=120, what="executor JVM"):
+    """kill -9 of one executor JVM (or of its Python workers) once the
+    running job satisfies `predicate`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         jobs = [j for j in client.jobs() if j.state == "RUNNING"]
         if jobs and predicate(jobs[0]):
-            pid = spark_cluster.executor_pids()[0]
-            os.kill(pid, signal.SIGKILL)
+            executor = spark_cluster.executor_pids()[0]
+            pids = [executor] if what == "executor JVM" else python_workers_of(executor)
+            assert pids, f"no {what} to kill under executor {executor}"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
             return jobs[0].job_id
         time.sleep(0.1)
     raise AssertionError("the job never got there")
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("what", ["executor JVM", "Python worker"])
 def test_an_executor_killed_mid_epoch_is_retried_and_the_job_goes_on(
-        spark, spark_cluster, images, secured, tmp_path):
-    """kill -9 of one executor JVM mid-epoch: Spark runs the barrier stage
-    again once, its tasks join the same job, and it SUCCEEDED with every
-    sample once per epoch."""
+        spark, spark_cluster, images, secured, tmp_path, what):
+    """kill -9 of one executor JVM, or of its Python worker, mid-epoch:
+    Spark runs the barrier stage again once, its tasks join the same job,
+    and it SUCCEEDED with every sample once per epoch."""
     df = png_frame(spark, images / "train")
     client = pstrain.Client(secured.address, **secured.admin_credentials())
     estimator = Estimator(mlp(), server=secured.address, store=str(tmp_path / "store"),
@@ -291,7 +320,8 @@ def test_an_executor_killed_mid_epoch_is_retried_and_the_job_goes_on(
                           **secured.admin_credentials())
     killed = {}
     killer = threading.Thread(target=lambda: killed.update(job=kill_an_executor_when(
-        spark_cluster, client, lambda j: j.epoch == 1 and j.step > j.total_steps // 2)))
+        spark_cluster, client, lambda j: j.epoch == 1 and j.step > j.total_steps // 2,
+        what=what)))
     killer.start()
     fitted = estimator.fit(df)
     killer.join(timeout=150)
