@@ -56,7 +56,6 @@ a task's serialized closure.
 """
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -423,6 +422,10 @@ def prepare(df, store, features=None, label=None, image_size=None, channels=1, t
     # Pass 2: every partition writes its shards.
     def write(index, rows):
         nat = _native()
+        if index >= len(places):
+            raise PrepareError(f"partition {index} was not there when the rows were counted "
+                               f"({len(places)} partitions): the DataFrame is not "
+                               "deterministic (cache or checkpoint it first)")
         place = places[index]
         buffers = {"train": ([], []), "test": ([], [])}
         written = {"train": 0, "test": 0}
