@@ -800,10 +800,11 @@ def _model_spec_task(server, job_id, creds, data_root, threads):
     return task
 
 
-def _torch_task(server, job_id, mode, creds_path_or_none, train_fn, args, kwargs):
+def _torch_task(server, job_id, mode, creds, train_fn, args, kwargs):
     """A barrier task: the user's pstrain.torch function, with the launcher's
     environment (PSTRAIN_SERVER, PSTRAIN_JOB, PSTRAIN_MODE, PSTRAIN_CREDENTIALS:
-    those `pstrain run` gives)."""
+    those `pstrain run` gives). The credentials file (paths only, the JSON
+    pstrain.torch reads) is written on the executor and removed after."""
 
     def task(iterator):
         ctx = BarrierTaskContext.get()
@@ -812,26 +813,23 @@ def _torch_task(server, job_id, mode, creds_path_or_none, train_fn, args, kwargs
         os.environ["PSTRAIN_JOB"] = job_id
         os.environ["PSTRAIN_MODE"] = mode
         os.environ["PSTRAIN_LAUNCHER"] = ""
-        if creds_path_or_none:
-            os.environ["PSTRAIN_CREDENTIALS"] = creds_path_or_none
+        path = None
+        if creds:
+            fd, path = tempfile.mkstemp(prefix="pstrain-credentials-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(creds, f)
+            os.environ["PSTRAIN_CREDENTIALS"] = path
         else:
             os.environ.pop("PSTRAIN_CREDENTIALS", None)
-        result = train_fn(*args, **kwargs)
+        try:
+            result = train_fn(*args, **kwargs)
+        finally:
+            if path is not None:
+                os.unlink(path)
         yield {"partition": ctx.partitionId(), "attempt": ctx.attemptNumber(),
                "result": result}
 
     return task
-
-
-def _credentials_file(creds):
-    """The workers' credentials (paths) as the JSON file pstrain.torch reads,
-    written beside the driver: a path, not its contents, goes to the tasks."""
-    if not creds:
-        return None
-    fd, path = tempfile.mkstemp(prefix="pstrain-spark-credentials-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(creds, f)
-    return path
 
 
 # --- Estimator ------------------------------------------------------------------------------
@@ -963,8 +961,8 @@ class Estimator(_SparkEstimator, HasFeaturesCol, HasLabelCol, HasPredictionCol):
             job = client.submit_spec(self._spec(prepared, torch_model))
             creds = _worker_credentials(self.worker_credentials) if local is None else {}
             if torch_model:
-                task = _torch_task(server, job.id, self.submit.get("mode", "sync"),
-                                   _credentials_file(creds), _torch_fit,
+                task = _torch_task(server, job.id, self.submit.get("mode", "sync"), creds,
+                                   _torch_fit,
                                    (_TorchFit(self.model, self.loss, self.optimizer,
                                               prepared.uri),), {})
             else:
@@ -975,11 +973,10 @@ class Estimator(_SparkEstimator, HasFeaturesCol, HasLabelCol, HasPredictionCol):
             self.last_prepared = prepared
             if not status.succeeded:
                 raise SparkTrainingError(f"{job.id} {status.state}: {status.reason}")
-            checkpoint_path = os.path.join(tempfile.mkdtemp(prefix="pstrain-spark-"),
-                                           "model.ckpt")
-            checkpoint = job.download(checkpoint_path)
-            with open(checkpoint_path, "rb") as f:
-                data = f.read()
+            with tempfile.TemporaryDirectory(prefix="pstrain-spark-") as tmp:
+                checkpoint = job.download(os.path.join(tmp, "model.ckpt"))
+                with open(os.path.join(tmp, "model.ckpt"), "rb") as f:
+                    data = f.read()
             report = _html_report(server, job.id, self.token_file if local is None else None,
                                   self.tls if local is None else None)
             model = Model(data, prepared.manifest, job_id=job.id, server=server if local is None
@@ -1126,8 +1123,7 @@ def run(train_fn, num_workers, *args, server=None, spark=None, epochs=1, batch_s
         spec.external_model.framework = "torch"
         job = client.submit_spec(spec)
         creds = _worker_credentials(worker_credentials) if local is None else {}
-        task = _torch_task(server, job.id, mode, _credentials_file(creds), train_fn, args,
-                           kwargs)
+        task = _torch_task(server, job.id, mode, creds, train_fn, args, kwargs)
         status, results, _ = _train(sc, client, job, int(num_workers), task, progress,
                                     f"pstrain {job.id}: {num_workers} workers")
         if not status.succeeded:

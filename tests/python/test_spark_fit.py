@@ -234,7 +234,11 @@ def test_a_vector_column_trains_a_small_mlp(spark, tmp_path):
 
 
 @pytest.mark.spark
-def test_a_pytorch_module_trains_through_estimator_and_run(spark, images, tmp_path):
+def test_a_pytorch_module_trains_through_estimator_and_run(spark, images, secured, tmp_path):
+    """A torch module through Estimator (a server the fit starts on the
+    driver), then examples/spark/torch_run.train through run() against the
+    server with TLS, mTLS and tokens (the credentials file written on each
+    executor)."""
     import torch
     import torch.nn.functional as TF
     module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 64), torch.nn.ReLU(),
@@ -256,7 +260,9 @@ def test_a_pytorch_module_trains_through_estimator_and_run(spark, images, tmp_pa
     from pyspark import cloudpickle
     cloudpickle.register_pickle_by_value(torch_run)
     status, losses = run(torch_run.train, 2, 2000, spark=spark, epochs=1, batch_size=32,
-                         optimizer=pstrain.optimizers.SGD(0.05, momentum=0.9), progress=False)
+                         optimizer=pstrain.optimizers.SGD(0.05, momentum=0.9), progress=False,
+                         server=secured.address, worker_credentials=worker_credentials(secured),
+                         **secured.admin_credentials())
     assert status.state == "SUCCEEDED", status.report()
     assert len(losses) == 2 and all(0 < v < 2.3 for v in losses), losses
     assert [(e.samples, e.expected) for e in status.proto.epoch_samples] == [(2000, 2000)]
