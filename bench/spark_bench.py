@@ -23,7 +23,7 @@ and two 1-core Workers, each executor its own JVM) with real Fashion-MNIST.
    learning rate) in a barrier stage set up as TorchDistributor sets it up
    (TorchDistributor itself needs torchrun, which fails on Debian 12's
    torch: see ddp_stage), 2 processes of 1 thread each,
-   batch 32 per worker, --tta-epochs epochs. Rank 0 evaluates the test set
+   --tta-batch (32) per worker, --tta-epochs epochs. Rank 0 evaluates the test set
    after each epoch (not timed): time to 0.90 test accuracy (training time
    only) and samples/s.
 Prints one JSON line per result and a summary.
@@ -102,7 +102,7 @@ def train_epoch(model, opt, loader):
     return time.perf_counter() - start, samples
 
 
-def pstrain_train(epochs):
+def pstrain_train(epochs, batch):
     """pstrain.torch: the servers' optimizer, the job's epoch plan."""
     import torch
     import pstrain.torch as pst
@@ -126,7 +126,7 @@ def pstrain_train(epochs):
     return history
 
 
-def ddp_train(epochs):
+def ddp_train(epochs, batch):
     """DDP over gloo, torch's SGD, a DistributedSampler: the reference."""
     import torch
     import torch.distributed as dist
@@ -140,7 +140,7 @@ def ddp_train(epochs):
     model = torch.nn.parallel.DistributedDataParallel(cnn())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = torch.utils.data.distributed.DistributedSampler(train, world, rank, seed=0)
-    loader = torch.utils.data.DataLoader(train, batch_size=32, sampler=sampler)
+    loader = torch.utils.data.DataLoader(train, batch_size=batch, sampler=sampler)
     history, trained, samples = [], 0.0, 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -199,6 +199,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--fit-epochs", type=int, default=2)
     parser.add_argument("--tta-epochs", type=int, default=4)
+    parser.add_argument("--tta-batch", type=int, default=32, help="per worker")
     parser.add_argument("--skip", default="", help="comma-separated: prepare,fit,torch")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -334,14 +335,15 @@ def main():
         # 3. PyTorch: pstrain.spark.run against TorchDistributor.
         if "torch" not in skip:
             start = time.perf_counter()
-            status, results = run(pstrain_train, 2, args.tta_epochs, spark=spark,
-                                  epochs=args.tta_epochs, batch_size=32, progress=False,
+            status, results = run(pstrain_train, 2, args.tta_epochs, args.tta_batch, spark=spark,
+                                  epochs=args.tta_epochs, batch_size=args.tta_batch,
+                                  progress=False,
                                   optimizer=pstrain.optimizers.SGD(0.05, momentum=0.9))
             pstrain_wall = time.perf_counter() - start
             # The job's rank 0 (the coordinator's, not Spark's partition 0) evaluated.
             ours = next(r for r in results if any(h["acc"] is not None for h in r))
             start = time.perf_counter()
-            theirs = ddp_stage(spark, 2, ddp_train, args.tta_epochs)
+            theirs = ddp_stage(spark, 2, ddp_train, args.tta_epochs, args.tta_batch)
             ddp_wall = time.perf_counter() - start
             for name, history, wall in (("pstrain", ours, pstrain_wall),
                                         ("ddp", theirs, ddp_wall)):
