@@ -30,7 +30,6 @@ Prints one JSON line per result and a summary.
 """
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -42,8 +41,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+sys.path.insert(0, os.path.join(REPO, "examples", "spark"))
 
 DATA = "/usr/share/datasets/fashion-mnist"
+
+# examples/spark/torch_run.py's IDX reader; main() has cloudpickle send that
+# module's functions by value (the executors cannot import it).
+from torch_run import read_idx  # noqa: E402
 
 
 def log(**fields):
@@ -51,15 +55,6 @@ def log(**fields):
 
 
 # --- The training function (both launchers) ---------------------------------------------
-
-
-def read_idx(path):
-    import numpy as np
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
 def fmnist(split):
@@ -206,6 +201,9 @@ def main():
     bin_dir = os.path.abspath(args.bin_dir)
     os.environ["PSTRAIN_BIN_DIR"] = bin_dir
 
+    import torch_run
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(torch_run)
     from cluster import LocalCluster
     from spark_cluster import SparkStandalone, write_fashion_mnist_pngs
     from pyspark.sql import functions as F

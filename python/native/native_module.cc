@@ -250,9 +250,20 @@ class PyUpdater {
   std::unique_ptr<ExternalUpdater> updater_;
 };
 
-// Storage for s3:// and local URIs, from the process's AWS environment
-// (the S3 flags' defaults). Without S3 settings local paths still work, and
-// an s3:// URI is refused with the reason the settings could not be made.
+// Storage options from the process's AWS environment (the S3 flags'
+// defaults). Without S3 settings: local paths only, and `problem` says why
+// an s3:// URI cannot be reached.
+storage::StorageOptions EnvironmentStorage(absl::Status* problem) {
+  absl::StatusOr<storage::StorageOptions> options =
+      storage::StorageOptionsFromFlags(/*log=*/nullptr);
+  if (options.ok()) return *std::move(options);
+  *problem = absl::FailedPreconditionError(
+      absl::StrCat("no S3 settings for s3:// URIs: ", options.status().message()));
+  return storage::StorageOptions{};
+}
+
+// Storage for s3:// and local URIs (EnvironmentStorage); an s3:// URI without
+// S3 settings is refused with the reason.
 class Store {
  public:
   static Store& Get() {
@@ -265,16 +276,7 @@ class Store {
   }
 
  private:
-  Store() {
-    absl::StatusOr<storage::StorageOptions> options =
-        storage::StorageOptionsFromFlags(/*log=*/nullptr);
-    if (!options.ok()) {
-      s3_problem_ = absl::FailedPreconditionError(
-          absl::StrCat("no S3 settings for s3:// URIs: ", options.status().message()));
-      options = storage::StorageOptions{};
-    }
-    store_ = Value(storage::OpenStorage(*options));
-  }
+  Store() { store_ = Value(storage::OpenStorage(EnvironmentStorage(&s3_problem_))); }
   absl::Status s3_problem_;
   std::unique_ptr<storage::Storage> store_;
 };
@@ -301,9 +303,13 @@ class PyBoundWorker {
     options.rpc_timeout = absl::Seconds(rpc_timeout_s);
     options.ps_rpc_timeout = absl::Seconds(ps_rpc_timeout_s);
     options.progress_every_steps = progress_every_steps;
-    absl::StatusOr<storage::StorageOptions> storage =
-        storage::StorageOptionsFromFlags(/*log=*/nullptr);
-    if (storage.ok()) options.storage = *std::move(storage);
+    // A data root in a store that cannot be reached fails here, saying why,
+    // not later as the job's failure.
+    absl::Status s3_problem;
+    options.storage = EnvironmentStorage(&s3_problem);
+    for (const std::string& root : options.data_roots) {
+      if (storage::IsS3Uri(root) && !s3_problem.ok()) Raise(s3_problem);
+    }
     absl::StatusOr<std::unique_ptr<WorkerDaemon>> daemon;
     {
       py::gil_scoped_release release;

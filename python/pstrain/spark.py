@@ -148,9 +148,9 @@ def _native():
 
 def _describe_features(df, features, image_size, channels):
     """What the feature column(s) are, checked against the schema on the driver:
-    ("image", column, None) for binary image bytes or Spark's image struct,
-    ("vector", column, None) for an array of numbers or a VectorUDT, and
-    ("columns", [names], None) for several numeric columns."""
+    ("image", column) for binary image bytes or Spark's image struct,
+    ("vector", column) for an array of numbers or a VectorUDT, and
+    ("columns", [names]) for numeric columns."""
     schema = {f.name: f.dataType for f in df.schema.fields}
     if features is None:
         raise PrepareError("features= names the feature column(s)")
@@ -353,7 +353,7 @@ def prepare(df, store, features=None, label=None, image_size=None, channels=1, t
                                    f"{index}")
             labels.add(value)
             if kind != "image":
-                x = _row_features(kind, names, row.asDict())
+                x = _row_features(kind, names, row)
                 if x is None:
                     raise PrepareError(f"features: a null in row {n} of partition {index} "
                                        f"(column{'s' if len(names) > 1 else ''} {names})")
@@ -641,10 +641,8 @@ def _hostname():
 # --- The barrier stage -------------------------------------------------------------------
 
 
-def _spark_context(df=None):
+def _spark_context():
     from pyspark.sql import SparkSession
-    if df is not None:
-        return df.sparkSession.sparkContext
     session = SparkSession.getActiveSession()
     if session is None:
         raise RuntimeError("pstrain.spark: no active SparkSession")
@@ -726,12 +724,13 @@ class _Progress:
     def show(self, line):
         if not self.enabled or line == self.last:
             return
-        self.last = line
         if self.handle is not None:
             self.handle.update(line)
         else:
-            sys.stderr.write("\r" + line[:160].ljust(min(160, len(self.last) + 1)))
+            # Padded over what the previous, longer line left.
+            sys.stderr.write("\r" + line[:160].ljust(min(160, len(self.last))))
             sys.stderr.flush()
+        self.last = line
 
     def close(self):
         if self.enabled and self.handle is None and self.last:
